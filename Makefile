@@ -1,0 +1,41 @@
+# The two commands of the README: `make demo` and `make test`. Both set themselves up.
+#
+# torch is installed first and pinned to 2.13.0: on our machines that is a CPU wheel already
+# on disk, while a bare `torch` (or a range admitting a newer release) pulls several GB of CUDA
+# packages. The package's own floor (torch>=2.3) is then satisfied and pip leaves torch alone.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.raybatch-installed
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,examples]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/raybatch spaces
+	@echo
+	$(BIN)/raybatch recipes digits_cnn_sgd
+	@echo
+	$(BIN)/raybatch recipes resnet50_imagenet_sgd
+	@echo
+	$(BIN)/raybatch space resnet50_imagenet_sgd --batch 256 --accum 4 --world-size 8
+
+lint: $(STAMP)
+	$(BIN)/ruff check raybatch tests examples bench
+	$(BIN)/ruff format --check raybatch tests examples bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

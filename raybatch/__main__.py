@@ -1,0 +1,3 @@
+from raybatch.cli import main
+
+main()

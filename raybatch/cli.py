@@ -1,0 +1,141 @@
+"""The ``raybatch`` command line: parse, call the library, format. No logic lives here.
+
+Bad input never shows a Python traceback: every :class:`~raybatch.errors.RaybatchError` is
+printed to stderr as ``raybatch: error: FILE:LINE: FIELD: what is wrong`` and the command
+exits with status 2 (the status click uses for usage errors).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from raybatch.config import TrialConfig
+from raybatch.errors import RaybatchError
+from raybatch.presets import list_presets, load_space
+
+EXIT_BAD_INPUT = 2
+
+app = typer.Typer(
+    name="raybatch",
+    help="Find the batch-size recipe that reaches a target accuracy fastest, on Ray Tune.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+SpaceArg = Annotated[
+    str, typer.Argument(help="A preset name (see `raybatch spaces`) or a path to a space YAML.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Report raybatch's input errors as one clean message and exit status 2."""
+    try:
+        yield
+    except RaybatchError as exc:
+        typer.echo(f"raybatch: error: {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+@app.command("spaces")
+def spaces_command() -> None:
+    """List the bundled search-space presets."""
+    with _user_errors():
+        presets = list_presets()
+    width = max(len(p.name) for p in presets)
+    for p in presets:
+        typer.echo(f"{p.name:<{width}}  {p.description}")
+
+
+@app.command("space")
+def space_command(
+    space: SpaceArg,
+    batch: Annotated[int, typer.Option("--batch", "-b", help="Micro batch size per device.")],
+    accum: Annotated[int, typer.Option("--accum", "-a", help="Accumulation steps.")] = 1,
+    world_size: Annotated[int, typer.Option("--world-size", "-w", help="Workers.")] = 1,
+    lr_multiplier: Annotated[
+        float, typer.Option("--lr-multiplier", help="Correction on top of the LR rule.")
+    ] = 1.0,
+    wd_multiplier: Annotated[
+        float, typer.Option("--wd-multiplier", help="Correction on top of the weight-decay rule.")
+    ] = 1.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the recipe a space derives for one micro batch / accumulation / world size."""
+    with _user_errors():
+        cfg = load_space(space).derive(batch, accum, world_size, lr_multiplier, wd_multiplier)
+    if as_json:
+        typer.echo(json.dumps(cfg.to_dict(), indent=2))
+        return
+    typer.echo(_recipe_table(cfg))
+
+
+@app.command("recipes")
+def recipes_command(space: SpaceArg, as_json: JsonOpt = False) -> None:
+    """Print the recipe of every micro batch x accumulation x world size in a space."""
+    with _user_errors():
+        loaded = load_space(space)
+        configs = list(loaded.grid())
+    if as_json:
+        typer.echo(json.dumps([c.to_dict() for c in configs], indent=2))
+        return
+    typer.echo(f"{loaded.name}: {loaded.description}")
+    typer.echo(
+        f"reference: batch {loaded.reference.batch_size}, lr {loaded.reference.lr:g},"
+        f" weight_decay {loaded.reference.weight_decay:g}, {loaded.reference.optimizer.value};"
+        f" lr rule {loaded.rules.lr.value}, weight-decay rule {loaded.rules.weight_decay.value}"
+    )
+    header = ("micro", "accum", "world", "effective", "lr", "lr_scale", "weight_decay", "warmup")
+    rows = [
+        (
+            str(c.micro_batch_size),
+            str(c.accumulation_steps),
+            str(c.world_size),
+            str(c.effective_batch_size),
+            f"{c.lr:.4g}",
+            f"{c.lr_scale:.3g}x",
+            f"{c.weight_decay:.4g}",
+            f"{c.warmup_steps} steps" if c.warmup_steps else "-",
+        )
+        for c in configs
+    ]
+    typer.echo(_table(header, rows))
+
+
+def _recipe_table(cfg: TrialConfig) -> str:
+    rows = [(k, _show(v)) for k, v in cfg.to_dict().items()]
+    return _table(("key", "value"), rows) + "\n\n" + cfg.explain()
+
+
+def _show(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Console-script entry point (``raybatch``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

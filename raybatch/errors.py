@@ -1,0 +1,76 @@
+"""Exceptions raised by raybatch.
+
+Every error a user can cause by bad input names *where* the input came from (a file
+path, or ``<python>`` for objects built in code), *which field* is wrong and *what is
+allowed*, so that the CLI can print it without a traceback and the user can fix the file
+without reading our source. The layout follows ``optuna/exceptions.py``: one base class,
+one subclass per kind of failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+class RaybatchError(Exception):
+    """Base class of every error raised on purpose by raybatch."""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem with one field of an input.
+
+    Attributes:
+        field: Dotted path of the field (``reference.lr``, ``search.micro_batch_size[2]``).
+        message: What is wrong and what is allowed.
+        line: 1-based line in the source file, when the input came from a file.
+    """
+
+    field: str
+    message: str
+    line: int | None = None
+
+
+class InputError(RaybatchError, ValueError):
+    """Bad user input: a space file, a space built in Python, or knobs given to ``derive``.
+
+    It is a ``ValueError`` too, so callers that already guard against bad values with
+    ``except ValueError`` keep working.
+
+    Attributes:
+        issues: Every problem found (validation reports all of them, not just the first).
+        source: Where the input came from: a file path or ``<python>``.
+    """
+
+    def __init__(self, issues: Sequence[Issue], source: str = "<python>") -> None:
+        self.issues = tuple(issues)
+        self.source = source
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        lines = []
+        for issue in self.issues:
+            where = self.source if issue.line is None else f"{self.source}:{issue.line}"
+            lines.append(f"{where}: {issue.field}: {issue.message}")
+        return "\n".join(lines)
+
+    def located(self, source: str, locate: Callable[[str], int | None] | None = None) -> InputError:
+        """The same error, attributed to ``source`` with line numbers from ``locate``."""
+        issues = [
+            Issue(i.field, i.message, i.line if locate is None else locate(i.field))
+            for i in self.issues
+        ]
+        return type(self)(issues, source)
+
+
+class SpaceError(InputError):
+    """A search-space declaration (YAML file or Python object) is invalid."""
+
+
+class ConfigError(InputError):
+    """Raw knobs given to :meth:`raybatch.SearchSpace.derive` do not make a valid recipe."""
+
+
+class PresetNotFoundError(RaybatchError, LookupError):
+    """A space was named that is neither a bundled preset nor an existing file."""

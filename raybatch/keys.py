@@ -1,0 +1,44 @@
+"""The names of the keys of a trial's config dict.
+
+One module defines them so the space, the Ray/Optuna adapters, the trial wrapper, the
+results table and the exported best config all spell them the same way. The values are
+part of the public contract: ``raybatch space --json`` prints them, Ray Tune passes them to
+every trial, and ``best_config.yaml`` stores them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Raw knobs: what the searcher samples.
+MICRO_BATCH_SIZE: Final = "micro_batch_size"
+ACCUMULATION_STEPS: Final = "accumulation_steps"
+WORLD_SIZE: Final = "world_size"
+LR_MULTIPLIER: Final = "lr_multiplier"
+WEIGHT_DECAY_MULTIPLIER: Final = "weight_decay_multiplier"
+
+RAW_KNOBS: Final = (
+    MICRO_BATCH_SIZE,
+    ACCUMULATION_STEPS,
+    WORLD_SIZE,
+    LR_MULTIPLIER,
+    WEIGHT_DECAY_MULTIPLIER,
+)
+
+# Derived values: computed from the raw knobs by the space's rules, never searched.
+EFFECTIVE_BATCH_SIZE: Final = "effective_batch_size"
+LR: Final = "lr"
+WEIGHT_DECAY: Final = "weight_decay"
+LR_SCALE: Final = "lr_scale"
+WARMUP_SAMPLES: Final = "warmup_samples"
+WARMUP_STEPS: Final = "warmup_steps"
+
+# Provenance: which rules and which reference recipe the values were derived from.
+SPACE: Final = "space"
+LR_RULE: Final = "lr_rule"
+WEIGHT_DECAY_RULE: Final = "weight_decay_rule"
+OPTIMIZER: Final = "optimizer"
+OPTIMIZER_KWARGS: Final = "optimizer_kwargs"
+REFERENCE_BATCH_SIZE: Final = "reference_batch_size"
+REFERENCE_LR: Final = "reference_lr"
+REFERENCE_WEIGHT_DECAY: Final = "reference_weight_decay"

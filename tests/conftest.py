@@ -1,0 +1,55 @@
+"""Shared fixtures: one local Ray per test session, and helpers to write space files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A small local Ray for the whole session (starting Ray costs seconds)."""
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+    )
+    yield
+    ray.shutdown()
+
+
+def minimal_space(**overrides: Any) -> dict[str, Any]:
+    """A valid space as a dict; nested ``overrides`` replace whole sections."""
+    data: dict[str, Any] = {
+        "name": "t",
+        "description": "test space",
+        "reference": {"batch_size": 256, "lr": 0.1, "weight_decay": 1e-4, "optimizer": "sgd"},
+        "rules": {"lr": "linear", "weight_decay": "sqrt"},
+        "search": {"micro_batch_size": [32, 64, 128], "accumulation_steps": [1, 2, 4]},
+        "warmup": {"samples_per_scale": 1000, "from_scale": 1.0},
+    }
+    data.update(overrides)
+    return data
+
+
+@pytest.fixture
+def write_space(tmp_path: Path) -> Any:
+    """Write a dict (or raw text) as a space file and return its path."""
+
+    def write(content: dict[str, Any] | str, name: str = "space.yaml") -> Path:
+        path = tmp_path / name
+        text = content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False)
+        path.write_text(text)
+        return path
+
+    return write
