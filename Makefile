@@ -37,5 +37,8 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
+bench: $(STAMP)
+	$(BIN)/python bench/space_overhead.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

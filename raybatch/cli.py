@@ -40,7 +40,8 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except RaybatchError as exc:
-        typer.echo(f"raybatch: error: {exc}", err=True)
+        for line in str(exc).splitlines():
+            typer.echo(f"raybatch: error: {line}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
 
 

@@ -355,8 +355,8 @@ class SearchSpace(_Model):
                 issues.append(
                     Issue(
                         f"search.accumulation_steps[{i}]",
-                        f"{a} exceeds limits.max_accumulation_steps = {limit} (seed 003,"
-                        f" Pitfall 7); allowed: 1..{limit}",
+                        f"{a} exceeds limits.max_accumulation_steps = {limit} (past it the"
+                        f" slowdown of accumulation rarely pays); allowed: 1..{limit}",
                     )
                 )
         dataset = self.limits.dataset_size
@@ -387,7 +387,8 @@ class SearchSpace(_Model):
                 Issue(
                     "warmup.samples_per_scale",
                     f"0 disables warmup, but this space scales the LR up to {top:.4g}x and"
-                    f" warmup is mandatory from {w.required_from_scale:g}x (seed 003);"
+                    f" warmup is mandatory from {w.required_from_scale:g}x (a large LR jump"
+                    " without warmup risks divergence, Goyal et al. 2017);"
                     " allowed: a positive number of samples",
                 )
             )

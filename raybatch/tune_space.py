@@ -5,9 +5,11 @@ forms, one per Ray Tune search style:
 
 - :func:`optuna_space`: a define-by-run function for
   ``ray.tune.search.optuna.OptunaSearch(space=...)``. Optuna samples only the raw knobs; the
-  derived recipe is returned as constants (so every trial's config carries it) and stored as
-  the Optuna trial's user attributes (so the study in SQLite records it and
-  ``optuna-dashboard`` shows it), but never searched.
+  derived recipe is returned as constants (so every trial's config carries it) and never
+  searched. Ray Tune does not show constants to Optuna, so the define-by-run function records
+  them itself: the values that vary (effective batch, lr, weight decay, warmup) as each
+  trial's user attributes, the space that fixes the rest once as a study user attribute, so
+  the study in SQLite (and ``optuna-dashboard``) holds the whole recipe.
 - :func:`tune_param_space`: a plain ``param_space`` for ``tune.Tuner`` with Ray's own
   sampling (random search); derived keys are ``tune.sample_from`` functions of the knobs.
 
@@ -32,6 +34,18 @@ DERIVED_KEYS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(TrialConfig) if f.name not in keys.RAW_KNOBS
 )
 """Keys of a trial config that are computed from the raw knobs, never sampled."""
+
+RECORDED_PER_TRIAL: tuple[str, ...] = (
+    keys.EFFECTIVE_BATCH_SIZE,
+    keys.LR,
+    keys.WEIGHT_DECAY,
+    keys.WARMUP_STEPS,
+)
+"""Derived values stored as Optuna user attributes of each trial: the recipe a person reads
+in ``optuna-dashboard``. The rest follows from them, the params and the study's space."""
+
+STUDY_SPACE_ATTR = "raybatch_space"
+"""Study user attribute holding the whole space (reference, rules, knobs, limits) as JSON."""
 
 
 def _integer_knobs(space: SearchSpace) -> tuple[tuple[str, list[int]], ...]:
@@ -60,6 +74,7 @@ class OptunaDefineByRun:
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
+        self._space_recorded = False
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
         knobs: dict[str, Any] = {}
@@ -79,8 +94,14 @@ class OptunaDefineByRun:
         constants = {
             k: v for k, v in self.space.derive(**knobs).to_dict().items() if k not in sampled
         }
-        for key, value in constants.items():
-            trial.set_user_attr(key, value)
+        # Each storage write is a transaction (milliseconds on SQLite), so only the values
+        # that vary between trials go on the trial; the space itself, which fixes everything
+        # else, is written once on the study.
+        for key in RECORDED_PER_TRIAL:
+            trial.set_user_attr(key, constants[key])
+        if not self._space_recorded:
+            trial.study.set_user_attr(STUDY_SPACE_ATTR, self.space.model_dump(mode="json"))
+            self._space_recorded = True
         return constants
 
 

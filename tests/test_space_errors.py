@@ -42,7 +42,8 @@ CASES = [
         "accumulation_above_limit",
         _with("search", accumulation_steps=[1, 32]),
         "search.accumulation_steps[1]",
-        "32 exceeds limits.max_accumulation_steps = 16 (seed 003, Pitfall 7); allowed: 1..16",
+        "32 exceeds limits.max_accumulation_steps = 16 (past it the slowdown of accumulation"
+        " rarely pays); allowed: 1..16",
     ),
     (
         "unknown_lr_rule",

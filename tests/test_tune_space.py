@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from raybatch import SearchSpace, TrialConfig, keys, load_space, optuna_space, tune_param_space
-from raybatch.tune_space import DERIVED_KEYS
+from raybatch.tune_space import DERIVED_KEYS, RECORDED_PER_TRIAL, STUDY_SPACE_ATTR
 
 from .conftest import minimal_space
 
@@ -40,10 +40,13 @@ def test_define_by_run_searches_only_raw_knobs_and_records_derived_values(tmp_pa
     reloaded = optuna.load_study(
         study_name=study.study_name, storage=f"sqlite:///{tmp_path / 'optuna.db'}"
     )
+    stored_space = SearchSpace.from_dict(reloaded.user_attrs[STUDY_SPACE_ATTR])
+    assert stored_space.model_dump() == space.model_dump()
     for t in reloaded.trials:
-        assert t.user_attrs[keys.LR] == pytest.approx(
-            space.derive(**{k: t.params[k] for k in keys.RAW_KNOBS}).lr
-        )
+        derived = stored_space.derive(**{k: t.params[k] for k in keys.RAW_KNOBS}).to_dict()
+        assert {k: t.user_attrs[k] for k in RECORDED_PER_TRIAL} == {
+            k: pytest.approx(derived[k]) for k in RECORDED_PER_TRIAL
+        }
 
 
 def test_single_choice_knobs_are_constants_not_parameters() -> None:
