@@ -15,10 +15,11 @@ from typing import Annotated
 import typer
 
 from raybatch.config import TrialConfig
-from raybatch.errors import RaybatchError
+from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.presets import list_presets, load_space
 
 EXIT_BAD_INPUT = 2
+_CLI = "command line"  # the "file" an error names when the bad input is an option
 
 app = typer.Typer(
     name="raybatch",
@@ -108,6 +109,114 @@ def recipes_command(space: SpaceArg, as_json: JsonOpt = False) -> None:
         for c in configs
     ]
     typer.echo(_table(header, rows))
+
+
+@app.command("estimate")
+def estimate_command(
+    workload: Annotated[
+        str, typer.Argument(help="The workload: path/to/file.py:NAME or package.module:NAME.")
+    ],
+    batch: Annotated[
+        str, typer.Option("--batch", "-b", help="Micro batch sizes, comma-separated: 8,16,32.")
+    ],
+    memory_budget: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-budget", help="Bytes a trial may use: 2GiB, 1500MB... (default: NVML)."
+        ),
+    ] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="Device to predict for: cuda[:N] or cpu.")
+    ] = "cuda:0",
+    space: Annotated[
+        str | None,
+        typer.Option("--space", help="Space for the optimizer (default: the workload's)."),
+    ] = None,
+    accum: Annotated[int, typer.Option("--accum", "-a", help="Accumulation steps.")] = 1,
+    world_size: Annotated[int, typer.Option("--world-size", "-w", help="Workers.")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict each micro batch's peak GPU memory by tracing, with no GPU and no training step."""
+    from raybatch.budget import format_bytes, parse_size, resolve_budget
+    from raybatch.errors import BudgetUnavailableError
+    from raybatch.memory import estimate
+    from raybatch.workload import load_workload
+
+    with _user_errors():
+        sizes = _positive_ints(batch, "--batch")
+        for name, value in (("--accum", accum), ("--world-size", world_size)):
+            if value < 1:
+                raise InputError([Issue(name, f"must be a positive integer, got {value}")], _CLI)
+        kind, index = _device(device)
+        loaded = load_workload(workload)
+        chosen = load_space(space or loaded.space or "generic_adamw")
+        note = None
+        explicit = None
+        if memory_budget is not None:
+            explicit = parse_size(memory_budget, "--memory-budget", _CLI)
+        try:
+            budget = resolve_budget(explicit, index if kind == "cuda" else None)
+            budget_bytes, budget_source = budget.bytes, budget.source
+        except BudgetUnavailableError as exc:
+            budget_bytes, budget_source, note = None, None, str(exc)
+        report = estimate(
+            loaded,
+            chosen.reference_config(),
+            sizes,
+            budget_bytes,
+            budget_source,
+            cuda=kind == "cuda",
+            accumulation_steps=accum,
+            world_size=world_size,
+        )
+    if note:
+        typer.echo(f"raybatch: note: {note}", err=True)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    budget_text = (
+        "no budget" if report.budget_bytes is None
+        else f"budget {format_bytes(report.budget_bytes)} ({report.budget_source})"
+    )  # fmt: skip
+    typer.echo(
+        f"{report.workload} on {device}, {report.optimizer} from space {chosen.name},"
+        f" accumulation {accum}, world size {world_size}; {budget_text}"
+    )
+    rows = [
+        (
+            str(r["micro_batch_size"]),
+            format_bytes(r["predicted_bytes"]),
+            "?" if r["fits"] is None else ("yes" if r["fits"] else "NO"),
+        )
+        for r in report.rows
+    ]
+    typer.echo(_table(("micro", "predicted peak", "fits"), rows))
+    typer.echo(f"\nlinear model: {report.model.describe()}")
+    if report.budget_bytes is not None:
+        largest = report.max_micro_batch_size
+        typer.echo(
+            "largest micro batch that fits: "
+            + ("no limit from memory" if largest is None else str(largest))
+        )
+    typer.echo(f"traced in {report.trace_seconds:.2f} s on the CPU, no GPU step")
+
+
+def _positive_ints(text: str, name: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(
+            [Issue(name, f"must be positive integers separated by commas, got {text!r}")], _CLI
+        )
+    return [int(p) for p in parts]
+
+
+def _device(text: str) -> tuple[str, int]:
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and not index:
+        return "cpu", 0
+    if kind == "cuda" and (not index or index.isdigit()):
+        return "cuda", int(index or 0)
+    raise InputError([Issue("--device", f"must be cpu, cuda or cuda:N, got {text!r}")], _CLI)
 
 
 def _recipe_table(cfg: TrialConfig) -> str:

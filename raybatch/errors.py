@@ -74,3 +74,29 @@ class ConfigError(InputError):
 
 class PresetNotFoundError(RaybatchError, LookupError):
     """A space was named that is neither a bundled preset nor an existing file."""
+
+
+class MemoryBudgetError(InputError):
+    """A memory budget (``--memory-budget``, ``memory_budget=``) is not a valid size."""
+
+
+class BudgetUnavailableError(RaybatchError):
+    """No memory budget can be known: no explicit budget was given and NVML cannot be used."""
+
+
+class WorkloadError(RaybatchError):
+    """A workload reference cannot be imported, or the object found is not a workload."""
+
+
+class TraceError(RaybatchError):
+    """The memory trace of a training step failed (data-dependent control flow, custom ops).
+
+    Attributes:
+        op: The operator or construct that could not be traced, when known.
+        cause: The original exception.
+    """
+
+    def __init__(self, message: str, op: str | None, cause: BaseException) -> None:
+        super().__init__(message)
+        self.op = op
+        self.cause = cause

@@ -1,0 +1,207 @@
+"""How much GPU memory a trial may use: NVML readings, or an explicit budget.
+
+On a machine with an NVIDIA driver the budget comes from NVML (``pynvml``, shipped by the
+``nvidia-ml-py`` distribution):
+
+    budget = headroom x free - CUDA_CONTEXT_OVERHEAD_BYTES
+
+``headroom`` (default 0.9) keeps the 10-20% margin the batch-size guides advise ("use 80-90% of
+memory", seed 001/003): the caching allocator's fragmentation and kernel workspaces need it,
+and a batch found at the very edge OOMs later in ``fit()``. The context overhead is subtracted
+because the budget is computed before the trial's process creates its CUDA context, which
+takes memory outside PyTorch's allocator.
+
+Without a driver (CI, laptops) NVML fails to load; that is caught and the budget must be given
+explicitly (``memory_budget="2GiB"``), which is then used as is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from raybatch.errors import BudgetUnavailableError, Issue, MemoryBudgetError
+
+DEFAULT_HEADROOM = 0.9
+
+CUDA_CONTEXT_OVERHEAD_BYTES = 512 * 2**20
+"""Memory a new process's CUDA context takes outside PyTorch's allocator.
+
+Not yet calibrated on a GPU in this project (no GPU was lent when it was written): 512 MiB is
+the upper end of what recent drivers take for the context and the loaded kernel modules of
+PyTorch. ``bench/gpu_memory_accuracy.py`` measures it (NVML used memory before and after
+``torch.cuda.init()``) and should replace this figure when run on a real GPU.
+"""
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(
+    value: str | int | float, field: str = "memory_budget", source: str = "<python>"
+) -> int:
+    """Bytes from ``"2GiB"``, ``"1500MB"``, ``"512 MiB"``, ``"1e9"`` or a number of bytes.
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB) powers
+    of 1000, as in the IEC/SI standards (and as ``nvidia-smi`` reports MiB).
+
+    Raises:
+        MemoryBudgetError: Not a size, an unknown unit, zero or negative.
+    """
+    allowed = (
+        "a positive size such as 2GiB, 1500MB or 1073741824"
+        " (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    )
+    if isinstance(value, bool):
+        raise MemoryBudgetError([Issue(field, f"must be {allowed}, got {value!r}")], source)
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(value)
+        if match is None:
+            raise MemoryBudgetError([Issue(field, f"must be {allowed}, got {value!r}")], source)
+        number, unit = float(match.group(1)), match.group(2)
+        if unit.upper() not in _UNITS:
+            raise MemoryBudgetError(
+                [Issue(field, f"unknown unit {unit!r} in {value!r}; must be {allowed}")], source
+            )
+    size = int(number * _UNITS[unit.upper()])
+    if size <= 0:
+        raise MemoryBudgetError([Issue(field, f"must be {allowed}, got {value!r}")], source)
+    return size
+
+
+def format_bytes(n: int | float) -> str:
+    """Binary human units: ``1.50 GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} TiB"
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory as NVML reports it, in bytes."""
+
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    used_by_other_processes_bytes: int
+
+
+def _nvml() -> Any:
+    """The initialised ``pynvml`` module, or ``None`` when NVML cannot be used here."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError):
+        return None
+    return pynvml
+
+
+def _physical_handle(pynvml: Any, cuda_index: int) -> Any:
+    """NVML handle of CUDA device ``cuda_index`` of this process.
+
+    NVML numbers physical GPUs; CUDA numbers the ones in ``CUDA_VISIBLE_DEVICES`` (which Ray
+    sets per trial). The visible list may name indices or UUIDs.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    entry = entries[cuda_index]
+    if entry.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+    return pynvml.nvmlDeviceGetHandleByUUID(entry)
+
+
+def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
+    """NVML's view of a GPU, or ``None`` without a usable NVIDIA driver (never raises for that)."""
+    pynvml = _nvml()
+    if pynvml is None:
+        return None
+    try:
+        handle = _physical_handle(pynvml, cuda_index)
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        name = pynvml.nvmlDeviceGetName(handle)
+        others = 0
+        own = os.getpid()
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid != own and proc.usedGpuMemory is not None:
+                others += int(proc.usedGpuMemory)
+    except (pynvml.NVMLError, IndexError):
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    return DeviceMemory(
+        name=name.decode() if isinstance(name, bytes) else str(name),
+        total_bytes=int(info.total),
+        free_bytes=int(info.free),
+        used_bytes=int(info.used),
+        used_by_other_processes_bytes=others,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The bytes a trial may use on its device, and where that number came from."""
+
+    bytes: int
+    source: str
+    device: DeviceMemory | None = None
+
+
+def resolve_budget(
+    memory_budget: str | int | float | None = None,
+    cuda_index: int | None = 0,
+    headroom: float = DEFAULT_HEADROOM,
+    context_overhead_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
+) -> MemoryBudget:
+    """The budget for a trial: the explicit one if given, else NVML's free memory.
+
+    Args:
+        memory_budget: An explicit budget (``"2GiB"``, bytes); used as is, no headroom.
+        cuda_index: The CUDA device to read through NVML (``None``: do not try NVML).
+        headroom: Fraction of the free memory to use.
+        context_overhead_bytes: Subtracted for the trial's own CUDA context.
+
+    Raises:
+        MemoryBudgetError: The explicit budget is not a valid size, or headroom is not in (0, 1].
+        BudgetUnavailableError: No explicit budget, and NVML is unavailable (no NVIDIA driver).
+    """
+    if memory_budget is not None:
+        return MemoryBudget(parse_size(memory_budget), "explicit")
+    if not 0 < headroom <= 1:
+        raise MemoryBudgetError([Issue("headroom", f"must be in (0, 1], got {headroom}")])
+    device = None if cuda_index is None else read_device_memory(cuda_index)
+    if device is None:
+        raise BudgetUnavailableError(
+            "no GPU memory budget: NVML is not available here (no NVIDIA driver), so give one"
+            " explicitly, e.g. --memory-budget 8GiB or memory_budget='8GiB'"
+        )
+    usable = int(headroom * device.free_bytes) - context_overhead_bytes
+    return MemoryBudget(
+        max(usable, 0),
+        f"NVML: {headroom:g} x {format_bytes(device.free_bytes)} free on {device.name}"
+        f" - {format_bytes(context_overhead_bytes)} CUDA context",
+        device,
+    )

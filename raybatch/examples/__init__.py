@@ -1,0 +1,1 @@
+"""Workloads bundled with raybatch, on data that ships in a package (no downloads)."""

@@ -1,0 +1,220 @@
+"""The workload contract: what a user implements once so raybatch can trace and train.
+
+A workload is the part of a training job that does not depend on the batch-size recipe: the
+model, the data, the loss and the metric. raybatch supplies everything that does depend on it
+(DataLoader batch size, accumulation, optimizer lr / weight decay, warmup). The contract is
+deliberately small and PyTorch-native: an existing ``nn.Module`` and ``Dataset`` drop in, and
+only three methods are required:
+
+- :meth:`Workload.build_model` -> ``nn.Module`` (built on the CPU; raybatch moves it);
+- :meth:`Workload.train_dataset` / :meth:`Workload.val_dataset` -> ``torch.utils.data.Dataset``.
+
+Everything else has a default for a classifier whose dataset yields ``(input, label)``:
+cross-entropy loss, accuracy, a batch made by collating dataset items, and the optimizer of the
+space's family. Override what differs. :class:`SimpleWorkload` wraps existing parts without
+subclassing.
+
+Workloads are referenced from the CLI as ``path/to/file.py:NAME`` or ``package.module:NAME``,
+where ``NAME`` is a :class:`Workload` instance, a subclass, or a function returning one.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raybatch.config import TrialConfig
+from raybatch.errors import WorkloadError
+from raybatch.rules import OptimizerFamily
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+
+class Workload(abc.ABC):
+    """Base class of a training workload.
+
+    Attributes:
+        name: Shown in reports and exported configs.
+        space: The search space this workload is usually searched with (a preset name or
+            path), used when a command is given none.
+        amp_dtype: ``None`` (fp32), ``"bf16"`` or ``"fp16"``: the autocast dtype the model
+            trains with; the memory trace uses it too.
+        gpu_prefetch_batches: Batches the input pipeline places on the GPU ahead of use
+            (e.g. a CUDA prefetcher or DALI). Each costs a full batch of GPU memory (seed 000),
+            so the memory estimate adds them. 0 for a plain ``DataLoader`` with pinned memory.
+    """
+
+    name: str = "workload"
+    space: str | None = None
+    amp_dtype: str | None = None
+    gpu_prefetch_batches: int = 0
+
+    @abc.abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model on the CPU (called once per trial, and per trace)."""
+
+    @abc.abstractmethod
+    def train_dataset(self) -> Dataset[Any]:
+        """The training data; its items are collated into batches."""
+
+    @abc.abstractmethod
+    def val_dataset(self) -> Dataset[Any]:
+        """The validation data the target metric is measured on."""
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The training loss of one batch. Default: cross-entropy of ``model(x)`` against ``y``."""
+        import torch.nn.functional as F
+
+        inputs, targets = batch
+        return F.cross_entropy(model(inputs), targets)
+
+    def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> float:
+        """The validation metric over ``batches`` (already on the model's device).
+
+        Default: classification accuracy, higher is better.
+        """
+        import torch
+
+        correct = total = 0
+        with torch.no_grad():
+            for inputs, targets in batches:
+                correct += int((model(inputs).argmax(dim=1) == targets).sum())
+                total += int(targets.numel())
+        return correct / max(total, 1)
+
+    def example_batch(self, batch_size: int) -> Any:
+        """A batch of ``batch_size`` training items, for the memory trace and the real probe.
+
+        The default collates the first items of the training set (cycling if it is smaller).
+        The memory trace calls it with ``batch_size=1`` and widens each tensor along its first
+        dimension, so the batch dimension must come first (PyTorch's convention).
+        """
+        from torch.utils.data import default_collate
+
+        dataset = self.train_dataset()
+        size = len(dataset)  # type: ignore[arg-type]
+        if size == 0:
+            raise WorkloadError(f"{self.name}: train_dataset() is empty")
+        return default_collate([dataset[i % size] for i in range(batch_size)])
+
+    def build_optimizer(self, model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
+        """The optimizer of the space's family with the derived lr and weight decay."""
+        return build_optimizer(model.parameters(), config)
+
+
+def build_optimizer(params: Iterable[Any], config: TrialConfig) -> torch.optim.Optimizer:
+    """``torch.optim.SGD`` / ``AdamW`` / ``Adam`` with the recipe's lr, weight decay and kwargs."""
+    import torch
+
+    classes: dict[OptimizerFamily, Any] = {
+        OptimizerFamily.SGD: torch.optim.SGD,
+        OptimizerFamily.ADAMW: torch.optim.AdamW,
+        OptimizerFamily.ADAM: torch.optim.Adam,
+    }
+    kwargs = dict(config.optimizer_kwargs)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    optimizer: torch.optim.Optimizer = classes[config.optimizer](
+        params, lr=config.lr, weight_decay=config.weight_decay, **kwargs
+    )
+    return optimizer
+
+
+class SimpleWorkload(Workload):
+    """A workload made of existing parts, for users who do not want to subclass.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from raybatch.workload import SimpleWorkload
+        >>> data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        >>> workload = SimpleWorkload(lambda: torch.nn.Linear(4, 2), data, data)
+        >>> workload.example_batch(8)[0].shape
+        torch.Size([8, 4])
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[], nn.Module],
+        train: Dataset[Any],
+        val: Dataset[Any],
+        *,
+        loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        name: str = "workload",
+        amp_dtype: str | None = None,
+    ) -> None:
+        self._model_fn = model_fn
+        self._train = train
+        self._val = val
+        self._loss_fn = loss_fn
+        self.name = name
+        self.amp_dtype = amp_dtype
+
+    def build_model(self) -> nn.Module:
+        return self._model_fn()
+
+    def train_dataset(self) -> Dataset[Any]:
+        return self._train
+
+    def val_dataset(self) -> Dataset[Any]:
+        return self._val
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        if self._loss_fn is None:
+            return super().loss(model, batch)
+        return self._loss_fn(model, batch)
+
+
+def load_workload(reference: str) -> Workload:
+    """Import a workload from ``path/to/file.py:NAME`` or ``package.module:NAME``.
+
+    ``NAME`` may be a :class:`Workload` instance, a :class:`Workload` subclass (instantiated
+    without arguments) or a function returning a workload.
+
+    Raises:
+        WorkloadError: The reference is malformed, the file or module cannot be imported, the
+            name is missing, or it does not give a :class:`Workload`.
+    """
+    target, sep, attr = reference.rpartition(":")
+    if not sep or not target or not attr:
+        raise WorkloadError(
+            f"{reference}: a workload is given as path/to/file.py:NAME or package.module:NAME"
+        )
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise WorkloadError(f"{reference}: no such file {target}")
+        module_name = f"_raybatch_workload_{abs(hash(path.resolve()))}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise WorkloadError(f"{reference}: cannot import {target}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and pickle look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise WorkloadError(f"{reference}: importing {target} failed: {exc!r}") from exc
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise WorkloadError(f"{reference}: cannot import module {target}: {exc}") from exc
+    if not hasattr(module, attr):
+        raise WorkloadError(f"{reference}: {target} has no attribute {attr!r}")
+    obj = getattr(module, attr)
+    if callable(obj) and not isinstance(obj, Workload):
+        obj = obj()  # a Workload subclass, or a factory function
+    if not isinstance(obj, Workload):
+        raise WorkloadError(
+            f"{reference}: {attr} is a {type(obj).__name__}, not a raybatch.Workload"
+        )
+    return obj

@@ -1,0 +1,86 @@
+"""Small workloads for the memory tests, whose bytes can be counted by hand."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from raybatch.workload import Workload
+
+D, H, C = 32, 128, 10  # MLP input, hidden and class counts
+
+
+def mlp_parameter_bytes() -> int:
+    return (D * H + H + H * C + C) * 4
+
+
+class MLPWorkload(Workload):
+    """Linear(D, H) -> ReLU -> Linear(H, C) with cross-entropy, on random data.
+
+    Activation bytes per sample, counted by hand for fp32: the ReLU output (H floats, saved
+    for backward) and the log-softmax output (C floats, saved by the NLL loss); plus the loss
+    and NLL's total weight, two scalars.
+    """
+
+    name = "mlp"
+
+    def __init__(self, amp_dtype: str | None = None, gpu_prefetch_batches: int = 0) -> None:
+        self.amp_dtype = amp_dtype
+        self.gpu_prefetch_batches = gpu_prefetch_batches
+        generator = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(
+            torch.randn(256, D, generator=generator),
+            torch.randint(0, C, (256,), generator=generator),
+        )
+        self.models: list[weakref.ref[nn.Module]] = []
+
+    def build_model(self) -> nn.Module:
+        model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C))
+        self.models.append(weakref.ref(model))
+        return model
+
+    def train_dataset(self) -> Dataset[Any]:
+        return self.data
+
+    def val_dataset(self) -> Dataset[Any]:
+        return self.data
+
+
+class DataDependentModel(nn.Module):
+    """Branches on a tensor's value: ``FakeTensorMode`` cannot know which way to go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(D, C)
+        self.b = nn.Linear(D, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if x.sum() > 0 else self.b(x)
+
+
+class DataDependentWorkload(MLPWorkload):
+    name = "data_dependent"
+
+    def build_model(self) -> nn.Module:
+        return DataDependentModel()
+
+
+class OOMWorkload(MLPWorkload):
+    """Raises the real ``torch.cuda.OutOfMemoryError`` from a forward hook, as CUDA would."""
+
+    name = "oom"
+
+    def build_model(self) -> nn.Module:
+        model = super().build_model()
+
+        def out_of_memory(*_: Any) -> None:
+            raise torch.cuda.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total capacity)"
+            )
+
+        model.register_forward_hook(out_of_memory)
+        return model
