@@ -1,6 +1,7 @@
 """Use a raybatch search space in your own Ray Tune script (the "power user" path).
 
-A small CNN on scikit-learn's digits is trained with your own loop; raybatch only supplies
+A small CNN on scikit-learn's digits (raybatch's bundled workload, used here only for its model
+and data) is trained with your own loop; raybatch only supplies
 the coupled search space: Optuna samples micro batch, accumulation and an LR multiplier, and
 every trial's config already holds the derived lr, weight decay and warmup, so the loop never
 scales anything by hand.
@@ -19,11 +20,10 @@ import optuna
 import torch
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 import raybatch
+from raybatch.examples.digits import DigitsWorkload
 
 TARGET_ACCURACY = 0.95
 MAX_SAMPLES = 40_000  # training budget per trial, in samples (the same for every batch size)
@@ -32,36 +32,15 @@ TIME_CAP_S = 60.0  # a trial that has not reached the target by then is censored
 PENALTY_S = 10 * TIME_CAP_S  # PAR-10: censored trials score ten times the cap
 
 
-def digits_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The 80/20 split the ``digits_cnn_sgd`` preset's ``dataset_size`` (1,437) refers to."""
-    x, y = load_digits(return_X_y=True)
-    x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-
-    def images(a: Any) -> torch.Tensor:
-        return torch.tensor(a, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
-
-    return images(x_tr), torch.tensor(y_tr), images(x_va), torch.tensor(y_va)
-
-
-def small_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 10),
-    )
-
-
 def train_digits(config: dict[str, Any]) -> None:
     """A Ray Tune function trainable written by the user; the recipe comes from raybatch."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = raybatch.TrialConfig.from_dict(config)
-    x_tr, y_tr, x_va, y_va = digits_tensors()
-    model = small_cnn()
+    workload = DigitsWorkload()
+    x_tr, y_tr = workload.train_dataset().tensors  # type: ignore[attr-defined]
+    x_va, y_va = workload.val_dataset().tensors  # type: ignore[attr-defined]
+    model = workload.build_model()
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **cfg.optimizer_kwargs
     )

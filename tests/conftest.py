@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,3 +55,14 @@ def write_space(tmp_path: Path) -> Any:
         return path
 
     return write
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a fresh interpreter, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "raybatch", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent,
+    )

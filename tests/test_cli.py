@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from raybatch import load_space
 from raybatch.cli import app
 from raybatch.presets import list_presets
+
+from .conftest import run_cli
 
 runner = CliRunner()
 
@@ -100,3 +104,95 @@ def test_non_numeric_batch_is_a_usage_error_not_a_traceback() -> None:
     assert result.exit_code == 2
     assert "Invalid value for '--batch'" in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+DIGITS = "raybatch.examples.digits:workload"
+
+UNTRACEABLE = """
+import torch
+from torch.utils.data import TensorDataset
+from raybatch.workload import SimpleWorkload
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.a(x) if x.sum() > 0 else self.b(x)
+
+data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+W = SimpleWorkload(Branchy, data, data)
+"""
+
+
+def test_estimate_json_has_rows_model_budget_and_largest_batch() -> None:
+    result = runner.invoke(
+        app, ["estimate", DIGITS, "--batch", "8,16,64,256", "--memory-budget", "34MiB", "--json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [r["micro_batch_size"] for r in data["rows"]] == [8, 16, 64, 256]
+    assert {"micro_batch_size", "predicted_bytes", "fits"} <= set(data["rows"][0])
+    assert data["budget_bytes"] == 34 * 2**20
+    assert data["fixed_bytes"] > 32 * 2**20  # the CUDA kernel workspace is included
+    assert data["per_sample_bytes"] > 0
+    largest = data["max_micro_batch_size"]
+    # The boundary agrees with the rows: every listed size up to it fits, none above it.
+    for row in data["rows"]:
+        assert row["fits"] is (row["micro_batch_size"] <= largest)
+    assert data["check_micro_batch_size"] == 64  # the middle of the sizes between the anchors
+    assert abs(data["residual_bytes"]) < 0.01 * data["rows"][2]["predicted_bytes"]
+
+
+def test_estimate_table_reports_fit_and_the_linear_model() -> None:
+    result = runner.invoke(
+        app, ["estimate", DIGITS, "-b", "8,64,1024", "--memory-budget", "40MiB", "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "digits_cnn on cpu, sgd from space digits_cnn_sgd" in out
+    assert "budget 40.00 MiB (explicit)" in out
+    assert "linear model: peak(b) = " in out and "residual" in out
+    assert "largest micro batch that fits: " in out
+    assert "no GPU step" in out
+
+
+def test_estimate_without_driver_or_budget_still_predicts_and_says_why_no_verdict() -> None:
+    result = runner.invoke(app, ["estimate", DIGITS, "-b", "8,32", "--json"])
+    assert result.exit_code == 0
+    assert "NVML is not available here" in result.stderr
+    data = json.loads(result.stdout)
+    assert data["budget_bytes"] is None and data["max_micro_batch_size"] is None
+    assert all(r["fits"] is None for r in data["rows"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-b", "8,x"], "command line: --batch: must be positive integers separated by commas"),
+        (
+            ["-b", "8", "--memory-budget", "-1GiB"],
+            "command line: --memory-budget: must be a positive size",
+        ),
+        (["-b", "8", "--memory-budget", "2GX"], "command line: --memory-budget: unknown unit 'GX'"),
+        (["-b", "8", "--device", "tpu"], "command line: --device: must be cpu, cuda or cuda:N"),
+    ],
+)
+def test_estimate_bad_options_exit_2_with_the_option_named(args: list[str], message: str) -> None:
+    proc = run_cli("estimate", DIGITS, *args)
+    assert proc.returncode == 2
+    assert f"raybatch: error: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_estimate_reports_an_untraceable_workload_without_a_traceback(tmp_path: Path) -> None:
+    module = tmp_path / "dd.py"
+    module.write_text(UNTRACEABLE)
+    proc = run_cli("estimate", f"{module}:W", "-b", "8", "--memory-budget", "1GiB")
+    assert proc.returncode == 2
+    assert (
+        "memory trace failed: DataDependentOutputException in aten._local_scalar_dense"
+        in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr

@@ -6,16 +6,13 @@ One table of cases is run three ways: through the Python API (dict), through a Y
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raybatch import SearchSpace, SpaceError
 
-from .conftest import minimal_space
+from .conftest import minimal_space, run_cli
 
 
 def _with(section: str, **values: Any) -> dict[str, Any]:
@@ -154,7 +151,7 @@ def test_cli_reports_bad_space_files_without_a_traceback(
     case: str, data: dict[str, Any], field: str, message: str, write_space: Any
 ) -> None:
     path = write_space(data)
-    proc = _cli("space", str(path), "--batch", "32")
+    proc = run_cli("space", str(path), "--batch", "32")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"raybatch: error: {path}:")
@@ -168,7 +165,7 @@ def test_yaml_syntax_error_gives_line_and_column(write_space: Any) -> None:
         SearchSpace.from_yaml(path)
     assert str(err.value).startswith(f"{path}:4: (yaml syntax): ")
     assert "column" in str(err.value)
-    proc = _cli("space", str(path), "--batch", "8")
+    proc = run_cli("space", str(path), "--batch", "8")
     assert proc.returncode == 2
     assert f"{path}:4: (yaml syntax)" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -219,14 +216,14 @@ def test_cli_reports_bad_knobs_naming_the_space_file_and_field(
     args: list[str], message: str, write_space: Any
 ) -> None:
     path = write_space(minimal_space())
-    proc = _cli("space", str(path), *args)
+    proc = run_cli("space", str(path), *args)
     assert proc.returncode == 2
     assert f"raybatch: error: {path}: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_cli_reports_an_unknown_preset_with_the_list_of_presets() -> None:
-    proc = _cli("space", "resnet51", "--batch", "8")
+    proc = run_cli("space", "resnet51", "--batch", "8")
     assert proc.returncode == 2
     assert "raybatch: error: resnet51: no preset of that name (presets: " in proc.stderr
     assert "resnet50_imagenet_sgd" in proc.stderr
@@ -234,17 +231,6 @@ def test_cli_reports_an_unknown_preset_with_the_list_of_presets() -> None:
 
 
 def test_cli_reports_a_missing_file() -> None:
-    proc = _cli("space", "nowhere/space.yaml", "--batch", "8")
+    proc = run_cli("space", "nowhere/space.yaml", "--batch", "8")
     assert proc.returncode == 2
     assert "nowhere/space.yaml: no such space file" in proc.stderr
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a fresh interpreter, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "raybatch", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).parent,
-    )

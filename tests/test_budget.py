@@ -1,0 +1,86 @@
+"""Memory budgets: size strings, and NVML degrading cleanly where there is no NVIDIA driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybatch.budget import (
+    CUDA_CONTEXT_OVERHEAD_BYTES,
+    DeviceMemory,
+    format_bytes,
+    parse_size,
+    read_device_memory,
+    resolve_budget,
+)
+from raybatch.errors import BudgetUnavailableError, MemoryBudgetError
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2GiB", 2 * 2**30),
+        ("1500MB", 1_500_000_000),
+        ("512 MiB", 512 * 2**20),
+        ("1.5gib", int(1.5 * 2**30)),
+        ("1073741824", 2**30),
+        ("1e9", 10**9),
+        ("64KiB", 65536),
+        (4096, 4096),
+    ],
+)
+def test_sizes_parse_with_binary_and_decimal_units(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("-2GiB", "memory_budget: must be a positive size"),
+        ("0", "memory_budget: must be a positive size"),
+        ("3GX", "memory_budget: unknown unit 'GX' in '3GX'"),
+        ("lots", "memory_budget: must be a positive size such as 2GiB"),
+        ("", "memory_budget: must be a positive size"),
+        (True, "memory_budget: must be a positive size"),
+    ],
+)
+def test_bad_sizes_are_refused_naming_the_field(text: str, message: str) -> None:
+    with pytest.raises(MemoryBudgetError) as err:
+        parse_size(text)
+    assert message in str(err.value)
+    assert "units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB" in str(err.value)
+
+
+def test_format_bytes_uses_binary_units() -> None:
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 * 2**30 // 2) == "1.50 GiB"
+
+
+def test_nvml_without_a_driver_reads_as_no_device() -> None:
+    # CI machines have no NVIDIA driver: pynvml raises NVMLError_LibraryNotFound inside.
+    assert read_device_memory(0) is None
+
+
+def test_no_driver_and_no_explicit_budget_is_a_clear_error() -> None:
+    with pytest.raises(
+        BudgetUnavailableError, match=r"NVML is not available here.*--memory-budget"
+    ):
+        resolve_budget(None, cuda_index=0)
+
+
+def test_an_explicit_budget_needs_no_driver_and_is_used_as_is() -> None:
+    budget = resolve_budget("2GiB", cuda_index=0)
+    assert (budget.bytes, budget.source, budget.device) == (2 * 2**30, "explicit", None)
+
+
+def test_nvml_budget_applies_headroom_and_context_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arithmetic on NVML's reading (the reading itself is verified on a real GPU)."""
+    gpu = DeviceMemory("NVIDIA H100", 80 * 2**30, 60 * 2**30, 20 * 2**30, 19 * 2**30)
+    monkeypatch.setattr("raybatch.budget.read_device_memory", lambda index: gpu)
+    budget = resolve_budget(None, cuda_index=0, headroom=0.9)
+    assert budget.bytes == int(0.9 * 60 * 2**30) - CUDA_CONTEXT_OVERHEAD_BYTES
+    assert "0.9 x 60.00 GiB free on NVIDIA H100" in budget.source
+
+
+def test_headroom_outside_zero_one_is_refused() -> None:
+    with pytest.raises(MemoryBudgetError, match="headroom: must be in"):
+        resolve_budget(None, headroom=1.5)
