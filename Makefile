@@ -39,6 +39,8 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/space_overhead.py
+	$(BIN)/python bench/trace_cost.py
+	$(BIN)/python bench/gpu_memory_accuracy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

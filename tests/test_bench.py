@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -11,6 +12,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def _load(name: str) -> ModuleType:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # the scripts import their sibling models.py
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -29,8 +32,44 @@ def test_space_overhead_benchmark_writes_a_ratio_per_storage(tmp_path: Path) -> 
         assert r["plain_optuna_s_per_trial"] > 0
 
 
-def test_committed_results_exist_for_every_benchmark() -> None:
+def test_trace_cost_benchmark_times_every_micro_batch(tmp_path: Path) -> None:
+    module = _load("trace_cost")
+    cases = [("digits_cnn", module.DigitsWorkload, "digits_cnn_sgd")]
+    results = module.main(repeats=1, out=tmp_path / "t.json", cases=cases)
+    digits = results["workloads"]["digits_cnn"]
+    assert [r["micro_batch_size"] for r in digits["rows"]] == [
+        16,
+        16,
+        32,
+        32,
+        64,
+        64,
+        128,
+        128,
+        256,
+        256,
+    ]
+    assert digits["configs_in_space"] == 15
+    assert all(r["median_s"] > 0 for r in digits["rows"])
+
+
+def test_gpu_benchmark_predictions_run_without_a_gpu() -> None:
+    module = _load("gpu_memory_accuracy")
+    rows = module.predictions({"mlp": [2, 4], "transformer": [1, 2]}, dtypes=(None,))
+    assert [(r["workload"], r["micro_batch_size"]) for r in rows] == [
+        ("mlp", 2), ("mlp", 4), ("transformer", 1), ("transformer", 2),
+    ]  # fmt: skip
+    assert all(r["predicted_bytes"] > 0 for r in rows)
+    assert "| mlp | fp32 | 2 |" in module.markdown(
+        {"device": "cpu", "torch": "x", "date": "d", "context_overhead_bytes": None,
+         "peaks": rows, "boundaries": []}
+    )  # fmt: skip
+
+
+def test_committed_results_exist_for_every_cpu_benchmark() -> None:
     for script in BENCH.glob("*.py"):
+        if script.stem == "models" or getattr(_load(script.stem), "REQUIRES_GPU", False):
+            continue
         result = BENCH / "results" / f"{script.stem}.json"
         assert result.is_file(), f"run `make bench`: {result} is missing"
         assert json.loads(result.read_text())["benchmark"] == script.stem
