@@ -28,6 +28,8 @@ demo: $(STAMP)
 	$(BIN)/raybatch recipes resnet50_imagenet_sgd
 	@echo
 	$(BIN)/raybatch space resnet50_imagenet_sgd --batch 256 --accum 4 --world-size 8
+	@echo
+	$(BIN)/raybatch estimate raybatch.examples.digits:workload --batch 16,64,256,1024 --memory-budget 40MiB
 
 lint: $(STAMP)
 	$(BIN)/ruff check raybatch tests examples bench

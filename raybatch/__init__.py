@@ -7,36 +7,56 @@ and the CLI's light commands stay fast.
 
 from __future__ import annotations
 
+from raybatch.budget import MemoryBudget, parse_size, resolve_budget
 from raybatch.config import TrialConfig
 from raybatch.errors import (
+    BudgetUnavailableError,
     ConfigError,
     InputError,
     Issue,
+    MemoryBudgetError,
     PresetNotFoundError,
     RaybatchError,
     SpaceError,
+    TraceError,
+    WorkloadError,
 )
+from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
 from raybatch.presets import list_presets, load_space
 from raybatch.rules import OptimizerFamily, ScalingRule
 from raybatch.space import SearchSpace
 from raybatch.tune_space import optuna_space, tune_param_space
+from raybatch.workload import SimpleWorkload, Workload, load_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BudgetUnavailableError",
     "ConfigError",
     "InputError",
     "Issue",
+    "LinearMemoryModel",
+    "MemoryBudget",
+    "MemoryBudgetError",
+    "MemoryEstimator",
     "OptimizerFamily",
+    "PrescreenResult",
     "PresetNotFoundError",
     "RaybatchError",
     "ScalingRule",
     "SearchSpace",
+    "SimpleWorkload",
     "SpaceError",
+    "TraceError",
     "TrialConfig",
+    "Workload",
+    "WorkloadError",
     "__version__",
     "list_presets",
     "load_space",
+    "load_workload",
     "optuna_space",
+    "parse_size",
+    "resolve_budget",
     "tune_param_space",
 ]

@@ -198,7 +198,11 @@ def estimate_command(
             "largest micro batch that fits: "
             + ("no limit from memory" if largest is None else str(largest))
         )
-    typer.echo(f"traced in {report.trace_seconds:.2f} s on the CPU, no GPU step")
+    traces = 2 + (report.model.check_batch is not None)
+    typer.echo(
+        f"{traces} traces in {report.trace_seconds:.2f} s on the CPU (loading the workload's data"
+        " included), no GPU step"
+    )
 
 
 def _positive_ints(text: str, name: str) -> list[int]:
