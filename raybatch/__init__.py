@@ -23,8 +23,12 @@ from raybatch.errors import (
 )
 from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
 from raybatch.presets import list_presets, load_space
+from raybatch.reporting import Target, TrialReporter
+from raybatch.resources import trial_resources, with_resources
 from raybatch.rules import OptimizerFamily, ScalingRule
 from raybatch.space import SearchSpace
+from raybatch.status import TrialStatus
+from raybatch.trial import TrialSettings, trainable
 from raybatch.tune_space import optuna_space, tune_param_space
 from raybatch.workload import SimpleWorkload, Workload, load_workload
 
@@ -47,8 +51,12 @@ __all__ = [
     "SearchSpace",
     "SimpleWorkload",
     "SpaceError",
+    "Target",
     "TraceError",
     "TrialConfig",
+    "TrialReporter",
+    "TrialSettings",
+    "TrialStatus",
     "Workload",
     "WorkloadError",
     "__version__",
@@ -58,5 +66,8 @@ __all__ = [
     "optuna_space",
     "parse_size",
     "resolve_budget",
+    "trainable",
+    "trial_resources",
     "tune_param_space",
+    "with_resources",
 ]

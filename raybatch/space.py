@@ -156,6 +156,8 @@ class SearchSpace(_Model):
 
     name: str = Field(min_length=1)
     description: str = ""
+    sync_batchnorm: bool = False
+    """Convert BatchNorm to SyncBatchNorm in data-parallel trials (seed 003, Pitfall 6)."""
     reference: Reference
     rules: Rules
     search: Knobs

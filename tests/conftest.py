@@ -20,7 +20,7 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray.init(
-        num_cpus=2,
+        num_cpus=3,  # logical: data-parallel trials need 2 workers + a driver
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,

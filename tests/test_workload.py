@@ -99,7 +99,7 @@ def test_default_evaluate_is_accuracy() -> None:
 @pytest.mark.parametrize(
     ("space", "cls", "extra"),
     [
-        ("digits_cnn_sgd", torch.optim.SGD, {"momentum": 0.5}),
+        ("digits_cnn_sgd", torch.optim.SGD, {"momentum": 0.9}),
         ("bert_finetune_adamw", torch.optim.AdamW, {"betas": (0.9, 0.999), "eps": 1e-6}),
     ],
 )

@@ -84,3 +84,35 @@ class OOMWorkload(MLPWorkload):
 
         model.register_forward_hook(out_of_memory)
         return model
+
+
+class DigitsOOMAtLargeBatch(Workload):
+    """The digits workload, but a micro batch of 128 or more runs out of memory mid-training.
+
+    It raises the real ``torch.cuda.OutOfMemoryError`` on the third training step, as a CUDA
+    allocator would once a late, larger allocation fails.
+    """
+
+    name = "digits_oom"
+    space = "digits_cnn_sgd"
+
+    def __init__(self) -> None:
+        from raybatch.examples.digits import DigitsWorkload
+
+        self.inner = DigitsWorkload()
+        self.calls = 0
+
+    def build_model(self) -> nn.Module:
+        return self.inner.build_model()
+
+    def train_dataset(self) -> Dataset[Any]:
+        return self.inner.train_dataset()
+
+    def val_dataset(self) -> Dataset[Any]:
+        return self.inner.val_dataset()
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        self.calls += 1
+        if batch[0].shape[0] >= 128 and self.calls >= 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+        return super().loss(model, batch)

@@ -1,0 +1,327 @@
+"""The trial clock, the sample marks, the target check and the statuses, in one object.
+
+raybatch's own training loop uses a :class:`TrialReporter`, and so can a user who keeps their
+own loop, so both report the same fields and end with the same statuses:
+
+    from ray import tune
+    import raybatch
+
+    def train(config):
+        cfg = raybatch.TrialConfig.from_dict(config)
+        with raybatch.TrialReporter(raybatch.Target(0.97), eval_every_samples=1024,
+                                    max_time_s=60) as run:
+            for batch in loader:
+                ...                                    # your step
+                run.add(samples=len(batch), steps=1, loss=loss.item())
+                if run.stopped:
+                    break
+                if run.eval_due:
+                    with run.evaluating():
+                        accuracy = evaluate(model)
+                    if run.report(accuracy):
+                        break
+
+What "wall-clock" means (``DESIGN.md``, "Time to target"): the clock starts at the first
+training step (after any memory probe) and covers training *and* evaluation, as MLPerf and
+DAWNBench count it; ``train_s`` excludes evaluation. On CUDA, pass ``synchronize`` so the
+clock is read only after queued kernels finish.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from raybatch import keys
+from raybatch.status import TrialStatus, objective_value
+
+ReportFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The validation metric value a trial must reach.
+
+    Attributes:
+        value: The threshold.
+        mode: ``max`` (reach ``metric >= value``, e.g. accuracy) or ``min`` (``metric <= value``,
+            e.g. loss or perplexity).
+        metric: The metric's name, for messages and reports.
+    """
+
+    value: float
+    mode: str = "max"
+    metric: str = "accuracy"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"target mode must be 'max' or 'min', got {self.mode!r}")
+        if not math.isfinite(self.value):
+            raise ValueError(f"target value must be finite, got {self.value}")
+
+    def reached(self, metric: float) -> bool:
+        if not math.isfinite(metric):
+            return False
+        return metric >= self.value if self.mode == "max" else metric <= self.value
+
+
+def _tune_report(metrics: dict[str, Any]) -> None:
+    from ray import tune
+
+    tune.report(metrics)
+
+
+class TrialReporter:
+    """Clock, sample marks, target and budgets of one trial; reports to Ray Tune.
+
+    Args:
+        target: The value to reach (a float means ``Target(value)``, higher is better).
+        eval_every_samples: Evaluate each time this many more training samples have been
+            seen — the same for every batch size, so all are judged at the same points.
+        max_time_s: Time cap (training + evaluation); past it the trial is ``censored``.
+        max_samples: Optional sample budget; past it the trial is ``censored``.
+        divergence_factor: A loss above this multiple of the first loss is ``diverged``.
+        report_fn: Where reports go (default ``ray.tune.report``; Ray Train workers pass
+            ``ray.train.report``).
+        synchronize: Called before every clock read (``torch.cuda.synchronize`` on CUDA).
+        extra: Called at each report for device figures (peak memory, GPU utilisation).
+    """
+
+    def __init__(
+        self,
+        target: Target | float,
+        *,
+        eval_every_samples: int,
+        max_time_s: float,
+        max_samples: int | None = None,
+        divergence_factor: float = 10.0,
+        report_fn: ReportFn | None = None,
+        synchronize: Callable[[], None] | None = None,
+        extra: Callable[[], dict[str, Any]] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if eval_every_samples <= 0:
+            raise ValueError(f"eval_every_samples must be positive, got {eval_every_samples}")
+        if max_time_s <= 0:
+            raise ValueError(f"max_time_s must be positive, got {max_time_s}")
+        self.target = target if isinstance(target, Target) else Target(float(target))
+        self.eval_every_samples = eval_every_samples
+        self.max_time_s = max_time_s
+        self.max_samples = max_samples
+        self.divergence_factor = divergence_factor
+        self._report_fn = report_fn or _tune_report
+        self._synchronize = synchronize
+        self._extra = extra
+        self._clock = clock
+
+        self.status = TrialStatus.RUNNING
+        self.reason = ""
+        self.samples_seen = 0
+        self.steps = 0
+        self.next_mark = eval_every_samples
+        self.last_mark = 0
+        self.metric: float | None = None
+        self.loss: float | None = None
+        self.initial_loss: float | None = None
+        self.time_to_target_s: float | None = None
+        self.samples_to_target: int | None = None
+        self._start: float | None = None
+        self._eval_s = 0.0
+        self._data_wait_s = 0.0
+        self.reports: int = 0
+
+    # ------------------------------------------------------------------ clock
+
+    def start(self) -> TrialReporter:
+        """Start the clock: call right before the first training step."""
+        self._start = self._now()
+        return self
+
+    def _now(self) -> float:
+        if self._synchronize is not None:
+            self._synchronize()
+        return self._clock()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Training + evaluation time since :meth:`start`."""
+        if self._start is None:
+            return 0.0
+        return self._now() - self._start
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Time an evaluation (it counts in ``elapsed_s``, not in ``train_s``)."""
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._eval_s += self._now() - start
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Time spent waiting for the next batch from the input pipeline."""
+        self._data_wait_s += seconds
+
+    # ------------------------------------------------------------------ progress
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.terminal
+
+    @property
+    def eval_due(self) -> bool:
+        """A sample mark has been passed since the last evaluation."""
+        return not self.stopped and self.samples_seen >= self.next_mark
+
+    def add(self, samples: int, steps: int = 0, loss: float | None = None) -> bool:
+        """Count training progress; check the loss and the budgets. True once stopped.
+
+        Call it at optimizer-step boundaries: ``loss`` is the step's (mean) loss.
+        """
+        self.samples_seen += samples
+        self.steps += steps
+        if loss is not None:
+            self.check_loss(loss)
+        if not self.stopped and not self.eval_due:
+            self._check_budgets()
+        return self.stopped
+
+    def check_loss(self, loss: float) -> bool:
+        """Stop as ``diverged`` on a NaN/Inf loss or one past ``divergence_factor`` x the first."""
+        self.loss = float(loss)
+        if self.stopped:
+            return True
+        if not math.isfinite(self.loss):
+            self.finish(TrialStatus.DIVERGED, f"loss is {self.loss} at step {self.steps}")
+        elif self.initial_loss is None:
+            self.initial_loss = self.loss
+        elif self.loss > self.divergence_factor * max(self.initial_loss, 1e-12):
+            self.finish(
+                TrialStatus.DIVERGED,
+                f"loss {self.loss:.4g} exceeds {self.divergence_factor:g} x the initial"
+                f" {self.initial_loss:.4g} at step {self.steps}",
+            )
+        return self.stopped
+
+    def _check_budgets(self) -> None:
+        if self.elapsed_s > self.max_time_s:
+            self.finish(
+                TrialStatus.CENSORED,
+                f"time cap of {self.max_time_s:g} s reached at {self.samples_seen} samples"
+                f" without reaching {self.target.metric} {self.target.value:g}",
+            )
+        elif self.max_samples is not None and self.samples_seen >= self.max_samples:
+            self.finish(
+                TrialStatus.CENSORED,
+                f"sample budget of {self.max_samples} spent without reaching"
+                f" {self.target.metric} {self.target.value:g}",
+            )
+
+    # ------------------------------------------------------------------ reports
+
+    def report(self, metric: float, samples: int | None = None, steps: int | None = None) -> bool:
+        """Report an evaluation; stop on the target or an exhausted budget. True once stopped.
+
+        ``samples``/``steps`` (totals so far) are for custom loops that count themselves.
+        """
+        if self.stopped:
+            return True
+        if samples is not None:
+            self.samples_seen = samples
+        if steps is not None:
+            self.steps = steps
+        self.metric = float(metric)
+        while self.next_mark <= self.samples_seen:
+            self.last_mark = self.next_mark
+            self.next_mark += self.eval_every_samples
+        if self.target.reached(self.metric):
+            self.time_to_target_s = self.elapsed_s
+            self.samples_to_target = self.samples_seen
+            self.status = TrialStatus.REACHED
+            self.reason = (
+                f"{self.target.metric} {self.metric:.4g} reached {self.target.value:g} after"
+                f" {self.samples_seen} samples in {self.time_to_target_s:.3f} s"
+            )
+            self._emit()
+            return True
+        self._check_budgets()
+        if not self.stopped:
+            self._emit()
+        return self.stopped
+
+    def finish(self, status: TrialStatus, reason: str) -> None:
+        """End the trial with a terminal status and send the final report (once)."""
+        if self.stopped or not status.terminal:
+            return
+        self.status = status
+        self.reason = reason
+        self._emit()
+
+    def metrics(self) -> dict[str, Any]:
+        """The fields of a report (see :mod:`raybatch.keys`)."""
+        elapsed = self.elapsed_s
+        train_s = max(elapsed - self._eval_s, 0.0)
+        out: dict[str, Any] = {
+            keys.STATUS: self.status.value,
+            keys.REASON: self.reason,
+            keys.METRIC: self.metric,
+            keys.LOSS: self.loss,
+            keys.ELAPSED_S: elapsed,
+            keys.TRAIN_S: train_s,
+            keys.SAMPLES_SEEN: self.samples_seen,
+            keys.STEPS: self.steps,
+            keys.EVAL_MARK: self.last_mark,
+            keys.TIME_TO_TARGET_S: self.time_to_target_s,
+            keys.SAMPLES_TO_TARGET: self.samples_to_target,
+            keys.THROUGHPUT: self.samples_seen / train_s if train_s > 0 else 0.0,
+            keys.DATA_WAIT_FRACTION: self._data_wait_s / train_s if train_s > 0 else 0.0,
+            keys.OBJECTIVE: objective_value(self.status, self.time_to_target_s, self.max_time_s),
+        }
+        if self._extra is not None:
+            out.update(self._extra())
+        return out
+
+    def _emit(self) -> None:
+        self.reports += 1
+        self._report_fn(self.metrics())
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> TrialReporter:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """End the trial with a reason whatever happened inside; the search goes on.
+
+        An out-of-memory error becomes ``infeasible_memory``, any other exception ``error``
+        (both are swallowed, reported, and memory is released); a loop that ends without a
+        verdict is ``censored``. ``KeyboardInterrupt`` and other non-``Exception`` errors
+        propagate.
+        """
+        if exc is None:
+            self.finish(TrialStatus.CENSORED, "training ended before the target was reached")
+            return False
+        if not isinstance(exc, Exception):
+            return False
+        from raybatch.probe import is_out_of_memory, release_memory
+
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if is_out_of_memory(exc):
+            self.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory during training: {text}")
+        else:
+            self.finish(TrialStatus.ERROR, f"{type(exc).__name__}: {text}")
+        del exc, tb
+        gc.collect()
+        release_memory()
+        return True

@@ -1,0 +1,117 @@
+"""Per-trial resources: a GPU fraction from the memory estimate, whole GPUs for data parallelism.
+
+Ray Tune's ``tune.with_resources`` takes a callable of the trial's config; this module builds
+that callable. With ``gpus_per_trial="auto"`` a trial asks for ``1/k`` of a GPU, where ``k``
+is how many trials of its predicted peak fit side by side in one GPU's budget — three trials
+that each need a quarter of the card share one GPU, and since ``k x peak <= budget`` by
+construction, Ray's packing can never put more on a GPU than its budget holds. A trial with
+``world_size > 1`` is only the driver of a Ray Train run whose workers reserve a whole GPU (or
+a CPU) each, so the Tune trial itself asks for almost nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from raybatch.budget import resolve_budget
+from raybatch.errors import Issue, MemoryBudgetError
+from raybatch.memory import MemoryEstimator
+from raybatch.space import SearchSpace
+from raybatch.workload import Workload
+
+DRIVER_CPUS = 0.01
+"""What the Tune trial of a data-parallel run holds itself: it only waits on its Ray Train
+workers, which reserve their own CPUs/GPUs; Ray needs a non-empty request."""
+
+MAX_TRIALS_PER_GPU = 8
+"""Never pack more than this many trials onto one GPU, whatever the estimate says: beyond it
+the trials fight over the SMs, and time-to-target measurements stop meaning anything."""
+
+
+def gpu_fraction(
+    predicted_bytes: int, budget_bytes: int, max_per_gpu: int = MAX_TRIALS_PER_GPU
+) -> float:
+    """The GPU share for a trial: ``1/k`` with ``k`` trials of this size fitting the budget.
+
+    A trial that does not fit even alone gets a whole GPU (its probe then says infeasible).
+    """
+    if predicted_bytes <= 0:
+        return 1.0 / max_per_gpu
+    side_by_side = min(budget_bytes // predicted_bytes, max_per_gpu)
+    if side_by_side < 1:
+        return 1.0
+    # Round down to Ray's resource precision (1e-4) so k shares never exceed one GPU.
+    return math.floor(10_000 / side_by_side) / 10_000
+
+
+def trial_resources(
+    workload: Workload,
+    space: SearchSpace,
+    gpus_per_trial: str | float = "auto",
+    cpus_per_trial: float = 1.0,
+    memory_budget: str | int | None = None,
+) -> Callable[[dict[str, Any]], dict[str, float]]:
+    """The callable for ``tune.with_resources``: config -> ``{"cpu": ..., "gpu": ...}``.
+
+    Args:
+        workload: For the memory estimate (``gpus_per_trial="auto"``).
+        space: To derive each trial's recipe.
+        gpus_per_trial: ``"auto"`` (fraction from the estimate), or a fixed number/fraction
+            (0 for CPU-only trials).
+        cpus_per_trial: CPUs each trial holds; the trial sets torch's thread count to it.
+        memory_budget: One GPU's budget for ``"auto"``; default: read through NVML.
+
+    Raises:
+        MemoryBudgetError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
+        BudgetUnavailableError: ``"auto"`` without a budget and without NVML.
+    """
+    if gpus_per_trial != "auto":
+        if isinstance(gpus_per_trial, str) or gpus_per_trial < 0:
+            raise MemoryBudgetError(
+                [
+                    Issue(
+                        "gpus_per_trial", f"must be 'auto' or a number >= 0, got {gpus_per_trial!r}"
+                    )
+                ]
+            )
+        fixed = float(gpus_per_trial)
+
+        def fixed_resources(config: dict[str, Any]) -> dict[str, float]:
+            if space.derive_from(config).world_size > 1:
+                return {"cpu": DRIVER_CPUS, "gpu": 0.0}
+            return {"cpu": cpus_per_trial, "gpu": fixed}
+
+        return fixed_resources
+
+    budget = resolve_budget(memory_budget).bytes
+    micro = space.search.micro_batch_size
+    estimator = MemoryEstimator(
+        workload, space.reference_config(), cuda=True, anchors=(min(micro), max(micro))
+    )
+
+    def auto_resources(config: dict[str, Any]) -> dict[str, float]:
+        recipe = space.derive_from(config)
+        if recipe.world_size > 1:
+            return {"cpu": DRIVER_CPUS, "gpu": 0.0}
+        return {"cpu": cpus_per_trial, "gpu": gpu_fraction(estimator.predict(recipe), budget)}
+
+    return auto_resources
+
+
+def with_resources(
+    trainable: Callable[[dict[str, Any]], Any],
+    workload: Workload,
+    space: SearchSpace,
+    gpus_per_trial: str | float = "auto",
+    cpus_per_trial: float = 1.0,
+    memory_budget: str | int | None = None,
+) -> Any:
+    """``tune.with_resources(trainable, trial_resources(...))`` in one call."""
+    from ray import tune
+
+    return tune.with_resources(
+        trainable,
+        trial_resources(workload, space, gpus_per_trial, cpus_per_trial, memory_budget),  # type: ignore[arg-type]
+    )

@@ -1,0 +1,44 @@
+"""How a trial ended, and the objective value the searcher sees for it.
+
+Every trial ends with exactly one terminal status. ``reached`` carries an honest time to
+target; every other status is *censored* data for the search: the trial said nothing about how
+long reaching the target would take, only that it did not within what it was given. The
+searcher still needs a number, so the objective uses the PAR-10 convention of algorithm
+configuration (Hutter et al. 2009): a censored run scores 10 x the time cap, bad enough that
+the sampler learns the region is poor, without being mistaken for a fast success.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+PAR_FACTOR = 10.0
+
+
+class TrialStatus(str, Enum):
+    """The state of a trial; all but ``running`` are terminal."""
+
+    RUNNING = "running"
+    REACHED = "reached"
+    """The target was met; ``time_to_target_s`` is known."""
+    CENSORED = "censored"
+    """The time or sample budget ran out first."""
+    CAPPED = "capped"
+    """Stopped by adaptive capping: already slower than the best time so far (x slack)."""
+    DIVERGED = "diverged"
+    """NaN/Inf loss, or loss above a multiple of the initial loss; stopped at once."""
+    INFEASIBLE_MEMORY = "infeasible_memory"
+    """Out of GPU memory at the probe or mid-training (or predicted so by the pre-screen)."""
+    ERROR = "error"
+    """Anything else; the reason holds the exception text."""
+
+    @property
+    def terminal(self) -> bool:
+        return self is not TrialStatus.RUNNING
+
+
+def objective_value(status: TrialStatus, time_to_target_s: float | None, cap_s: float) -> float:
+    """The value the searcher minimises: the time to target, or PAR-10 of the cap."""
+    if status is TrialStatus.REACHED and time_to_target_s is not None:
+        return float(time_to_target_s)
+    return PAR_FACTOR * cap_s

@@ -1,0 +1,320 @@
+"""A Ray Tune trainable made from a workload, a space and a target.
+
+``raybatch.trainable(workload, space, target)`` returns a plain Tune function trainable; use
+it in ``tune.Tuner`` like any other (wrap it in :func:`raybatch.with_resources` for per-trial
+GPUs/CPUs). For each trial it:
+
+1. derives the recipe from the trial's raw knobs with the space's rules;
+2. gates memory before the clock starts: on CUDA one real probe step; on a CPU-only machine
+   with a ``memory_budget``, the trace pre-screen. Too big ends the trial as
+   ``infeasible_memory`` with the numbers, costing no training time;
+3. trains with raybatch's loop (:mod:`raybatch.loop`), evaluating at fixed sample marks, and
+   stops at the target, the time/sample cap, or divergence;
+4. reports at every evaluation and ends with exactly one terminal status (see
+   :mod:`raybatch.status`). Failures inside the trial — out of memory mid-training, a crash —
+   end *the trial* with a reason; they never raise into Ray, so the search goes on.
+
+``world_size > 1`` runs the trial data-parallel through Ray Train's ``TorchTrainer`` (gloo on
+CPU, NCCL on GPU), launched from inside the Tune trial (Ray Train V2's pattern); rank 0's
+reports reach Tune.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from raybatch import keys
+from raybatch.config import TrialConfig
+from raybatch.loop import LoopOptions, agreed_clock, train
+from raybatch.presets import load_space
+from raybatch.reporting import ReportFn, Target, TrialReporter
+from raybatch.space import SearchSpace
+from raybatch.status import TrialStatus
+from raybatch.workload import Workload
+
+EVALS_PER_EPOCH = 4
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """Everything a trial needs besides its config (picklable, sent to every trial).
+
+    Attributes:
+        target: The metric value to reach.
+        max_time_s: Time cap per trial; a censored trial's objective is 10x this (PAR-10).
+        max_samples: Optional sample budget per trial.
+        eval_every_samples: Sample mark spacing; ``None`` picks about a quarter epoch,
+            rounded up to a multiple of the space's largest effective batch so that, for
+            power-of-two batch choices, every trial evaluates exactly on the marks.
+        divergence_factor: Loss above this multiple of the initial loss is divergence.
+        memory_budget: Bytes (or "8GiB") for the CPU-side pre-screen when no GPU is present.
+        device: ``auto`` (the trial's GPU if it holds one, else CPU), ``cpu`` or ``cuda``.
+        loop: Options of the training loop.
+    """
+
+    target: Target
+    max_time_s: float = 600.0
+    max_samples: int | None = None
+    eval_every_samples: int | None = None
+    divergence_factor: float = 10.0
+    memory_budget: str | int | None = None
+    device: str = "auto"
+    loop: LoopOptions = field(default_factory=LoopOptions)
+
+
+def default_eval_every(train_size: int, space: SearchSpace) -> int:
+    """About a quarter epoch, rounded up to a multiple of the largest effective batch."""
+    quarter = max(train_size // EVALS_PER_EPOCH, 1)
+    largest = space.max_effective_batch_size()
+    return math.ceil(quarter / largest) * largest
+
+
+def _device(settings: TrialSettings) -> Any:
+    import torch
+
+    if settings.device == "cpu":
+        return torch.device("cpu")
+    if settings.device.startswith("cuda") or (
+        settings.device == "auto" and torch.cuda.is_available()
+    ):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _set_threads_to_assigned_cpus() -> None:
+    """Packed CPU trials must not fight over cores: one torch thread per CPU the trial holds."""
+    import ray
+    import torch
+
+    if not ray.is_initialized():  # a direct call outside Ray: leave torch's default
+        return
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    if cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+
+
+def _device_extras(device: Any) -> Callable[[], dict[str, Any]]:
+    """Peak GPU memory and mean NVML utilisation for reports (nothing on CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return dict
+
+    from raybatch.gpu_monitor import UtilizationMonitor
+
+    monitor = UtilizationMonitor(device.index or 0).start()
+
+    def extras() -> dict[str, Any]:
+        return {
+            keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(device)),
+            keys.GPU_UTILIZATION: monitor.mean(),
+        }
+
+    return extras
+
+
+def run_trial(
+    workload: Workload,
+    space: SearchSpace,
+    settings: TrialSettings,
+    config: dict[str, Any],
+    report_fn: ReportFn | None = None,
+) -> TrialReporter:
+    """One trial, start to terminal status. Returns the reporter (its final state)."""
+    import torch
+
+    from raybatch.probe import is_out_of_memory, release_memory
+
+    recipe = space.derive_from(config)
+    seed = int(config.get(keys.SEED, settings.loop.seed))
+    options = replace(settings.loop, seed=seed)
+    eval_every = settings.eval_every_samples or default_eval_every(
+        len(workload.train_dataset()),  # type: ignore[arg-type]
+        space,
+    )
+    device = _device(settings)
+    reporter = TrialReporter(
+        settings.target,
+        eval_every_samples=eval_every,
+        max_time_s=settings.max_time_s,
+        max_samples=settings.max_samples,
+        divergence_factor=settings.divergence_factor,
+        report_fn=report_fn,
+        synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
+        extra=_device_extras(device),
+    )
+    if recipe.world_size > 1:
+        return _run_distributed(workload, space, settings, config, reporter, device)
+    _set_threads_to_assigned_cpus()
+    if not _memory_gate(workload, recipe, settings, device, reporter):
+        return reporter
+    try:
+        train(workload, recipe, reporter, device, options)
+    except Exception as exc:  # a failure ends this trial with a reason, never the search
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if is_out_of_memory(exc):
+            reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory while training: {text}")
+        else:
+            reporter.finish(TrialStatus.ERROR, f"{type(exc).__name__}: {text}")
+    finally:
+        release_memory(device)
+    if not reporter.stopped:
+        reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
+    return reporter
+
+
+def _memory_gate(
+    workload: Workload,
+    recipe: TrialConfig,
+    settings: TrialSettings,
+    device: Any,
+    reporter: TrialReporter,
+) -> bool:
+    """Probe on CUDA, pre-screen on CPU with a budget; False (and reported) when it won't fit."""
+    from raybatch.probe import probe
+
+    if device.type == "cuda":
+        result = probe(workload, recipe, str(device))
+        if not result.fits:
+            reporter.finish(TrialStatus.INFEASIBLE_MEMORY, result.as_prescreen(None).reason)
+            return False
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    if settings.memory_budget is None:
+        return True
+    from raybatch.budget import parse_size
+    from raybatch.memory import MemoryEstimator
+
+    budget = parse_size(settings.memory_budget)
+    verdict = MemoryEstimator(workload, recipe).prescreen(recipe, budget)
+    if verdict.fits is False:
+        reporter.finish(TrialStatus.INFEASIBLE_MEMORY, verdict.reason)
+        return False
+    return True
+
+
+def _worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train worker: one rank of a data-parallel trial."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    workload: Workload = loop_config["workload"]
+    space: SearchSpace = loop_config["space"]
+    settings: TrialSettings = loop_config["settings"]
+    config: dict[str, Any] = loop_config["config"]
+    recipe = space.derive_from(config)
+    device = ray.train.torch.get_device()
+    seed = int(config.get(keys.SEED, settings.loop.seed))
+    eval_every = settings.eval_every_samples or default_eval_every(
+        len(workload.train_dataset()),  # type: ignore[arg-type]
+        space,
+    )
+    reporter = TrialReporter(
+        settings.target,
+        eval_every_samples=eval_every,
+        max_time_s=settings.max_time_s,
+        max_samples=settings.max_samples,
+        divergence_factor=settings.divergence_factor,
+        report_fn=lambda metrics: ray.train.report(metrics),
+        synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
+        extra=_device_extras(device),
+        clock=agreed_clock(device),
+    )
+    _set_threads_to_assigned_cpus()
+    train(workload, recipe, reporter, device, replace(settings.loop, seed=seed), distributed=True)
+    if not reporter.stopped:
+        reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
+
+
+def _run_distributed(
+    workload: Workload,
+    space: SearchSpace,
+    settings: TrialSettings,
+    config: dict[str, Any],
+    reporter: TrialReporter,
+    device: Any,
+) -> TrialReporter:
+    """Launch ``world_size`` Ray Train workers from inside this Tune trial."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    recipe = space.derive_from(config)
+    use_gpu = device.type == "cuda"
+    trainer = TorchTrainer(
+        _worker,
+        train_loop_config={
+            "workload": workload,
+            "space": space,
+            "settings": settings,
+            "config": dict(config),
+        },
+        scaling_config=ScalingConfig(
+            num_workers=recipe.world_size,
+            use_gpu=use_gpu,
+            resources_per_worker={"CPU": 1, **({"GPU": 1} if use_gpu else {})},
+        ),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=f"raybatch_dp_{os.getpid()}",
+            storage_path=tempfile.mkdtemp(prefix="raybatch-train-"),
+            callbacks=[TuneReportCallback()],  # type: ignore[list-item]
+        ),
+    )
+    try:
+        trainer.fit()
+    except Exception as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reporter.finish(TrialStatus.ERROR, f"data-parallel run failed: {text}")
+    return reporter
+
+
+def trainable(
+    workload: Workload,
+    space: SearchSpace | str,
+    target: Target | float,
+    **settings: Any,
+) -> Callable[[dict[str, Any]], None]:
+    """A Ray Tune function trainable for ``workload`` over ``space``, aiming at ``target``.
+
+    Args:
+        workload: The workload (model, data, loss, metric).
+        space: A :class:`SearchSpace` or a preset name / path.
+        target: The validation metric to reach (a float means ``Target(value, "max")``).
+        **settings: Fields of :class:`TrialSettings` (``max_time_s``, ``memory_budget``, ...)
+            and of :class:`~raybatch.loop.LoopOptions` (``grad_clip_norm``, ``ema_decay``...).
+
+    Example:
+        >>> import raybatch
+        >>> from raybatch.examples.digits import workload
+        >>> fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.97, max_time_s=30)
+        >>> # tune.Tuner(raybatch.with_resources(fn, ...), param_space=..., ...)
+    """
+    resolved = space if isinstance(space, SearchSpace) else load_space(space)
+    loop_fields = {f for f in LoopOptions.__dataclass_fields__}
+    loop_settings = {k: v for k, v in settings.items() if k in loop_fields}
+    loop_settings.setdefault("sync_batchnorm", resolved.sync_batchnorm)
+    loop = LoopOptions(**loop_settings)
+    trial_settings = TrialSettings(
+        target=target if isinstance(target, Target) else Target(float(target)),
+        loop=loop,
+        **{k: v for k, v in settings.items() if k not in loop_fields},
+    )
+
+    def raybatch_trial(config: dict[str, Any]) -> None:
+        run_trial(workload, resolved, trial_settings, config)
+
+    raybatch_trial.__name__ = f"raybatch_{workload.name}"
+    raybatch_trial.__qualname__ = raybatch_trial.__name__
+    return raybatch_trial
+
+
+__all__ = ["TrialSettings", "default_eval_every", "run_trial", "trainable"]

@@ -1,0 +1,124 @@
+"""raybatch's training loop: accumulation is exact, warmup ramps, statuses end the loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from raybatch import SearchSpace, Target, TrialReporter, TrialStatus
+from raybatch.loop import LoopOptions, train, warmup_factor
+
+from .workloads import D, MLPWorkload
+
+
+def _space(reference_batch: int, lr: float = 0.1, rules: str = "linear") -> SearchSpace:
+    return SearchSpace.from_dict(
+        {
+            "name": "loop_test",
+            "reference": {"batch_size": reference_batch, "lr": lr, "optimizer": "sgd"},
+            "rules": {"lr": rules, "weight_decay": "none"},
+            "search": {"micro_batch_size": [8], "accumulation_steps": [1, 4]},
+        }
+    )
+
+
+class Keeping(MLPWorkload):
+    """Keeps the models it builds, so a test can read the trained weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[torch.nn.Module] = []
+
+    def build_model(self) -> torch.nn.Module:
+        self.kept.append(super().build_model())
+        return self.kept[-1]
+
+
+def _one_step_params(micro: int, accumulation: int) -> list[torch.Tensor]:
+    """Parameters after exactly one optimizer step of ``micro`` x ``accumulation`` samples."""
+    workload = Keeping()
+    recipe = _space(reference_batch=micro * accumulation).derive(micro, accumulation)
+    reporter = TrialReporter(
+        Target(2.0),  # unreachable: only the sample budget stops the loop
+        eval_every_samples=10**9,
+        max_time_s=60,
+        max_samples=micro * accumulation,
+        report_fn=lambda m: None,
+    )
+    train(workload, recipe, reporter, torch.device("cpu"), LoopOptions(seed=3))
+    assert reporter.steps == 1 and reporter.samples_seen == micro * accumulation
+    return [p.detach().clone() for p in workload.kept[-1].parameters()]
+
+
+@pytest.mark.parametrize(("micro", "accumulation"), [(8, 4), (16, 2), (4, 8)])
+def test_accumulated_micro_batches_update_exactly_like_one_large_batch(
+    micro: int, accumulation: int
+) -> None:
+    accumulated = _one_step_params(micro, accumulation)
+    whole = _one_step_params(micro * accumulation, 1)
+    for a, b in zip(accumulated, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_different_step_count_would_be_caught() -> None:
+    """The comparison above is sharp: two steps of the large batch differ from one."""
+    one = _one_step_params(32, 1)
+    two_steps = _one_step_params(16, 1)
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(one, two_steps, strict=True))
+
+
+def test_warmup_ramps_linearly_to_the_peak() -> None:
+    assert [warmup_factor(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0
+
+
+def test_learning_rate_follows_the_warmup_during_training() -> None:
+    lrs: list[float] = []
+
+    class Recording(MLPWorkload):
+        def build_optimizer(self, model: torch.nn.Module, config: Any) -> torch.optim.Optimizer:
+            optimizer = super().build_optimizer(model, config)
+            optimizer.register_step_pre_hook(lambda opt, *_: lrs.append(opt.param_groups[0]["lr"]))
+            return optimizer
+
+    space = SearchSpace.from_dict(
+        {
+            "name": "warm",
+            "reference": {"batch_size": 8, "lr": 0.01, "optimizer": "sgd"},
+            "rules": {"lr": "linear"},
+            "search": {"micro_batch_size": [32]},
+            "warmup": {"samples_per_scale": 32},  # 4x scale -> 128 samples = 4 steps of 32
+        }
+    )
+    recipe = space.derive(32)
+    assert recipe.warmup_steps == 4
+    reporter = TrialReporter(2.0, eval_every_samples=10**9, max_time_s=60, max_samples=6 * 32,
+                             report_fn=lambda m: None)  # fmt: skip
+    train(Recording(), recipe, reporter, torch.device("cpu"), LoopOptions())
+    assert lrs == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.04, 0.04])
+
+
+def test_micro_batch_larger_than_the_data_is_an_error_not_a_silent_empty_loop() -> None:
+    workload = MLPWorkload()
+    recipe = _space(reference_batch=512).derive(512)
+    reporter = TrialReporter(2.0, eval_every_samples=10, max_time_s=5, report_fn=lambda m: None)
+    with pytest.raises(ValueError, match="larger than the training set"):
+        train(workload, recipe, reporter, torch.device("cpu"), LoopOptions())
+
+
+def test_ema_is_what_gets_evaluated() -> None:
+    evaluated: list[torch.nn.Module] = []
+
+    class Watching(Keeping):
+        def evaluate(self, model: torch.nn.Module, batches: Any) -> float:
+            evaluated.append(model)
+            return 0.0
+
+    reporter = TrialReporter(2.0, eval_every_samples=D, max_time_s=60, max_samples=4 * D,
+                             report_fn=lambda m: None)  # fmt: skip
+    workload = Watching()
+    train(workload, _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions(ema_decay=0.9))
+    assert evaluated and all(m is not workload.kept[-1] for m in evaluated)
+    assert reporter.status is TrialStatus.CENSORED

@@ -1,0 +1,147 @@
+"""The trial clock, sample marks, target and statuses, with a hand-driven clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from raybatch import Target, TrialReporter, TrialStatus, keys
+from raybatch.status import objective_value
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(target: float = 0.9, **kwargs: Any) -> tuple[TrialReporter, list[dict[str, Any]], Clock]:
+    reports: list[dict[str, Any]] = []
+    clock = Clock()
+    options: dict[str, Any] = {"eval_every_samples": 100, "max_time_s": 10.0} | kwargs
+    reporter = TrialReporter(Target(target), report_fn=reports.append, clock=clock, **options)
+    return reporter.start(), reports, clock
+
+
+def test_reaching_the_target_records_time_and_samples_and_stops() -> None:
+    run, reports, clock = make()
+    run.add(samples=64, steps=1, loss=2.0)
+    assert not run.eval_due
+    run.add(samples=64, steps=1, loss=1.5)
+    assert run.eval_due
+    clock.now += 1.0
+    assert run.report(0.5) is False
+    assert reports[-1][keys.STATUS] == "running"
+    assert reports[-1][keys.EVAL_MARK] == 100
+    run.add(samples=128, steps=2, loss=1.0)
+    clock.now += 2.0
+    assert run.report(0.95) is True
+    final = reports[-1]
+    assert final[keys.STATUS] == "reached"
+    assert final[keys.TIME_TO_TARGET_S] == pytest.approx(3.0)
+    assert final[keys.SAMPLES_TO_TARGET] == 256
+    assert final[keys.OBJECTIVE] == pytest.approx(3.0)
+    assert final[keys.STEPS] == 4
+    assert run.report(0.99) is True and len(reports) == 2  # nothing after a terminal status
+
+
+def test_evaluation_time_counts_in_elapsed_but_not_in_train_time() -> None:
+    run, reports, clock = make()
+    clock.now += 2.0
+    run.add(samples=100, steps=1)
+    with run.evaluating():
+        clock.now += 0.5
+    run.report(0.1)
+    assert reports[-1][keys.ELAPSED_S] == pytest.approx(2.5)
+    assert reports[-1][keys.TRAIN_S] == pytest.approx(2.0)
+    assert reports[-1][keys.THROUGHPUT] == pytest.approx(50.0)
+
+
+def test_data_wait_fraction_is_the_share_of_training_time() -> None:
+    run, reports, clock = make()
+    clock.now += 4.0
+    run.add_data_wait(1.0)
+    run.add(samples=100)
+    run.report(0.1)
+    assert reports[-1][keys.DATA_WAIT_FRACTION] == pytest.approx(0.25)
+
+
+def test_time_cap_censors_with_the_par10_objective() -> None:
+    run, reports, clock = make(max_time_s=5.0)
+    run.add(samples=10, steps=1, loss=1.0)
+    clock.now += 6.0
+    assert run.add(samples=10, steps=1, loss=1.0) is True
+    assert run.status is TrialStatus.CENSORED
+    assert reports[-1][keys.OBJECTIVE] == 50.0
+    assert "time cap of 5 s" in reports[-1][keys.REASON]
+
+
+def test_sample_budget_censors() -> None:
+    run, _reports, _ = make(max_samples=50)
+    run.add(samples=60, steps=1)
+    assert run.status is TrialStatus.CENSORED
+    assert "sample budget of 50" in run.reason
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), 31.0])
+def test_nan_inf_or_exploding_loss_diverges_at_once(loss: float) -> None:
+    run, reports, _ = make(divergence_factor=10.0)
+    run.add(samples=10, steps=1, loss=3.0)
+    assert run.add(samples=10, steps=1, loss=loss) is True
+    assert run.status is TrialStatus.DIVERGED
+    assert reports[-1][keys.STATUS] == "diverged"
+    assert reports[-1][keys.OBJECTIVE] == 100.0
+
+
+def test_min_mode_targets_lower_is_better() -> None:
+    reports: list[dict[str, Any]] = []
+    run = TrialReporter(
+        Target(0.5, mode="min", metric="loss"), eval_every_samples=1, max_time_s=1,
+        report_fn=reports.append,
+    ).start()  # fmt: skip
+    run.add(samples=1)
+    assert run.report(0.7) is False
+    assert run.report(0.4) is True
+
+
+def test_context_manager_turns_an_oom_into_infeasible_memory() -> None:
+    reports: list[dict[str, Any]] = []
+    with TrialReporter(0.9, eval_every_samples=10, max_time_s=5, report_fn=reports.append):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+    assert reports[-1][keys.STATUS] == "infeasible_memory"
+    assert "CUDA out of memory" in reports[-1][keys.REASON]
+
+
+def test_context_manager_turns_a_crash_into_error_and_a_short_loop_into_censored() -> None:
+    reports: list[dict[str, Any]] = []
+    with TrialReporter(0.9, eval_every_samples=10, max_time_s=5, report_fn=reports.append):
+        raise KeyError("features")
+    assert reports[-1][keys.STATUS] == "error"
+    assert reports[-1][keys.REASON] == "KeyError: 'features'"
+    with TrialReporter(0.9, eval_every_samples=10, max_time_s=5, report_fn=reports.append):
+        pass
+    assert reports[-1][keys.STATUS] == "censored"
+
+
+def test_keyboard_interrupt_is_not_swallowed() -> None:
+    reporter = TrialReporter(0.9, eval_every_samples=10, max_time_s=5, report_fn=lambda m: None)
+    with pytest.raises(KeyboardInterrupt), reporter:
+        raise KeyboardInterrupt
+
+
+def test_objective_is_time_when_reached_and_ten_times_the_cap_otherwise() -> None:
+    assert objective_value(TrialStatus.REACHED, 3.5, 60) == 3.5
+    for status in TrialStatus:
+        if status is not TrialStatus.REACHED:
+            assert objective_value(status, None, 60) == 600
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="eval_every_samples must be positive"):
+        TrialReporter(0.9, eval_every_samples=0, max_time_s=5)
+    with pytest.raises(ValueError, match="target mode must be 'max' or 'min'"):
+        Target(0.9, mode="up")

@@ -1,0 +1,170 @@
+"""One trial end to end: real training on digits, statuses, and Ray Tune around it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import raybatch
+from raybatch import SearchSpace, Target, TrialReporter, TrialSettings, TrialStatus, keys
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.trial import default_eval_every, run_trial
+
+from .workloads import DigitsOOMAtLargeBatch
+
+DIGITS = DigitsWorkload()
+SPACE = raybatch.load_space("digits_cnn_sgd")
+
+
+def _run(config: dict[str, Any], target: float = 0.97, space: SearchSpace = SPACE, **kw: Any):
+    reports: list[dict[str, Any]] = []
+    settings = TrialSettings(Target(target), **({"max_time_s": 30.0} | kw))
+    reporter = run_trial(DIGITS, space, settings, config, report_fn=reports.append)
+    return reporter, reports
+
+
+def test_digits_reaches_its_target_with_consistent_fields() -> None:
+    _reporter, reports = _run({"micro_batch_size": 64, "accumulation_steps": 2})
+    final = reports[-1]
+    assert final[keys.STATUS] == "reached", final[keys.REASON]
+    mark = default_eval_every(len(DIGITS.train_dataset()), SPACE)
+    assert mark == 1024  # a quarter epoch (359) rounded up to the largest effective batch
+    assert final[keys.SAMPLES_TO_TARGET] % mark == 0
+    assert final[keys.TIME_TO_TARGET_S] <= final[keys.ELAPSED_S]
+    assert final[keys.TRAIN_S] < final[keys.ELAPSED_S]  # evaluation is timed apart
+    assert final[keys.STEPS] * 128 == final[keys.SAMPLES_SEEN]
+    assert final[keys.METRIC] >= 0.97
+    assert final[keys.OBJECTIVE] == final[keys.TIME_TO_TARGET_S]
+    assert 0.0 <= final[keys.DATA_WAIT_FRACTION] < 1.0 and final[keys.THROUGHPUT] > 0
+    assert [r[keys.STATUS] for r in reports[:-1]] == ["running"] * (len(reports) - 1)
+    assert [r[keys.EVAL_MARK] for r in reports] == [mark * (i + 1) for i in range(len(reports))]
+
+
+def test_too_high_a_learning_rate_diverges_quickly() -> None:
+    data = SPACE.model_dump()
+    data["reference"]["lr"] = 50.0
+    data["rules"] = {"lr": "none", "weight_decay": "none"}
+    data["search"].pop("lr_multiplier")
+    hot = SearchSpace.from_dict(data)
+    reporter, reports = _run({"micro_batch_size": 64}, space=hot)
+    assert reporter.status is TrialStatus.DIVERGED
+    assert reporter.steps < 50
+    assert reports[-1][keys.OBJECTIVE] == 10 * 30.0
+
+
+def test_an_unreachable_target_is_censored_at_the_cap() -> None:
+    reporter, reports = _run({"micro_batch_size": 256}, target=1.01, max_time_s=2.0)
+    assert reporter.status is TrialStatus.CENSORED
+    assert 2.0 < reports[-1][keys.ELAPSED_S] < 4.0
+    assert reports[-1][keys.OBJECTIVE] == 20.0
+    assert reports[-1][keys.TIME_TO_TARGET_S] is None
+
+
+def test_oom_mid_training_ends_the_trial_as_infeasible_memory() -> None:
+    reports: list[dict[str, Any]] = []
+    settings = TrialSettings(Target(0.97), max_time_s=30.0)
+    reporter = run_trial(DigitsOOMAtLargeBatch(), SPACE, settings, {"micro_batch_size": 128},
+                         report_fn=reports.append)  # fmt: skip
+    assert reporter.status is TrialStatus.INFEASIBLE_MEMORY
+    assert "out of memory while training: CUDA out of memory" in reports[-1][keys.REASON]
+
+
+def test_cpu_prescreen_with_a_budget_skips_a_config_that_cannot_fit() -> None:
+    reporter, reports = _run({"micro_batch_size": 256}, memory_budget="1MiB")
+    assert reporter.status is TrialStatus.INFEASIBLE_MEMORY
+    assert "does not fit the budget of 1.00 MiB" in reports[-1][keys.REASON]
+    assert reporter.steps == 0  # no training time spent
+
+
+def _custom_loop(config: dict[str, Any], target: float, space: SearchSpace, max_time_s: float):
+    """A user's own loop, with raybatch's reporting helper doing clock, marks and statuses."""
+    recipe = space.derive_from(config)
+    torch.manual_seed(0)
+    model = DIGITS.build_model()
+    optimizer = raybatch.workload.build_optimizer(model.parameters(), recipe)
+    loader = torch.utils.data.DataLoader(
+        DIGITS.train_dataset(), batch_size=recipe.micro_batch_size, shuffle=True, drop_last=True
+    )
+    x_val, y_val = DIGITS.val_dataset().tensors  # type: ignore[attr-defined]
+    reports: list[dict[str, Any]] = []
+    run = TrialReporter(Target(target), eval_every_samples=1024, max_time_s=max_time_s,
+                        report_fn=reports.append)  # fmt: skip
+    with run:
+        while not run.stopped:
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if run.add(samples=len(x), steps=1, loss=loss.item()):
+                    break
+                if run.eval_due:
+                    with run.evaluating(), torch.no_grad():
+                        accuracy = (model(x_val).argmax(1) == y_val).float().mean().item()
+                    if run.report(accuracy):
+                        break
+    return run, reports
+
+
+@pytest.mark.parametrize(
+    ("target", "lr", "expected"),
+    [(0.97, None, "reached"), (1.01, None, "censored"), (0.97, 50.0, "diverged")],
+)
+def test_custom_loop_helper_gives_the_same_statuses_as_the_built_in_loop(
+    target: float, lr: float | None, expected: str
+) -> None:
+    space = SPACE
+    if lr is not None:
+        data = SPACE.model_dump()
+        data["reference"]["lr"] = lr
+        data["rules"] = {"lr": "none", "weight_decay": "none"}
+        data["search"].pop("lr_multiplier")
+        space = SearchSpace.from_dict(data)
+    config = {"micro_batch_size": 64}
+    custom, custom_reports = _custom_loop(config, target, space, max_time_s=3.0)
+    built_in, built_in_reports = _run(config, target=target, space=space, max_time_s=3.0)
+    assert custom.status.value == built_in.status.value == expected
+    assert set(custom_reports[-1]) == set(built_in_reports[-1])
+
+
+@pytest.mark.slow
+def test_trainable_in_a_real_tuner_reaches_target_and_survives_a_sibling_oom(
+    ray_session: None, tmp_path: Path
+) -> None:
+    from ray import tune
+
+    fn = raybatch.trainable(DigitsOOMAtLargeBatch(), SPACE, target=0.97, max_time_s=30)
+    tuner = tune.Tuner(
+        raybatch.with_resources(fn, DIGITS, SPACE, gpus_per_trial=0, cpus_per_trial=1),
+        param_space={"micro_batch_size": tune.grid_search([64, 128]), "accumulation_steps": 1},
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="trial", verbose=0),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0
+    by_batch = {r.config["micro_batch_size"]: r.metrics for r in results}
+    assert by_batch[64][keys.STATUS] == "reached"
+    assert by_batch[64][keys.TIME_TO_TARGET_S] > 0
+    assert by_batch[128][keys.STATUS] == "infeasible_memory"
+
+
+@pytest.mark.slow
+def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
+    ray_session: None, tmp_path: Path
+) -> None:
+    from ray import tune
+
+    fn = raybatch.trainable(DIGITS, SPACE, target=0.9, max_time_s=45, eval_every_samples=512)
+    tuner = tune.Tuner(
+        raybatch.with_resources(fn, DIGITS, SPACE, gpus_per_trial=0),
+        param_space={"micro_batch_size": 64, "accumulation_steps": 2, "world_size": 2},
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="ddp", verbose=0),
+    )
+    [result] = list(tuner.fit())
+    metrics = result.metrics
+    assert metrics[keys.STATUS] in ("reached", "censored"), metrics.get(keys.REASON)
+    assert metrics[keys.STEPS] > 0
+    # One optimizer step consumes micro 64 x accumulation 2 on each of 2 workers.
+    assert metrics[keys.SAMPLES_SEEN] == metrics[keys.STEPS] * 64 * 2 * 2
