@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/space_overhead.py
 	$(BIN)/python bench/trace_cost.py
 	$(BIN)/python bench/gpu_memory_accuracy.py
+	$(BIN)/python bench/gpu_trial_timing.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

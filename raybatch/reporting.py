@@ -287,6 +287,12 @@ class TrialReporter:
             out.update(self._extra())
         return out
 
+    def close(self) -> None:
+        """Release what ``extra`` holds (e.g. an NVML sampling thread), if it can be closed."""
+        close = getattr(self._extra, "close", None)
+        if close is not None:
+            close()
+
     def _emit(self) -> None:
         self.reports += 1
         self._report_fn(self.metrics())

@@ -98,24 +98,66 @@ def _set_threads_to_assigned_cpus() -> None:
         torch.set_num_threads(max(1, int(cpus)))
 
 
-def _device_extras(device: Any) -> Callable[[], dict[str, Any]]:
-    """Peak GPU memory and mean NVML utilisation for reports (nothing on CPU)."""
-    import torch
+class _DeviceFigures:
+    """Peak GPU memory and mean NVML utilisation for reports (nothing on CPU).
 
-    if device.type != "cuda":
-        return dict
+    Owns the NVML sampling thread; :meth:`close` stops it when the trial ends.
+    """
 
-    from raybatch.gpu_monitor import UtilizationMonitor
+    def __init__(self, device: Any) -> None:
+        from raybatch.gpu_monitor import UtilizationMonitor
 
-    monitor = UtilizationMonitor(device.index or 0).start()
+        self.device = device
+        self.monitor = (
+            UtilizationMonitor(device.index or 0).start() if device.type == "cuda" else None
+        )
 
-    def extras() -> dict[str, Any]:
+    def __call__(self) -> dict[str, Any]:
+        import torch
+
+        if self.monitor is None:
+            return {}
         return {
-            keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(device)),
-            keys.GPU_UTILIZATION: monitor.mean(),
+            keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(self.device)),
+            keys.GPU_UTILIZATION: self.monitor.mean(),
         }
 
-    return extras
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+
+
+def _options(settings: TrialSettings, config: dict[str, Any]) -> LoopOptions:
+    """The loop options, with the trial's own seed when its config carries one."""
+    return replace(settings.loop, seed=int(config.get(keys.SEED, settings.loop.seed)))
+
+
+def _reporter(
+    workload: Workload,
+    space: SearchSpace,
+    settings: TrialSettings,
+    device: Any,
+    report_fn: ReportFn | None,
+    clock: Callable[[], float] | None = None,
+) -> TrialReporter:
+    """The trial's reporter: its target, marks, budgets, device clock and extras."""
+    import torch
+
+    eval_every = settings.eval_every_samples or default_eval_every(
+        len(workload.train_dataset()),  # type: ignore[arg-type]
+        space,
+    )
+    return TrialReporter(
+        settings.target,
+        eval_every_samples=eval_every,
+        max_time_s=settings.max_time_s,
+        max_samples=settings.max_samples,
+        divergence_factor=settings.divergence_factor,
+        report_fn=report_fn,
+        synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
+        extra=_DeviceFigures(device),
+        **({"clock": clock} if clock is not None else {}),
+    )
 
 
 def run_trial(
@@ -126,28 +168,12 @@ def run_trial(
     report_fn: ReportFn | None = None,
 ) -> TrialReporter:
     """One trial, start to terminal status. Returns the reporter (its final state)."""
-    import torch
-
     from raybatch.probe import is_out_of_memory, release_memory
 
     recipe = space.derive_from(config)
-    seed = int(config.get(keys.SEED, settings.loop.seed))
-    options = replace(settings.loop, seed=seed)
-    eval_every = settings.eval_every_samples or default_eval_every(
-        len(workload.train_dataset()),  # type: ignore[arg-type]
-        space,
-    )
+    options = _options(settings, config)
     device = _device(settings)
-    reporter = TrialReporter(
-        settings.target,
-        eval_every_samples=eval_every,
-        max_time_s=settings.max_time_s,
-        max_samples=settings.max_samples,
-        divergence_factor=settings.divergence_factor,
-        report_fn=report_fn,
-        synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
-        extra=_device_extras(device),
-    )
+    reporter = _reporter(workload, space, settings, device, report_fn)
     if recipe.world_size > 1:
         return _run_distributed(workload, space, settings, config, reporter, device)
     _set_threads_to_assigned_cpus()
@@ -163,6 +189,7 @@ def run_trial(
             reporter.finish(TrialStatus.ERROR, f"{type(exc).__name__}: {text}")
     finally:
         release_memory(device)
+        reporter.close()
     if not reporter.stopped:
         reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
     return reporter
@@ -204,7 +231,6 @@ def _worker(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: one rank of a data-parallel trial."""
     import ray.train
     import ray.train.torch
-    import torch
 
     workload: Workload = loop_config["workload"]
     space: SearchSpace = loop_config["space"]
@@ -212,24 +238,14 @@ def _worker(loop_config: dict[str, Any]) -> None:
     config: dict[str, Any] = loop_config["config"]
     recipe = space.derive_from(config)
     device = ray.train.torch.get_device()
-    seed = int(config.get(keys.SEED, settings.loop.seed))
-    eval_every = settings.eval_every_samples or default_eval_every(
-        len(workload.train_dataset()),  # type: ignore[arg-type]
-        space,
-    )
-    reporter = TrialReporter(
-        settings.target,
-        eval_every_samples=eval_every,
-        max_time_s=settings.max_time_s,
-        max_samples=settings.max_samples,
-        divergence_factor=settings.divergence_factor,
-        report_fn=lambda metrics: ray.train.report(metrics),
-        synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
-        extra=_device_extras(device),
-        clock=agreed_clock(device),
+    reporter = _reporter(
+        workload, space, settings, device, ray.train.report, clock=agreed_clock(device)
     )
     _set_threads_to_assigned_cpus()
-    train(workload, recipe, reporter, device, replace(settings.loop, seed=seed), distributed=True)
+    try:
+        train(workload, recipe, reporter, device, _options(settings, config), distributed=True)
+    finally:
+        reporter.close()
     if not reporter.stopped:
         reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
 

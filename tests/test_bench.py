@@ -73,3 +73,11 @@ def test_committed_results_exist_for_every_cpu_benchmark() -> None:
         result = BENCH / "results" / f"{script.stem}.json"
         assert result.is_file(), f"run `make bench`: {result} is missing"
         assert json.loads(result.read_text())["benchmark"] == script.stem
+
+
+def test_gpu_trial_benchmark_data_is_learnable_and_batches_build_on_cpu() -> None:
+    module = _load("gpu_trial_timing")
+    workload = module.LearnableResNet()
+    images, labels = workload.example_batch(3)
+    assert images.shape == (3, 3, 64, 64) and labels.shape == (3,)
+    assert len(set(workload.train_dataset().tensors[1].tolist())) == 10  # every class occurs

@@ -1,0 +1,138 @@
+"""Per-trial resources: fractions from the estimate, on a real multi-node Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import raybatch
+from raybatch.errors import MemoryBudgetError
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
+
+
+@given(
+    predicted=st.integers(min_value=1, max_value=10**11),
+    budget=st.integers(min_value=1, max_value=10**11),
+)
+def test_packing_by_the_fraction_never_exceeds_the_budget(predicted: int, budget: int) -> None:
+    fraction = gpu_fraction(predicted, budget)
+    assert 0 < fraction <= 1
+    packed = int(1 / fraction + 1e-9)  # how many such trials Ray puts on one GPU
+    assert packed <= MAX_TRIALS_PER_GPU
+    if predicted <= budget:
+        assert packed * predicted <= budget
+    else:
+        assert fraction == 1.0
+
+
+def test_three_trials_that_each_need_a_quarter_share_one_gpu() -> None:
+    assert gpu_fraction(26, 100) == pytest.approx(1 / 3, abs=1e-4)
+    assert gpu_fraction(25, 100) == 0.25
+
+
+def test_fixed_gpus_and_data_parallel_drivers() -> None:
+    space = raybatch.load_space("deit_vit_adamw")
+    resources = trial_resources(DigitsWorkload(), space, gpus_per_trial=0.5, cpus_per_trial=2)
+    assert resources({"micro_batch_size": 64}) == {"cpu": 2, "gpu": 0.5}
+    assert resources({"micro_batch_size": 64, "world_size": 4}) == {"cpu": DRIVER_CPUS, "gpu": 0}
+
+
+def test_bad_gpus_per_trial_is_refused() -> None:
+    with pytest.raises(MemoryBudgetError, match="gpus_per_trial: must be 'auto' or a number"):
+        trial_resources(DigitsWorkload(), raybatch.load_space("digits_cnn_sgd"), "many")
+
+
+CLUSTER_SCRIPT = textwrap.dedent(
+    """
+    import json, time
+    import ray
+    from ray import tune
+    from ray.cluster_utils import Cluster
+    import raybatch
+    from raybatch.examples.digits import DigitsWorkload
+    from raybatch.memory import MemoryEstimator
+    from raybatch.resources import gpu_fraction, trial_resources
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+    cluster.add_node(num_cpus=2, num_gpus=1)
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    space = raybatch.load_space("digits_cnn_sgd")
+    workload = DigitsWorkload()
+    budget = raybatch.parse_size("70MiB")
+
+    def probe_trial(config):
+        start = time.time()
+        time.sleep(1.5)
+        ctx = ray.get_runtime_context()
+        tune.report({
+            "gpu": ctx.get_assigned_resources().get("GPU", 0.0),
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "node": ctx.get_node_id(),
+            "start": start,
+            "end": time.time(),
+        })
+
+    resources = trial_resources(workload, space, "auto", cpus_per_trial=0.25, memory_budget=budget)
+    tuner = tune.Tuner(
+        tune.with_resources(probe_trial, resources),
+        param_space={"micro_batch_size": tune.grid_search([16, 16, 16, 256, 256, 64])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=6),
+        run_config=tune.RunConfig(storage_path=STORAGE, verbose=0),
+    )
+    results = tuner.fit()
+    estimator = MemoryEstimator(workload, space.reference_config(), anchors=(16, 256))
+    rows = []
+    for r in results:
+        recipe = space.derive_from(r.config)
+        predicted = estimator.predict(recipe)
+        rows.append(dict(r.metrics, micro=recipe.micro_batch_size, predicted=predicted,
+                         expected=gpu_fraction(predicted, budget)))
+    print("ROWS " + json.dumps({"budget": budget, "rows": rows}))
+    ray.shutdown()
+    cluster.shutdown()
+    """
+)
+
+
+@pytest.mark.slow
+def test_trials_on_a_multi_node_cluster_get_the_estimated_fraction_and_never_overpack(
+    tmp_path: Path,
+) -> None:
+    """Real Ray, two nodes that declare one GPU each (Ray assigns ids without real GPUs).
+
+    Runs in its own interpreter: one process can hold only one Ray cluster, and the test
+    session's local Ray is already up.
+    """
+    script = tmp_path / "cluster.py"
+    script.write_text(f"STORAGE = {str(tmp_path / 'results')!r}\n" + CLUSTER_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ROWS "))
+    data = json.loads(line[5:])
+    budget, rows = data["budget"], data["rows"]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["gpu"] == pytest.approx(row["expected"])
+        assert len(row["gpu_ids"]) == 1
+    assert {row["micro"]: row["expected"] for row in rows}[16] == 0.5
+    assert {row["micro"]: row["expected"] for row in rows}[256] == 1.0
+    # At no moment do trials sharing a GPU predict more than its budget together.
+    for row in rows:
+        moment = (row["start"] + row["end"]) / 2
+        sharing = [
+            r for r in rows
+            if (r["node"], r["gpu_ids"]) == (row["node"], row["gpu_ids"])
+            and r["start"] <= moment <= r["end"]
+        ]  # fmt: skip
+        assert sum(r["predicted"] for r in sharing) <= budget
+    assert len({r["node"] for r in rows}) == 2  # trials spread over both nodes
