@@ -42,6 +42,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/space_overhead.py
 	$(BIN)/python bench/trace_cost.py
+	$(BIN)/python bench/digits_batch_sweep.py
 	$(BIN)/python bench/gpu_memory_accuracy.py
 	$(BIN)/python bench/gpu_trial_timing.py
 

@@ -81,3 +81,11 @@ def test_gpu_trial_benchmark_data_is_learnable_and_batches_build_on_cpu() -> Non
     images, labels = workload.example_batch(3)
     assert images.shape == (3, 3, 64, 64) and labels.shape == (3,)
     assert len(set(workload.train_dataset().tensors[1].tolist())) == 10  # every class occurs
+
+
+def test_digits_sweep_records_a_status_per_seed(tmp_path: Path) -> None:
+    rows = _load("digits_batch_sweep").main(
+        grid=[(256, 1)], seeds=(0,), max_time_s=0.5, out=tmp_path / "s.json"
+    )
+    assert rows[0]["runs"][0]["status"] in ("reached", "censored")
+    assert rows[0]["effective_batch_size"] == 256
