@@ -21,11 +21,13 @@ from raybatch.errors import (
     TraceError,
     WorkloadError,
 )
+from raybatch.export import BestConfig, load_best
 from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
 from raybatch.presets import list_presets, load_space
 from raybatch.reporting import Target, TrialReporter
 from raybatch.resources import trial_resources, with_resources
 from raybatch.rules import OptimizerFamily, ScalingRule
+from raybatch.run import SearchOptions, SearchResult, resume, search
 from raybatch.space import SearchSpace
 from raybatch.status import TrialStatus
 from raybatch.trial import TrialSettings, trainable
@@ -35,6 +37,7 @@ from raybatch.workload import SimpleWorkload, Workload, load_workload
 __version__ = "0.1.0"
 
 __all__ = [
+    "BestConfig",
     "BudgetUnavailableError",
     "ConfigError",
     "InputError",
@@ -48,6 +51,8 @@ __all__ = [
     "PresetNotFoundError",
     "RaybatchError",
     "ScalingRule",
+    "SearchOptions",
+    "SearchResult",
     "SearchSpace",
     "SimpleWorkload",
     "SpaceError",
@@ -61,11 +66,14 @@ __all__ = [
     "WorkloadError",
     "__version__",
     "list_presets",
+    "load_best",
     "load_space",
     "load_workload",
     "optuna_space",
     "parse_size",
     "resolve_budget",
+    "resume",
+    "search",
     "trainable",
     "trial_resources",
     "tune_param_space",

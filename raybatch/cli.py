@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -203,6 +203,164 @@ def estimate_command(
         f"{traces} traces in {report.trace_seconds:.2f} s on the CPU (loading the workload's data"
         " included), no GPU step"
     )
+
+
+@app.command("search")
+def search_command(
+    workload: Annotated[
+        str, typer.Argument(help="The workload: path/to/file.py:NAME or package.module:NAME.")
+    ],
+    target: Annotated[
+        str, typer.Option("--target", help="METRIC>=VALUE, METRIC<=VALUE or VALUE (>=).")
+    ],
+    space: Annotated[
+        str | None, typer.Option("--space", help="Preset or YAML (default: the workload's).")
+    ] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Trials to launch.")] = 20,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="Run directory (default: runs/NAME-TIME).")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (default: local).")
+    ] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option("--memory-budget", help="Per-GPU budget: 8GiB, 1500MB...")
+    ] = None,
+    max_time_per_trial: Annotated[
+        float, typer.Option("--max-time-per-trial", help="Time cap per trial, seconds.")
+    ] = 60.0,
+    gpus_per_trial: Annotated[
+        str | None, typer.Option("--gpus-per-trial", help="auto, N or a fraction (0: CPU).")
+    ] = None,
+    cpus_per_trial: Annotated[float, typer.Option("--cpus-per-trial")] = 1.0,
+    max_concurrent: Annotated[int | None, typer.Option("--max-concurrent")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    no_capping: Annotated[bool, typer.Option("--no-capping")] = False,
+    confirm_top: Annotated[int, typer.Option("--confirm-top")] = 3,
+    confirm_seeds: Annotated[int, typer.Option("--confirm-seeds")] = 3,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+) -> None:
+    """Search the recipe that reaches the target fastest; writes a run directory."""
+    import time
+
+    from raybatch.budget import parse_size
+    from raybatch.reporting import Target
+    from raybatch.run import SearchOptions, search
+    from raybatch.workload import load_workload
+
+    with _user_errors():
+        parsed_target = Target.parse(target)
+        if trials < 1:
+            raise InputError([Issue("--trials", f"must be at least 1, got {trials}")], _CLI)
+        gpus: str | float | None = None
+        if gpus_per_trial is not None:
+            gpus = _gpus(gpus_per_trial)
+        budget = (
+            None if memory_budget is None else parse_size(memory_budget, "--memory-budget", _CLI)
+        )
+        loaded = load_workload(workload)
+        chosen = load_space(space or loaded.space or "generic_adamw")
+        directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        options = SearchOptions(
+            trials=trials,
+            max_time_s=max_time_per_trial,
+            memory_budget=budget,
+            gpus_per_trial=gpus,
+            cpus_per_trial=cpus_per_trial,
+            max_concurrent=max_concurrent,
+            address=address,
+            seed=seed,
+            capping=not no_capping,
+            confirm_top=confirm_top,
+            confirm_seeds=confirm_seeds,
+        )
+        result = search(
+            loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1
+        )
+    _print_summary(result, parsed_target)
+
+
+@app.command("resume")
+def resume_command(
+    run_dir: Annotated[str, typer.Argument(help="The run directory of an interrupted search.")],
+    quiet: Annotated[bool, typer.Option("--quiet")] = False,
+) -> None:
+    """Continue an interrupted search; completed trials are kept, never re-run."""
+    from raybatch.run import read_run, resume
+
+    with _user_errors():
+        _, _, _, target, _ = read_run(run_dir)
+        result = resume(run_dir, 0 if quiet else 1)
+    _print_summary(result, target)
+
+
+@app.command("export")
+def export_command(
+    run_dir: Annotated[str, typer.Argument(help="A run directory or a best_config file.")],
+    fmt: Annotated[str, typer.Option("--format", help="yaml, json, env or args.")] = "yaml",
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Write to a file.")] = None,
+) -> None:
+    """Print (or write) the winning recipe with its provenance."""
+    from pathlib import Path
+
+    from raybatch.export import load_best
+
+    with _user_errors():
+        text = load_best(run_dir).render(fmt)
+    if output:
+        Path(output).write_text(text)
+        typer.echo(f"wrote {output}")
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[str, typer.Argument(help="A finished run directory.")],
+) -> None:
+    """Say where a run's report is, and print its verdict."""
+    from pathlib import Path
+
+    from raybatch.errors import RunDirError
+    from raybatch.report import REPORT
+
+    with _user_errors():
+        page = Path(run_dir) / REPORT
+        if not page.is_file():
+            raise RunDirError([Issue(REPORT, "missing: the search has not finished")], run_dir)
+    typer.echo(str(page.resolve()))
+
+
+def _print_summary(result: Any, target: Any) -> None:
+    from raybatch.report import REPORT, verdict
+
+    counts: dict[str, int] = {}
+    for row in result.rows:
+        if row["phase"] != "confirmation":
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+    typer.echo("")
+    typer.echo(_table(("status", "count"), [(k, str(v)) for k, v in sorted(counts.items())]))
+    typer.echo("")
+    typer.echo(verdict(result, target))
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    if result.best is not None:
+        typer.echo(f"best config: {result.run_dir / 'best_config.yaml'}")
+    typer.echo(f"report:      {result.run_dir / REPORT}")
+
+
+def _gpus(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise InputError(
+            [Issue("--gpus-per-trial", f"must be auto or a number >= 0, got {text!r}")], _CLI
+        )
+    return value
 
 
 def _positive_ints(text: str, name: str) -> list[int]:

@@ -100,3 +100,11 @@ class TraceError(RaybatchError):
         super().__init__(message)
         self.op = op
         self.cause = cause
+
+
+class RunDirError(InputError):
+    """A run directory (or a file in it) is missing, incomplete or not a raybatch run."""
+
+
+class TargetError(InputError):
+    """A target given as text (``accuracy>=0.97``, ``0.97``) cannot be understood."""

@@ -65,6 +65,36 @@ class Target:
         if not math.isfinite(self.value):
             raise ValueError(f"target value must be finite, got {self.value}")
 
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """``"accuracy>=0.97"``, ``"loss<=0.3"`` or a bare ``"0.97"`` (higher is better).
+
+        Raises:
+            TargetError: Anything else, naming what is allowed.
+        """
+        from raybatch.errors import Issue, TargetError
+
+        raw = text.strip()
+        for op, mode in ((">=", "max"), ("<=", "min")):  # noqa: B007 (mode is read after)
+            name, sep, value = raw.partition(op)
+            if sep:
+                break
+        else:
+            name, value, mode = "accuracy", raw, "max"
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not name.strip() or not name.strip().isidentifier() or not math.isfinite(number):
+            raise TargetError(
+                [Issue("--target", f"must be METRIC>=VALUE, METRIC<=VALUE or VALUE, got {text!r}")],
+                "command line",
+            )
+        return cls(number, mode, name.strip())
+
+    def __str__(self) -> str:
+        return f"{self.metric}{'>=' if self.mode == 'max' else '<='}{self.value:g}"
+
     def reached(self, metric: float) -> bool:
         if not math.isfinite(metric):
             return False

@@ -1,0 +1,240 @@
+"""The report of a search: one HTML page beside its PNG plots (matplotlib, headless).
+
+Plots: time to target vs effective batch (coloured by accumulation, marker by status);
+predicted memory vs micro batch with the budget line; the optimisation history (best so far);
+and the winner against the max-batch baseline and the reference recipe. A one-line verdict
+says what was found in plain language.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raybatch import keys
+from raybatch.budget import format_bytes
+from raybatch.reporting import Target
+from raybatch.space import SearchSpace
+
+if TYPE_CHECKING:
+    from raybatch.memory import MemoryEstimator
+    from raybatch.run import SearchResult
+
+REPORT = "report.html"
+MARKERS = {"reached": "o", "censored": "x", "capped": "v", "diverged": "D",
+           "infeasible_memory": "s", "prescreened_out": "P", "error": "*"}  # fmt: skip
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: no display on clusters or CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value in (None, "") else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _plot_time_vs_batch(rows: list[dict[str, Any]], out: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    accumulations = sorted({int(r[keys.ACCUMULATION_STEPS]) for r in rows})
+    colors = plt.cm.viridis([i / max(len(accumulations) - 1, 1) for i in range(len(accumulations))])
+    for status, marker in MARKERS.items():
+        for acc, color in zip(accumulations, colors, strict=True):
+            pts = [
+                r
+                for r in rows
+                if r[keys.STATUS] == status and int(r[keys.ACCUMULATION_STEPS]) == acc
+            ]
+            if not pts:
+                continue
+            ys = [_float(r[keys.TIME_TO_TARGET_S]) or _float(r[keys.ELAPSED_S]) or 0.0 for r in pts]
+            ax.scatter([int(r[keys.EFFECTIVE_BATCH_SIZE]) for r in pts], ys, marker=marker,
+                       color=color, label=f"{status}, accum {acc}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("effective batch size")
+    ax.set_ylabel("time to target (s); elapsed if not reached")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: int | None,
+                 out: Path) -> bool:  # fmt: skip
+    if estimator is None:
+        return False
+    plt = _plt()
+    sizes = sorted(space.search.micro_batch_size)
+    grid = sorted(
+        {*sizes, *range(min(sizes), max(sizes) + 1, max((max(sizes) - min(sizes)) // 32, 1))}
+    )
+    model = estimator.model_for()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(grid, [model.predict(b) / 2**20 for b in grid], label="predicted peak")
+    ax.scatter(sizes, [model.predict(b) / 2**20 for b in sizes], label="space's micro batches")
+    if budget is not None:
+        ax.axhline(
+            budget / 2**20, color="red", linestyle="--", label=f"budget {format_bytes(budget)}"
+        )
+    ax.set_xlabel("micro batch size")
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
+    plt = _plt()
+    objective = [_float(r[keys.OBJECTIVE]) for r in rows if r["phase"] == "search"]
+    best, current = [], float("inf")
+    for v in objective:
+        current = min(current, v if v is not None else float("inf"))
+        best.append(current)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(range(1, len(objective) + 1), [v if v is not None else float("nan") for v in objective],
+            "o", alpha=0.5, label="trial objective")  # fmt: skip
+    ax.step(range(1, len(best) + 1), best, where="post", label="best so far")
+    ax.set_yscale("log")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("objective (s, PAR-10 if not reached)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if knobs is None:
+        return []
+    return [r for r in rows if r["phase"] == "search"
+            and all(int(r[k]) == int(v) for k, v in knobs.items())
+            and abs(float(r[keys.LR_MULTIPLIER]) - 1.0) < 1e-9]  # fmt: skip
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    reached = [r for r in rows if r[keys.STATUS] == "reached"]
+    if not rows:
+        return None
+    times = [float(r[keys.TIME_TO_TARGET_S]) for r in reached]
+    return {
+        "label": f"{rows[0][keys.MICRO_BATCH_SIZE]} x {rows[0][keys.ACCUMULATION_STEPS]}",
+        "effective": rows[0][keys.EFFECTIVE_BATCH_SIZE],
+        "time": statistics.median(times) if times else None,
+        "samples": statistics.median(float(r[keys.SAMPLES_TO_TARGET]) for r in reached) if reached else None,
+        "throughput": statistics.median(float(r[keys.THROUGHPUT]) for r in rows if r[keys.THROUGHPUT] not in (None, "")),
+        "status": rows[0][keys.STATUS],
+    }  # fmt: skip
+
+
+def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.2))
+    names = list(entries)
+    for ax, key, label in zip(axes, ("time", "samples", "throughput"),
+                              ("time to target (s)", "samples to target", "samples / s"),
+                              strict=True):  # fmt: skip
+        ax.bar(
+            names,
+            [entries[n][key] or 0.0 for n in names],
+            color=["tab:green", "tab:orange", "tab:blue"][: len(names)],
+        )
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def verdict(result: SearchResult, target: Target) -> str:
+    """One plain-language line: the winner, and how it compares with the largest batch."""
+    if result.best is None:
+        return f"No recipe reached {target} in every confirmation run."
+    c = result.best.config
+    median = result.best.provenance["median_time_to_target_s"]
+    text = (
+        f"micro batch {c.micro_batch_size} x {c.accumulation_steps} accumulation"
+        f" (effective {c.effective_batch_size}, lr {c.lr:.4g}) reaches {target} in"
+        f" {median:.2f} s (median of {len(result.best.provenance['time_to_target_s_runs'])} runs)"
+    )
+    baseline = _summary(_matching(result.rows, result.baseline))
+    if baseline is not None:
+        if baseline["time"]:
+            text += (f", {baseline['time'] / median:.1f}x faster than the largest batch that fits,"
+                     f" {baseline['label']} ({baseline['time']:.2f} s)")  # fmt: skip
+        else:
+            text += (
+                f"; the largest batch that fits, {baseline['label']}, ended {baseline['status']}"
+            )
+    return text + "."
+
+
+def write_report(
+    result: SearchResult,
+    space: SearchSpace,
+    target: Target,
+    estimator: MemoryEstimator | None,
+    budget: int | None,
+) -> Path:
+    run_dir = result.run_dir
+    rows = result.rows
+    _plot_time_vs_batch(
+        [r for r in rows if r["phase"] != "confirmation"], run_dir / "time_vs_batch.png"
+    )
+    has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
+    _plot_history(rows, run_dir / "history.png")
+    entries: dict[str, dict[str, Any]] = {}
+    if result.best is not None:
+        winner_rows = [r for r in rows if r["phase"] == "confirmation"
+                       and all(float(r[k]) == float(getattr(result.best.config, k)) for k in keys.RAW_KNOBS)]  # fmt: skip
+        if (summary := _summary(winner_rows)) is not None:
+            entries["winner"] = summary
+    for name, knobs in (("max batch", result.baseline), ("reference", result.reference)):
+        if (summary := _summary(_matching(rows, knobs))) is not None:
+            entries[name] = summary
+    if entries:
+        _plot_comparison(entries, run_dir / "comparison.png")
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r["phase"] != "confirmation":
+            counts[r[keys.STATUS]] = counts.get(r[keys.STATUS], 0) + 1
+    table = "".join(
+        f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"
+        f"<td>{'-' if e['time'] is None else format(e['time'], '.3f')}</td>"
+        f"<td>{'-' if e['samples'] is None else int(e['samples'])}</td>"
+        f"<td>{e['throughput']:.0f}</td></tr>"
+        for n, e in entries.items()
+    )
+    images = ["time_vs_batch.png", *(["memory.png"] if has_memory else []), "history.png",
+              *(["comparison.png"] if entries else [])]  # fmt: skip
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in result.notes)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>raybatch: {html.escape(space.name)}</title>
+<style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem}}</style>
+</head><body>
+<h1>raybatch search: {html.escape(space.name)}</h1>
+<p><b>{html.escape(verdict(result, target))}</b></p>
+<p>Trials by status: {html.escape(", ".join(f"{k} {v}" for k, v in sorted(counts.items())))}.
+Budget: {format_bytes(budget) if budget else "none (CPU run, no pre-screen)"}.</p>
+<table border="1"><tr><th></th><th>micro x accum</th><th>effective</th><th>time to target (s)</th>
+<th>samples to target</th><th>samples/s</th></tr>{table}</table>
+<ul>{notes}</ul>
+{"".join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}
+<p>Every trial: <a href="trials.csv">trials.csv</a>; the winner: <a href="best_config.yaml">best_config.yaml</a>;
+the study: <code>optuna-dashboard sqlite:///{html.escape(str(run_dir.resolve()))}/optuna.db</code>.</p>
+</body></html>
+"""
+    out = run_dir / REPORT
+    out.write_text(page)
+    return out

@@ -1,0 +1,254 @@
+"""The searcher: Optuna's TPE over the raw knobs, with a memory pre-screen before every launch.
+
+A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
+``OptunaSearch``, for three reasons:
+
+- **pre-screening** needs to ask Optuna for a point, reject it *without launching a trial*,
+  tell Optuna it was infeasible, and ask again inside one ``suggest`` call; ``OptunaSearch``
+  maps one Tune trial to one Optuna trial and cannot;
+- **infeasibility is taught, not hidden**: a rejected point is told as a completed trial with
+  the PAR-10 penalty *and* a positive constraint violation (``Trial.set_constraint``), which
+  Optuna's constrained TPE uses to steer away from the region — a silent skip would let the
+  sampler propose the same OOM config again, the complaint users have about other tools;
+- **one study in SQLite is the record**: every Tune trial is one Optuna trial whose number is
+  kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
+
+TPE runs multivariate (the knobs interact: the LR multiplier that works depends on the batch)
+with the constant liar for trials still running in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from ray.tune.search import Searcher
+
+from raybatch import keys
+from raybatch.memory import MemoryEstimator, PrescreenResult
+from raybatch.space import SearchSpace
+from raybatch.status import TrialStatus
+from raybatch.tune_space import OptunaDefineByRun
+
+if TYPE_CHECKING:
+    import optuna
+
+MEMORY_CONSTRAINT = "memory"
+"""Optuna constraint: (predicted - budget) / budget; > 0 means the config does not fit."""
+STATUS_ATTR = "status"
+PRESCREENED_OUT = "prescreened_out"
+MAX_PRESCREEN_ATTEMPTS = 200
+
+
+class RaybatchSearcher(Searcher):
+    """Optuna TPE over a :class:`SearchSpace`, pre-screening every suggestion for memory.
+
+    Args:
+        space: The coupled space (raw knobs are searched, the rest derived).
+        storage_url: Optuna storage (``sqlite:///RUN_DIR/optuna.db``).
+        study_name: The study's name in that storage.
+        penalty: The objective told for prescreened-out, failed or capped trials (PAR-10).
+        estimator: Memory estimator for the pre-screen (``None``: no pre-screen).
+        budget_bytes: The per-GPU budget the pre-screen compares against.
+        points_to_evaluate: Raw-knob dicts to run first (reference recipe, max-batch
+            baseline); enqueued once, when the study is new.
+        seed: Sampler seed.
+        metric: The result field to minimise (``objective``).
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        storage_url: str,
+        study_name: str,
+        penalty: float,
+        estimator: MemoryEstimator | None = None,
+        budget_bytes: int | None = None,
+        points_to_evaluate: list[dict[str, Any]] | None = None,
+        seed: int = 0,
+        metric: str = keys.OBJECTIVE,
+    ) -> None:
+        super().__init__(metric=metric, mode="min")
+        self.space = space
+        self.storage_url = storage_url
+        self.study_name = study_name
+        self.penalty = penalty
+        self.estimator = estimator
+        self.budget_bytes = budget_bytes
+        self.seed = seed
+        self._define = OptunaDefineByRun(space)
+        self._trial_numbers: dict[str, int] = {}
+        self._completed: set[str] = set()
+        self.prescreened: list[dict[str, Any]] = []
+        self._study: optuna.Study | None = None
+        self._pending_points = list(points_to_evaluate or [])
+
+    # ------------------------------------------------------------------ study
+
+    @property
+    def study(self) -> optuna.Study:
+        if self._study is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            sampler = optuna.samplers.TPESampler(
+                seed=self.seed, multivariate=True, constant_liar=True
+            )
+            self._study = optuna.create_study(
+                storage=self.storage_url,
+                study_name=self.study_name,
+                direction="minimize",
+                sampler=sampler,
+                load_if_exists=True,
+            )
+            if self._pending_points and not self._study.trials:
+                for point in self._pending_points:
+                    self._study.enqueue_trial(point, skip_if_exists=True)
+            self._pending_points = []
+        return self._study
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The study holds a database engine; it is reopened from the URL after unpickling.
+        state = self.__dict__.copy()
+        state["_study"] = None
+        return state
+
+    def set_search_properties(
+        self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any
+    ) -> bool:
+        if metric:
+            self._metric = metric
+        return mode in (None, "min")  # the objective (a time) is always minimised
+
+    # ------------------------------------------------------------------ suggest
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        """The next config that passes the pre-screen; rejected ones are told as infeasible."""
+        if trial_id in self._trial_numbers:  # a restored, unfinished trial asks again
+            return dict(self.study.trials[self._trial_numbers[trial_id]].user_attrs["config"])
+        for _ in range(MAX_PRESCREEN_ATTEMPTS):
+            ot_trial = self.study.ask()
+            constants = self._define(ot_trial)
+            config = {**ot_trial.params, **constants}
+            verdict = self._screen(config)
+            if verdict is not None and verdict.fits is False:
+                self._reject(ot_trial, config, verdict)
+                continue
+            ot_trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+            ot_trial.set_user_attr("config", config)
+            ot_trial.set_user_attr("tune_trial_id", trial_id)
+            self._trial_numbers[trial_id] = ot_trial.number
+            return config
+        raise RuntimeError(
+            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were predicted not to fit the memory"
+            " budget; the space's smallest micro batch may already be too large"
+        )
+
+    def _screen(self, config: dict[str, Any]) -> PrescreenResult | None:
+        if self.estimator is None or self.budget_bytes is None:
+            return None
+        return self.estimator.prescreen(self.space.derive_from(config), self.budget_bytes)
+
+    def _reject(
+        self, ot_trial: optuna.Trial, config: dict[str, Any], verdict: PrescreenResult
+    ) -> None:
+        assert verdict.predicted_bytes is not None and self.budget_bytes is not None
+        violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
+        ot_trial.set_constraint(MEMORY_CONSTRAINT, max(violation, 1e-9))
+        ot_trial.set_user_attr(STATUS_ATTR, PRESCREENED_OUT)
+        ot_trial.set_user_attr("reason", verdict.reason)
+        ot_trial.set_user_attr("predicted_bytes", verdict.predicted_bytes)
+        self.study.tell(ot_trial, self.penalty)
+        self.prescreened.append(
+            {
+                **config,
+                keys.STATUS: PRESCREENED_OUT,
+                keys.REASON: verdict.reason,
+                "predicted_bytes": verdict.predicted_bytes,
+                "optuna_trial": ot_trial.number,
+            }
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        """Tell Optuna the trial's objective; a trial stopped mid-run by the scheduler is capped."""
+        number = self._trial_numbers.get(trial_id)
+        if number is None or trial_id in self._completed:
+            return
+        status, value = final_status(result, error, self.penalty)
+        ot_trial = self._handle(number)
+        ot_trial.set_user_attr(STATUS_ATTR, status.value)
+        if result and result.get(keys.TIME_TO_TARGET_S) is not None:
+            ot_trial.set_user_attr(keys.TIME_TO_TARGET_S, result[keys.TIME_TO_TARGET_S])
+        self.study.tell(ot_trial, value)
+        self._completed.add(trial_id)
+
+    def _handle(self, number: int) -> optuna.Trial:
+        """A live ``optuna.Trial`` for a study trial number (also after a restore)."""
+        import optuna
+
+        study = self.study
+        storage = study._storage  # Optuna has no public "trial by number" for running trials
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+        return optuna.trial.Trial(study, trial_id)
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(
+                {
+                    "trial_numbers": self._trial_numbers,
+                    "completed": self._completed,
+                    "prescreened": self.prescreened,
+                },
+                f,
+            )
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
+        self._trial_numbers = state["trial_numbers"]
+        self._completed = state["completed"]
+        self.prescreened = state["prescreened"]
+        self._pending_points = []
+
+    def close_orphans(self) -> int:
+        """Fail study trials left RUNNING by an interrupted driver that no Tune trial owns.
+
+        Returns how many were closed, so the study and the Ray experiment agree.
+        """
+        import optuna
+
+        owned = set(self._trial_numbers.values())
+        closed = 0
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if t.number not in owned:
+                handle = self._handle(t.number)
+                handle.set_user_attr(STATUS_ATTR, "lost_at_interruption")
+                self.study.tell(handle, state=optuna.trial.TrialState.FAIL)
+                closed += 1
+        return closed
+
+
+def final_status(
+    result: dict[str, Any] | None, error: bool, penalty: float
+) -> tuple[TrialStatus, float]:
+    """A finished Tune trial's status and objective.
+
+    A trial whose last report is still ``running`` was stopped from outside: by the capping
+    scheduler. A Ray-level error (the worker died past its retries) is ``error``.
+    """
+    if error or not result:
+        return TrialStatus.ERROR, penalty
+    status = TrialStatus(result.get(keys.STATUS, TrialStatus.ERROR.value))
+    if status is TrialStatus.RUNNING:
+        return TrialStatus.CAPPED, penalty
+    value = result.get(keys.OBJECTIVE)
+    if status is not TrialStatus.REACHED or value is None or not math.isfinite(value):
+        return status, penalty
+    return status, float(value)
