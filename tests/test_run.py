@@ -1,0 +1,163 @@
+"""The search end to end on digits: real Ray, real Optuna in SQLite, real training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+
+import raybatch
+from raybatch import keys
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.memory import MemoryEstimator
+from raybatch.run import STUDY_NAME, SearchOptions, read_trials_csv
+from raybatch.searcher import STATUS_ATTR
+
+from .conftest import run_cli
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+DIGITS = "raybatch.examples.digits:workload"
+
+
+@pytest.fixture(scope="module")
+def finished_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One small search under a tight budget: micro batches above 64 cannot fit."""
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    budget = estimator.predict(SPACE.derive(64, 4))
+    run_dir = tmp_path_factory.mktemp("run") / "digits"
+    options = SearchOptions(trials=6, max_time_s=8.0, memory_budget=budget, gpus_per_trial=0,
+                            confirm_top=2, confirm_seeds=2, seed=0)  # fmt: skip
+    result = raybatch.search(DigitsWorkload(), SPACE, 0.97, run_dir, options, DIGITS, verbose=0)
+    return {"result": result, "budget": budget, "run_dir": run_dir}
+
+
+@pytest.mark.slow
+def test_search_writes_every_file_of_the_run_directory(finished_run: dict[str, Any]) -> None:
+    run_dir = finished_run["run_dir"]
+    for name in ("run.json", "space.yaml", "optuna.db", "trials.csv", "best_config.yaml",
+                 "best_config.json", "report.html", "time_vs_batch.png", "memory.png",
+                 "history.png"):  # fmt: skip
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "tune" / "search").is_dir()
+    page = (run_dir / "report.html").read_text()
+    assert (
+        "reaches accuracy&gt;=0.97" in page and f"sqlite:///{run_dir.resolve()}/optuna.db" in page
+    )
+
+
+@pytest.mark.slow
+def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> None:
+    run_dir = finished_run["run_dir"]
+    rows = read_trials_csv(run_dir / "trials.csv")
+    search_rows = [r for r in rows if r["phase"] == "search"]
+    prescreened = [r for r in rows if r["phase"] == "prescreen"]
+    assert len(search_rows) == 6
+    assert all(r["status"] == "prescreened_out" for r in prescreened)
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    assert len(study.trials) == len(search_rows) + len(prescreened)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    by_tune_id = {t.user_attrs.get("tune_trial_id"): t for t in study.trials}
+    for row in search_rows:
+        trial = by_tune_id[row["trial_id"]]
+        assert trial.user_attrs[STATUS_ATTR] == row["status"]
+        assert int(trial.params.get("micro_batch_size", row["micro_batch_size"])) == int(
+            row["micro_batch_size"]
+        )
+    statuses = {r["status"] for r in rows}
+    assert statuses <= {"reached", "censored", "capped", "diverged", "prescreened_out"}
+
+
+@pytest.mark.slow
+def test_no_launched_trial_exceeds_the_budget_and_rejections_are_listed(
+    finished_run: dict[str, Any],
+) -> None:
+    rows = read_trials_csv(finished_run["run_dir"] / "trials.csv")
+    launched = [r for r in rows if r["phase"] in ("search", "confirmation")]
+    assert all(int(r["micro_batch_size"]) <= 64 for r in launched)
+    prescreened = [r for r in rows if r["phase"] == "prescreen"]
+    assert all(int(r["micro_batch_size"]) > 64 for r in prescreened)
+    assert all(int(r["peak_memory_bytes"]) > finished_run["budget"] for r in prescreened)
+
+
+@pytest.mark.slow
+def test_reference_recipe_and_max_batch_baseline_are_among_the_trials(
+    finished_run: dict[str, Any],
+) -> None:
+    result = finished_run["result"]
+    assert result.reference == {"micro_batch_size": 64, "accumulation_steps": 1, "world_size": 1}
+    assert result.baseline == {"micro_batch_size": 64, "accumulation_steps": 1, "world_size": 1}
+    first = next(r for r in result.rows if r["phase"] == "search")
+    assert (first["micro_batch_size"], first["accumulation_steps"], first["lr_multiplier"]) == (
+        64,
+        1,
+        1.0,
+    )
+
+
+@pytest.mark.slow
+def test_capped_trials_stop_near_slack_times_the_incumbent(finished_run: dict[str, Any]) -> None:
+    rows = [r for r in finished_run["result"].rows if r["phase"] == "search"]
+    reached = [r[keys.TIME_TO_TARGET_S] for r in rows if r["status"] == "reached"]
+    for row in rows:
+        if row["status"] == "capped":
+            # Stopped at the first report past the cap: within one evaluation interval of it.
+            assert row[keys.ELAPSED_S] > 1.2 * min(reached) * 0.999
+            assert row[keys.ELAPSED_S] < 1.2 * max(reached) + 5.0
+
+
+@pytest.mark.slow
+def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, Any]) -> None:
+    best = raybatch.load_best(finished_run["run_dir"])
+    assert best.provenance["median_time_to_target_s"] > 0
+    assert len(best.provenance["time_to_target_s_runs"]) == 2
+    model = torch.nn.Linear(4, 2)
+    optimizer = best.build_optimizer(model.parameters())
+    assert isinstance(optimizer, torch.optim.SGD)
+    group = optimizer.param_groups[0]
+    assert (group["lr"], group["weight_decay"]) == (best.config.lr, best.config.weight_decay)
+    scheduler = best.build_scheduler(optimizer)
+    assert scheduler.get_last_lr()[0] <= best.config.lr
+    assert best.dataloader_kwargs() == {
+        "batch_size": best.config.micro_batch_size,
+        "drop_last": True,
+    }
+    exported = run_cli("export", str(finished_run["run_dir"]), "--format", "args")
+    assert exported.returncode == 0
+    assert f"--micro-batch-size {best.config.micro_batch_size}" in exported.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["search", "missing/wl.py:w", "--target", "0.97"],
+            "missing/wl.py:w: no such file missing/wl.py",
+        ),
+        (
+            ["search", DIGITS, "--target", "acc>0.9"],
+            "command line: --target: must be METRIC>=VALUE",
+        ),
+        (
+            ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "1"],
+            "no GPU memory budget: NVML is not available here",
+        ),
+        (
+            ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "lots"],
+            "--gpus-per-trial: must be auto or a number",
+        ),
+        (["resume", "/nonexistent/run"], "run.json: missing: not a raybatch run directory"),
+        (["export", "/nonexistent/run"], "best_config: not found"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_a_clear_message(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    if args[0] == "search":
+        args = [*args, "--run-dir", str(tmp_path / "r"), "--trials", "1"]
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,156 @@
+"""The searcher's logic, driven directly (suggest -> complete) as Ray Tune's own tests do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import raybatch
+from raybatch import keys
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.memory import MemoryEstimator
+from raybatch.run import max_batch_point, reference_point
+from raybatch.searcher import PRESCREENED_OUT, STATUS_ATTR, RaybatchSearcher, final_status
+from raybatch.status import TrialStatus
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+
+
+def _searcher(tmp_path: Path, budget: int | None = None, **kw: Any) -> RaybatchSearcher:
+    estimator = None
+    if budget is not None:
+        estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    return RaybatchSearcher(
+        SPACE,
+        storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
+        study_name="t",
+        penalty=600.0,
+        estimator=estimator,
+        budget_bytes=budget,
+        **kw,
+    )
+
+
+def _result(status: str, ttt: float | None = None) -> dict[str, Any]:
+    return {keys.STATUS: status, keys.TIME_TO_TARGET_S: ttt,
+            keys.OBJECTIVE: ttt if ttt is not None else 600.0}  # fmt: skip
+
+
+def test_suggestions_are_coupled_recipes_recorded_in_the_study(tmp_path: Path) -> None:
+    searcher = _searcher(tmp_path)
+    for i in range(5):
+        config = searcher.suggest(f"t{i}")
+        assert config is not None
+        assert raybatch.TrialConfig.from_dict(config) == SPACE.derive_from(config)
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0 + i))
+    trials = searcher.study.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 5
+    assert [t.value for t in trials] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert all(t.user_attrs[STATUS_ATTR] == "reached" for t in trials)
+
+
+def test_reference_and_max_batch_baseline_are_evaluated_first(tmp_path: Path) -> None:
+    reference = reference_point(SPACE)
+    baseline = max_batch_point(SPACE, lambda recipe: True)
+    assert reference == {"micro_batch_size": 64, "accumulation_steps": 1, "world_size": 1}
+    assert baseline == {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
+    seeds = [{k: v for k, v in p.items() if k != "world_size"} | {"lr_multiplier": 1.0}
+             for p in (reference, baseline)]  # fmt: skip
+    searcher = _searcher(tmp_path, points_to_evaluate=seeds)
+    first, second = searcher.suggest("a"), searcher.suggest("b")
+    assert first is not None and second is not None
+    assert (first["micro_batch_size"], first["lr"]) == (64, 0.025)
+    assert (second["micro_batch_size"], second["accumulation_steps"]) == (256, 1)
+
+
+def test_suggestions_over_the_budget_are_told_infeasible_and_never_launched(
+    tmp_path: Path,
+) -> None:
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    # Micro batches up to 64 fit at any accumulation (which keeps gradients alive), above not.
+    budget = estimator.predict(SPACE.derive(64, 4))
+    assert estimator.predict(SPACE.derive(128, 1)) > budget
+    searcher = _searcher(tmp_path, budget=budget)
+    launched = []
+    for i in range(12):
+        config = searcher.suggest(f"t{i}")
+        assert config is not None
+        launched.append(config["micro_batch_size"])
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
+    assert max(launched) <= 64
+    assert searcher.prescreened and all(p["micro_batch_size"] > 64 for p in searcher.prescreened)
+    # Optuna was told: each rejection is a completed trial with a positive constraint.
+    rejected = [
+        t for t in searcher.study.trials if t.user_attrs.get(STATUS_ATTR) == PRESCREENED_OUT
+    ]
+    assert len(rejected) == len(searcher.prescreened)
+    assert all(t.constraints["memory"] > 0 and t.value == 600.0 for t in rejected)
+    launched_trials = [
+        t for t in searcher.study.trials if t.user_attrs.get(STATUS_ATTR) == "reached"
+    ]
+    assert all(t.constraints["memory"] == 0 for t in launched_trials)
+
+
+def test_the_sampler_learns_the_infeasible_region(tmp_path: Path) -> None:
+    """Told as infeasible, rejected regions are proposed less often than by chance.
+
+    Two of the five micro-batch choices (128, 256) do not fit, so a sampler that learned
+    nothing would propose them 40% of the time; with every launched trial scoring the same,
+    only the constraint can teach TPE to avoid them.
+    """
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    searcher = _searcher(tmp_path, budget=estimator.predict(SPACE.derive(64, 4)))
+    for i in range(40):
+        searcher.suggest(f"t{i}")
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
+    asked = len(searcher.study.trials)
+    late = [p for p in searcher.prescreened if p["optuna_trial"] >= asked - 20]
+    assert len(late) / 20 < 0.35
+
+
+def test_a_trial_stopped_while_running_is_capped_with_the_penalty(tmp_path: Path) -> None:
+    searcher = _searcher(tmp_path)
+    searcher.suggest("a")
+    searcher.on_trial_complete("a", {keys.STATUS: "running", keys.ELAPSED_S: 3.0})
+    trial = searcher.study.trials[0]
+    assert trial.user_attrs[STATUS_ATTR] == "capped" and trial.value == 600.0
+    searcher.on_trial_complete("a", _result("reached", 1.0))  # told once only
+    assert searcher.study.trials[0].value == 600.0
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "expected"),
+    [
+        (_result("reached", 2.5), False, (TrialStatus.REACHED, 2.5)),
+        (_result("censored"), False, (TrialStatus.CENSORED, 600.0)),
+        (_result("diverged"), False, (TrialStatus.DIVERGED, 600.0)),
+        ({keys.STATUS: "running"}, False, (TrialStatus.CAPPED, 600.0)),
+        (None, True, (TrialStatus.ERROR, 600.0)),
+    ],
+)
+def test_final_status_and_objective(result: Any, error: bool, expected: Any) -> None:
+    assert final_status(result, error, 600.0) == expected
+
+
+def test_checkpoint_restores_the_trial_map_and_prescreened_list(tmp_path: Path) -> None:
+    searcher = _searcher(tmp_path)
+    config = searcher.suggest("a")
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    fresh = _searcher(tmp_path)
+    fresh.restore(str(tmp_path / "ckpt.pkl"))
+    assert fresh.suggest("a") == config  # a restored unfinished trial gets its own config back
+    fresh.on_trial_complete("a", _result("reached", 1.5))
+    assert fresh.study.trials[0].value == 1.5
+
+
+def test_orphans_of_an_interrupted_driver_are_closed_as_failed(tmp_path: Path) -> None:
+    searcher = _searcher(tmp_path)
+    searcher.suggest("a")
+    searcher.suggest("b")
+    searcher._trial_numbers.pop("b")  # as if "b" was never recorded before the driver died
+    assert searcher.close_orphans() == 1
+    states = [t.state for t in searcher.study.trials]
+    assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL]
