@@ -19,6 +19,7 @@ from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.presets import list_presets, load_space
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 _CLI = "command line"  # the "file" an error names when the bad input is an option
 
 app = typer.Typer(
@@ -38,8 +39,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 @contextmanager
 def _user_errors() -> Iterator[None]:
     """Report raybatch's input errors as one clean message and exit status 2."""
+    from raybatch.errors import SearchInterrupted
+
     try:
         yield
+    except SearchInterrupted as exc:
+        typer.echo(f"raybatch: {exc}", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except RaybatchError as exc:
         for line in str(exc).splitlines():
             typer.echo(f"raybatch: error: {line}", err=True)

@@ -108,3 +108,7 @@ class RunDirError(InputError):
 
 class TargetError(InputError):
     """A target given as text (``accuracy>=0.97``, ``0.97``) cannot be understood."""
+
+
+class SearchInterrupted(RaybatchError):
+    """The search was stopped (Ctrl-C, SIGINT) before its trials finished; it can be resumed."""

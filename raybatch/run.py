@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import time
@@ -37,7 +38,7 @@ import yaml
 
 from raybatch import keys
 from raybatch.config import TrialConfig
-from raybatch.errors import Issue, RunDirError
+from raybatch.errors import Issue, RunDirError, SearchInterrupted
 from raybatch.export import BestConfig, write_best
 from raybatch.reporting import Target
 from raybatch.space import SearchSpace
@@ -276,6 +277,9 @@ def _execute(
     from raybatch.searcher import RaybatchSearcher
     from raybatch.trial import trainable
 
+    # Save Ray Tune's experiment state at every step, not every few minutes: a driver killed
+    # between two saves would otherwise forget trials that had finished, and re-run them.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     _init_ray(options.address)
     cuda = _machine_has_cuda()
     gpus = options.gpus_per_trial if options.gpus_per_trial is not None else ("auto" if cuda else 0)
@@ -341,6 +345,12 @@ def _execute(
             ),
         )
     results = tuner.fit()
+    finished = results.num_terminated + results.num_errors
+    if finished < options.trials:
+        raise SearchInterrupted(
+            f"search interrupted after {finished} of {options.trials} trials; the state is saved:"
+            f" continue with `raybatch resume {path}`"
+        )
     rows = _search_rows(space, results, options.penalty)
     closed = _reconcile_study(path, {r["trial_id"] for r in rows})
     if closed:
@@ -494,7 +504,11 @@ def _confirm(
         resourced,
         param_space=param_space,
         tune_config=tune.TuneConfig(max_concurrent_trials=options.max_concurrent),
-        run_config=tune.RunConfig(storage_path=storage, name="confirm", verbose=min(verbose, 1)),
+        run_config=tune.RunConfig(
+            storage_path=storage,
+            name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}",
+            verbose=min(verbose, 1),
+        ),
     )
     rows = []
     for result in list(tuner.fit()):  # type: ignore[call-overload]

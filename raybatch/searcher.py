@@ -181,6 +181,11 @@ class RaybatchSearcher(Searcher):
             return
         status, value = final_status(result, error, self.penalty)
         ot_trial = self._handle(number)
+        if self.study._storage.get_trial(ot_trial._trial_id).state.is_finished():
+            # Told before an interruption that Tune's last saved state predates: keep the
+            # first result rather than crash the resumed search on a double tell.
+            self._completed.add(trial_id)
+            return
         ot_trial.set_user_attr(STATUS_ATTR, status.value)
         if result and result.get(keys.TIME_TO_TARGET_S) is not None:
             ot_trial.set_user_attr(keys.TIME_TO_TARGET_S, result[keys.TIME_TO_TARGET_S])
