@@ -21,15 +21,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/raybatch spaces
-	@echo
-	$(BIN)/raybatch recipes digits_cnn_sgd
-	@echo
-	$(BIN)/raybatch recipes resnet50_imagenet_sgd
-	@echo
-	$(BIN)/raybatch space resnet50_imagenet_sgd --batch 256 --accum 4 --world-size 8
-	@echo
-	$(BIN)/raybatch estimate raybatch.examples.digits:workload --batch 16,64,256,1024 --memory-budget 40MiB
+	$(BIN)/raybatch search examples/digits.py:workload --space digits_cnn_sgd --target "accuracy>=0.97" \
+		--trials 12 --max-time-per-trial 20 --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check raybatch tests examples bench

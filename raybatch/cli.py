@@ -324,16 +324,11 @@ def export_command(
 def report_command(
     run_dir: Annotated[str, typer.Argument(help="A finished run directory.")],
 ) -> None:
-    """Say where a run's report is, and print its verdict."""
-    from pathlib import Path
-
-    from raybatch.errors import RunDirError
-    from raybatch.report import REPORT
+    """Write a finished run's report again (report.html and its PNGs) and print its path."""
+    from raybatch.run import rebuild_report
 
     with _user_errors():
-        page = Path(run_dir) / REPORT
-        if not page.is_file():
-            raise RunDirError([Issue(REPORT, "missing: the search has not finished")], run_dir)
+        page = rebuild_report(run_dir)
     typer.echo(str(page.resolve()))
 
 

@@ -30,6 +30,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,9 @@ from typing import Any
 import yaml
 
 from raybatch import keys
+from raybatch.budget import parse_size
 from raybatch.config import TrialConfig
-from raybatch.errors import Issue, RunDirError, SearchInterrupted
+from raybatch.errors import Issue, RaybatchError, RunDirError, SearchInterrupted
 from raybatch.export import BestConfig, write_best
 from raybatch.reporting import Target
 from raybatch.space import SearchSpace
@@ -185,7 +187,16 @@ def reference_point(space: SearchSpace) -> dict[str, Any] | None:
     return None
 
 
-def max_batch_point(space: SearchSpace, fits: Any) -> dict[str, Any]:
+def _budget_check(estimator: Any, budget: int | None) -> Callable[[TrialConfig], bool]:
+    """Whether a recipe's predicted peak fits the budget (everything fits without one)."""
+
+    def fits(recipe: TrialConfig) -> bool:
+        return estimator is None or budget is None or estimator.predict(recipe) <= budget
+
+    return fits
+
+
+def max_batch_point(space: SearchSpace, fits: Callable[[TrialConfig], bool]) -> dict[str, Any]:
     """The "largest batch that fits" baseline: biggest fitting micro batch, accumulation 1."""
     s = space.search
     world = 1 if 1 in s.world_size else min(s.world_size)
@@ -296,10 +307,7 @@ def _execute(
     else:
         notes.append("no GPU memory budget on this machine: suggestions were not pre-screened")
 
-    def fits(recipe: TrialConfig) -> bool:
-        return estimator is None or budget is None or estimator.predict(recipe) <= budget
-
-    baseline = max_batch_point(space, fits)
+    baseline = max_batch_point(space, _budget_check(estimator, budget))
     reference = reference_point(space)
     seeds = [_searched(space, p) for p in (reference, baseline) if p is not None]
     searcher = RaybatchSearcher(
@@ -605,3 +613,51 @@ def write_trials_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def read_trials_csv(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+def _typed(row: dict[str, str]) -> dict[str, Any]:
+    """A ``trials.csv`` row with its numbers as numbers again (empty cells become None)."""
+    out: dict[str, Any] = {}
+    for key, text in row.items():
+        if text == "":
+            out[key] = None
+            continue
+        try:
+            number = float(text)
+        except ValueError:
+            out[key] = text
+            continue
+        out[key] = int(number) if number.is_integer() and "." not in text else number
+    return out
+
+
+def rebuild_report(run_dir: str | Path) -> Path:
+    """Write the report of a finished run again, from its files alone.
+
+    Raises:
+        RunDirError: Not a run directory, or its search has not finished (no trials.csv).
+    """
+    from raybatch.export import BEST_YAML, load_best
+    from raybatch.memory import MemoryEstimator
+    from raybatch.report import write_report
+
+    path, ref, space, target, options = read_run(run_dir)
+    if not (path / TRIALS_CSV).is_file():
+        raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(path))
+    rows = [_typed(r) for r in read_trials_csv(path / TRIALS_CSV)]
+    best = load_best(path) if (path / BEST_YAML).is_file() else None
+    estimator, budget = None, options.memory_budget
+    if budget is not None:
+        try:
+            workload = load_workload(ref)
+        except RaybatchError:
+            workload = None  # the report is still written, without the memory plot
+        if workload is not None:
+            micro = space.search.micro_batch_size
+            estimator = MemoryEstimator(
+                workload, space.reference_config(), anchors=(min(micro), max(micro))
+            )
+    budget_bytes = None if budget is None else parse_size(budget)
+    baseline = max_batch_point(space, _budget_check(estimator, budget_bytes))
+    result = SearchResult(path, rows, best, baseline, reference_point(space))
+    return write_report(result, space, target, estimator, budget_bytes)

@@ -161,3 +161,30 @@ def test_cli_bad_input_exits_2_with_a_clear_message(
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_example_training_script_uses_the_exported_recipe(finished_run: dict[str, Any]) -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "train_with_best_config.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(finished_run["run_dir"]), "--epochs", "8"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    best = raybatch.load_best(finished_run["run_dir"])
+    assert f"effective batch {best.config.effective_batch_size}" in proc.stdout
+    accuracy = float(proc.stdout.rsplit(":", 1)[1])
+    assert accuracy > 0.9
+
+
+@pytest.mark.slow
+def test_report_is_rebuilt_from_the_run_directory_alone(finished_run: dict[str, Any]) -> None:
+    page = finished_run["run_dir"] / "report.html"
+    verdict = page.read_text().split("<b>")[1].split("</b>")[0]
+    page.unlink()
+    proc = run_cli("report", str(finished_run["run_dir"]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert page.read_text().split("<b>")[1].split("</b>")[0] == verdict
