@@ -118,9 +118,15 @@ def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
 def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[dict[str, Any]]:
     if knobs is None:
         return []
-    return [r for r in rows if r["phase"] == "search"
-            and all(int(r[k]) == int(v) for k, v in knobs.items())
-            and abs(float(r[keys.LR_MULTIPLIER]) - 1.0) < 1e-9]  # fmt: skip
+
+    def same(r: dict[str, Any]) -> bool:
+        return (all(int(r[k]) == int(v) for k, v in knobs.items())
+                and abs(float(r[keys.LR_MULTIPLIER]) - 1.0) < 1e-9
+                and abs(float(r[keys.WEIGHT_DECAY_MULTIPLIER]) - 1.0) < 1e-9)  # fmt: skip
+
+    # Prefer the confirmation runs (the same seeds and conditions as the winner's).
+    confirmed = [r for r in rows if r["phase"] == "confirmation" and same(r)]
+    return confirmed or [r for r in rows if r["phase"] == "search" and same(r)]
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -169,10 +175,18 @@ def verdict(result: SearchResult, target: Target) -> str:
         f" {median:.2f} s (median of {len(result.best.provenance['time_to_target_s_runs'])} runs)"
     )
     baseline = _summary(_matching(result.rows, result.baseline))
-    if baseline is not None:
-        if baseline["time"]:
+    is_baseline = result.baseline is not None and all(
+        int(getattr(c, k)) == int(v) for k, v in result.baseline.items()
+    ) and c.lr_multiplier == 1.0  # fmt: skip
+    if is_baseline:
+        text += "; here the largest batch that fits is also the fastest"
+    elif baseline is not None:
+        if baseline["time"] and baseline["time"] >= median:
             text += (f", {baseline['time'] / median:.1f}x faster than the largest batch that fits,"
                      f" {baseline['label']} ({baseline['time']:.2f} s)")  # fmt: skip
+        elif baseline["time"]:
+            text += (f"; the largest batch that fits, {baseline['label']}, measured"
+                     f" {baseline['time']:.2f} s but was not among the confirmed candidates")  # fmt: skip
         else:
             text += (
                 f"; the largest batch that fits, {baseline['label']}, ended {baseline['status']}"

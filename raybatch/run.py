@@ -367,7 +367,12 @@ def _execute(
         )
     rows += _prescreened_rows(path)
     candidates = _candidates(rows, options.confirm_top)
-    confirm_rows = _confirm(path, resourced, space, candidates, options, verbose)
+    # The baseline and the reference are re-run beside the candidates, under the same
+    # conditions, so the report compares like with like.
+    compared = candidates + [
+        r for r in _comparison_rows(rows, baseline, reference) if not _same_knobs(r, candidates)
+    ]
+    confirm_rows = _confirm(path, resourced, space, compared, options, verbose)
     rows += confirm_rows
     best = _choose_winner(space, target, candidates, confirm_rows, rows, options)
     write_trials_csv(path / TRIALS_CSV, rows)
@@ -461,6 +466,35 @@ def _reconcile_study(path: Path, tune_trial_ids: set[str]) -> int:
 
 
 # ---------------------------------------------------------------------- confirmation
+
+
+def _knobs(row: dict[str, Any]) -> tuple[float, ...]:
+    return tuple(float(row[k]) for k in keys.RAW_KNOBS)
+
+
+def _same_knobs(row: dict[str, Any], others: list[dict[str, Any]]) -> bool:
+    return any(_knobs(row) == _knobs(o) for o in others)
+
+
+def _comparison_rows(
+    rows: list[dict[str, Any]], *points: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The search rows of the baseline and reference points (LR and WD multipliers 1)."""
+    out: list[dict[str, Any]] = []
+    for point in points:
+        if point is None:
+            continue
+        for r in rows:
+            if (
+                r["phase"] == "search"
+                and all(int(r[k]) == int(v) for k, v in point.items())
+                and float(r[keys.LR_MULTIPLIER]) == 1.0
+                and float(r[keys.WEIGHT_DECAY_MULTIPLIER]) == 1.0
+                and not _same_knobs(r, out)
+            ):
+                out.append(r)
+                break
+    return out
 
 
 def _candidates(rows: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
