@@ -188,3 +188,47 @@ def test_report_is_rebuilt_from_the_run_directory_alone(finished_run: dict[str, 
     proc = run_cli("report", str(finished_run["run_dir"]))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert page.read_text().split("<b>")[1].split("</b>")[0] == verdict
+
+
+CLUSTER_SEARCH = """
+import json, subprocess, sys
+import ray
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+cluster.add_node(num_cpus=2)
+cluster.wait_for_nodes()
+proc = subprocess.run(
+    [sys.executable, "-m", "raybatch", "search", "raybatch.examples.digits:workload",
+     "--target", "0.95", "--trials", "3", "--run-dir", RUN_DIR, "--address", cluster.address,
+     "--max-time-per-trial", "10", "--confirm-top", "1", "--confirm-seeds", "1", "--quiet"],
+    capture_output=True, text=True,
+)
+ray.init(address=cluster.address, log_to_driver=False)
+jobs = [str(j.get("Entrypoint") or j.get("EntryPoint") or j) for j in ray._private.state.jobs()]
+print("RESULT " + json.dumps({"rc": proc.returncode, "stderr": proc.stderr[-2000:],
+                              "nodes": len([n for n in ray.nodes() if n["Alive"]]), "jobs": jobs}))
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_search_runs_on_an_existing_multi_node_cluster_through_address(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "cluster_search.py"
+    run_dir = tmp_path / "run"
+    script.write_text(f"RUN_DIR = {str(run_dir)!r}\n" + CLUSTER_SEARCH)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=400, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert data["rc"] == 0, data["stderr"]
+    assert data["nodes"] == 2
+    # The GCS of this cluster knows the CLI's driver: it joined instead of starting a Ray.
+    assert any("raybatch" in job for job in data["jobs"]), data["jobs"]
+    rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
+    assert len(rows) == 3
