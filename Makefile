@@ -33,11 +33,13 @@ test: lint
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	$(BIN)/python bench/search_efficiency.py
 	$(BIN)/python bench/space_overhead.py
 	$(BIN)/python bench/trace_cost.py
 	$(BIN)/python bench/digits_batch_sweep.py
 	$(BIN)/python bench/gpu_memory_accuracy.py
 	$(BIN)/python bench/gpu_trial_timing.py
+	$(BIN)/python bench/render_docs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -8,6 +8,7 @@ tensors made on the spot, since only memory and time matter here.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
@@ -25,8 +26,9 @@ class _Synthetic(Workload):
         self.amp_dtype = amp_dtype
         self._data: TensorDataset | None = None
 
+    @abc.abstractmethod
     def make_data(self) -> TensorDataset:
-        raise NotImplementedError
+        """The few random items the workload cycles through."""
 
     def train_dataset(self) -> Dataset[Any]:
         if self._data is None:

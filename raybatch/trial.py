@@ -93,7 +93,10 @@ def _set_threads_to_assigned_cpus() -> None:
 
     if not ray.is_initialized():  # a direct call outside Ray: leave torch's default
         return
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except AssertionError:  # Ray's answer in a driver process: nothing was assigned to it
+        return
     if cpus:
         torch.set_num_threads(max(1, int(cpus)))
 

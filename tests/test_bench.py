@@ -68,7 +68,9 @@ def test_gpu_benchmark_predictions_run_without_a_gpu() -> None:
 
 def test_committed_results_exist_for_every_cpu_benchmark() -> None:
     for script in BENCH.glob("*.py"):
-        if script.stem == "models" or getattr(_load(script.stem), "REQUIRES_GPU", False):
+        if script.stem in ("models", "simulator", "render_docs"):
+            continue
+        if getattr(_load(script.stem), "REQUIRES_GPU", False):
             continue
         result = BENCH / "results" / f"{script.stem}.json"
         assert result.is_file(), f"run `make bench`: {result} is missing"
@@ -89,3 +91,37 @@ def test_digits_sweep_records_a_status_per_seed(tmp_path: Path) -> None:
     )
     assert rows[0]["runs"][0]["status"] in ("reached", "censored")
     assert rows[0]["effective_batch_size"] == 256
+
+
+def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Path) -> None:
+    module = _load("search_efficiency")
+    simulator = _load("simulator")
+    rows = module.main(seeds=2, budgets=(5, 10), members=simulator.MEMBERS[1:2],
+                       out=tmp_path / "s.json")  # fmt: skip
+    assert {r["strategy"] for r in rows} == set(module.STRATEGIES)
+    required = {"workload", "strategy", "trials", "median_regret", "p90_regret", "gpu_seconds",
+                "oom_crashes"}  # fmt: skip
+    assert all(required <= set(r) for r in rows)
+    assert all(r["median_regret"] >= 1.0 - 1e-9 for r in rows)  # nothing beats the optimum
+    ours = [r for r in rows if r["strategy"] == "raybatch"]
+    assert all(r["oom_crashes"] == 0 for r in ours)  # pre-screened: heavy batches never run
+
+
+def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:
+    simulator = _load("simulator")
+    cases = {}
+    for member in simulator.MEMBERS:
+        optimum, (_micro, accumulation, _) = member.optimum()
+        largest = member.max_fitting_micro()
+        cases[member.name] = (accumulation > 1, member.true_time(largest, 1, 1.0) / optimum)
+    assert cases["needs_accumulation"][0]  # the best effective batch needs accumulation
+    assert cases["max_batch_optimal"][1] == 1.0  # the heuristic is right there
+    assert cases["small_noise_scale"][1] > 1.5  # and badly wrong here
+
+
+def test_docs_are_rendered_from_the_committed_results(tmp_path: Path) -> None:
+    text = _load("render_docs").main(out=tmp_path / "benchmarks.md")
+    assert "## Search efficiency on the simulated workload family" in text
+    assert "median regret <= 1.10 within 20 trials" in text
+    committed = (BENCH.parent / "docs" / "benchmarks.md").read_text()
+    assert committed == text, "run `make bench` (or bench/render_docs.py) and commit docs/"

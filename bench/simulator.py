@@ -1,0 +1,185 @@
+"""A simulated family of training workloads, for benchmarking search strategies by the hundred.
+
+Each member obeys the empirical large-batch model of McCandlish et al. 2018 ("An Empirical
+Model of Large-Batch Training"): optimizer steps to target ``S(B) = S_min (1 + B_noise / B)``
+for an effective batch ``B``; an LR-quality penalty when the LR multiplier leaves a band around
+the member's best; divergence above a critical LR scale; a step time in micro batch and
+accumulation following Pollux's form (Qiao et al. 2021), ``T(b) = (T_c^g + (t_n b)^g)^(1/g)``
+per micro step, which saturates at small batches as GPUs do; a linear memory model with a
+budget (an OOM costs the time a real one costs: start-up and the failed step); and
+multiplicative log-normal timing noise. Ground truth comes from evaluating the whole grid
+without noise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import raybatch
+from raybatch.memory import EstimateSource, PrescreenResult
+
+MICRO = [8, 16, 32, 64, 128, 256, 512]
+ACCUMULATION = [1, 2, 4, 8, 16]
+LR_MULTIPLIER = (0.25, 4.0)
+
+
+def sim_space() -> raybatch.SearchSpace:
+    """The coupled space all members are searched in (linear rule around batch 256)."""
+    return raybatch.SearchSpace.from_dict(
+        {
+            "name": "simulated",
+            "reference": {"batch_size": 256, "lr": 0.1, "optimizer": "sgd"},
+            "rules": {"lr": "linear", "weight_decay": "none"},
+            "search": {
+                "micro_batch_size": MICRO,
+                "accumulation_steps": ACCUMULATION,
+                "lr_multiplier": {"low": LR_MULTIPLIER[0], "high": LR_MULTIPLIER[1]},
+            },
+            "warmup": {"samples_per_scale": 1000},
+            "limits": {"max_accumulation_steps": 16},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Member:
+    """One simulated workload on one simulated GPU.
+
+    Attributes:
+        name: What makes this member interesting.
+        s_min: Optimizer steps to target at an infinite batch.
+        b_noise: The gradient noise scale: batches well above it stop saving steps.
+        best_multiplier: The LR multiplier (on the linear rule) that trains best.
+        critical_scale: LR scale (lr / reference lr) above which training diverges.
+        t_c: Per-micro-step fixed time (kernel launches, small-batch floor), seconds.
+        t_n: Per-sample compute time, seconds.
+        gamma: Pollux's overlap exponent (1: none, larger: compute and overhead overlap).
+        t_opt: Optimizer-step time, seconds.
+        mem_fixed: Bytes independent of the batch (weights, optimizer state, context).
+        mem_per_sample: Activation bytes per sample of micro batch.
+        budget: The GPU memory budget.
+        oom_cost_s: What an out-of-memory trial costs (start-up and the failed step).
+        noise: Sigma of the multiplicative log-normal timing noise.
+        max_time_s: A trial's time cap.
+    """
+
+    name: str
+    s_min: float
+    b_noise: float
+    best_multiplier: float
+    critical_scale: float
+    t_c: float
+    t_n: float
+    gamma: float
+    t_opt: float
+    mem_fixed: float
+    mem_per_sample: float
+    budget: float
+    oom_cost_s: float = 20.0
+    noise: float = 0.05
+    max_time_s: float = 600.0
+
+    def memory(self, micro: int) -> float:
+        return self.mem_fixed + self.mem_per_sample * micro
+
+    def fits(self, micro: int) -> bool:
+        return self.memory(micro) <= self.budget
+
+    def step_time(self, micro: int, accumulation: int) -> float:
+        micro_step = (self.t_c**self.gamma + (self.t_n * micro) ** self.gamma) ** (1 / self.gamma)
+        return accumulation * micro_step + self.t_opt
+
+    def diverges(self, micro: int, accumulation: int, multiplier: float) -> bool:
+        return (micro * accumulation / 256) * multiplier > self.critical_scale
+
+    def true_time(self, micro: int, accumulation: int, multiplier: float) -> float:
+        """Noise-free time to target (inf when it cannot train: OOM or divergence)."""
+        if not self.fits(micro) or self.diverges(micro, accumulation, multiplier):
+            return math.inf
+        batch = micro * accumulation
+        steps = self.s_min * (1 + self.b_noise / batch)
+        off = max(abs(math.log(multiplier / self.best_multiplier)) - math.log(1.5), 0.0)
+        steps *= math.exp(4.0 * off**2)
+        return steps * self.step_time(micro, accumulation)
+
+    def run(
+        self, micro: int, accumulation: int, multiplier: float, rng: random.Random,
+        cap_s: float | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One trial: its status, measured time to target, and the GPU seconds it cost."""
+        if not self.fits(micro):
+            return {"status": "oom", "time": None, "cost": self.oom_cost_s}
+        if self.diverges(micro, accumulation, multiplier):
+            cost = 20 * self.step_time(micro, accumulation)  # stopped at once on NaN
+            return {"status": "diverged", "time": None, "cost": cost}
+        measured = self.true_time(micro, accumulation, multiplier) * rng.lognormvariate(
+            0, self.noise
+        )
+        limit = self.max_time_s if cap_s is None else min(cap_s, self.max_time_s)
+        if measured > limit:
+            status = "capped" if cap_s is not None and cap_s < self.max_time_s else "censored"
+            return {"status": status, "time": None, "cost": limit}
+        return {"status": "reached", "time": measured, "cost": measured}
+
+    def optimum(self) -> tuple[float, tuple[int, int, float]]:
+        """The true best time over the grid (multipliers on a fine log grid) and where."""
+        best = (math.inf, (0, 0, 1.0))
+        low, high = (math.log(v) for v in LR_MULTIPLIER)
+        multipliers = [math.exp(low + (high - low) * i / 80) for i in range(81)]
+        for m in MICRO:
+            for a in ACCUMULATION:
+                for mult in multipliers:
+                    t = self.true_time(m, a, mult)
+                    if t < best[0]:
+                        best = (t, (m, a, mult))
+        return best
+
+    def max_fitting_micro(self) -> int:
+        return max((m for m in MICRO if self.fits(m)), default=MICRO[0])
+
+
+MIB = 2**20
+
+MEMBERS = [
+    Member(  # gradient noise is small: small batches already train well; max batch wastes steps
+        "small_noise_scale", s_min=3000, b_noise=96, best_multiplier=1.0, critical_scale=8,
+        t_c=4e-3, t_n=6e-5, gamma=2.0, t_opt=2e-3, mem_fixed=2000 * MIB,
+        mem_per_sample=40 * MIB, budget=24000 * MIB,
+    ),
+    Member(  # large noise scale but heavy activations: the best batch needs accumulation
+        "needs_accumulation", s_min=1500, b_noise=6000, best_multiplier=0.8, critical_scale=48,
+        t_c=3e-3, t_n=2e-4, gamma=2.0, t_opt=4e-3, mem_fixed=4000 * MIB,
+        mem_per_sample=300 * MIB, budget=24000 * MIB, max_time_s=8000.0,
+    ),
+    Member(  # everything favours the largest batch that fits: the heuristic is right here
+        "max_batch_optimal", s_min=2000, b_noise=40000, best_multiplier=1.0, critical_scale=64,
+        t_c=2e-3, t_n=1e-5, gamma=1.5, t_opt=1e-4, mem_fixed=1000 * MIB,
+        mem_per_sample=10 * MIB, budget=16000 * MIB, max_time_s=5000.0,
+    ),
+    Member(  # an older GPU: higher per-step floor, slower compute, 16 GiB
+        "slow_hardware", s_min=2500, b_noise=150, best_multiplier=1.2, critical_scale=24,
+        t_c=1.2e-2, t_n=3e-4, gamma=1.5, t_opt=6e-3, mem_fixed=3000 * MIB,
+        mem_per_sample=60 * MIB, budget=24000 * MIB, max_time_s=5000.0,
+    ),
+]  # fmt: skip
+
+
+class SimulatedEstimator:
+    """The pre-screen for a member: its (linear, exact) memory model against the budget."""
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+
+    def prescreen(self, recipe: raybatch.TrialConfig, budget_bytes: int) -> PrescreenResult:
+        predicted = int(self.member.memory(recipe.micro_batch_size))
+        fits = predicted <= budget_bytes
+        return PrescreenResult(
+            recipe.micro_batch_size, fits, predicted, None, budget_bytes, EstimateSource.TRACE,
+            f"simulated: {predicted} vs {budget_bytes}",
+        )  # fmt: skip
+
+    def predict(self, recipe: raybatch.TrialConfig) -> int:
+        return int(self.member.memory(recipe.micro_batch_size))
