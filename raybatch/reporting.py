@@ -267,6 +267,9 @@ class TrialReporter:
         if steps is not None:
             self.steps = steps
         self.metric = float(metric)
+        if not math.isfinite(self.metric):
+            self.finish(TrialStatus.DIVERGED, f"validation metric is {self.metric}")
+            return True
         while self.next_mark <= self.samples_seen:
             self.last_mark = self.next_mark
             self.next_mark += self.eval_every_samples

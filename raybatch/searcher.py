@@ -77,7 +77,7 @@ class RaybatchSearcher(Searcher):
         self.estimator = estimator
         self.budget_bytes = budget_bytes
         self.seed = seed
-        self._define = OptunaDefineByRun(space)
+        self._define = OptunaDefineByRun(space, record=False)  # suggest() stores the config
         self._trial_numbers: dict[str, int] = {}
         self._completed: set[str] = set()
         self.prescreened: list[dict[str, Any]] = []

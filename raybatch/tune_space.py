@@ -69,11 +69,13 @@ class OptunaDefineByRun:
     """Define-by-run function over a space's raw knobs (see :func:`optuna_space`).
 
     A class rather than a closure so that Ray Tune's ``OptunaSearch.save`` (plain pickle)
-    can checkpoint it for resume.
+    can checkpoint it for resume. ``record=False`` skips the user attributes, for callers that
+    store the whole config themselves (each attribute is a database write).
     """
 
-    def __init__(self, space: SearchSpace) -> None:
+    def __init__(self, space: SearchSpace, record: bool = True) -> None:
         self.space = space
+        self.record = record
         self._space_recorded = False
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
@@ -97,6 +99,8 @@ class OptunaDefineByRun:
         # Each storage write is a transaction (milliseconds on SQLite), so only the values
         # that vary between trials go on the trial; the space itself, which fixes everything
         # else, is written once on the study.
+        if not self.record:
+            return constants
         for key in RECORDED_PER_TRIAL:
             trial.set_user_attr(key, constants[key])
         if not self._space_recorded:

@@ -116,3 +116,57 @@ class DigitsOOMAtLargeBatch(Workload):
         if batch[0].shape[0] >= 128 and self.calls >= 3:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
         return super().loss(model, batch)
+
+
+class BrokenModelWorkload(DigitsOOMAtLargeBatch):
+    """Its model cannot even be built (the constructor raises)."""
+
+    name = "broken_model"
+
+    def build_model(self) -> nn.Module:
+        raise RuntimeError("layer sizes do not match the checkpoint")
+
+
+class NaNMetricWorkload(DigitsOOMAtLargeBatch):
+    """Evaluation returns NaN (e.g. a metric divided by an empty class count)."""
+
+    name = "nan_metric"
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
+
+    def evaluate(self, model: nn.Module, batches: Any) -> float:
+        return float("nan")
+
+
+class SlowStepWorkload(DigitsOOMAtLargeBatch):
+    """Every training step takes 0.3 s longer: it runs past any short time cap."""
+
+    name = "slow_step"
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        import time
+
+        time.sleep(0.3)
+        return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
+
+
+class KillsItsWorkerOnce(DigitsOOMAtLargeBatch):
+    """SIGKILLs its own Ray worker process mid-training, once (a marker file remembers)."""
+
+    name = "kills_worker_once"
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        import os
+        import signal
+        from pathlib import Path
+
+        self.calls += 1
+        if self.calls == 5 and not Path(self.marker).exists():
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super(DigitsOOMAtLargeBatch, self).loss(model, batch)

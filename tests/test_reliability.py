@@ -1,0 +1,174 @@
+"""Failures inside trials end those trials with a reason; bad input never leaves a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import raybatch
+from raybatch import SearchSpace, Target, TrialSettings, TrialStatus, keys
+from raybatch.cli import app
+from raybatch.errors import RaybatchError, RunDirError, SpaceError
+from raybatch.run import STUDY_NAME, SearchOptions, read_trials_csv
+from raybatch.searcher import STATUS_ATTR
+from raybatch.trial import run_trial
+
+from .conftest import minimal_space
+from .workloads import BrokenModelWorkload, KillsItsWorkerOnce, NaNMetricWorkload, SlowStepWorkload
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+
+
+def _trial(workload: Any, **settings: Any) -> tuple[Any, list[dict[str, Any]]]:
+    reports: list[dict[str, Any]] = []
+    options = TrialSettings(Target(0.97), **({"max_time_s": 20.0} | settings))
+    reporter = run_trial(
+        workload, SPACE, options, {"micro_batch_size": 64}, report_fn=reports.append
+    )
+    return reporter, reports
+
+
+def test_a_model_that_raises_when_built_ends_the_trial_as_error() -> None:
+    reporter, reports = _trial(BrokenModelWorkload())
+    assert reporter.status is TrialStatus.ERROR
+    assert reports[-1][keys.REASON] == "RuntimeError: layer sizes do not match the checkpoint"
+
+
+def test_a_nan_validation_metric_ends_the_trial_as_diverged() -> None:
+    reporter, reports = _trial(NaNMetricWorkload())
+    assert reporter.status is TrialStatus.DIVERGED
+    assert reports[-1][keys.REASON] == "validation metric is nan"
+
+
+def test_a_trial_running_past_its_time_cap_is_censored_soon_after() -> None:
+    reporter, reports = _trial(SlowStepWorkload(), max_time_s=1.0)
+    assert reporter.status is TrialStatus.CENSORED
+    assert 1.0 < reports[-1][keys.ELAPSED_S] < 2.0  # stopped at the first step past the cap
+
+
+@pytest.mark.parametrize("where", ["/proc/raybatch-run", "/sys/raybatch-run"])
+def test_an_unwritable_run_directory_fails_before_any_trial(where: str) -> None:
+    with pytest.raises(RunDirError, match=f"{where}: \\(directory\\): cannot write the run"):
+        raybatch.search(BrokenModelWorkload(), SPACE, 0.97, where, SearchOptions(trials=1))
+
+
+def test_a_run_directory_below_a_file_fails_before_any_trial(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(RunDirError, match="cannot write the run"):
+        raybatch.search(
+            BrokenModelWorkload(), SPACE, 0.97, blocker / "run", SearchOptions(trials=1)
+        )
+
+
+yaml_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5000)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    section=st.sampled_from(["reference", "rules", "search", "warmup", "limits", "name", "extra"]),
+    field=st.sampled_from(["batch_size", "lr", "optimizer", "micro_batch_size", "low", "x"]),
+    value=yaml_values,
+)
+def test_mutated_space_files_give_only_space_errors(
+    section: str, field: str, value: Any, tmp_path: Path
+) -> None:
+    data = minimal_space()
+    if isinstance(data.get(section), dict):
+        data[section] = {**data[section], field: value}
+    else:
+        data[section] = value
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(data))
+    try:
+        SearchSpace.from_yaml(path)
+    except SpaceError as exc:
+        assert str(path) in str(exc)
+
+
+@settings(max_examples=150)
+@given(text=st.text(max_size=200))
+def test_random_text_as_a_space_file_gives_only_space_errors(text: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "random.yaml"
+        path.write_text(text)
+        with contextlib.suppress(SpaceError):
+            SearchSpace.from_yaml(path)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    args=st.lists(
+        st.sampled_from(
+            [
+                "--batch",
+                "-b",
+                "--accum",
+                "--world-size",
+                "--json",
+                "--lr-multiplier",
+                "0",
+                "-3",
+                "64",
+                "1e9",
+                "x",
+                "nan",
+                "digits_cnn_sgd",
+                "nope",
+                "--wat",
+            ]
+        ),
+        max_size=6,
+    )
+)
+def test_random_cli_arguments_never_produce_a_traceback(args: list[str]) -> None:
+    result = CliRunner().invoke(app, ["space", *args])
+    assert result.exit_code in (0, 2)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_a_killed_trial_worker_is_retried_and_counted_once(
+    ray_session: None, tmp_path: Path
+) -> None:
+    marker = tmp_path / "killed-once"
+    run_dir = tmp_path / "run"
+    workload = KillsItsWorkerOnce(str(marker))
+    options = SearchOptions(trials=3, max_time_s=10, gpus_per_trial=0, confirm_top=1,
+                            confirm_seeds=1, max_failures=2, max_concurrent=1)  # fmt: skip
+    result = raybatch.search(workload, SPACE, 0.97, run_dir, options, verbose=0)
+    assert marker.exists()  # a worker really was SIGKILLed
+    rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
+    assert len(rows) == 3 and len({r["trial_id"] for r in rows}) == 3
+    assert all(r["status"] in ("reached", "capped", "censored") for r in rows)
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    launched = [t for t in study.trials if t.user_attrs.get(STATUS_ATTR) != "prescreened_out"]
+    assert len(launched) == 3
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in launched)
+    assert result.best is not None
+
+
+def test_errors_raised_on_purpose_share_one_base() -> None:
+    for cls in (SpaceError, RunDirError):
+        assert issubclass(cls, RaybatchError)
