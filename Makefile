@@ -35,6 +35,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/search_efficiency.py
 	$(BIN)/python bench/space_overhead.py
+	$(BIN)/python bench/plugin_overhead.py
 	$(BIN)/python bench/trace_cost.py
 	$(BIN)/python bench/digits_batch_sweep.py
 	$(BIN)/python bench/gpu_memory_accuracy.py

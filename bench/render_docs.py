@@ -129,6 +129,22 @@ def _space_overhead(data: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _plugin_overhead(data: dict[str, Any]) -> list[str]:
+    verdict = "met" if data["ratio"] <= 1.2 else "not met"
+    return [
+        "## Overhead of the plugin in Ray Tune",
+        "",
+        f"`bench/plugin_overhead.py`: {data['trials']} trivial trials, plain `tune.Tuner` (random"
+        " search, FIFO) vs raybatch's searcher (TPE in SQLite, pre-screen) and capping scheduler,"
+        f" alternating, {data['repeats']} runs each.",
+        "",
+        f"Median wall-clock: plain {data['plain_median_s']:.1f} s, raybatch"
+        f" {data['raybatch_median_s']:.1f} s, ratio {data['ratio']:.2f}"
+        f" (target <= 1.2: {verdict}).",
+        "",
+    ]
+
+
 def _digits_sweep(data: dict[str, Any]) -> list[str]:
     out = [
         "## Real training: digits, time to target across batch recipes",
@@ -161,6 +177,7 @@ def render() -> str:
         ("digits_batch_sweep", _digits_sweep),
         ("trace_cost", _trace_cost),
         ("space_overhead", _space_overhead),
+        ("plugin_overhead", _plugin_overhead),
     ):
         data = _load(name)
         if data is not None:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -125,3 +127,10 @@ def test_docs_are_rendered_from_the_committed_results(tmp_path: Path) -> None:
     assert "median regret <= 1.10 within 20 trials" in text
     committed = (BENCH.parent / "docs" / "benchmarks.md").read_text()
     assert committed == text, "run `make bench` (or bench/render_docs.py) and commit docs/"
+
+
+@pytest.mark.slow
+def test_plugin_overhead_benchmark_times_both_sides(ray_session: None, tmp_path: Path) -> None:
+    data = _load("plugin_overhead").main(trials=3, repeats=1, out=tmp_path / "o.json")
+    assert len(data["plain_s"]) == len(data["raybatch_s"]) == 1
+    assert data["ratio"] == data["raybatch_median_s"] / data["plain_median_s"]
