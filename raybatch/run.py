@@ -122,36 +122,26 @@ def _write_run_files(
 ) -> None:
     """Create the run directory and its first files, or fail before any trial starts."""
     try:
-        _write_run_files_unchecked(run_dir, workload_ref, space, target, options)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SPACE_FILE).write_text(
+            yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False)
+        )
+        (run_dir / RUN_FILE).write_text(
+            json.dumps(
+                {
+                    "workload": workload_ref,
+                    "target": dataclasses.asdict(target),
+                    "options": dataclasses.asdict(options),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     except OSError as exc:  # read-only, disk full, a file where a directory should be...
         raise RunDirError(
             [Issue("(directory)", f"cannot write the run: {exc.strerror or exc}")], str(run_dir)
         ) from None
-
-
-def _write_run_files_unchecked(
-    run_dir: Path,
-    workload_ref: str,
-    space: SearchSpace,
-    target: Target,
-    options: SearchOptions,
-) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / SPACE_FILE).write_text(
-        yaml.safe_dump(space.model_dump(mode="json"), sort_keys=False)
-    )
-    (run_dir / RUN_FILE).write_text(
-        json.dumps(
-            {
-                "workload": workload_ref,
-                "target": dataclasses.asdict(target),
-                "options": dataclasses.asdict(options),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            },
-            indent=2,
-        )
-        + "\n"
-    )
 
 
 def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, SearchOptions]:

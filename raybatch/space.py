@@ -180,6 +180,7 @@ class SearchSpace(_Model):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<python>") -> SearchSpace:
         """Validate a plain mapping (as read from YAML or JSON) into a space."""
+        _check_keys(data, source)
         try:
             space = cls(**dict(data))
         except SpaceError as exc:
@@ -196,6 +197,7 @@ class SearchSpace(_Model):
         """
         path = Path(path)
         data, locate = load_mapping(path)
+        _check_keys(data, str(path))
         data.setdefault("name", path.stem)
         try:
             space = cls(**data)
@@ -395,6 +397,15 @@ class SearchSpace(_Model):
                 )
             )
         return issues
+
+
+def _check_keys(data: Mapping[Any, Any], source: str) -> None:
+    """Top-level field names must be strings (YAML allows ``? : x`` or ``1: x``)."""
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise SpaceError(
+            [Issue("(document)", f"field names must be strings, got {bad[0]!r}", 1)], source
+        )
 
 
 def _positive_int(name: str, value: Any, issues: list[Issue]) -> int:
