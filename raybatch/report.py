@@ -36,6 +36,13 @@ def _plt() -> Any:
     return plt
 
 
+def _save(fig: Any, out: Path) -> None:
+    """Write a figure as PNG and free it (pyplot keeps every open figure otherwise)."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    _plt().close(fig)
+
+
 def _float(value: Any) -> float | None:
     try:
         return None if value in (None, "") else float(value)
@@ -64,9 +71,7 @@ def _plot_time_vs_batch(rows: list[dict[str, Any]], out: Path) -> None:
     ax.set_xlabel("effective batch size")
     ax.set_ylabel("time to target (s); elapsed if not reached")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: int | None,
@@ -89,9 +94,7 @@ def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: 
     ax.set_xlabel("micro batch size")
     ax.set_ylabel("MiB")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
     return True
 
 
@@ -110,9 +113,7 @@ def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
     ax.set_xlabel("trial")
     ax.set_ylabel("objective (s, PAR-10 if not reached)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -158,9 +159,7 @@ def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
         )
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def verdict(result: SearchResult, target: Target) -> str:
