@@ -375,8 +375,11 @@ def _execute(
     candidates = _candidates(rows, options.confirm_top)
     # The baseline and the reference are re-run beside the candidates, under the same
     # conditions, so the report compares like with like.
+    # One that ran out of memory is not re-run: memory does not depend on the seed.
     compared = candidates + [
-        r for r in _comparison_rows(rows, baseline, reference) if not _same_knobs(r, candidates)
+        r
+        for r in _comparison_rows(rows, baseline, reference)
+        if not _same_knobs(r, candidates) and r[keys.STATUS] != TrialStatus.INFEASIBLE_MEMORY
     ]
     confirm_rows = _confirm(path, resourced, space, compared, options, verbose)
     rows += confirm_rows

@@ -10,6 +10,10 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   the PAR-10 penalty *and* a positive constraint violation (``Trial.set_constraint``), which
   Optuna's constrained TPE uses to steer away from the region — a silent skip would let the
   sampler propose the same OOM config again, the complaint users have about other tools;
+- **a real OOM is remembered**: when a launched trial runs out of memory although the
+  estimate said it fits, its constraint is set positive too, and every later suggestion that
+  needs at least as much memory (micro batch, accumulation and world size all no smaller) is
+  rejected before launch — the estimate was wrong once, the same mistake is not paid twice;
 - **one study in SQLite is the record**: every Tune trial is one Optuna trial whose number is
   kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
 
@@ -39,6 +43,23 @@ MEMORY_CONSTRAINT = "memory"
 STATUS_ATTR = "status"
 PRESCREENED_OUT = "prescreened_out"
 MAX_PRESCREEN_ATTEMPTS = 200
+OOM_VIOLATION = 1.0
+"""Constraint told for a trial that ran out of memory for real. Its true need is unknown (the
+allocation that failed is not the peak), only that it is over the budget: any positive value
+marks it infeasible to TPE, and 1.0 ("twice the budget") ranks it behind near-misses."""
+
+
+def needs_at_least(config: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether ``config`` needs at least the memory ``other`` needs, whatever the model.
+
+    Peak memory grows with the micro batch and the world size (DDP buckets); accumulation adds
+    one gradient buffer kept alive across micro steps, the same for 2 steps as for 16.
+    """
+    return bool(
+        config[keys.MICRO_BATCH_SIZE] >= other[keys.MICRO_BATCH_SIZE]
+        and min(config[keys.ACCUMULATION_STEPS], 2) >= min(other[keys.ACCUMULATION_STEPS], 2)
+        and config.get(keys.WORLD_SIZE, 1) >= other.get(keys.WORLD_SIZE, 1)
+    )
 
 
 class RaybatchSearcher(Searcher):
@@ -81,6 +102,7 @@ class RaybatchSearcher(Searcher):
         self._trial_numbers: dict[str, int] = {}
         self._completed: set[str] = set()
         self.prescreened: list[dict[str, Any]] = []
+        self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
         self._study: optuna.Study | None = None
         self._pending_points = list(points_to_evaluate or [])
 
@@ -133,9 +155,20 @@ class RaybatchSearcher(Searcher):
             config = {**ot_trial.params, **constants}
             verdict = self._screen(config)
             if verdict is not None and verdict.fits is False:
-                self._reject(ot_trial, config, verdict)
+                assert verdict.predicted_bytes is not None and self.budget_bytes is not None
+                violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
+                self._reject(ot_trial, config, violation, verdict.reason, verdict.predicted_bytes)
                 continue
-            ot_trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+            failed = next((o for o in self.out_of_memory if needs_at_least(config, o)), None)
+            if failed is not None:
+                reason = (
+                    f"needs at least the memory of trial {failed['tune_trial_id']}"
+                    f" (micro batch {failed[keys.MICRO_BATCH_SIZE]} x"
+                    f" {failed[keys.ACCUMULATION_STEPS]}), which ran out of memory"
+                )
+                self._reject(ot_trial, config, OOM_VIOLATION, reason, None)
+                continue
+            # The constraint is set when the trial completes: a real OOM makes it positive.
             ot_trial.set_user_attr("config", config)
             ot_trial.set_user_attr("tune_trial_id", trial_id)
             self._trial_numbers[trial_id] = ot_trial.number
@@ -151,21 +184,24 @@ class RaybatchSearcher(Searcher):
         return self.estimator.prescreen(self.space.derive_from(config), self.budget_bytes)
 
     def _reject(
-        self, ot_trial: optuna.Trial, config: dict[str, Any], verdict: PrescreenResult
+        self,
+        ot_trial: optuna.Trial,
+        config: dict[str, Any],
+        violation: float,
+        reason: str,
+        predicted_bytes: int | None,
     ) -> None:
-        assert verdict.predicted_bytes is not None and self.budget_bytes is not None
-        violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
         ot_trial.set_constraint(MEMORY_CONSTRAINT, max(violation, 1e-9))
         ot_trial.set_user_attr(STATUS_ATTR, PRESCREENED_OUT)
-        ot_trial.set_user_attr("reason", verdict.reason)
-        ot_trial.set_user_attr("predicted_bytes", verdict.predicted_bytes)
+        ot_trial.set_user_attr("reason", reason)
+        ot_trial.set_user_attr("predicted_bytes", predicted_bytes)
         self.study.tell(ot_trial, self.penalty)
         self.prescreened.append(
             {
                 **config,
                 keys.STATUS: PRESCREENED_OUT,
-                keys.REASON: verdict.reason,
-                "predicted_bytes": verdict.predicted_bytes,
+                keys.REASON: reason,
+                "predicted_bytes": predicted_bytes,
                 "optuna_trial": ot_trial.number,
             }
         )
@@ -175,7 +211,11 @@ class RaybatchSearcher(Searcher):
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
-        """Tell Optuna the trial's objective; a trial stopped mid-run by the scheduler is capped."""
+        """Tell Optuna the trial's objective; a trial stopped mid-run by the scheduler is capped.
+
+        A trial that ran out of memory is told infeasible (positive constraint) and remembered,
+        so that no later suggestion needing as much memory is launched.
+        """
         number = self._trial_numbers.get(trial_id)
         if number is None or trial_id in self._completed:
             return
@@ -187,6 +227,11 @@ class RaybatchSearcher(Searcher):
             self._completed.add(trial_id)
             return
         ot_trial.set_user_attr(STATUS_ATTR, status.value)
+        oom = status is TrialStatus.INFEASIBLE_MEMORY
+        ot_trial.set_constraint(MEMORY_CONSTRAINT, OOM_VIOLATION if oom else 0.0)
+        if oom:
+            config = ot_trial.user_attrs["config"]
+            self.out_of_memory.append({**config, "tune_trial_id": trial_id})
         if result and result.get(keys.TIME_TO_TARGET_S) is not None:
             ot_trial.set_user_attr(keys.TIME_TO_TARGET_S, result[keys.TIME_TO_TARGET_S])
         self.study.tell(ot_trial, value)
@@ -210,6 +255,7 @@ class RaybatchSearcher(Searcher):
                     "trial_numbers": self._trial_numbers,
                     "completed": self._completed,
                     "prescreened": self.prescreened,
+                    "out_of_memory": self.out_of_memory,
                 },
                 f,
             )
@@ -220,6 +266,7 @@ class RaybatchSearcher(Searcher):
         self._trial_numbers = state["trial_numbers"]
         self._completed = state["completed"]
         self.prescreened = state["prescreened"]
+        self.out_of_memory = state.get("out_of_memory", [])
         self._pending_points = []
 
     def close_orphans(self) -> int:

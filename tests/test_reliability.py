@@ -22,7 +22,13 @@ from raybatch.searcher import STATUS_ATTR
 from raybatch.trial import run_trial
 
 from .conftest import minimal_space
-from .workloads import BrokenModelWorkload, KillsItsWorkerOnce, NaNMetricWorkload, SlowStepWorkload
+from .workloads import (
+    BrokenModelWorkload,
+    DigitsOOMAtMaxBatch,
+    KillsItsWorkerOnce,
+    NaNMetricWorkload,
+    SlowStepWorkload,
+)
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 
@@ -169,6 +175,43 @@ def test_a_killed_trial_worker_is_retried_and_counted_once(
     assert len(launched) == 3
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in launched)
     assert result.best is not None
+
+
+@pytest.mark.slow
+def test_an_oom_in_one_of_four_concurrent_trials_leaves_the_others_running(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Four trials at once; the max-batch baseline (256) runs out of memory mid-training.
+
+    No memory budget on this CPU machine, so nothing is pre-screened: only the real OOM can
+    teach the searcher. Capping is off so that "finish" means "ran to its own end".
+    """
+    run_dir = tmp_path / "run"
+    options = SearchOptions(trials=6, max_time_s=30, gpus_per_trial=0, cpus_per_trial=0.5,
+                            max_concurrent=4, capping=False, confirm_top=1, confirm_seeds=1,
+                            seed=9)  # fmt: skip
+    raybatch.search(DigitsOOMAtMaxBatch(), SPACE, 0.97, run_dir, options, verbose=0)
+    rows = read_trials_csv(run_dir / "trials.csv")
+    search = [r for r in rows if r["phase"] == "search"]
+    oom = [r for r in search if r["status"] == "infeasible_memory"]
+    assert len(search) == 6
+    assert [int(r["micro_batch_size"]) for r in oom] == [256]  # the baseline, and only it
+    assert "out of memory while training" in oom[0]["reason"]
+    others = [r for r in search if r is not oom[0]]
+    assert all(r["status"] == "reached" for r in others), [r["reason"] for r in others]
+    # Taught, not hidden: the study holds it as infeasible, and what TPE proposed afterwards
+    # needing as much memory (with this seed, 256 x 2 as the fifth suggestion) was rejected
+    # before launch, naming the OOM trial.
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    told = [t for t in study.trials if t.user_attrs.get(STATUS_ATTR) == "infeasible_memory"]
+    assert len(told) == 1 and told[0].constraints["memory"] > 0
+    assert told[0].value == options.penalty
+    learned = [r for r in rows if r["phase"] == "prescreen"]
+    assert learned
+    assert all(int(r["micro_batch_size"]) == 256 and oom[0]["trial_id"] in r["reason"]
+               for r in learned)  # fmt: skip
+    # The confirmation does not run the baseline again just to watch it run out of memory.
+    assert not [r for r in rows if r["phase"] == "confirmation" and r["status"] != "reached"]
 
 
 def test_errors_raised_on_purpose_share_one_base() -> None:

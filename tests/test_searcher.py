@@ -111,6 +111,47 @@ def test_the_sampler_learns_the_infeasible_region(tmp_path: Path) -> None:
     assert len(late) / 20 < 0.35
 
 
+def test_a_real_oom_is_told_infeasible_and_never_launched_again(tmp_path: Path) -> None:
+    """No estimate at all here: only the OOM of a launched trial can teach the searcher."""
+    searcher = _searcher(tmp_path, points_to_evaluate=[
+        {"micro_batch_size": 128, "accumulation_steps": 2, "lr_multiplier": 1.0}])  # fmt: skip
+    first = searcher.suggest("oom")
+    assert first is not None and first["micro_batch_size"] == 128
+    searcher.on_trial_complete("oom", _result("infeasible_memory"))
+    told = searcher.study.trials[0]
+    assert told.constraints["memory"] > 0 and told.value == 600.0
+    launched = []
+    for i in range(30):
+        config = searcher.suggest(f"t{i}")
+        assert config is not None
+        launched.append((config["micro_batch_size"], config["accumulation_steps"]))
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
+    # Never again anything needing as much memory: micro >= 128 with accumulation > 1 ...
+    assert not [c for c in launched if c[0] >= 128 and c[1] > 1]
+    # ... while what may still fit (128 x 1 keeps no gradient buffer alive) stays allowed.
+    rejected = searcher.prescreened
+    assert rejected and all(p["micro_batch_size"] >= 128 and p["accumulation_steps"] > 1
+                            for p in rejected)  # fmt: skip
+    assert all("trial oom (micro batch 128 x 2), which ran out of memory" in p["reason"]
+               for p in rejected)  # fmt: skip
+    feasible = [t for t in searcher.study.trials[1:] if t.user_attrs[STATUS_ATTR] == "reached"]
+    assert all(t.constraints["memory"] == 0 for t in feasible)
+
+
+def test_a_learned_oom_survives_a_checkpoint(tmp_path: Path) -> None:
+    searcher = _searcher(tmp_path, points_to_evaluate=[
+        {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}])  # fmt: skip
+    searcher.suggest("oom")
+    searcher.on_trial_complete("oom", _result("infeasible_memory"))
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    fresh = _searcher(tmp_path)
+    fresh.restore(str(tmp_path / "ckpt.pkl"))
+    for i in range(10):
+        config = fresh.suggest(f"t{i}")
+        assert config is not None and config["micro_batch_size"] < 64
+        fresh.on_trial_complete(f"t{i}", _result("reached", 1.0))
+
+
 def test_a_trial_stopped_while_running_is_capped_with_the_penalty(tmp_path: Path) -> None:
     searcher = _searcher(tmp_path)
     searcher.suggest("a")

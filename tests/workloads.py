@@ -95,6 +95,7 @@ class DigitsOOMAtLargeBatch(Workload):
 
     name = "digits_oom"
     space = "digits_cnn_sgd"
+    oom_from = 128
 
     def __init__(self) -> None:
         from raybatch.examples.digits import DigitsWorkload
@@ -113,9 +114,16 @@ class DigitsOOMAtLargeBatch(Workload):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         self.calls += 1
-        if batch[0].shape[0] >= 128 and self.calls >= 3:
+        if batch[0].shape[0] >= self.oom_from and self.calls >= 3:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
         return super().loss(model, batch)
+
+
+class DigitsOOMAtMaxBatch(DigitsOOMAtLargeBatch):
+    """Runs out of memory mid-training only at the space's largest micro batch (256)."""
+
+    name = "digits_oom_max"
+    oom_from = 256
 
 
 class BrokenModelWorkload(DigitsOOMAtLargeBatch):
