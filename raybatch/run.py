@@ -658,12 +658,19 @@ def read_trials_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+TEXT_COLUMNS = frozenset({"phase", "trial_id", keys.STATUS, keys.REASON})
+"""Never numbers, even when they look like one (a Tune trial id such as ``00012e45``)."""
+
+
 def _typed(row: dict[str, str]) -> dict[str, Any]:
     """A ``trials.csv`` row with its numbers as numbers again (empty cells become None)."""
     out: dict[str, Any] = {}
     for key, text in row.items():
         if text == "":
             out[key] = None
+            continue
+        if key in TEXT_COLUMNS:
+            out[key] = text
             continue
         try:
             number = float(text)
@@ -672,6 +679,26 @@ def _typed(row: dict[str, str]) -> dict[str, Any]:
             continue
         out[key] = int(number) if number.is_integer() and "." not in text else number
     return out
+
+
+def analyze_run(run_dir: str | Path) -> BestConfig | None:
+    """The winner a finished run's stored trials give, chosen again from ``trials.csv`` alone.
+
+    The same rule as at the end of the search (fastest candidates of the search phase; lowest
+    median over their confirmation runs among those that reached the target every time), so
+    ``best_config.yaml`` can be audited — and after a resume, checked — against the record.
+    Only the provenance's ``created`` time differs from the file the search wrote.
+
+    Raises:
+        RunDirError: Not a run directory, or its search has not finished (no trials.csv).
+    """
+    path, _, space, target, options = read_run(run_dir)
+    if not (path / TRIALS_CSV).is_file():
+        raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(path))
+    rows = [_typed(r) for r in read_trials_csv(path / TRIALS_CSV)]
+    candidates = _candidates([r for r in rows if r["phase"] == "search"], options.confirm_top)
+    confirm_rows = [r for r in rows if r["phase"] == "confirmation"]
+    return _choose_winner(space, target, candidates, confirm_rows, rows, options)
 
 
 def rebuild_report(run_dir: str | Path) -> Path:
