@@ -34,6 +34,8 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/search_efficiency.py
+	$(BIN)/python bench/real_training.py
+	$(BIN)/python bench/prescreen_cost.py
 	$(BIN)/python bench/space_overhead.py
 	$(BIN)/python bench/plugin_overhead.py
 	$(BIN)/python bench/trace_cost.py

@@ -27,6 +27,7 @@ import random
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int,
 
 
 def run(strategy: str, member: Member, seed: int, n: int) -> list[Trial]:
-    rng = random.Random(seed * 7919 + hash(member.name) % 1000)
+    rng = random.Random(seed * 7919 + zlib.crc32(member.name.encode()) % 1000)  # stable
     if strategy == "max_batch":
         return run_max_batch(member, rng, n)
     if strategy == "random":

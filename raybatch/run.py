@@ -71,7 +71,8 @@ class SearchOptions:
         prescreen: Screen suggestions for memory before launching them.
         capping: Stop trials that cannot beat the incumbent (slack x best time).
         slack: The capping slack.
-        confirm_top: Candidates re-run after the search.
+        confirm_top: Candidates re-run after the search (one at a time when trials run on
+            CPUs, which contend for memory bandwidth; side by side on GPUs).
         confirm_seeds: Fresh seeds per candidate.
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
@@ -381,7 +382,11 @@ def _execute(
         for r in _comparison_rows(rows, baseline, reference)
         if not _same_knobs(r, candidates) and r[keys.STATUS] != TrialStatus.INFEASIBLE_MEMORY
     ]
-    confirm_rows = _confirm(path, resourced, space, compared, options, verbose)
+    # CPU trials running side by side share memory bandwidth and caches, which hurts large
+    # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
+    # confirmation is a measurement, so on CPUs it runs one trial at a time.
+    alone = 1 if gpus in (0, 0.0) else options.max_concurrent
+    confirm_rows = _confirm(path, resourced, space, compared, options, verbose, alone)
     rows += confirm_rows
     best = _choose_winner(space, target, candidates, confirm_rows, rows, options)
     write_trials_csv(path / TRIALS_CSV, rows)
@@ -538,6 +543,7 @@ def _confirm(
     candidates: list[dict[str, Any]],
     options: SearchOptions,
     verbose: int,
+    max_concurrent: int | None,
 ) -> list[dict[str, Any]]:
     """Re-run each candidate with fresh seeds (no capping: every run must finish honestly)."""
     if not candidates or options.confirm_seeds <= 0:
@@ -554,7 +560,7 @@ def _confirm(
     tuner = tune.Tuner(
         resourced,
         param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=options.max_concurrent),
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(
             storage_path=storage,
             name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}",

@@ -122,7 +122,12 @@ def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:
 
 
 def test_docs_are_rendered_from_the_committed_results(tmp_path: Path) -> None:
-    text = _load("render_docs").main(out=tmp_path / "benchmarks.md")
+    readme = tmp_path / "README.md"
+    readme.write_text((BENCH.parent / "README.md").read_text())
+    text = _load("render_docs").main(out=tmp_path / "benchmarks.md", readme=readme)
+    assert readme.read_text() == (BENCH.parent / "README.md").read_text(), (
+        "run `make bench` (or bench/render_docs.py) and commit README.md"
+    )
     assert "## Search efficiency on the simulated workload family" in text
     assert "median regret <= 1.10 within 20 trials" in text
     committed = (BENCH.parent / "docs" / "benchmarks.md").read_text()
@@ -134,3 +139,61 @@ def test_plugin_overhead_benchmark_times_both_sides(ray_session: None, tmp_path:
     data = _load("plugin_overhead").main(trials=3, repeats=1, out=tmp_path / "o.json")
     assert len(data["plain_s"]) == len(data["raybatch_s"]) == 1
     assert data["ratio"] == data["raybatch_median_s"] / data["plain_median_s"]
+
+
+def test_finder_reimplementations_find_the_exact_boundary_with_their_costs() -> None:
+    module = _load("prescreen_cost")
+    found, tries = module.power_binsearch(lambda b: b <= 200)
+    assert found == 200
+    # Doubling 2..256 (256 fails), then bisecting 128..256 down to adjacent sizes.
+    assert [b for b, _ in tries[:8]] == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert tries[7] == (256, False) and tries[-1][0] in (200, 201)
+    found, tries = module.shrink_retry(lambda b: b <= 200, 800)
+    assert found == 200 and [b for b, _ in tries][:3] == [800, 720, 648]
+    assert sum(not ok for _, ok in tries) == len(tries) - 1
+
+
+def test_prescreen_cost_counts_zero_device_steps_for_the_trace(tmp_path: Path) -> None:
+    module = _load("prescreen_cost")
+    simulator = _load("simulator")
+    data = module.main(members=simulator.MEMBERS[:1], budget_batch=40, repeats=1,
+                       out=tmp_path / "p.json")  # fmt: skip
+    by = {(r["workload"], r["strategy"]): r for r in data["rows"]}
+    assert len(by) == 6
+    for workload in ("small_noise_scale", "digits_cnn (CPU, emulated budget)"):
+        trace, finder, shrink = (
+            by[workload, s] for s in ("trace", "power_binsearch", "shrink_0.9")
+        )
+        assert trace["device_steps"] == 0 and trace["ooms"] == 0
+        assert finder["found"] == trace["found"] == trace["exact"]  # all agree on the answer
+        assert finder["device_steps"] > 0 and finder["ooms"] >= 1 and shrink["restarts"] >= 1
+        assert finder["device_seconds"] > 0 and shrink["device_seconds"] > 0
+    assert by["digits_cnn (CPU, emulated budget)", "trace"]["cpu_trace_s"] > 0
+
+
+def test_real_training_reruns_every_recipe_interleaved_with_fresh_seeds() -> None:
+    module = _load("real_training")
+    from raybatch.examples.digits import DigitsWorkload
+
+    recipes = {
+        "raybatch": {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.2},
+        "max_batch": {"micro_batch_size": 256, "accumulation_steps": 1, "lr_multiplier": 1.0},
+    }
+    runs = module._rerun(DigitsWorkload(), 0.5, recipes, reruns=2, max_time_s=5.0)
+    assert [r["seed"] for r in runs["raybatch"]] == [r["seed"] for r in runs["max_batch"]]
+    assert len({r["seed"] for r in runs["raybatch"]}) == 2
+    assert all(r["status"] == "reached" and r["time_to_target_s"] > 0
+               for rs in runs.values() for r in rs)  # fmt: skip
+    assert module._median([1.0, None, 3.0]) == 3.0 and module._median([None, None, 1.0]) is None
+
+
+@pytest.mark.slow
+def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_path: Path) -> None:
+    module = _load("real_training")
+    case = [c for c in module.CASES if c[0] == "digits_cnn"]
+    data = module.main(cases=case, trials=2, reruns=1, max_time_s=10.0, out=tmp_path / "r.json")
+    recipes = [r["recipe"] for r in data["rows"]]
+    assert recipes == ["raybatch", "max_batch", "reference", "search"]
+    winner = data["rows"][0]
+    assert winner["ratio_to_raybatch"] == 1.0 or winner["median_time_to_target_s"] is None
+    assert data["rows"][1]["micro_batch_size"] == 256  # nothing limits the batch on a CPU

@@ -45,3 +45,17 @@ def test_builtin_trainable_example_runs_a_search_with_statuses(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "status" in proc.stdout and "reached" in proc.stdout
     assert "time_to_target_s" in proc.stdout
+
+
+def test_tabular_example_reaches_its_target_with_the_reference_recipe() -> None:
+    """The second bundled workload generates its data and trains to its benchmark target."""
+    import raybatch
+    from raybatch.examples.tabular import TRAIN_SIZE, workload
+    from raybatch.trial import TrialSettings, run_trial
+
+    space = raybatch.load_space(workload.space)
+    assert len(workload.train_dataset()) == TRAIN_SIZE == space.limits.dataset_size  # type: ignore[arg-type]
+    settings = TrialSettings(raybatch.Target(0.87), max_time_s=30.0)
+    config = {"micro_batch_size": 128, "accumulation_steps": 1, "seed": 0}
+    reporter = run_trial(workload, space, settings, config, report_fn=lambda m: None)
+    assert reporter.status.value == "reached", reporter.reason

@@ -1,0 +1,78 @@
+"""An MLP on generated tabular data: the second bundled example workload.
+
+The data are generated, not downloaded: scikit-learn's ``make_classification`` (24,000 points,
+32 features of which 16 informative and 8 redundant, 8 classes of 2 clusters each, class
+separation 1.0, fixed seed), split 20,000 for training and 4,000 for validation. At this
+separation a 3-layer MLP plateaus near 90% validation accuracy; ``accuracy>=0.87`` is a target
+reached in a few epochs, where batch size, LR and warmup all matter.
+
+CLI reference: ``raybatch.examples.tabular:workload`` (space ``tabular_mlp_adamw``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from raybatch.workload import Workload
+
+TRAIN_SIZE = 20_000
+VAL_SIZE = 4_000
+FEATURES = 32
+CLASSES = 8
+
+
+@cache
+def _split() -> tuple[TensorDataset, TensorDataset]:
+    from sklearn.datasets import make_classification
+
+    x, y = make_classification(
+        n_samples=TRAIN_SIZE + VAL_SIZE,
+        n_features=FEATURES,
+        n_informative=16,
+        n_redundant=8,
+        n_classes=CLASSES,
+        n_clusters_per_class=2,
+        class_sep=1.0,
+        random_state=0,
+    )
+    features = torch.tensor(x, dtype=torch.float32)
+    labels = torch.tensor(y, dtype=torch.long)
+    return (
+        TensorDataset(features[:TRAIN_SIZE], labels[:TRAIN_SIZE]),
+        TensorDataset(features[TRAIN_SIZE:], labels[TRAIN_SIZE:]),
+    )
+
+
+def mlp(hidden: int = 256) -> nn.Module:
+    """Two hidden layers of ``hidden`` units: about 75k parameters."""
+    return nn.Sequential(
+        nn.Linear(FEATURES, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, CLASSES),
+    )
+
+
+class TabularWorkload(Workload):
+    """The tabular classifier; the target metric is validation accuracy."""
+
+    name = "tabular_mlp"
+    space = "tabular_mlp_adamw"
+
+    def build_model(self) -> nn.Module:
+        return mlp()
+
+    def train_dataset(self) -> Dataset[Any]:
+        return _split()[0]
+
+    def val_dataset(self) -> Dataset[Any]:
+        return _split()[1]
+
+
+workload = TabularWorkload()

@@ -1,0 +1,45 @@
+"""The report's one-line verdict says what the confirmation runs support, and no more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import raybatch
+from raybatch import keys
+from raybatch.export import BestConfig
+from raybatch.report import verdict
+from raybatch.run import SearchResult
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+BASELINE = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
+
+
+def _rows(micro: int, accumulation: int, times: list[float]) -> list[dict[str, Any]]:
+    recipe = SPACE.derive(micro, accumulation).to_dict()
+    return [
+        {**recipe, "phase": "confirmation", keys.STATUS: "reached", keys.TIME_TO_TARGET_S: t,
+         keys.SAMPLES_TO_TARGET: 1000, keys.THROUGHPUT: 100.0}
+        for t in times
+    ]  # fmt: skip
+
+
+def _result(winner_times: list[float], baseline_times: list[float]) -> SearchResult:
+    rows = _rows(32, 4, winner_times) + _rows(256, 1, baseline_times)
+    best = BestConfig(
+        SPACE.derive(32, 4),
+        {"median_time_to_target_s": sorted(winner_times)[1],
+         "time_to_target_s_runs": winner_times},
+    )  # fmt: skip
+    return SearchResult(Path("."), rows, best, BASELINE, None)
+
+
+def test_a_clear_gap_to_the_largest_batch_is_stated_as_a_speed_up() -> None:
+    text = verdict(_result([0.50, 0.52, 0.55], [0.80, 0.90, 1.00]), raybatch.Target(0.97))
+    assert "1.7x faster than the largest batch that fits, 256 x 1 (0.90 s)" in text
+
+
+def test_overlapping_runs_are_called_noise_not_a_speed_up() -> None:
+    text = verdict(_result([0.34, 0.42, 0.53], [0.39, 0.45, 0.65]), raybatch.Target(0.97))
+    assert "faster" not in text
+    assert "256 x 1, took 0.45 s: their runs overlap" in text and "run-to-run noise" in text
