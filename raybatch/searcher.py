@@ -18,7 +18,7 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
 
 TPE runs multivariate (the knobs interact: the LR multiplier that works depends on the batch)
-with the constant liar for trials still running in parallel.
+with the constant liar for trials still running in parallel, after a short random start.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ MEMORY_CONSTRAINT = "memory"
 STATUS_ATTR = "status"
 PRESCREENED_OUT = "prescreened_out"
 MAX_PRESCREEN_ATTEMPTS = 200
+STARTUP_TRIALS = 5
+"""Random trials before TPE models the study. Optuna's default, 10, spends half of a 20-trial
+budget on chance although the study already starts from two informed points (reference and
+max batch); with 5, the median regret within 20 trials on the simulated family went from
+1.317 to 1.033 on the worst member (``bench/search_efficiency.py``), with no member worse."""
 OOM_VIOLATION = 1.0
 """Constraint told for a trial that ran out of memory for real. Its true need is unknown (the
 allocation that failed is not the peak), only that it is over the budget: any positive value
@@ -115,7 +120,10 @@ class RaybatchSearcher(Searcher):
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             sampler = optuna.samplers.TPESampler(
-                seed=self.seed, multivariate=True, constant_liar=True
+                seed=self.seed,
+                n_startup_trials=STARTUP_TRIALS,
+                multivariate=True,
+                constant_liar=True,
             )
             self._study = optuna.create_study(
                 storage=self.storage_url,
