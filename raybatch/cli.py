@@ -244,6 +244,12 @@ def search_command(
     no_capping: Annotated[bool, typer.Option("--no-capping")] = False,
     confirm_top: Annotated[int, typer.Option("--confirm-top")] = 3,
     confirm_seeds: Annotated[int, typer.Option("--confirm-seeds")] = 3,
+    hang_grace: Annotated[
+        float,
+        typer.Option(
+            "--hang-grace", help="Seconds past the time cap after which a trial counts as hung."
+        ),
+    ] = 300.0,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
 ) -> None:
     """Search the recipe that reaches the target fastest; writes a run directory."""
@@ -258,6 +264,8 @@ def search_command(
         parsed_target = Target.parse(target)
         if trials < 1:
             raise InputError([Issue("--trials", f"must be at least 1, got {trials}")], _CLI)
+        if hang_grace <= 0:
+            raise InputError([Issue("--hang-grace", f"must be positive, got {hang_grace}")], _CLI)
         gpus: str | float | None = None
         if gpus_per_trial is not None:
             gpus = _gpus(gpus_per_trial)
@@ -279,6 +287,7 @@ def search_command(
             capping=not no_capping,
             confirm_top=confirm_top,
             confirm_seeds=confirm_seeds,
+            hang_grace_s=hang_grace,
         )
         result = search(
             loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1

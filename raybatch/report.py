@@ -135,13 +135,15 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not rows:
         return None
     times = [float(r[keys.TIME_TO_TARGET_S]) for r in reached]
+    # A trial that never reported (hung, failed at start) has no throughput.
+    rates = [float(r[keys.THROUGHPUT]) for r in rows if r.get(keys.THROUGHPUT) not in (None, "")]
     return {
         "label": f"{rows[0][keys.MICRO_BATCH_SIZE]} x {rows[0][keys.ACCUMULATION_STEPS]}",
         "effective": rows[0][keys.EFFECTIVE_BATCH_SIZE],
         "time": statistics.median(times) if times else None,
         "times": times,
         "samples": statistics.median(float(r[keys.SAMPLES_TO_TARGET]) for r in reached) if reached else None,
-        "throughput": statistics.median(float(r[keys.THROUGHPUT]) for r in rows if r[keys.THROUGHPUT] not in (None, "")),
+        "throughput": statistics.median(rates) if rates else None,
         "status": rows[0][keys.STATUS],
     }  # fmt: skip
 
@@ -233,7 +235,7 @@ def write_report(
         f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"
         f"<td>{'-' if e['time'] is None else format(e['time'], '.3f')}</td>"
         f"<td>{'-' if e['samples'] is None else int(e['samples'])}</td>"
-        f"<td>{e['throughput']:.0f}</td></tr>"
+        f"<td>{'-' if e['throughput'] is None else format(e['throughput'], '.0f')}</td></tr>"
         for n, e in entries.items()
     )
     images = ["time_vs_batch.png", *(["memory.png"] if has_memory else []), "history.png",

@@ -76,6 +76,9 @@ class SearchOptions:
         confirm_seeds: Fresh seeds per candidate.
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
+        hang_grace_s: Seconds past ``max_time_s`` after which a trial still running counts as
+            hung (stuck in a step) and is stopped by the driver as ``censored``; it covers
+            start-up, the probe and a last evaluation, which the trial's clock excludes.
     """
 
     trials: int = 20
@@ -93,6 +96,7 @@ class SearchOptions:
     confirm_seeds: int = 3
     eval_every_samples: int | None = None
     max_failures: int = 2
+    hang_grace_s: float = 300.0
 
     @property
     def penalty(self) -> float:
@@ -298,6 +302,9 @@ def _execute(
     # Save Ray Tune's experiment state at every step, not every few minutes: a driver killed
     # between two saves would otherwise forget trials that had finished, and re-run them.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
+    # A hung trial that the scheduler stops cannot answer the stop request; Ray Tune kills
+    # its actor after this many seconds (default 600), and only then frees its resources.
+    os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "30")
     _init_ray(options.address)
     cuda = _machine_has_cuda()
     gpus = options.gpus_per_trial if options.gpus_per_trial is not None else ("auto" if cuda else 0)
@@ -348,7 +355,11 @@ def _execute(
             resourced,
             tune_config=tune.TuneConfig(
                 search_alg=searcher,
-                scheduler=CappingScheduler(options.slack, enabled=options.capping),
+                scheduler=CappingScheduler(
+                    options.slack,
+                    enabled=options.capping,
+                    hang_after_s=options.max_time_s + options.hang_grace_s,
+                ),
                 num_samples=options.trials,
                 max_concurrent_trials=options.max_concurrent,
             ),
@@ -376,11 +387,12 @@ def _execute(
     candidates = _candidates(rows, options.confirm_top)
     # The baseline and the reference are re-run beside the candidates, under the same
     # conditions, so the report compares like with like.
-    # One that ran out of memory is not re-run: memory does not depend on the seed.
+    # Only one that reached the target is re-run: one that ran out of memory, hung or was
+    # capped would only fail again at full cost, and the report shows its search status.
     compared = candidates + [
         r
         for r in _comparison_rows(rows, baseline, reference)
-        if not _same_knobs(r, candidates) and r[keys.STATUS] != TrialStatus.INFEASIBLE_MEMORY
+        if not _same_knobs(r, candidates) and r[keys.STATUS] == TrialStatus.REACHED.value
     ]
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
     # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
@@ -550,6 +562,8 @@ def _confirm(
         return []
     from ray import tune
 
+    from raybatch.scheduler import CappingScheduler
+
     param_space: dict[str, Any] = {
         "candidate": tune.grid_search(list(range(len(candidates)))),
         keys.SEED: tune.grid_search([options.seed + 1 + i for i in range(options.confirm_seeds)]),
@@ -560,7 +574,12 @@ def _confirm(
     tuner = tune.Tuner(
         resourced,
         param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=max_concurrent,
+            scheduler=CappingScheduler(
+                enabled=False, hang_after_s=options.max_time_s + options.hang_grace_s
+            ),
+        ),
         run_config=tune.RunConfig(
             storage_path=storage,
             name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}",

@@ -5,10 +5,18 @@ SMAC; irace reports 20-45% of the effort saved): once some trial has reached the
 ``T*`` seconds, any running trial whose elapsed time passes ``slack x T*`` cannot win, so it is
 stopped. The default slack of 1.2 leaves room for timing noise, as SMAC's does. A capped trial
 is censored data at its cap; the searcher records it as ``capped`` with the PAR-10 penalty.
+
+It also guards against **hung** trials. A trial checks its own time cap at every step, so one
+still running well past the cap is stuck inside a step (a collective that never completes, a
+data loader that deadlocked, a blocking call) and will never report again: no result-driven
+rule can stop it. Ray Tune asks the scheduler which trial to run at every step of its loop, so
+there the scheduler stops any trial alive longer than ``hang_after_s``, recording it as
+``censored`` with the reason, and the search goes on.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -25,16 +33,30 @@ class CappingScheduler(FIFOScheduler):
     Args:
         slack: Multiple of the best time to target past which a trial is stopped.
         enabled: ``False`` keeps the bookkeeping but never stops (for comparisons).
+        hang_after_s: Wall seconds after which a still-running trial counts as hung and is
+            stopped (``None``: never). Set it well past the trial's own time cap plus its
+            start-up (model build, probe, data loading), which the trial clock excludes.
     """
 
-    def __init__(self, slack: float = DEFAULT_SLACK, enabled: bool = True) -> None:
+    def __init__(
+        self, slack: float = DEFAULT_SLACK, enabled: bool = True, hang_after_s: float | None = None
+    ) -> None:
         if slack < 1.0:
             raise ValueError(f"slack must be >= 1, got {slack}")
         super().__init__()
         self.slack = slack
         self.enabled = enabled
+        self.hang_after_s = hang_after_s
         self.best_time_to_target_s: float | None = None
         self.capped: dict[str, float] = {}
+        self.hung: dict[str, float] = {}
+        self._running_since: dict[str, float] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Monotonic times mean nothing in another process: a resumed search times afresh.
+        state = self.__dict__.copy()
+        state["_running_since"] = {}
+        return state
 
     @property
     def cap_s(self) -> float | None:
@@ -55,6 +77,34 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
 
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        """Ray Tune's per-step hook: stop hung trials, then choose as FIFO does."""
+        if self.hang_after_s is not None:
+            self._stop_hung(tune_controller)
+        return super().choose_trial_to_run(tune_controller)
+
+    def _stop_hung(self, tune_controller: Any) -> None:
+        assert self.hang_after_s is not None
+        now = time.monotonic()
+        for trial in tune_controller.get_trials():
+            if trial.status != "RUNNING":
+                self._running_since.pop(trial.trial_id, None)
+                continue
+            since = self._running_since.setdefault(trial.trial_id, now)
+            if now - since <= self.hang_after_s:
+                continue
+            waited = now - since
+            self.hung[trial.trial_id] = waited
+            # The searcher and the result grid read the trial's last result: make it say why.
+            trial.run_metadata.last_result = {
+                **trial.last_result,
+                keys.STATUS: TrialStatus.CENSORED.value,
+                keys.REASON: f"hung: still running after {waited:.0f} s with no end in sight"
+                " (the trial checks its time cap every step, so a step never returned);"
+                " stopped by the driver",
+            }
+            tune_controller.stop_trial(trial)
+
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
         if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
             self._record(result.get(keys.TIME_TO_TARGET_S))
@@ -67,4 +117,6 @@ class CappingScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         cap = "none yet" if self.cap_s is None else f"{self.cap_s:.3f} s"
-        return f"CappingScheduler: cap {cap}, {len(self.capped)} trials capped"
+        return (
+            f"CappingScheduler: cap {cap}, {len(self.capped)} trials capped, {len(self.hung)} hung"
+        )

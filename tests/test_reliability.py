@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from .conftest import minimal_space
 from .workloads import (
     BrokenModelWorkload,
     DigitsOOMAtMaxBatch,
+    HangsAtMaxBatch,
     KillsItsWorkerOnce,
     NaNMetricWorkload,
     SlowStepWorkload,
@@ -212,6 +214,29 @@ def test_an_oom_in_one_of_four_concurrent_trials_leaves_the_others_running(
                for r in learned)  # fmt: skip
     # The confirmation does not run the baseline again just to watch it run out of memory.
     assert not [r for r in rows if r["phase"] == "confirmation" and r["status"] != "reached"]
+
+
+@pytest.mark.slow
+def test_a_trial_hung_inside_a_step_is_stopped_by_the_driver_and_the_search_goes_on(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The max-batch baseline blocks forever in its third step; the other trials finish."""
+    run_dir = tmp_path / "run"
+    options = SearchOptions(trials=3, max_time_s=4, hang_grace_s=6, gpus_per_trial=0,
+                            cpus_per_trial=0.5, max_concurrent=3, capping=False,
+                            confirm_top=1, confirm_seeds=1)  # fmt: skip
+    started = time.monotonic()
+    result = raybatch.search(HangsAtMaxBatch(), SPACE, 0.97, run_dir, options, verbose=0)
+    assert time.monotonic() - started < 120  # not the hour the step would take
+    search = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
+    hung = [r for r in search if r["reason"].startswith("hung:")]
+    assert [(int(r["micro_batch_size"]), r["status"]) for r in hung] == [(256, "censored")]
+    assert "stopped by the driver" in hung[0]["reason"]
+    assert all(r["status"] == "reached" for r in search if r is not hung[0])
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    told = [t for t in study.trials if t.user_attrs.get("tune_trial_id") == hung[0]["trial_id"]]
+    assert told[0].user_attrs[STATUS_ATTR] == "censored" and told[0].value == options.penalty
+    assert result.best is not None
 
 
 def test_errors_raised_on_purpose_share_one_base() -> None:

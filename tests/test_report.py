@@ -43,3 +43,12 @@ def test_overlapping_runs_are_called_noise_not_a_speed_up() -> None:
     text = verdict(_result([0.34, 0.42, 0.53], [0.39, 0.45, 0.65]), raybatch.Target(0.97))
     assert "faster" not in text
     assert "256 x 1, took 0.45 s: their runs overlap" in text and "run-to-run noise" in text
+
+
+def test_a_baseline_that_never_reported_is_shown_by_its_status() -> None:
+    result = _result([0.5, 0.5, 0.5], [])
+    hung = {**_rows(256, 1, [1.0])[0], "phase": "search", keys.STATUS: "censored",
+            keys.TIME_TO_TARGET_S: None, keys.THROUGHPUT: None}  # fmt: skip
+    result.rows.append(hung)
+    text = verdict(result, raybatch.Target(0.97))
+    assert "the largest batch that fits, 256 x 1, ended censored" in text

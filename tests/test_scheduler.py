@@ -49,3 +49,13 @@ def test_disabled_capping_keeps_score_but_never_stops() -> None:
 def test_slack_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="slack must be >= 1"):
         CappingScheduler(slack=0.9)
+
+
+def test_a_resumed_scheduler_times_running_trials_afresh() -> None:
+    """Monotonic clocks differ between processes: a pickled start time would read as a hang."""
+    import pickle
+
+    s = CappingScheduler(hang_after_s=10.0)
+    s._running_since["a"] = -1e9  # long ago, in another process
+    restored = pickle.loads(pickle.dumps(s))
+    assert restored._running_since == {} and restored.hang_after_s == 10.0

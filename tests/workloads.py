@@ -159,6 +159,24 @@ class SlowStepWorkload(DigitsOOMAtLargeBatch):
         return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
 
 
+class HangsAtMaxBatch(DigitsOOMAtLargeBatch):
+    """At the largest micro batch (256), the third training step never returns.
+
+    As a stuck NCCL collective or a deadlocked data loader does: a blocking call that no
+    per-step check inside the trial can interrupt.
+    """
+
+    name = "hangs_at_max_batch"
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        import time
+
+        self.calls += 1
+        if batch[0].shape[0] >= 256 and self.calls >= 3:
+            time.sleep(3600)
+        return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
+
+
 class KillsItsWorkerOnce(DigitsOOMAtLargeBatch):
     """SIGKILLs its own Ray worker process mid-training, once (a marker file remembers)."""
 
