@@ -1,38 +1,113 @@
 """raybatch: find the batch-size recipe that reaches a target accuracy fastest, on Ray Tune.
 
-The public face is re-exported here; everything else is private. Heavy dependencies (Ray,
-Optuna, PyTorch) are imported only by the functions that need them, so ``import raybatch``
-and the CLI's light commands stay fast.
+The public face is re-exported here; everything else is private. Names are loaded lazily
+(PEP 562): ``import raybatch`` costs almost nothing, and a trial worker that only needs
+``raybatch.TrialReporter`` imports that module alone. Every trial of a search runs in a fresh
+Ray worker process, so an eager package import was paid once per trial (measured by
+``bench/plugin_overhead.py``). Heavy dependencies (Ray, Optuna, PyTorch) are imported only by
+the functions that need them.
 """
 
 from __future__ import annotations
 
-from raybatch.budget import MemoryBudget, parse_size, resolve_budget
-from raybatch.config import TrialConfig
-from raybatch.errors import (
-    BudgetUnavailableError,
-    ConfigError,
-    InputError,
-    Issue,
-    MemoryBudgetError,
-    PresetNotFoundError,
-    RaybatchError,
-    SpaceError,
-    TraceError,
-    WorkloadError,
-)
-from raybatch.export import BestConfig, load_best
-from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
-from raybatch.presets import list_presets, load_space
-from raybatch.reporting import Target, TrialReporter
-from raybatch.resources import trial_resources, with_resources
-from raybatch.rules import OptimizerFamily, ScalingRule
-from raybatch.run import SearchOptions, SearchResult, resume, search
-from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus
-from raybatch.trial import TrialSettings, trainable
-from raybatch.tune_space import optuna_space, tune_param_space
-from raybatch.workload import SimpleWorkload, Workload, load_workload
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raybatch.budget import MemoryBudget, parse_size, resolve_budget
+    from raybatch.config import TrialConfig
+    from raybatch.errors import (
+        BudgetUnavailableError,
+        ConfigError,
+        InputError,
+        Issue,
+        MemoryBudgetError,
+        PresetNotFoundError,
+        RaybatchError,
+        SpaceError,
+        TraceError,
+        WorkloadError,
+    )
+    from raybatch.export import BestConfig, load_best
+    from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
+    from raybatch.presets import list_presets, load_space
+    from raybatch.reporting import Target, TrialReporter
+    from raybatch.resources import trial_resources, with_resources
+    from raybatch.rules import OptimizerFamily, ScalingRule
+    from raybatch.run import SearchOptions, SearchResult, resume, search
+    from raybatch.space import SearchSpace
+    from raybatch.status import TrialStatus
+    from raybatch.trial import TrialSettings, trainable
+    from raybatch.tune_space import optuna_space, tune_param_space
+    from raybatch.workload import SimpleWorkload, Workload, load_workload
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "raybatch.budget": (
+        "MemoryBudget",
+        "parse_size",
+        "resolve_budget",
+    ),
+    "raybatch.config": ("TrialConfig",),
+    "raybatch.errors": (
+        "BudgetUnavailableError",
+        "ConfigError",
+        "InputError",
+        "Issue",
+        "MemoryBudgetError",
+        "PresetNotFoundError",
+        "RaybatchError",
+        "SpaceError",
+        "TraceError",
+        "WorkloadError",
+    ),
+    "raybatch.export": (
+        "BestConfig",
+        "load_best",
+    ),
+    "raybatch.memory": (
+        "LinearMemoryModel",
+        "MemoryEstimator",
+        "PrescreenResult",
+    ),
+    "raybatch.presets": (
+        "list_presets",
+        "load_space",
+    ),
+    "raybatch.reporting": (
+        "Target",
+        "TrialReporter",
+    ),
+    "raybatch.resources": (
+        "trial_resources",
+        "with_resources",
+    ),
+    "raybatch.rules": (
+        "OptimizerFamily",
+        "ScalingRule",
+    ),
+    "raybatch.run": (
+        "SearchOptions",
+        "SearchResult",
+        "resume",
+        "search",
+    ),
+    "raybatch.space": ("SearchSpace",),
+    "raybatch.status": ("TrialStatus",),
+    "raybatch.trial": (
+        "TrialSettings",
+        "trainable",
+    ),
+    "raybatch.tune_space": (
+        "optuna_space",
+        "tune_param_space",
+    ),
+    "raybatch.workload": (
+        "SimpleWorkload",
+        "Workload",
+        "load_workload",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __version__ = "0.1.0"
 
@@ -79,3 +154,17 @@ __all__ = [
     "tune_param_space",
     "with_resources",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (PEP 562)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raybatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
