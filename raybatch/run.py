@@ -706,6 +706,17 @@ def _typed(row: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def _stored_rows(path: Path) -> list[dict[str, Any]]:
+    """The typed rows of a finished run's ``trials.csv``.
+
+    Raises:
+        RunDirError: The search has not finished (no trials.csv).
+    """
+    if not (path / TRIALS_CSV).is_file():
+        raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(path))
+    return [_typed(r) for r in read_trials_csv(path / TRIALS_CSV)]
+
+
 def analyze_run(run_dir: str | Path) -> BestConfig | None:
     """The winner a finished run's stored trials give, chosen again from ``trials.csv`` alone.
 
@@ -718,9 +729,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
     path, _, space, target, options = read_run(run_dir)
-    if not (path / TRIALS_CSV).is_file():
-        raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(path))
-    rows = [_typed(r) for r in read_trials_csv(path / TRIALS_CSV)]
+    rows = _stored_rows(path)
     candidates = _candidates([r for r in rows if r["phase"] == "search"], options.confirm_top)
     confirm_rows = [r for r in rows if r["phase"] == "confirmation"]
     return _choose_winner(space, target, candidates, confirm_rows, rows, options)
@@ -737,9 +746,7 @@ def rebuild_report(run_dir: str | Path) -> Path:
     from raybatch.report import write_report
 
     path, ref, space, target, options = read_run(run_dir)
-    if not (path / TRIALS_CSV).is_file():
-        raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(path))
-    rows = [_typed(r) for r in read_trials_csv(path / TRIALS_CSV)]
+    rows = _stored_rows(path)
     best = load_best(path) if (path / BEST_YAML).is_file() else None
     estimator, budget = None, options.memory_budget
     if budget is not None:
