@@ -184,12 +184,13 @@ def verdict(result: SearchResult, target: Target) -> str:
         text += "; here the largest batch that fits is also the fastest"
     elif baseline is not None:
         runs = result.best.provenance["time_to_target_s_runs"]
-        if baseline["time"] and baseline["time"] >= median and max(runs) >= min(baseline["times"]):
+        slower = bool(baseline["time"]) and baseline["time"] >= median
+        if slower and max(runs) >= min(baseline["times"]):
             # Medians of a few runs that overlap do not rank two recipes; say so, not "1.1x".
             text += (f"; the largest batch that fits, {baseline['label']}, took"
                      f" {baseline['time']:.2f} s: their runs overlap, so the difference is within"
                      " run-to-run noise")  # fmt: skip
-        elif baseline["time"] and baseline["time"] >= median:
+        elif slower:
             text += (f", {baseline['time'] / median:.1f}x faster than the largest batch that fits,"
                      f" {baseline['label']} ({baseline['time']:.2f} s)")  # fmt: skip
         elif baseline["time"]:
