@@ -27,14 +27,14 @@ def _finished_ids(run_dir: Path) -> set[str]:
 
     The newest ``experiment_state-*.json`` is Tune's own record, saved at every step; a
     trial's ``result.json`` alone cannot tell a capped trial (stopped while running) apart
-    from one still running.
+    from one still running. Newest by name, as Tune itself picks it: a resume copies the
+    older files again, so their modification times say nothing.
     """
-    states = sorted((run_dir / "tune" / "search").glob("experiment_state-*.json"),
-                    key=lambda p: p.stat().st_mtime)  # fmt: skip
+    states = list((run_dir / "tune" / "search").glob("experiment_state-*.json"))
     if not states:
         return set()
     try:
-        data = json.loads(states[-1].read_text())
+        data = json.loads(max(states).read_text())
     except (json.JSONDecodeError, OSError):  # being written right now; ask again
         return set()
     trials = [json.loads(entry[0]) for entry in data["trial_data"]]
@@ -99,16 +99,27 @@ def test_resume_after_the_driver_is_killed_keeps_every_trial_once(how: str, tmp_
 
 
 def _kill_when(
-    driver: subprocess.Popen[str], ready: Callable[[], bool], rng: random.Random
+    driver: subprocess.Popen[str],
+    ready: Callable[[], bool],
+    rng: random.Random,
+    run_dir: Path,
+    finished: set[str],
 ) -> None:
-    """SIGKILL the driver's whole process group a random moment after ``ready()`` holds."""
+    """SIGKILL the driver's whole process group a random moment after ``ready()`` holds.
+
+    ``finished`` collects every trial seen finished on the way: a read right after the kill
+    may meet a state file the kill cut short.
+    """
     deadline = time.time() + 240
     while not ready() and time.time() < deadline and driver.poll() is None:
+        finished |= _finished_ids(run_dir)
         time.sleep(0.1)
     assert ready() and driver.poll() is None, "the point to kill at was never reached"
     time.sleep(rng.uniform(0.0, 0.5))
+    finished |= _finished_ids(run_dir)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
+    finished |= _finished_ids(run_dir)
 
 
 def _confirming(run_dir: Path) -> bool:
@@ -139,8 +150,7 @@ def test_sigkill_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> No
     for point, args in zip(points, [search, ("resume", str(run_dir)), ("resume", str(run_dir))],
                            strict=True):  # fmt: skip
         driver = _cli(*args, start_new_session=True)  # its group holds its local Ray too
-        _kill_when(driver, point, rng)
-        finished_before_kills |= _finished_ids(run_dir)
+        _kill_when(driver, point, rng, run_dir, finished_before_kills)
     assert len(finished_before_kills) == trials  # the last kill came after the search phase
     assert not (run_dir / "best_config.yaml").exists()  # ... and before the end
 
