@@ -57,12 +57,19 @@ def _median(times: list[float | None]) -> float | None:
 
 
 def _search(
-    name: str, workload: Workload, ref: str, target: float, trials: int, max_time_s: float
+    name: str,
+    workload: Workload,
+    ref: str,
+    target: float,
+    trials: int,
+    max_time_s: float,
+    confirm_seeds: int = 3,
 ) -> tuple[dict[str, dict[str, Any]], float, dict[str, Any]]:
     """Run the search; return the three recipes' raw knobs, its wall time and its winner."""
     space = raybatch.load_space(workload.space)
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-")) / "run"
-    options = SearchOptions(trials=trials, max_time_s=max_time_s, gpus_per_trial=0, seed=0)
+    options = SearchOptions(trials=trials, max_time_s=max_time_s, gpus_per_trial=0, seed=0,
+                            confirm_seeds=confirm_seeds)  # fmt: skip
     start = time.perf_counter()
     result = raybatch.search(workload, space, target, run_dir, options, ref, verbose=0)
     wall = time.perf_counter() - start
@@ -115,10 +122,13 @@ def main(
     reruns: int = 5,
     max_time_s: float = 20.0,
     out: Path = RESULTS,
+    confirm_seeds: int = 3,
 ) -> dict[str, Any]:
     rows = []
     for name, workload, ref, target in cases:
-        recipes, search_wall, winner = _search(name, workload, ref, target, trials, max_time_s)
+        recipes, search_wall, winner = _search(
+            name, workload, ref, target, trials, max_time_s, confirm_seeds
+        )
         torch.set_num_threads(1)  # the reruns: one thread each, as each search trial had
         runs = _rerun(workload, target, recipes, reruns, max_time_s)
         space = raybatch.load_space(workload.space)

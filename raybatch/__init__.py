@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from raybatch.config import TrialConfig
     from raybatch.errors import (
         BudgetUnavailableError,
+        ClusterUnreachableError,
         ConfigError,
         InputError,
         Issue,
@@ -25,11 +26,14 @@ if TYPE_CHECKING:
         PresetNotFoundError,
         RaybatchError,
         SpaceError,
+        TargetError,
         TraceError,
+        TrialsFailedError,
         WorkloadError,
     )
     from raybatch.export import BestConfig, load_best
     from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
+    from raybatch.metric import Metric
     from raybatch.presets import list_presets, load_space
     from raybatch.reporting import Target, TrialReporter
     from raybatch.resources import trial_resources, with_resources
@@ -50,6 +54,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "raybatch.config": ("TrialConfig",),
     "raybatch.errors": (
         "BudgetUnavailableError",
+        "ClusterUnreachableError",
         "ConfigError",
         "InputError",
         "Issue",
@@ -57,7 +62,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "PresetNotFoundError",
         "RaybatchError",
         "SpaceError",
+        "TargetError",
         "TraceError",
+        "TrialsFailedError",
         "WorkloadError",
     ),
     "raybatch.export": (
@@ -69,6 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "MemoryEstimator",
         "PrescreenResult",
     ),
+    "raybatch.metric": ("Metric",),
     "raybatch.presets": (
         "list_presets",
         "load_space",
@@ -114,6 +122,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BestConfig",
     "BudgetUnavailableError",
+    "ClusterUnreachableError",
     "ConfigError",
     "InputError",
     "Issue",
@@ -121,6 +130,7 @@ __all__ = [
     "MemoryBudget",
     "MemoryBudgetError",
     "MemoryEstimator",
+    "Metric",
     "OptimizerFamily",
     "PrescreenResult",
     "PresetNotFoundError",
@@ -132,11 +142,13 @@ __all__ = [
     "SimpleWorkload",
     "SpaceError",
     "Target",
+    "TargetError",
     "TraceError",
     "TrialConfig",
     "TrialReporter",
     "TrialSettings",
     "TrialStatus",
+    "TrialsFailedError",
     "Workload",
     "WorkloadError",
     "__version__",

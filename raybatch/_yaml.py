@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ def load_mapping(path: Path) -> tuple[dict[str, Any], Callable[[str], int | None
         raise SpaceError([Issue("(yaml syntax)", f"{problem}{column}", line)], source) from None
     except yaml.YAMLError as exc:
         raise SpaceError([Issue("(yaml syntax)", str(exc))], source) from None
+    duplicates = list(_duplicate_keys(node))
+    if duplicates:
+        raise SpaceError(duplicates, source)
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
         raise SpaceError(
@@ -47,6 +50,29 @@ def load_mapping(path: Path) -> tuple[dict[str, Any], Callable[[str], int | None
         return _line_of(node, field)
 
     return data, locate
+
+
+def _duplicate_keys(node: yaml.Node | None, prefix: str = "") -> Iterator[Issue]:
+    """A key given twice in one mapping: YAML loaders keep the last one silently."""
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            path = f"{prefix}.{name}" if prefix else name
+            line = key.start_mark.line + 1
+            if name in first:
+                yield Issue(
+                    path,
+                    f"duplicate key: given on line {first[name]} and again on line {line}"
+                    " (YAML would silently keep the last); keep one",
+                    line,
+                )
+            else:
+                first[name] = line
+            yield from _duplicate_keys(value, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _duplicate_keys(item, f"{prefix}[{index}]")
 
 
 def _line_of(node: yaml.Node | None, field: str) -> int | None:

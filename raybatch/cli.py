@@ -256,12 +256,13 @@ def search_command(
     import time
 
     from raybatch.budget import parse_size
+    from raybatch.metric import resolve_target
     from raybatch.reporting import Target
     from raybatch.run import SearchOptions, search
     from raybatch.workload import load_workload
 
     with _user_errors():
-        parsed_target = Target.parse(target)
+        Target.parse(target)  # the syntax first, before the (slower) workload import
         if trials < 1:
             raise InputError([Issue("--trials", f"must be at least 1, got {trials}")], _CLI)
         if hang_grace <= 0:
@@ -273,6 +274,7 @@ def search_command(
             None if memory_budget is None else parse_size(memory_budget, "--memory-budget", _CLI)
         )
         loaded = load_workload(workload)
+        parsed_target = resolve_target(target, loaded.metrics, _CLI)
         chosen = load_space(space or loaded.space or "generic_adamw")
         directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         options = SearchOptions(
@@ -293,6 +295,23 @@ def search_command(
             loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1
         )
     _print_summary(result, parsed_target)
+
+
+@app.command("init-workload")
+def init_workload_command(
+    file: Annotated[
+        str, typer.Argument(help="The workload file to write, e.g. my_workload.py.")
+    ] = "my_workload.py",
+) -> None:
+    """Write a workload file to start from (own model, own data) and its space file."""
+    from raybatch.template import write_template
+
+    with _user_errors():
+        workload_path, space_path = write_template(file)
+    typer.echo(f"wrote {workload_path} and {space_path}; replace the model and data, then run:")
+    typer.echo(
+        f'  raybatch search {workload_path}:workload --space {space_path} --target "accuracy>=0.9"'
+    )
 
 
 @app.command("resume")

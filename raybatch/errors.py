@@ -106,9 +106,23 @@ class RunDirError(InputError):
     """A run directory (or a file in it) is missing, incomplete or not a raybatch run."""
 
 
+class OutputFileError(InputError):
+    """A file raybatch was asked to write exists already (it never overwrites) or cannot be
+    written."""
+
+
 class TargetError(InputError):
     """A target given as text (``accuracy>=0.97``, ``0.97``) cannot be understood."""
 
 
 class SearchInterrupted(RaybatchError):
     """The search was stopped (Ctrl-C, SIGINT) before its trials finished; it can be resumed."""
+
+
+class TrialsFailedError(RaybatchError):
+    """Trials failed for a reason no recipe changes (the workload cannot be built or loaded
+    in a Ray worker); the search stopped early instead of spending its budget on it."""
+
+
+class ClusterUnreachableError(RaybatchError):
+    """No Ray cluster answers at the address given (``--address``)."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch.config import TrialConfig
 from raybatch.memory import autocast_context
+from raybatch.metric import metric_values, target_value
 from raybatch.probe import move_to
 from raybatch.reporting import TrialReporter
 from raybatch.workload import Workload
@@ -227,8 +228,11 @@ def train(
             evaluated = ema.module if ema is not None else model
             with reporter.evaluating():
                 evaluated.eval()
-                metric = workload.evaluate(evaluated, (move_to(b, device) for b in val_loader))
+                result = workload.evaluate(evaluated, (move_to(b, device) for b in val_loader))
                 trained.train()
+                values = metric_values(result, workload.metrics)
                 if dist is not None:
-                    metric = dist.mean([metric], device)[0]
-            reporter.report(metric)
+                    values = dict(
+                        zip(values, dist.mean(list(values.values()), device), strict=True)
+                    )
+            reporter.report(target_value(values, reporter.target.metric), values=values)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -101,6 +101,12 @@ class Target:
         return metric >= self.value if self.mode == "max" else metric <= self.value
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _tune_report(metrics: dict[str, Any]) -> None:
     from ray import tune
 
@@ -165,6 +171,8 @@ class TrialReporter:
         self._eval_s = 0.0
         self._data_wait_s = 0.0
         self.reports: int = 0
+        self.error_traceback: str | None = None
+        self.values: dict[str, float] = {}
 
     # ------------------------------------------------------------------ clock
 
@@ -172,6 +180,11 @@ class TrialReporter:
         """Start the clock: call right before the first training step."""
         self._start = self._now()
         return self
+
+    @property
+    def started(self) -> bool:
+        """Whether the clock runs: training has begun."""
+        return self._start is not None
 
     def _now(self) -> float:
         if self._synchronize is not None:
@@ -255,13 +268,23 @@ class TrialReporter:
 
     # ------------------------------------------------------------------ reports
 
-    def report(self, metric: float, samples: int | None = None, steps: int | None = None) -> bool:
+    def report(
+        self,
+        metric: float,
+        samples: int | None = None,
+        steps: int | None = None,
+        values: Mapping[str, float] | None = None,
+    ) -> bool:
         """Report an evaluation; stop on the target or an exhausted budget. True once stopped.
 
         ``samples``/``steps`` (totals so far) are for custom loops that count themselves.
+        ``values`` are all the validation metrics of this evaluation, reported as
+        ``val_<name>`` (``metric`` is the target's among them; without ``values``, it alone).
         """
         if self.stopped:
             return True
+        named = {self.target.metric: metric} if values is None else values
+        self.values = {str(k): float(v) for k, v in named.items()}
         if samples is not None:
             self.samples_seen = samples
         if steps is not None:
@@ -288,13 +311,35 @@ class TrialReporter:
             self._emit()
         return self.stopped
 
-    def finish(self, status: TrialStatus, reason: str) -> None:
-        """End the trial with a terminal status and send the final report (once)."""
+    def finish(self, status: TrialStatus, reason: str, traceback: str | None = None) -> None:
+        """End the trial with a terminal status and send the final report (once).
+
+        ``traceback`` (for ``error``) travels in the final report, so the driver can keep it in
+        the run's log even when the trial ran on another node.
+        """
         if self.stopped or not status.terminal:
             return
         self.status = status
         self.reason = reason
+        self.error_traceback = traceback
         self._emit()
+
+    def fail(self, exc: BaseException, during: str = "") -> None:
+        """End the trial for an exception: ``infeasible_memory`` for an OOM, else ``error``."""
+        import traceback
+
+        from raybatch.probe import is_out_of_memory
+
+        text = first_line(exc)
+        if is_out_of_memory(exc):
+            self.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory {during}: {text}".strip())
+            return
+        where = f" ({during})" if during else ""
+        self.finish(
+            TrialStatus.ERROR,
+            f"{type(exc).__name__}: {text}{where}",
+            "".join(traceback.format_exception(exc)),
+        )
 
     def metrics(self) -> dict[str, Any]:
         """The fields of a report (see :mod:`raybatch.keys`)."""
@@ -316,6 +361,10 @@ class TrialReporter:
             keys.DATA_WAIT_FRACTION: self._data_wait_s / train_s if train_s > 0 else 0.0,
             keys.OBJECTIVE: objective_value(self.status, self.time_to_target_s, self.max_time_s),
         }
+        for name, value in self.values.items():
+            out[keys.VALIDATION_PREFIX + name] = value
+        if self.error_traceback is not None:
+            out[keys.ERROR_TRACEBACK] = self.error_traceback
         if self._extra is not None:
             out.update(self._extra())
         return out
@@ -353,13 +402,9 @@ class TrialReporter:
             return False
         if not isinstance(exc, Exception):
             return False
-        from raybatch.probe import is_out_of_memory, release_memory
+        from raybatch.probe import release_memory
 
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if is_out_of_memory(exc):
-            self.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory during training: {text}")
-        else:
-            self.finish(TrialStatus.ERROR, f"{type(exc).__name__}: {text}")
+        self.fail(exc, "during training")
         del exc, tb
         gc.collect()
         release_memory()

@@ -17,6 +17,7 @@ Layout of a run directory::
     tune/search/        Ray Tune's experiment (storage), resumable
     tune/confirm/       the confirmation runs
     trials.csv          one row per trial and per pre-screened config, with a status
+    search.log          the traceback of every trial that failed
     best_config.yaml    the winner with provenance (also .json)
     report.html         the report, beside its PNGs
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import os
 import platform
 import statistics
@@ -39,18 +41,27 @@ import yaml
 
 from raybatch import keys
 from raybatch.budget import parse_size
+from raybatch.cluster import init_ray
 from raybatch.config import TrialConfig
-from raybatch.errors import Issue, RaybatchError, RunDirError, SearchInterrupted
+from raybatch.errors import (
+    Issue,
+    RaybatchError,
+    RunDirError,
+    SearchInterrupted,
+    TrialsFailedError,
+)
 from raybatch.export import BestConfig, write_best
+from raybatch.metric import resolve_target
 from raybatch.reporting import Target
 from raybatch.space import SearchSpace
 from raybatch.status import PAR_FACTOR, TrialStatus
-from raybatch.workload import Workload, load_workload
+from raybatch.workload import Workload, absolute_reference, load_workload
 
 RUN_FILE = "run.json"
 SPACE_FILE = "space.yaml"
 OPTUNA_DB = "optuna.db"
 TRIALS_CSV = "trials.csv"
+LOG_FILE = "search.log"
 STUDY_NAME = "raybatch"
 
 
@@ -230,18 +241,10 @@ def _machine_has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _init_ray(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
-
-
 def search(
     workload: Workload,
     space: SearchSpace,
-    target: Target | float,
+    target: Target | float | str,
     run_dir: str | Path,
     options: SearchOptions | None = None,
     workload_ref: str | None = None,
@@ -252,21 +255,27 @@ def search(
     Args:
         workload: The workload to train.
         space: The coupled batch-size space.
-        target: The validation metric to reach.
+        target: The validation metric to reach: a :class:`Target`, text (``loss<=0.35``) or
+            a number (the workload's first metric, in its direction); checked against the
+            workload's :attr:`~raybatch.Workload.metrics` before anything starts.
         run_dir: Where the run lives (created).
         options: See :class:`SearchOptions`.
         workload_ref: How to import the workload again (``path.py:NAME``) for ``resume``.
         verbose: Ray Tune's verbosity (1: the live progress table).
     """
     options = options or SearchOptions()
-    target = target if isinstance(target, Target) else Target(float(target))
+    target = resolve_target(target, workload.metrics)
     path = Path(run_dir)
     if (path / RUN_FILE).exists():
         raise RunDirError(
             [Issue(RUN_FILE, "exists: this directory holds a run; use resume, or another dir")],
             str(path),
         )
-    _write_run_files(path, workload_ref or f"<object {workload.name}>", space, target, options)
+    # A cluster that does not answer fails in seconds, before the run directory is written.
+    if options.address is not None:
+        init_ray(options.address)
+    ref = absolute_reference(workload_ref) if workload_ref else f"<object {workload.name}>"
+    _write_run_files(path, ref, space, target, options)
     return _execute(path, workload, space, target, options, resume=False, verbose=verbose)
 
 
@@ -293,6 +302,7 @@ def _execute(
     from ray import tune
 
     from raybatch.budget import resolve_budget
+    from raybatch.failfast import FailFast, ray_errors_to
     from raybatch.memory import MemoryEstimator
     from raybatch.resources import with_resources
     from raybatch.scheduler import CappingScheduler
@@ -305,7 +315,11 @@ def _execute(
     # A hung trial that the scheduler stops cannot answer the stop request; Ray Tune kills
     # its actor after this many seconds (default 600), and only then frees its resources.
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "30")
-    _init_ray(options.address)
+    # Tracebacks of failed trials go to the run's log (FailFast writes them), not the terminal.
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    # ...and a trial stopped before its first report is not worth a warning with its path.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    init_ray(options.address)
     cuda = _machine_has_cuda()
     gpus = options.gpus_per_trial if options.gpus_per_trial is not None else ("auto" if cuda else 0)
     budget: int | None = None
@@ -344,6 +358,7 @@ def _execute(
     resourced = with_resources(fn, workload, space, gpus, options.cpus_per_trial, budget)
     storage = str((path / "tune").resolve())
     experiment = Path(storage) / "search"
+    fail_fast = FailFast(path / LOG_FILE)
     if resume:
         if not tune.Tuner.can_restore(str(experiment)):
             raise RunDirError([Issue("tune/search", "no Ray Tune experiment to resume")], str(path))
@@ -368,9 +383,14 @@ def _execute(
                 name="search",
                 failure_config=tune.FailureConfig(max_failures=options.max_failures),
                 verbose=verbose,
+                callbacks=[fail_fast],
+                stop=fail_fast,
             ),
         )
-    results = tuner.fit()
+    with ray_errors_to(path / LOG_FILE):
+        results = tuner.fit()
+    if fail_fast.tripped is not None:
+        raise TrialsFailedError(fail_fast.summary())
     finished = results.num_terminated + results.num_errors
     if finished < options.trials:
         raise SearchInterrupted(

@@ -31,6 +31,7 @@ from typing import Any
 from raybatch import keys
 from raybatch.config import TrialConfig
 from raybatch.loop import LoopOptions, agreed_clock, train
+from raybatch.metric import resolve_target
 from raybatch.presets import load_space
 from raybatch.reporting import ReportFn, Target, TrialReporter
 from raybatch.space import SearchSpace
@@ -170,26 +171,35 @@ def run_trial(
     config: dict[str, Any],
     report_fn: ReportFn | None = None,
 ) -> TrialReporter:
-    """One trial, start to terminal status. Returns the reporter (its final state)."""
-    from raybatch.probe import is_out_of_memory, release_memory
+    """One trial, start to terminal status. Returns the reporter (its final state).
+
+    Whatever the workload raises — building the model, loading its data, training — ends the
+    trial as ``error`` with the exception's type and first line as the reason and its traceback
+    in the final report; it never raises into Ray, so the search goes on (or, when every trial
+    fails the same way, stops early: :mod:`raybatch.failfast`).
+    """
+    from raybatch.probe import release_memory
 
     recipe = space.derive_from(config)
     options = _options(settings, config)
     device = _device(settings)
-    reporter = _reporter(workload, space, settings, device, report_fn)
+    try:
+        reporter = _reporter(workload, space, settings, device, report_fn)
+    except Exception as exc:  # the workload's data cannot be loaded: no reporter to use yet
+        reporter = TrialReporter(
+            settings.target, eval_every_samples=1, max_time_s=settings.max_time_s,
+            report_fn=report_fn,
+        )  # fmt: skip
+        reporter.fail(exc, "loading the training data")
+        return reporter
     if recipe.world_size > 1:
         return _run_distributed(workload, space, settings, config, reporter, device)
     _set_threads_to_assigned_cpus()
-    if not _memory_gate(workload, recipe, settings, device, reporter):
-        return reporter
     try:
-        train(workload, recipe, reporter, device, options)
+        if _memory_gate(workload, recipe, settings, device, reporter):
+            train(workload, recipe, reporter, device, options)
     except Exception as exc:  # a failure ends this trial with a reason, never the search
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if is_out_of_memory(exc):
-            reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory while training: {text}")
-        else:
-            reporter.finish(TrialStatus.ERROR, f"{type(exc).__name__}: {text}")
+        reporter.fail(exc, "while training" if reporter.started else "before training")
     finally:
         release_memory(device)
         reporter.close()
@@ -291,15 +301,14 @@ def _run_distributed(
     try:
         trainer.fit()
     except Exception as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        reporter.finish(TrialStatus.ERROR, f"data-parallel run failed: {text}")
+        reporter.fail(exc, "data-parallel run")
     return reporter
 
 
 def trainable(
     workload: Workload,
     space: SearchSpace | str,
-    target: Target | float,
+    target: Target | float | str,
     **settings: Any,
 ) -> Callable[[dict[str, Any]], None]:
     """A Ray Tune function trainable for ``workload`` over ``space``, aiming at ``target``.
@@ -307,7 +316,9 @@ def trainable(
     Args:
         workload: The workload (model, data, loss, metric).
         space: A :class:`SearchSpace` or a preset name / path.
-        target: The validation metric to reach (a float means ``Target(value, "max")``).
+        target: The validation metric to reach: a :class:`Target`, text (``loss<=0.35``) or a
+            number (the workload's first metric, in its direction). Checked against the
+            workload's metrics now, so an unreachable target fails before any trial.
         **settings: Fields of :class:`TrialSettings` (``max_time_s``, ``memory_budget``, ...)
             and of :class:`~raybatch.loop.LoopOptions` (``grad_clip_norm``, ``ema_decay``...).
 
@@ -317,13 +328,18 @@ def trainable(
         >>> fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.97, max_time_s=30)
         >>> # tune.Tuner(raybatch.with_resources(fn, ...), param_space=..., ...)
     """
+    from raybatch.shipping import ship_by_value
+
     resolved = space if isinstance(space, SearchSpace) else load_space(space)
+    # The closure below carries the workload to Ray's workers: send its code by value, so a
+    # workload from a file, a script or a notebook works on every node (raybatch.shipping).
+    ship_by_value(workload)
     loop_fields = {f for f in LoopOptions.__dataclass_fields__}
     loop_settings = {k: v for k, v in settings.items() if k in loop_fields}
     loop_settings.setdefault("sync_batchnorm", resolved.sync_batchnorm)
     loop = LoopOptions(**loop_settings)
     trial_settings = TrialSettings(
-        target=target if isinstance(target, Target) else Target(float(target)),
+        target=resolve_target(target, workload.metrics),
         loop=loop,
         **{k: v for k, v in settings.items() if k not in loop_fields},
     )

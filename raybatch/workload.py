@@ -21,15 +21,18 @@ where ``NAME`` is a :class:`Workload` instance, a subclass, or a function return
 from __future__ import annotations
 
 import abc
+import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from raybatch.config import TrialConfig
 from raybatch.errors import WorkloadError
+from raybatch.metric import ACCURACY, Metric
 from raybatch.rules import OptimizerFamily
 
 if TYPE_CHECKING:
@@ -50,12 +53,17 @@ class Workload(abc.ABC):
         gpu_prefetch_batches: Batches the input pipeline places on the GPU ahead of use
             (e.g. a CUDA prefetcher or DALI). Each costs a full batch of GPU memory (seed 000),
             so the memory estimate adds them. 0 for a plain ``DataLoader`` with pinned memory.
+        metrics: The validation metrics :meth:`evaluate` returns, first the one a bare target
+            (``--target 0.97``) means. Each states its direction and range, so a target that
+            cannot be met (``--target 97`` for an accuracy in [0, 1]) is refused before any
+            trial runs. Default: accuracy, higher is better, 0..1.
     """
 
     name: str = "workload"
     space: str | None = None
     amp_dtype: str | None = None
     gpu_prefetch_batches: int = 0
+    metrics: tuple[Metric, ...] = (ACCURACY,)
 
     @abc.abstractmethod
     def build_model(self) -> nn.Module:
@@ -76,10 +84,12 @@ class Workload(abc.ABC):
         inputs, targets = batch
         return F.cross_entropy(model(inputs), targets)
 
-    def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> float:
-        """The validation metric over ``batches`` (already on the model's device).
+    def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> float | Mapping[str, float]:
+        """The validation metrics over ``batches`` (already on the model's device).
 
-        Default: classification accuracy, higher is better.
+        Return a number (the value of the first of :attr:`metrics`) or a mapping from metric
+        names to values (``{"accuracy": 0.93, "loss": 0.31}``) covering :attr:`metrics`; the
+        target picks one by name. Default: classification accuracy.
         """
         import torch
 
@@ -150,7 +160,9 @@ class SimpleWorkload(Workload):
         loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
         name: str = "workload",
         amp_dtype: str | None = None,
+        metrics: tuple[Metric, ...] = (ACCURACY,),
     ) -> None:
+        self.metrics = metrics
         self._model_fn = model_fn
         self._train = train
         self._val = val
@@ -173,6 +185,49 @@ class SimpleWorkload(Workload):
         return self._loss_fn(model, batch)
 
 
+def _import_file(reference: str, target: str) -> ModuleType:
+    """Import ``target`` (a ``.py`` file) as Python imports a script: its folder on ``sys.path``.
+
+    Sibling modules the file imports are found, as they would be by ``python file.py``; the
+    module gets a private, stable name so it can never shadow an installed one. Ray workers
+    receive it (and its siblings) by value, see :mod:`raybatch.shipping`.
+    """
+    path = Path(target)
+    if not path.is_file():
+        raise WorkloadError(f"{reference}: no such file {target}")
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    stem = "".join(c if c.isalnum() else "_" for c in resolved.stem)
+    module_name = f"_raybatch_workload_{stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if spec is None or spec.loader is None:
+        raise WorkloadError(f"{reference}: cannot import {target}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(resolved.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    sys.modules[module_name] = module  # dataclasses and pickle look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise WorkloadError(
+            f"{reference}: importing {target} failed: {type(exc).__name__}: {first}"
+        ) from exc
+    return module
+
+
+def absolute_reference(reference: str) -> str:
+    """``reference`` with a file path made absolute, so ``resume`` works from any folder."""
+    target, sep, attr = reference.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target) and Path(target).is_file():
+        return f"{Path(target).resolve()}:{attr}"
+    return reference
+
+
 def load_workload(reference: str) -> Workload:
     """Import a workload from ``path/to/file.py:NAME`` or ``package.module:NAME``.
 
@@ -189,25 +244,15 @@ def load_workload(reference: str) -> Workload:
             f"{reference}: a workload is given as path/to/file.py:NAME or package.module:NAME"
         )
     if target.endswith(".py") or "/" in target:
-        path = Path(target)
-        if not path.is_file():
-            raise WorkloadError(f"{reference}: no such file {target}")
-        module_name = f"_raybatch_workload_{abs(hash(path.resolve()))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise WorkloadError(f"{reference}: cannot import {target}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses and pickle look modules up by name
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_name]
-            raise WorkloadError(f"{reference}: importing {target} failed: {exc!r}") from exc
+        module = _import_file(reference, target)
     else:
         try:
             module = importlib.import_module(target)
-        except ImportError as exc:
-            raise WorkloadError(f"{reference}: cannot import module {target}: {exc}") from exc
+        except Exception as exc:  # ImportError, or whatever the module raises on import
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise WorkloadError(
+                f"{reference}: cannot import module {target}: {type(exc).__name__}: {first}"
+            ) from exc
     if not hasattr(module, attr):
         raise WorkloadError(f"{reference}: {target} has no attribute {attr!r}")
     obj = getattr(module, attr)

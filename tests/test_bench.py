@@ -191,7 +191,9 @@ def test_real_training_reruns_every_recipe_interleaved_with_fresh_seeds() -> Non
 def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_path: Path) -> None:
     module = _load("real_training")
     case = [c for c in module.CASES if c[0] == "digits_cnn"]
-    data = module.main(cases=case, trials=2, reruns=1, max_time_s=10.0, out=tmp_path / "r.json")
+    data = module.main(
+        cases=case, trials=2, reruns=1, max_time_s=10.0, out=tmp_path / "r.json", confirm_seeds=1
+    )
     recipes = [r["recipe"] for r in data["rows"]]
     assert recipes == ["raybatch", "max_batch", "reference", "search"]
     winner = data["rows"][0]

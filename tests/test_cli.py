@@ -1,8 +1,12 @@
-"""The CLI's happy paths: listing presets, printing one recipe, printing a space's grid."""
+"""The CLI: listing presets, printing recipes and estimates, and bad starts of a search."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +200,72 @@ def test_estimate_reports_an_untraceable_workload_without_a_traceback(tmp_path: 
         in proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------- bad starts of a search
+
+
+def _search(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "search", "raybatch.examples.digits:workload",
+         "--run-dir", str(tmp_path / "run"), "--trials", "2", *args],
+        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120,
+    )  # fmt: skip
+    return proc, time.perf_counter() - start
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_dead_cluster_address_fails_in_seconds_and_writes_nothing(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{_free_port()}"
+    proc, seconds = _search(tmp_path, "--target", "0.9", "--address", address)
+    assert proc.returncode == 2
+    assert f"raybatch: error: no Ray cluster answers at {address} (" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert seconds < 30
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("97", "97 is outside the range of accuracy (higher is better, 0..1); did you mean"
+               " accuracy>=0.97?"),
+        ("accuracy>=97", "did you mean accuracy>=0.97?"),
+        ("f1>=0.5", "the workload reports no metric 'f1'; it reports accuracy"),
+        ("accuracy<=0.5", "accuracy<=0.5 asks accuracy to go the wrong way"),
+    ],
+)  # fmt: skip
+def test_a_target_the_workload_cannot_reach_fails_before_any_trial(
+    tmp_path: Path, target: str, message: str
+) -> None:
+    proc, _ = _search(tmp_path, "--target", target)
+    assert proc.returncode == 2
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("raybatch: error: command line: --target: ")
+    assert message in errors[0]
+    assert not (tmp_path / "run").exists()  # nothing launched, nothing written
+
+
+def test_a_space_file_with_a_duplicated_key_fails_naming_both_lines(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "name: dup\n"
+        "reference: {batch_size: 64, lr: 0.1, optimizer: sgd}\n"
+        "rules: {lr: linear}\n"
+        "reference: {batch_size: 128, lr: 0.2, optimizer: sgd}\n"
+        "search: {micro_batch_size: [32, 64]}\n"
+    )
+    proc, _ = _search(tmp_path, "--target", "0.9", "--space", str(space))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"raybatch: error: {space}:4: reference: duplicate key: given on line 2 and again on"
+        " line 4 (YAML would silently keep the last); keep one"
+    )
+    assert not (tmp_path / "run").exists()

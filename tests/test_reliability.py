@@ -47,7 +47,10 @@ def _trial(workload: Any, **settings: Any) -> tuple[Any, list[dict[str, Any]]]:
 def test_a_model_that_raises_when_built_ends_the_trial_as_error() -> None:
     reporter, reports = _trial(BrokenModelWorkload())
     assert reporter.status is TrialStatus.ERROR
-    assert reports[-1][keys.REASON] == "RuntimeError: layer sizes do not match the checkpoint"
+    assert reports[-1][keys.REASON] == (
+        "RuntimeError: layer sizes do not match the checkpoint (before training)"
+    )
+    assert "build_model" in reports[-1][keys.ERROR_TRACEBACK]
 
 
 def test_a_nan_validation_metric_ends_the_trial_as_diverged() -> None:

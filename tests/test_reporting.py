@@ -121,7 +121,7 @@ def test_context_manager_turns_a_crash_into_error_and_a_short_loop_into_censored
     with TrialReporter(0.9, eval_every_samples=10, max_time_s=5, report_fn=reports.append):
         raise KeyError("features")
     assert reports[-1][keys.STATUS] == "error"
-    assert reports[-1][keys.REASON] == "KeyError: 'features'"
+    assert reports[-1][keys.REASON] == "KeyError: 'features' (during training)"
     with TrialReporter(0.9, eval_every_samples=10, max_time_s=5, report_fn=reports.append):
         pass
     assert reports[-1][keys.STATUS] == "censored"

@@ -199,12 +199,12 @@ import json, subprocess, sys
 import ray
 from ray.cluster_utils import Cluster
 
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
 cluster.add_node(num_cpus=2)
 cluster.wait_for_nodes()
 proc = subprocess.run(
-    [sys.executable, "-m", "raybatch", "search", "raybatch.examples.digits:workload",
-     "--target", "0.95", "--trials", "3", "--run-dir", RUN_DIR, "--address", cluster.address,
+    [sys.executable, "-m", "raybatch", "search", WORKLOAD, "--space", SPACE,
+     "--target", "0.9", "--trials", "3", "--run-dir", RUN_DIR, "--address", cluster.address,
      "--max-time-per-trial", "10", "--confirm-top", "1", "--confirm-seeds", "1", "--quiet"],
     capture_output=True, text=True,
 )
@@ -218,16 +218,27 @@ cluster.shutdown()
 
 
 @pytest.mark.slow
-def test_search_runs_on_an_existing_multi_node_cluster_through_address(tmp_path: Path) -> None:
+def test_a_user_workload_file_searches_on_a_multi_node_cluster_through_address(
+    tmp_path: Path,
+) -> None:
+    """A workload file of the user's, with a sibling module, on a two-node cluster: the head
+    offers no CPU (as a cluster's head often does not), so every trial runs on the second
+    node, whose workers get the code by value."""
     import json
     import subprocess
     import sys
 
+    from .userland import write_user_workload
+
+    workload = write_user_workload(tmp_path / "user")
     script = tmp_path / "cluster_search.py"
     run_dir = tmp_path / "run"
-    script.write_text(f"RUN_DIR = {str(run_dir)!r}\n" + CLUSTER_SEARCH)
+    script.write_text(
+        f"RUN_DIR = {str(run_dir)!r}\nWORKLOAD = {f'{workload}:workload'!r}\n"
+        f"SPACE = {str(workload.with_name('space.yaml'))!r}\n" + CLUSTER_SEARCH
+    )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=400, check=False)  # fmt: skip
+                          timeout=400, check=False, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert data["rc"] == 0, data["stderr"]
@@ -236,3 +247,4 @@ def test_search_runs_on_an_existing_multi_node_cluster_through_address(tmp_path:
     assert any("raybatch" in job for job in data["jobs"]), data["jobs"]
     rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == 3
+    assert {r["status"] for r in rows} <= {"reached", "censored", "capped"}, rows

@@ -73,9 +73,7 @@ def test_an_object_that_is_not_a_workload_is_refused(workload_file: Path) -> Non
 def test_a_file_that_fails_to_import_is_reported(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("raise RuntimeError('boom')\n")
-    with pytest.raises(
-        WorkloadError, match=r"importing .*broken\.py failed: RuntimeError\(.boom.\)"
-    ):
+    with pytest.raises(WorkloadError, match=r"importing .*broken\.py failed: RuntimeError: boom$"):
         load_workload(f"{broken}:w")
 
 

@@ -1,0 +1,71 @@
+"""Connecting to Ray: a local instance, or a cluster at an address that must answer.
+
+``ray.init(address="host:port")`` with nothing listening keeps retrying for minutes before it
+gives up. A search aimed at a wrong address should fail in seconds, before it writes anything,
+so :func:`check_address` first opens a plain TCP connection to the address (the GCS port, or
+the Ray Client port of ``ray://``) with a short timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from raybatch.errors import ClusterUnreachableError
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` / ``ray://host:port``; None for ``auto``/``local``."""
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast when nothing listens at ``address`` (``None``, ``auto``, ``local``: skipped).
+
+    Raises:
+        ClusterUnreachableError: The connection is refused, times out or the host is unknown.
+    """
+    if address is None:
+        return
+    target = _host_port(address)
+    if target is None:
+        return
+    try:
+        with socket.create_connection(target, timeout=timeout_s):
+            return
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        if isinstance(exc, TimeoutError | socket.timeout):
+            why = f"no answer in {timeout_s:g} s"
+        raise ClusterUnreachableError(
+            f"no Ray cluster answers at {address} ({why}); start one with `ray start --head`,"
+            " or leave --address out to run on a local Ray"
+        ) from None
+
+
+def init_ray(address: str | None) -> None:
+    """Connect to ``address`` (default: start a Ray of our own); a no-op when Ray is already up.
+
+    Raises:
+        ClusterUnreachableError: Nothing answers at the address.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    # No address means a Ray of our own ("local"), never whichever Ray happens to run on this
+    # machine; RAY_ADDRESS, Ray's own way to name a cluster, is honoured.
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    check_address(address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except ConnectionError as exc:
+        raise ClusterUnreachableError(
+            f"no Ray cluster answers at {address}: {str(exc).strip().splitlines()[0]}"
+        ) from None

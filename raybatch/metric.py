@@ -1,0 +1,164 @@
+"""The validation metrics a workload reports, and the sanity check of a target against them.
+
+A target is only reachable if it names a metric the workload reports, in that metric's
+direction, inside its range. ``--target 97`` against an accuracy in [0, 1] would let every
+trial run to its time cap and end the search with "no candidate reached the target": the whole
+budget spent on a typo. :func:`check_target` rejects it before any trial starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from raybatch.errors import Issue, TargetError
+from raybatch.reporting import Target
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A validation metric of a workload.
+
+    Attributes:
+        name: What ``evaluate`` calls it, and what a target names (``accuracy``, ``loss``).
+        mode: ``max`` (higher is better) or ``min``.
+        low: Smallest possible value (``None``: unbounded).
+        high: Largest possible value (``None``: unbounded).
+
+    Example:
+        >>> Metric("loss", "min", low=0.0)
+        Metric(name='loss', mode='min', low=0.0, high=None)
+    """
+
+    name: str
+    mode: str = "max"
+    low: float | None = None
+    high: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"metric mode must be 'max' or 'min', got {self.mode!r}")
+        if not self.name.isidentifier():
+            raise ValueError(f"metric name must be an identifier, got {self.name!r}")
+
+    def describe(self) -> str:
+        better = "higher" if self.mode == "max" else "lower"
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return f"{self.name} ({better} is better, {low}..{high})"
+
+
+ACCURACY = Metric("accuracy", "max", 0.0, 1.0)
+"""The default: classification accuracy, a fraction."""
+
+
+def primary_target(value: float, metrics: Sequence[Metric]) -> Target:
+    """A bare number as a target: the workload's first metric, in its direction."""
+    first = metrics[0] if metrics else ACCURACY
+    return Target(float(value), first.mode, first.name)
+
+
+def resolve_target(
+    target: Target | float | str, metrics: Sequence[Metric], source: str = "<python>"
+) -> Target:
+    """A checked target from a :class:`Target`, a bare number or text (``loss<=0.35``).
+
+    A bare number (``0.97``, ``"0.97"``) means the workload's first metric, in its direction.
+
+    Raises:
+        TargetError: The text cannot be parsed, or :func:`check_target` refuses the target.
+    """
+    if isinstance(target, Target):
+        resolved = target
+    elif isinstance(target, str) and (">=" in target or "<=" in target):
+        resolved = Target.parse(target)
+    else:
+        value = Target.parse(target).value if isinstance(target, str) else float(target)
+        resolved = primary_target(value, metrics)
+    check_target(resolved, metrics, source)
+    return resolved
+
+
+def check_target(target: Target, metrics: Sequence[Metric], source: str = "<python>") -> None:
+    """Reject a target no trial can meaningfully reach, before any trial starts.
+
+    Raises:
+        TargetError: The metric is not one the workload reports, the direction is the
+            metric's opposite, or the value lies outside the metric's range (a percentage
+            given for a fraction gets a "did you mean" hint).
+    """
+    field = "--target" if source == "command line" else "target"
+    by_name = {m.name: m for m in metrics}
+    metric = by_name.get(target.metric)
+    if metric is None:
+        known = ", ".join(m.describe() for m in metrics)
+        raise TargetError(
+            [Issue(field, f"the workload reports no metric {target.metric!r}; it reports {known}")],
+            source,
+        )
+    op = ">=" if metric.mode == "max" else "<="
+    if target.mode != metric.mode:
+        raise TargetError(
+            [
+                Issue(
+                    field,
+                    f"{target} asks {metric.name} to go the wrong way: it is"
+                    f" {'higher' if metric.mode == 'max' else 'lower'}-is-better; write"
+                    f" {metric.name}{op}{target.value:g}",
+                )
+            ],
+            source,
+        )
+    low = -math.inf if metric.low is None else metric.low
+    high = math.inf if metric.high is None else metric.high
+    if low <= target.value <= high:
+        return
+    hint = ""
+    if metric.high == 1.0 and 1.0 < target.value <= 100.0:
+        hint = f"; did you mean {metric.name}{op}{target.value / 100:g}?"
+    raise TargetError(
+        [
+            Issue(
+                field,
+                f"{target.value:g} is outside the range of {metric.describe()}{hint}",
+            )
+        ],
+        source,
+    )
+
+
+def metric_values(
+    result: float | Mapping[str, float], metrics: Sequence[Metric]
+) -> dict[str, float]:
+    """What ``Workload.evaluate`` returned, as ``{name: value}``.
+
+    A bare number is the first metric's value.
+
+    Raises:
+        TypeError: ``evaluate`` returned something else.
+    """
+    if isinstance(result, Mapping):
+        return {str(k): float(v) for k, v in result.items()}
+    if isinstance(result, int | float) or hasattr(result, "__float__"):
+        first = metrics[0] if metrics else ACCURACY
+        return {first.name: float(result)}
+    raise TypeError(
+        f"evaluate() must return a number or a mapping of metric names to numbers, got"
+        f" {type(result).__name__}"
+    )
+
+
+def target_value(values: Mapping[str, float], name: str) -> float:
+    """The value of the target's metric among what ``evaluate`` returned.
+
+    Raises:
+        WorkloadError: ``evaluate`` did not return that metric.
+    """
+    from raybatch.errors import WorkloadError
+
+    if name not in values:
+        raise WorkloadError(
+            f"evaluate() returned {sorted(values)}, not the target's metric {name!r}"
+        )
+    return values[name]

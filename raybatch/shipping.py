@@ -1,0 +1,124 @@
+"""Getting the user's workload code to every Ray worker, on every node.
+
+Ray pickles a Tune trainable (and everything it closes over: the workload, its class, the
+functions its methods call) with ``ray.cloudpickle``. By default a class or function is pickled
+*by reference* — "import module X, take attribute Y" — which only works where ``X`` is
+importable. A workload file loaded from ``path/to/file.py``, a sibling module that file
+imports, a package found only because the driver's current folder is on ``sys.path``, or an
+editable install present on the driver alone: none of these is importable on a worker of
+another node (and the loaded file is not importable even on the driver's own node, since it is
+not on any worker's ``sys.path``).
+
+We register such modules with :func:`ray.cloudpickle.register_pickle_by_value`, so their
+classes and functions travel *inside* the pickle. This was chosen over a ``runtime_env``
+(``working_dir`` / ``py_modules``) because it ships code only — never the data files that
+often sit beside a training script and would blow ``working_dir``'s size limit — and because
+it works when raybatch does not own ``ray.init`` (a user's notebook already connected to a
+cluster), where a job-level ``runtime_env`` can no longer be set. Its limit: a module imported
+lazily, *inside* a method, is looked up on the worker by name; import your helpers at the top
+of the workload file. Installed distributions (torch, numpy, your pip-installed library) are
+left by reference: a cluster has them installed, as it has Ray.
+
+Code defined in ``__main__`` (a script, a notebook) is already pickled by value by
+cloudpickle; the modules *it* imports from its own folder are registered here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+_NEVER = frozenset({"raybatch", "__main__", "__mp_main__"})
+
+
+@cache
+def _distribution_packages() -> frozenset[str]:
+    """Top-level import names provided by installed distributions (importable on workers)."""
+    return frozenset(importlib.metadata.packages_distributions())
+
+
+@cache
+def _library_roots() -> tuple[str, ...]:
+    """Folders holding the standard library and installed packages."""
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots))
+
+
+def _module_file(module: ModuleType) -> str | None:
+    file = getattr(module, "__file__", None)
+    return os.path.realpath(file) if isinstance(file, str) else None
+
+
+def is_user_module(module: ModuleType) -> bool:
+    """A module a worker may not be able to import by name: the user's own code.
+
+    Not user code: the standard library, builtins, installed distributions (and anything
+    under the interpreter's prefix), and raybatch itself.
+    """
+    name = module.__name__
+    top = name.partition(".")[0]
+    if top in _NEVER or top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return False
+    file = _module_file(module)
+    if file is None:
+        return False
+    if top in _distribution_packages():
+        return False
+    return not file.startswith(_library_roots())
+
+
+def _defining_modules(obj: object) -> list[ModuleType]:
+    """The modules of ``obj``'s class and of the functions/classes it holds (model_fn...)."""
+    names = [type(obj).__module__]
+    for value in getattr(obj, "__dict__", {}).values():
+        if isinstance(value, type) or (callable(value) and hasattr(value, "__code__")):
+            names.append(getattr(value, "__module__", None) or "")
+    return [sys.modules[n] for n in dict.fromkeys(names) if n in sys.modules]
+
+
+def _folder(module: ModuleType) -> Path:
+    """The folder of a module's file (``__main__`` with no file, as in a notebook: the cwd)."""
+    file = _module_file(module)
+    return Path(file).parent if file else Path.cwd()
+
+
+def user_modules(folders: Iterable[Path], extra: Iterable[ModuleType] = ()) -> list[ModuleType]:
+    """User modules loaded from ``folders`` (or below them), plus the ``extra`` ones."""
+    roots = tuple(os.path.realpath(f) + os.sep for f in folders)
+    found = {m.__name__: m for m in extra}
+    for module in list(sys.modules.values()):
+        if not isinstance(module, ModuleType) or not is_user_module(module):
+            continue
+        file = _module_file(module)
+        if file is not None and file.startswith(roots):
+            found[module.__name__] = module
+    return [found[name] for name in sorted(found)]
+
+
+def ship_by_value(obj: object) -> list[str]:
+    """Register the user code behind ``obj`` to be pickled by value; the module names.
+
+    Covers the modules defining ``obj``'s class (and the functions it holds, as a
+    :class:`~raybatch.SimpleWorkload` holds ``model_fn``) and every user module loaded from
+    their folders: the siblings they import. Idempotent.
+    """
+    from ray import cloudpickle
+
+    defining = _defining_modules(obj)
+    folders = [
+        _folder(m)
+        for m in defining
+        if m.__name__ in ("__main__", "__mp_main__") or is_user_module(m)
+    ]
+    modules = user_modules(folders, [m for m in defining if is_user_module(m)])
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    return [m.__name__ for m in modules]
