@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/raybatch search examples/digits.py:workload --space digits_cnn_sgd --target "accuracy>=0.97" \
+	$(BIN)/raybatch search raybatch.examples.tabular:workload --target "accuracy>=0.87" \
 		--trials 12 --max-time-per-trial 20 --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)

@@ -406,13 +406,16 @@ def _execute(
     rows += _prescreened_rows(path)
     candidates = _candidates(rows, options.confirm_top)
     # The baseline and the reference are re-run beside the candidates, under the same
-    # conditions, so the report compares like with like.
-    # Only one that reached the target is re-run: one that ran out of memory, hung or was
-    # capped would only fail again at full cost, and the report shows its search status.
+    # conditions, so the report compares like with like. One that was capped is re-run too:
+    # capping stopped it for being slower than the incumbent, which is exactly the comparison
+    # the verdict states, so it is measured to the end (uncapped) rather than assumed. One that
+    # ran out of memory, hung, diverged or was censored at the time cap would only fail again
+    # at full cost; the report shows its search status.
+    rerun = (TrialStatus.REACHED.value, TrialStatus.CAPPED.value)
     compared = candidates + [
         r
         for r in _comparison_rows(rows, baseline, reference)
-        if not _same_knobs(r, candidates) and r[keys.STATUS] == TrialStatus.REACHED.value
+        if not _same_knobs(r, candidates) and r[keys.STATUS] in rerun
     ]
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
     # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
