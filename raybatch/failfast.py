@@ -119,12 +119,14 @@ class FailFast(Callback, Stopper):
     Args:
         log_path: Where every failure's traceback is appended.
         after: Identical failures, with no healthy trial, that stop the search.
+        healthy: Trials that already ended other than in ``error`` (a resumed search's):
+            with one, the workload is known to work and no failure stops the search.
     """
 
-    def __init__(self, log_path: Path, after: int = FAIL_FAST_AFTER) -> None:
+    def __init__(self, log_path: Path, after: int = FAIL_FAST_AFTER, healthy: int = 0) -> None:
         self.log_path = log_path
         self.after = after
-        _WATCHES[str(log_path)] = _Watch()
+        _WATCHES[str(log_path)] = _Watch(healthy=healthy)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"log_path": self.log_path, "after": self.after}

@@ -358,7 +358,7 @@ def _execute(
     resourced = with_resources(fn, workload, space, gpus, options.cpus_per_trial, budget)
     storage = str((path / "tune").resolve())
     experiment = Path(storage) / "search"
-    fail_fast = FailFast(path / LOG_FILE)
+    fail_fast = FailFast(path / LOG_FILE, healthy=_healthy_trials(path) if resume else 0)
     if resume:
         if not tune.Tuner.can_restore(str(experiment)):
             raise RunDirError([Issue("tune/search", "no Ray Tune experiment to resume")], str(path))
@@ -495,6 +495,21 @@ def _prescreened_rows(path: Path) -> list[dict[str, Any]]:
         row["phase"] = "prescreen"
         rows.append(row)
     return rows
+
+
+def _healthy_trials(path: Path) -> int:
+    """Trials of the study that ended in a status other than ``error`` (before a resume)."""
+    import optuna
+
+    from raybatch.searcher import STATUS_ATTR
+
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / OPTUNA_DB}")
+    ended = {s.value for s in TrialStatus if s.terminal and s is not TrialStatus.ERROR}
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.user_attrs.get(STATUS_ATTR) in ended
+    )
 
 
 def _reconcile_study(path: Path, tune_trial_ids: set[str]) -> int:

@@ -301,7 +301,7 @@ def _run_distributed(
     try:
         trainer.fit()
     except Exception as exc:
-        reporter.fail(exc, "data-parallel run")
+        reporter.fail(exc, "in the data-parallel run")
     return reporter
 
 

@@ -124,3 +124,12 @@ def test_a_workload_that_cannot_be_unpickled_in_the_workers_stops_the_search_ear
     assert "Traceback" not in proc.stdout + proc.stderr
     log = (run / "search.log").read_text()
     assert "blobs_private_dependency" in log and log.count("=== ") <= 5
+
+
+def test_a_resumed_search_with_healthy_trials_before_never_stops_on_failures(
+    tmp_path: Path,
+) -> None:
+    watcher = FailFast(tmp_path / "search.log", after=3, healthy=2)
+    for i in range(5):
+        watcher.on_trial_result(1, [], _Trial(f"t{i}"), _result("error", "OSError: flaky disk"))
+    assert not watcher.stop_all()

@@ -82,8 +82,7 @@ def test_cli_search_of_a_user_workload_file_from_another_folder(tmp_path: Path) 
     proc = subprocess.run(
         [sys.executable, "-m", "raybatch", "search", "../user/my_workload.py:workload",
          "--space", "../user/space.yaml", "--target", "accuracy>=0.9", "--trials", "3",
-         "--max-time-per-trial", "10", "--confirm-top", "1", "--confirm-seeds", "1",
-         "--run-dir", "run", "--quiet"],
+         "--max-time-per-trial", "10", "--confirm-seeds", "0", "--run-dir", "run", "--quiet"],
         capture_output=True, text=True, cwd=cwd, check=False, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -122,7 +121,7 @@ if __name__ == "__main__":
     import ray
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     space = raybatch.SearchSpace.from_yaml(sys.argv[1])
-    options = raybatch.SearchOptions(trials=2, max_time_s=10, confirm_top=1, confirm_seeds=1)
+    options = raybatch.SearchOptions(trials=2, max_time_s=10, confirm_seeds=0)
     result = raybatch.search(ScriptWorkload(), space, 0.9, sys.argv[2], options, verbose=0)
     print("RESULT " + json.dumps([r["status"] for r in result.rows if r["phase"] == "search"]))
 """
