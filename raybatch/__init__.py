@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     )
     from raybatch.export import BestConfig, load_best
     from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
-    from raybatch.metric import Metric
+    from raybatch.metric import Metric, Target
     from raybatch.presets import list_presets, load_space
-    from raybatch.reporting import Target, TrialReporter
+    from raybatch.reporting import TrialReporter
     from raybatch.resources import trial_resources, with_resources
     from raybatch.rules import OptimizerFamily, ScalingRule
     from raybatch.run import SearchOptions, SearchResult, resume, search
@@ -76,15 +76,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "MemoryEstimator",
         "PrescreenResult",
     ),
-    "raybatch.metric": ("Metric",),
+    "raybatch.metric": (
+        "Metric",
+        "Target",
+    ),
     "raybatch.presets": (
         "list_presets",
         "load_space",
     ),
-    "raybatch.reporting": (
-        "Target",
-        "TrialReporter",
-    ),
+    "raybatch.reporting": ("TrialReporter",),
     "raybatch.resources": (
         "trial_resources",
         "with_resources",

@@ -256,8 +256,7 @@ def search_command(
     import time
 
     from raybatch.budget import parse_size
-    from raybatch.metric import resolve_target
-    from raybatch.reporting import Target
+    from raybatch.metric import Target, resolve_target
     from raybatch.run import SearchOptions, search
     from raybatch.workload import load_workload
 

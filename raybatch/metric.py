@@ -1,4 +1,4 @@
-"""The validation metrics a workload reports, and the sanity check of a target against them.
+"""The validation metrics a workload reports, the target a search aims at, and their check.
 
 A target is only reachable if it names a metric the workload reports, in that metric's
 direction, inside its range. ``--target 97`` against an accuracy in [0, 1] would let every
@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from raybatch.errors import Issue, TargetError
-from raybatch.reporting import Target
 
 
 @dataclass(frozen=True)
@@ -47,6 +46,63 @@ class Metric:
         low = "-inf" if self.low is None else f"{self.low:g}"
         high = "inf" if self.high is None else f"{self.high:g}"
         return f"{self.name} ({better} is better, {low}..{high})"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The validation metric value a trial must reach.
+
+    Attributes:
+        value: The threshold.
+        mode: ``max`` (reach ``metric >= value``, e.g. accuracy) or ``min`` (``metric <= value``,
+            e.g. loss or perplexity).
+        metric: The metric's name, for messages and reports.
+    """
+
+    value: float
+    mode: str = "max"
+    metric: str = "accuracy"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"target mode must be 'max' or 'min', got {self.mode!r}")
+        if not math.isfinite(self.value):
+            raise ValueError(f"target value must be finite, got {self.value}")
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """``"accuracy>=0.97"``, ``"loss<=0.3"`` or a bare ``"0.97"`` (higher is better).
+
+        Raises:
+            TargetError: Anything else, naming what is allowed.
+        """
+        from raybatch.errors import Issue, TargetError
+
+        raw = text.strip()
+        for op, mode in ((">=", "max"), ("<=", "min")):  # noqa: B007 (mode is read after)
+            name, sep, value = raw.partition(op)
+            if sep:
+                break
+        else:
+            name, value, mode = "accuracy", raw, "max"
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not name.strip() or not name.strip().isidentifier() or not math.isfinite(number):
+            raise TargetError(
+                [Issue("--target", f"must be METRIC>=VALUE, METRIC<=VALUE or VALUE, got {text!r}")],
+                "command line",
+            )
+        return cls(number, mode, name.strip())
+
+    def __str__(self) -> str:
+        return f"{self.metric}{'>=' if self.mode == 'max' else '<='}{self.value:g}"
+
+    def reached(self, metric: float) -> bool:
+        if not math.isfinite(metric):
+            return False
+        return metric >= self.value if self.mode == "max" else metric <= self.value
 
 
 ACCURACY = Metric("accuracy", "max", 0.0, 1.0)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.budget import format_bytes
-from raybatch.reporting import Target
+from raybatch.metric import Target
 from raybatch.space import SearchSpace
 
 if TYPE_CHECKING:

@@ -51,8 +51,7 @@ from raybatch.errors import (
     TrialsFailedError,
 )
 from raybatch.export import BestConfig, write_best
-from raybatch.metric import resolve_target
-from raybatch.reporting import Target
+from raybatch.metric import Target, resolve_target
 from raybatch.space import SearchSpace
 from raybatch.status import PAR_FACTOR, TrialStatus
 from raybatch.workload import Workload, absolute_reference, load_workload

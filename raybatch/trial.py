@@ -31,9 +31,9 @@ from typing import Any
 from raybatch import keys
 from raybatch.config import TrialConfig
 from raybatch.loop import LoopOptions, agreed_clock, train
-from raybatch.metric import resolve_target
+from raybatch.metric import Target, resolve_target
 from raybatch.presets import load_space
-from raybatch.reporting import ReportFn, Target, TrialReporter
+from raybatch.reporting import ReportFn, TrialReporter
 from raybatch.space import SearchSpace
 from raybatch.status import TrialStatus
 from raybatch.workload import Workload
