@@ -36,7 +36,7 @@ from models import WORKLOADS
 import raybatch
 from raybatch.budget import DEFAULT_HEADROOM, read_device_memory
 from raybatch.memory import MemoryEstimator
-from raybatch.probe import probe, release_memory
+from raybatch.memory.probe import probe, release_memory
 
 REQUIRES_GPU = True
 RESULTS = Path(__file__).parent / "results" / "gpu_memory_accuracy"

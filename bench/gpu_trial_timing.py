@@ -31,7 +31,7 @@ from models import ResNet18
 import raybatch
 from raybatch import keys
 from raybatch.loop import LoopOptions, train
-from raybatch.probe import probe
+from raybatch.memory.probe import probe
 from raybatch.trial import _DeviceFigures
 
 REQUIRES_GPU = True

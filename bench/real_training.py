@@ -39,7 +39,7 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload
-from raybatch.run import SearchOptions
+from raybatch.options import SearchOptions
 from raybatch.trial import TrialSettings, run_trial
 from raybatch.workload import Workload
 

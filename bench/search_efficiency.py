@@ -46,8 +46,8 @@ from simulator import (
 )
 
 from raybatch import keys
-from raybatch.run import _searched, max_batch_point, reference_point
 from raybatch.searcher import RaybatchSearcher
+from raybatch.seeding import max_batch_point, reference_point, searched_knobs
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (10, 20, 40, 80)
@@ -115,8 +115,8 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int,
     def fits(recipe: Any) -> bool:
         return estimator.predict(recipe) <= member.budget
 
-    seeds = [_searched(space, p) for p in (reference_point(space), max_batch_point(space, fits))
-             if p is not None]  # fmt: skip
+    points = (reference_point(space), max_batch_point(space, fits))
+    seeds = [searched_knobs(space, p) for p in points if p is not None]
     searcher = RaybatchSearcher(
         space, storage_url=None, study_name=f"sim-{member.name}-{seed}",  # type: ignore[arg-type]
         penalty=10 * member.max_time_s, estimator=estimator if prescreen else None,

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
         InputError,
         Issue,
         MemoryBudgetError,
+        OptionError,
+        OutputFileError,
         PresetNotFoundError,
         RaybatchError,
         SpaceError,
@@ -32,13 +34,18 @@ if TYPE_CHECKING:
         WorkloadError,
     )
     from raybatch.export import BestConfig, load_best
+    from raybatch.failfast import FailFast
     from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
     from raybatch.metric import Metric, Target
+    from raybatch.options import SearchOptions
     from raybatch.presets import list_presets, load_space
     from raybatch.reporting import TrialReporter
     from raybatch.resources import trial_resources, with_resources
     from raybatch.rules import OptimizerFamily, ScalingRule
-    from raybatch.run import SearchOptions, SearchResult, resume, search
+    from raybatch.run import analyze_run, resume, search
+    from raybatch.rundir import SearchResult
+    from raybatch.scheduler import CappingScheduler
+    from raybatch.searcher import RaybatchSearcher
     from raybatch.space import SearchSpace
     from raybatch.status import TrialStatus
     from raybatch.trial import TrialSettings, trainable
@@ -59,6 +66,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "InputError",
         "Issue",
         "MemoryBudgetError",
+        "OptionError",
+        "OutputFileError",
         "PresetNotFoundError",
         "RaybatchError",
         "SpaceError",
@@ -93,12 +102,16 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "OptimizerFamily",
         "ScalingRule",
     ),
+    "raybatch.options": ("SearchOptions",),
+    "raybatch.rundir": ("SearchResult",),
+    "raybatch.failfast": ("FailFast",),
     "raybatch.run": (
-        "SearchOptions",
-        "SearchResult",
+        "analyze_run",
         "resume",
         "search",
     ),
+    "raybatch.scheduler": ("CappingScheduler",),
+    "raybatch.searcher": ("RaybatchSearcher",),
     "raybatch.space": ("SearchSpace",),
     "raybatch.status": ("TrialStatus",),
     "raybatch.trial": (
@@ -122,8 +135,10 @@ __version__ = "0.1.0"
 __all__ = [
     "BestConfig",
     "BudgetUnavailableError",
+    "CappingScheduler",
     "ClusterUnreachableError",
     "ConfigError",
+    "FailFast",
     "InputError",
     "Issue",
     "LinearMemoryModel",
@@ -132,9 +147,12 @@ __all__ = [
     "MemoryEstimator",
     "Metric",
     "OptimizerFamily",
+    "OptionError",
+    "OutputFileError",
     "PrescreenResult",
     "PresetNotFoundError",
     "RaybatchError",
+    "RaybatchSearcher",
     "ScalingRule",
     "SearchOptions",
     "SearchResult",
@@ -152,6 +170,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "__version__",
+    "analyze_run",
     "list_presets",
     "load_best",
     "load_space",

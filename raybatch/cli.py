@@ -257,11 +257,12 @@ def search_command(
 
     from raybatch.budget import parse_size
     from raybatch.metric import Target, resolve_target
-    from raybatch.run import SearchOptions, search
+    from raybatch.options import SearchOptions
+    from raybatch.run import search
     from raybatch.workload import load_workload
 
     with _user_errors():
-        Target.parse(target)  # the syntax first, before the (slower) workload import
+        Target.parse(target, _CLI)  # the syntax first, before the (slower) workload import
         if trials < 1:
             raise InputError([Issue("--trials", f"must be at least 1, got {trials}")], _CLI)
         if hang_grace <= 0:
@@ -319,7 +320,8 @@ def resume_command(
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
 ) -> None:
     """Continue an interrupted search; completed trials are kept, never re-run."""
-    from raybatch.run import read_run, resume
+    from raybatch.run import resume
+    from raybatch.rundir import read_run
 
     with _user_errors():
         _, _, _, target, _ = read_run(run_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
-from raybatch.errors import ClusterUnreachableError
+from raybatch.errors import ClusterUnreachableError, first_line
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -67,5 +67,5 @@ def init_ray(address: str | None) -> None:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except ConnectionError as exc:
         raise ClusterUnreachableError(
-            f"no Ray cluster answers at {address}: {str(exc).strip().splitlines()[0]}"
+            f"no Ray cluster answers at {address}: {first_line(exc)}"
         ) from None

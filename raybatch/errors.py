@@ -13,6 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 class RaybatchError(Exception):
     """Base class of every error raised on purpose by raybatch."""
 
@@ -104,6 +110,11 @@ class TraceError(RaybatchError):
 
 class RunDirError(InputError):
     """A run directory (or a file in it) is missing, incomplete or not a raybatch run."""
+
+
+class OptionError(InputError):
+    """An option of a command or a call has a value it cannot take (``gpus_per_trial``,
+    ``--format``)."""
 
 
 class OutputFileError(InputError):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from raybatch.config import TrialConfig
-from raybatch.errors import Issue, RunDirError
+from raybatch.errors import Issue, OptionError, RunDirError
 from raybatch.loop import warmup_factor
 from raybatch.workload import build_optimizer
 
@@ -77,7 +77,7 @@ class BestConfig:
             return "".join(f"RAYBATCH_{k.upper()}={v}\n" for k, v in scalars.items())
         if fmt == "args":
             return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in scalars.items()) + "\n"
-        raise RunDirError([Issue("--format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")])
+        raise OptionError([Issue("--format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")])
 
 
 def write_best(run_dir: Path, best: BestConfig) -> None:

@@ -33,6 +33,7 @@ from typing import Any, TextIO
 from ray.tune import Callback, Stopper
 
 from raybatch import keys
+from raybatch.errors import first_line
 from raybatch.status import TrialStatus
 
 FAIL_FAST_AFTER = 3
@@ -74,8 +75,6 @@ def _cause_of_error(trial: Any) -> tuple[str, str]:
     through: the cause is the innermost ``SomeError: message`` of the text.
     """
     import pickle
-
-    from raybatch.reporting import first_line
 
     text = _read(trial.error_file).decode("utf-8", "replace")
     text = text[text.rfind("Failure # ") :] if "Failure # " in text else text

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch.config import TrialConfig
 from raybatch.memory import autocast_context
+from raybatch.memory.probe import move_to
 from raybatch.metric import metric_values, target_value
-from raybatch.probe import move_to
 from raybatch.reporting import TrialReporter
 from raybatch.workload import Workload
 

@@ -48,6 +48,11 @@ class Metric:
         return f"{self.name} ({better} is better, {low}..{high})"
 
 
+def _target_field(source: str) -> str:
+    """How an error names the target: the CLI option, or the argument of a Python call."""
+    return "--target" if source == "command line" else "target"
+
+
 @dataclass(frozen=True)
 class Target:
     """The validation metric value a trial must reach.
@@ -70,14 +75,17 @@ class Target:
             raise ValueError(f"target value must be finite, got {self.value}")
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str, source: str = "<python>") -> Target:
         """``"accuracy>=0.97"``, ``"loss<=0.3"`` or a bare ``"0.97"`` (higher is better).
+
+        Args:
+            text: The target as written.
+            source: Where it was written, for the error: ``"command line"`` (the field is then
+                ``--target``) or ``<python>``.
 
         Raises:
             TargetError: Anything else, naming what is allowed.
         """
-        from raybatch.errors import Issue, TargetError
-
         raw = text.strip()
         for op, mode in ((">=", "max"), ("<=", "min")):  # noqa: B007 (mode is read after)
             name, sep, value = raw.partition(op)
@@ -91,8 +99,13 @@ class Target:
             number = math.nan
         if not name.strip() or not name.strip().isidentifier() or not math.isfinite(number):
             raise TargetError(
-                [Issue("--target", f"must be METRIC>=VALUE, METRIC<=VALUE or VALUE, got {text!r}")],
-                "command line",
+                [
+                    Issue(
+                        _target_field(source),
+                        f"must be METRIC>=VALUE, METRIC<=VALUE or VALUE, got {text!r}",
+                    )
+                ],
+                source,
             )
         return cls(number, mode, name.strip())
 
@@ -128,9 +141,9 @@ def resolve_target(
     if isinstance(target, Target):
         resolved = target
     elif isinstance(target, str) and (">=" in target or "<=" in target):
-        resolved = Target.parse(target)
+        resolved = Target.parse(target, source)
     else:
-        value = Target.parse(target).value if isinstance(target, str) else float(target)
+        value = Target.parse(target, source).value if isinstance(target, str) else float(target)
         resolved = primary_target(value, metrics)
     check_target(resolved, metrics, source)
     return resolved
@@ -144,7 +157,7 @@ def check_target(target: Target, metrics: Sequence[Metric], source: str = "<pyth
             metric's opposite, or the value lies outside the metric's range (a percentage
             given for a fraction gets a "did you mean" hint).
     """
-    field = "--target" if source == "command line" else "target"
+    field = _target_field(source)
     by_name = {m.name: m for m in metrics}
     metric = by_name.get(target.metric)
     if metric is None:

@@ -20,7 +20,7 @@ from raybatch.space import SearchSpace
 
 if TYPE_CHECKING:
     from raybatch.memory import MemoryEstimator
-    from raybatch.run import SearchResult
+    from raybatch.rundir import SearchResult
 
 REPORT = "report.html"
 MARKERS = {"reached": "o", "censored": "x", "capped": "v", "diverged": "D",

@@ -38,16 +38,11 @@ from types import TracebackType
 from typing import Any
 
 from raybatch import keys
+from raybatch.errors import first_line
 from raybatch.metric import Target
 from raybatch.status import TrialStatus, objective_value
 
 ReportFn = Callable[[dict[str, Any]], None]
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type name when it has none)."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _tune_report(metrics: dict[str, Any]) -> None:
@@ -271,7 +266,7 @@ class TrialReporter:
         """End the trial for an exception: ``infeasible_memory`` for an OOM, else ``error``."""
         import traceback
 
-        from raybatch.probe import is_out_of_memory
+        from raybatch.memory.probe import is_out_of_memory
 
         text = first_line(exc)
         if is_out_of_memory(exc):
@@ -345,7 +340,7 @@ class TrialReporter:
             return False
         if not isinstance(exc, Exception):
             return False
-        from raybatch.probe import release_memory
+        from raybatch.memory.probe import release_memory
 
         self.fail(exc, "during training")
         del exc, tb

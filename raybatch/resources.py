@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raybatch.budget import resolve_budget
-from raybatch.errors import Issue, MemoryBudgetError
+from raybatch.errors import Issue, OptionError
 from raybatch.memory import MemoryEstimator
 from raybatch.space import SearchSpace
 from raybatch.workload import Workload
@@ -64,12 +64,12 @@ def trial_resources(
         memory_budget: One GPU's budget for ``"auto"``; default: read through NVML.
 
     Raises:
-        MemoryBudgetError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
+        OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
         BudgetUnavailableError: ``"auto"`` without a budget and without NVML.
     """
     if gpus_per_trial != "auto":
         if isinstance(gpus_per_trial, str) or gpus_per_trial < 0:
-            raise MemoryBudgetError(
+            raise OptionError(
                 [
                     Issue(
                         "gpus_per_trial", f"must be 'auto' or a number >= 0, got {gpus_per_trial!r}"

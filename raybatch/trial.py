@@ -178,7 +178,7 @@ def run_trial(
     in the final report; it never raises into Ray, so the search goes on (or, when every trial
     fails the same way, stops early: :mod:`raybatch.failfast`).
     """
-    from raybatch.probe import release_memory
+    from raybatch.memory.probe import release_memory
 
     recipe = space.derive_from(config)
     options = _options(settings, config)
@@ -216,7 +216,7 @@ def _memory_gate(
     reporter: TrialReporter,
 ) -> bool:
     """Probe on CUDA, pre-screen on CPU with a budget; False (and reported) when it won't fit."""
-    from raybatch.probe import probe
+    from raybatch.memory.probe import probe
 
     if device.type == "cuda":
         result = probe(workload, recipe, str(device))

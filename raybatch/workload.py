@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from raybatch.config import TrialConfig
-from raybatch.errors import WorkloadError
+from raybatch.errors import WorkloadError, first_line
 from raybatch.metric import ACCURACY, Metric
 from raybatch.rules import OptimizerFamily
 
@@ -213,9 +213,8 @@ def _import_file(reference: str, target: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        first = str(exc).splitlines()[0] if str(exc) else ""
         raise WorkloadError(
-            f"{reference}: importing {target} failed: {type(exc).__name__}: {first}"
+            f"{reference}: importing {target} failed: {type(exc).__name__}: {first_line(exc)}"
         ) from exc
     return module
 
@@ -249,9 +248,9 @@ def load_workload(reference: str) -> Workload:
         try:
             module = importlib.import_module(target)
         except Exception as exc:  # ImportError, or whatever the module raises on import
-            first = str(exc).splitlines()[0] if str(exc) else ""
             raise WorkloadError(
-                f"{reference}: cannot import module {target}: {type(exc).__name__}: {first}"
+                f"{reference}: cannot import module {target}: {type(exc).__name__}:"
+                f" {first_line(exc)}"
             ) from exc
     if not hasattr(module, attr):
         raise WorkloadError(f"{reference}: {target} has no attribute {attr!r}")

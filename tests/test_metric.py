@@ -116,3 +116,14 @@ def test_the_readme_guide_shows_the_template_files() -> None:
     workload_text, _, space_text = render(Path("my_workload.py"))
     assert workload_text in readme
     assert space_text in readme
+
+
+def test_a_malformed_target_blames_the_option_on_the_cli_and_the_argument_in_python() -> None:
+    with pytest.raises(TargetError) as from_python:
+        Target.parse("fast")
+    assert str(from_python.value) == (
+        "<python>: target: must be METRIC>=VALUE, METRIC<=VALUE or VALUE, got 'fast'"
+    )
+    with pytest.raises(TargetError) as from_cli:
+        Target.parse("fast", "command line")
+    assert str(from_cli.value).startswith("command line: --target: must be")

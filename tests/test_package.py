@@ -14,6 +14,13 @@ def test_every_public_name_resolves_to_its_object() -> None:
     assert sorted(raybatch.__all__) == dir(raybatch)
 
 
+def test_all_lists_exactly_the_names_of_the_lazy_export_table() -> None:
+    from raybatch import _MODULE_OF
+
+    assert set(raybatch.__all__) == {*_MODULE_OF, "__version__"}
+    assert {"RaybatchSearcher", "CappingScheduler", "FailFast", "Metric"} <= set(_MODULE_OF)
+
+
 def test_import_and_the_trial_reporter_load_no_heavy_dependency() -> None:
     """Each trial is a fresh Ray worker: what it imports is paid once per trial."""
     code = (

@@ -10,7 +10,7 @@ import torch
 
 from raybatch import load_space
 from raybatch.memory import EstimateSource
-from raybatch.probe import is_out_of_memory, probe
+from raybatch.memory.probe import is_out_of_memory, probe
 
 from .workloads import MLPWorkload, OOMWorkload
 

@@ -18,7 +18,8 @@ import raybatch
 from raybatch import SearchSpace, Target, TrialSettings, TrialStatus, keys
 from raybatch.cli import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
-from raybatch.run import STUDY_NAME, SearchOptions, read_trials_csv
+from raybatch.options import SearchOptions
+from raybatch.rundir import STUDY_NAME, read_trials_csv
 from raybatch.searcher import STATUS_ATTR
 from raybatch.trial import run_trial
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raybatch
-from raybatch.errors import MemoryBudgetError
+from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
 
@@ -46,7 +46,7 @@ def test_fixed_gpus_and_data_parallel_drivers() -> None:
 
 
 def test_bad_gpus_per_trial_is_refused() -> None:
-    with pytest.raises(MemoryBudgetError, match="gpus_per_trial: must be 'auto' or a number"):
+    with pytest.raises(OptionError, match="gpus_per_trial: must be 'auto' or a number"):
         trial_resources(DigitsWorkload(), raybatch.load_space("digits_cnn_sgd"), "many")
 
 

@@ -16,7 +16,8 @@ import optuna
 import pytest
 
 from raybatch.export import load_best
-from raybatch.run import STUDY_NAME, analyze_run, read_trials_csv
+from raybatch.run import analyze_run
+from raybatch.rundir import STUDY_NAME, read_trials_csv
 from raybatch.searcher import STATUS_ATTR
 
 TRIALS = 5

@@ -13,7 +13,8 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
-from raybatch.run import STUDY_NAME, SearchOptions, read_trials_csv
+from raybatch.options import SearchOptions
+from raybatch.rundir import STUDY_NAME, read_trials_csv
 from raybatch.searcher import STATUS_ATTR
 
 from .conftest import run_cli

@@ -12,8 +12,8 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
-from raybatch.run import max_batch_point, reference_point
 from raybatch.searcher import PRESCREENED_OUT, STATUS_ATTR, RaybatchSearcher, final_status
+from raybatch.seeding import max_batch_point, reference_point
 from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")

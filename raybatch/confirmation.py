@@ -1,0 +1,77 @@
+"""The confirmation: the best candidates (and the baselines) re-run with fresh seeds.
+
+A search ranks candidates on one run each, on a shared machine; the confirmation re-measures
+them, uncapped, so the winner is the recipe that reached the target every time, fastest.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from raybatch import keys
+from raybatch.options import SearchOptions
+from raybatch.rundir import row_of
+from raybatch.space import SearchSpace
+
+
+class _Pick:
+    """``tune.sample_from`` callable: one knob of the candidate a confirmation trial runs."""
+
+    def __init__(self, candidates: list[dict[str, Any]], key: str) -> None:
+        self.values = [c[key] for c in candidates]
+        self.key = key
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        return self.values[config["candidate"]]
+
+
+def confirm(
+    path: Path,
+    resourced: Any,
+    space: SearchSpace,
+    candidates: list[dict[str, Any]],
+    options: SearchOptions,
+    verbose: int,
+    max_concurrent: int | None,
+) -> list[dict[str, Any]]:
+    """Re-run each candidate with fresh seeds (no capping: every run must finish honestly)."""
+    if not candidates or options.confirm_seeds <= 0:
+        return []
+    from ray import tune
+
+    from raybatch.scheduler import CappingScheduler
+
+    param_space: dict[str, Any] = {
+        "candidate": tune.grid_search(list(range(len(candidates)))),
+        keys.SEED: tune.grid_search([options.seed + 1 + i for i in range(options.confirm_seeds)]),
+    }
+    for key in keys.RAW_KNOBS:
+        param_space[key] = tune.sample_from(_Pick(candidates, key))
+    storage = str((path / "tune").resolve())
+    tuner = tune.Tuner(
+        resourced,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=max_concurrent,
+            scheduler=CappingScheduler(
+                enabled=False, hang_after_s=options.max_time_s + options.hang_grace_s
+            ),
+        ),
+        run_config=tune.RunConfig(
+            storage_path=storage,
+            name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}",
+            verbose=min(verbose, 1),
+        ),
+    )
+    rows = []
+    for result in list(tuner.fit()):  # type: ignore[call-overload]
+        metrics = dict(result.metrics or {})
+        row = row_of(space, result.config, metrics)
+        row["trial_id"] = metrics.get("trial_id", "")
+        row["phase"] = "confirmation"
+        row["candidate"] = result.config["candidate"]
+        row[keys.SEED] = result.config[keys.SEED]
+        rows.append(row)
+    return rows

@@ -1,0 +1,240 @@
+"""The estimator: traces a workload, fits and caches its linear models, and screens configs."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from raybatch.budget import format_bytes
+from raybatch.config import TrialConfig
+from raybatch.errors import TraceError
+from raybatch.memory.model import EstimateSource, LinearMemoryModel
+from raybatch.memory.prescreen import PrescreenResult
+from raybatch.memory.trace import (
+    CUDA_KERNEL_WORKSPACE_BYTES,
+    Category,
+    MemoryTraceWarning,
+    TraceResult,
+    trace_step,
+)
+from raybatch.workload import Workload
+
+
+@dataclass
+class MemoryEstimator:
+    """Trace-based predictions for one workload and space, with cached linear models.
+
+    Args:
+        workload: The workload to trace.
+        config: Any recipe of the search space (the optimizer family and kwargs are used).
+        cuda: Project for a CUDA device (see :func:`trace_step`).
+        anchors: Micro-batch sizes the linear model is fitted on (default: 1 and 64).
+        check_batch: A third size traced to check linearity (``None``: do not check).
+
+    Example:
+        >>> import raybatch
+        >>> from raybatch.examples.digits import workload
+        >>> from raybatch.memory import MemoryEstimator
+        >>> space = raybatch.load_space("digits_cnn_sgd")
+        >>> est = MemoryEstimator(workload, space.reference_config(), anchors=(8, 256))
+        >>> est.prescreen(space.derive(64), budget_bytes=2**30).fits
+        True
+    """
+
+    workload: Workload
+    config: TrialConfig
+    cuda: bool = True
+    anchors: tuple[int, int] = (1, 64)
+    check_batch: int | None = None
+    _models: dict[bool, LinearMemoryModel] = field(default_factory=dict, repr=False)
+    _calibration: float = field(default=1.0, repr=False)
+
+    def trace(self, micro_batch_size: int, accumulating: bool = False) -> TraceResult:
+        return trace_step(self.workload, self.config, micro_batch_size, accumulating, self.cuda)
+
+    def traced_model(self, accumulating: bool = False) -> LinearMemoryModel:
+        """The (cached) linear model of the traced step alone; fitted on first use.
+
+        Raises:
+            TraceError: The workload's step cannot be traced.
+        """
+        if accumulating not in self._models:
+            low, high = sorted(set(self.anchors))
+            fitted = LinearMemoryModel.fit(
+                self.trace(low, accumulating), self.trace(high, accumulating)
+            )
+            if self.check_batch is not None:
+                fitted = fitted.checked(self.trace(self.check_batch, accumulating))
+            self._models[accumulating] = fitted
+        return self._models[accumulating]
+
+    def model_for(self, accumulation_steps: int = 1, world_size: int = 1) -> LinearMemoryModel:
+        """The linear model of one GPU of a recipe: the trace plus what it cannot see.
+
+        The :attr:`Category.EXTRA` category holds the kernel workspace (CUDA), DDP's gradient
+        buckets (``world_size > 1``) and prefetched batches; the probe's calibration, if any,
+        scales the whole.
+        """
+        base = self.traced_model(accumulation_steps > 1)
+        extra_fixed = float(CUDA_KERNEL_WORKSPACE_BYTES if self.cuda else 0)
+        if world_size > 1:
+            extra_fixed += base.fixed[Category.PARAMETERS.value]
+        extra_slope = self.workload.gpu_prefetch_batches * base.per_sample[Category.INPUTS.value]
+        model = base.with_extra(extra_fixed, extra_slope)
+        return model.calibrated(self._calibration) if self._calibration != 1.0 else model
+
+    def _model_of(self, config: TrialConfig) -> LinearMemoryModel:
+        return self.model_for(config.accumulation_steps, config.world_size)
+
+    def predict(self, config: TrialConfig) -> int:
+        """Predicted peak bytes on one GPU for ``config``."""
+        return self._model_of(config).predict(config.micro_batch_size)
+
+    def max_micro_batch_size(self, config: TrialConfig, budget_bytes: int) -> int | None:
+        """The largest micro batch that fits ``budget_bytes`` with ``config``'s other knobs."""
+        return self._model_of(config).max_micro_batch_size(budget_bytes)
+
+    def calibrate(self, config: TrialConfig, measured_bytes: int) -> float:
+        """Scale later predictions by a real probe's measured / predicted peak; return the ratio."""
+        self._calibration = 1.0
+        ratio = measured_bytes / self.predict(config)
+        self._calibration = ratio
+        return ratio
+
+    def prescreen(
+        self, config: TrialConfig, budget_bytes: int, probe_device: str | None = None
+    ) -> PrescreenResult:
+        """Does ``config`` fit ``budget_bytes``? Trace first; probe only if the trace fails.
+
+        Args:
+            config: The recipe to screen.
+            budget_bytes: Bytes the trial may use on its GPU.
+            probe_device: Where to run the real probe if the trace fails (``"cuda:0"``, or
+                ``"cpu"`` to exercise the path without a GPU); ``None``: report ``fits=None``.
+        """
+        b = config.micro_batch_size
+        try:
+            model = self._model_of(config)
+        except TraceError as exc:
+            warnings.warn(
+                f"{self.workload.name}: {exc}; falling back to the real probe",
+                MemoryTraceWarning,
+                stacklevel=2,
+            )
+            if probe_device is None:
+                return PrescreenResult(
+                    b, None, None, None, budget_bytes, EstimateSource.PROBE,
+                    f"{exc}; no prediction, the trial's real probe decides",
+                )  # fmt: skip
+            from raybatch.memory.probe import probe
+
+            return probe(self.workload, config, probe_device).as_prescreen(budget_bytes, f"{exc}; ")
+        predicted, breakdown = model.predict(b), model.breakdown(b)
+        fits = predicted <= budget_bytes
+        verdict = "fits" if fits else "does not fit"
+        reason = (
+            f"micro batch {b}: predicted {format_bytes(predicted)} {verdict} the budget of"
+            f" {format_bytes(budget_bytes)} ({model.source.value})"
+        )
+        return PrescreenResult(b, fits, predicted, breakdown, budget_bytes, model.source, reason)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Predictions for a list of micro batches: what ``raybatch estimate`` prints."""
+
+    workload: str
+    device: str
+    optimizer: str
+    accumulation_steps: int
+    world_size: int
+    rows: list[dict[str, Any]]
+    model: LinearMemoryModel
+    budget_bytes: int | None
+    budget_source: str | None
+    max_micro_batch_size: int | None
+    trace_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "device": self.device,
+            "optimizer": self.optimizer,
+            "accumulation_steps": self.accumulation_steps,
+            "world_size": self.world_size,
+            "rows": self.rows,
+            "fixed_bytes": math.ceil(self.model.fixed_bytes),
+            "per_sample_bytes": self.model.per_sample_bytes,
+            "anchors": list(self.model.anchors),
+            "check_micro_batch_size": self.model.check_batch,
+            "residual_bytes": self.model.residual_bytes,
+            "budget_bytes": self.budget_bytes,
+            "budget_source": self.budget_source,
+            "max_micro_batch_size": self.max_micro_batch_size,
+            "trace_seconds": self.trace_seconds,
+        }
+
+
+def _anchor_points(sizes: list[int]) -> tuple[tuple[int, int], int | None]:
+    """Fit on the smallest and largest size; check linearity on one in between."""
+    low, high = min(sizes), max(sizes)
+    if low == high:
+        high = 2 * low
+    inner = sorted(b for b in set(sizes) if low < b < high)
+    if inner:
+        check: int | None = inner[len(inner) // 2]
+    else:
+        middle = round(math.sqrt(low * high))
+        check = middle if low < middle < high else None
+    return (low, high), check
+
+
+def estimate(
+    workload: Workload,
+    config: TrialConfig,
+    micro_batch_sizes: list[int],
+    budget_bytes: int | None = None,
+    budget_source: str | None = None,
+    cuda: bool = True,
+    accumulation_steps: int = 1,
+    world_size: int = 1,
+) -> MemoryReport:
+    """Predict the peak of each micro batch, the linear model, and the largest that fits.
+
+    Raises:
+        TraceError: The workload's step cannot be traced (the trial's probe must decide).
+    """
+    anchors, check = _anchor_points(micro_batch_sizes)
+    start = time.perf_counter()
+    estimator = MemoryEstimator(workload, config, cuda=cuda, anchors=anchors, check_batch=check)
+    model = estimator.model_for(accumulation_steps, world_size)
+    seconds = time.perf_counter() - start
+    rows = []
+    for b in micro_batch_sizes:
+        predicted = model.predict(b)
+        fits = None if budget_bytes is None else predicted <= budget_bytes
+        rows.append(
+            {
+                "micro_batch_size": b,
+                "predicted_bytes": predicted,
+                "fits": fits,
+                "breakdown": model.breakdown(b),
+            }
+        )
+    largest = None if budget_bytes is None else model.max_micro_batch_size(budget_bytes)
+    return MemoryReport(
+        workload=workload.name,
+        device="cuda" if cuda else "cpu",
+        optimizer=config.optimizer.value,
+        accumulation_steps=accumulation_steps,
+        world_size=world_size,
+        rows=rows,
+        model=model,
+        budget_bytes=budget_bytes,
+        budget_source=budget_source,
+        max_micro_batch_size=largest,
+        trace_seconds=seconds,
+    )

@@ -1,0 +1,186 @@
+"""The real probe: one real training step on the trial's device, before its clock starts.
+
+The trace predicts; the probe confirms, at the cost of one step per distinct micro batch (not
+the dozens of steps a trial-and-error finder spends). It runs the same steady-state step the
+trace models — a zero-gradient optimizer step first materialises the optimizer state, then one
+real step (two micro steps when accumulating) — and reads PyTorch's own peak counters.
+
+An out-of-memory error ends the probe, not the process: the model, optimizer and batch are
+dropped (they live only in the failed step's frame, which the caught exception's traceback
+holds until the ``except`` block ends), ``gc.collect()`` breaks any cycles and
+``torch.cuda.empty_cache()`` returns the cached blocks to the driver, so the next trial
+starts from a clean device. The result says infeasible, with the numbers measured up to the
+failure.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raybatch.budget import format_bytes
+from raybatch.config import TrialConfig
+from raybatch.errors import first_line
+from raybatch.memory.model import EstimateSource
+from raybatch.memory.prescreen import PrescreenResult
+from raybatch.memory.trace import autocast_context
+from raybatch.workload import Workload
+
+if TYPE_CHECKING:
+    import torch
+
+# Library allocation failures that PyTorch surfaces as a plain RuntimeError rather than
+# torch.cuda.OutOfMemoryError (cuBLAS/cuDNN handles and workspaces, and PyTorch releases
+# before the dedicated type existed).
+_LEGACY_OOM_MARKERS = (
+    "CUDA out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a GPU out-of-memory error.
+
+    The type ``torch.cuda.OutOfMemoryError`` decides; the message is consulted only for the
+    plain ``RuntimeError`` that cuBLAS/cuDNN allocation failures still raise.
+    """
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return type(exc) is RuntimeError and any(m in str(exc) for m in _LEGACY_OOM_MARKERS)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one real step showed.
+
+    Attributes:
+        fits: The step ran without running out of memory.
+        device: Where it ran.
+        micro_batch_size: The probed micro batch.
+        max_allocated_bytes: ``torch.cuda.max_memory_allocated`` over the step (CUDA only).
+        max_reserved_bytes: ``torch.cuda.max_memory_reserved`` over the step (CUDA only).
+        seconds: Wall-clock time of the probe.
+        error: The first line of the out-of-memory error, when there was one.
+    """
+
+    fits: bool
+    device: str
+    micro_batch_size: int
+    max_allocated_bytes: int | None
+    max_reserved_bytes: int | None
+    seconds: float
+    error: str | None = None
+
+    def as_prescreen(self, budget_bytes: int | None, prefix: str = "") -> PrescreenResult:
+        """The probe's verdict in the pre-screen's terms."""
+        measured = self.max_reserved_bytes
+        if self.fits:
+            where = f" using {format_bytes(measured)}" if measured is not None else ""
+            reason = (
+                f"{prefix}real step at micro batch {self.micro_batch_size} on {self.device}"
+                f" ran{where}"
+            )
+        else:
+            reason = (
+                f"{prefix}real step at micro batch {self.micro_batch_size} on {self.device} ran out"
+                f" of memory: {self.error}"
+            )
+        return PrescreenResult(
+            micro_batch_size=self.micro_batch_size,
+            fits=self.fits,
+            predicted_bytes=measured,
+            breakdown=None,
+            budget_bytes=budget_bytes,
+            source=EstimateSource.PROBE,
+            reason=reason,
+        )
+
+
+def move_to(batch: Any, device: torch.device | str) -> Any:
+    """``batch`` with every tensor leaf on ``device`` (tuples, lists and dicts preserved)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, batch)
+
+
+def probe(workload: Workload, config: TrialConfig, device: str) -> ProbeResult:
+    """Run one real steady-state step of ``config`` on ``device``; never raise for an OOM.
+
+    Other exceptions (a bug in the workload, NaN checks...) propagate: they are not a memory
+    verdict and the trial reports them as errors.
+    """
+    import torch
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    start = time.perf_counter()
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    error = None
+    try:
+        _steady_step(workload, config, dev)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        error = first_line(exc)
+    # Outside the except block: the traceback, and the step's frame with it, is gone.
+    allocated = reserved = None
+    if cuda:
+        allocated = int(torch.cuda.max_memory_allocated(dev))
+        reserved = int(torch.cuda.max_memory_reserved(dev))
+    release_memory(dev)
+    return ProbeResult(
+        fits=error is None,
+        device=str(dev),
+        micro_batch_size=config.micro_batch_size,
+        max_allocated_bytes=allocated,
+        max_reserved_bytes=reserved,
+        seconds=time.perf_counter() - start,
+        error=error,
+    )
+
+
+def release_memory(device: torch.device | str | None = None) -> None:
+    """Collect garbage and hand the CUDA allocator's cached blocks back to the driver."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _steady_step(workload: Workload, config: TrialConfig, device: torch.device) -> None:
+    """One real step after the optimizer state exists; everything it builds dies with it."""
+    import torch
+
+    model = workload.build_model().to(device)
+    model.train()
+    optimizer = workload.build_optimizer(model, config)
+    batch = move_to(workload.example_batch(config.micro_batch_size), device)
+    # Materialise the optimizer state (momentum, Adam moments) without a forward pass.
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    micro_steps = 2 if config.accumulation_steps > 1 else 1
+    for _ in range(micro_steps):
+        with autocast_context(workload, device.type):
+            loss = workload.loss(model, batch) / config.accumulation_steps
+        loss.backward()
+        del loss
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,346 @@
+"""The trace: one training step on fake tensors, with every storage it allocates counted.
+
+See :mod:`raybatch.memory` for what the trace accounts for and what it does not.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from raybatch.config import TrialConfig
+from raybatch.errors import TraceError, WorkloadError
+from raybatch.workload import Workload
+
+if TYPE_CHECKING:
+    import torch
+
+
+CUDA_ALLOCATION_GRANULARITY = 512
+"""PyTorch's CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
+
+CUDA_KERNEL_WORKSPACE_BYTES = 32 * 2**20
+"""cuBLAS workspace PyTorch allocates through its allocator on first matmul (Hopper: 32 MiB,
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``); invisible to a dispatch trace, so added to CUDA
+predictions."""
+
+
+class Category(str, Enum):
+    """What a byte of the peak is for."""
+
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    INPUTS = "inputs"
+    EXTRA = "extra"
+    """Bytes added outside the trace: kernel workspace, DDP buckets, prefetched batches."""
+
+
+class MemoryTraceWarning(UserWarning):
+    """The trace failed and raybatch fell back to the real probe (or to 'unknown')."""
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """One traced training step.
+
+    Attributes:
+        micro_batch_size: Batch size of the traced micro step.
+        peak_bytes: Largest live total during the step.
+        breakdown: ``peak_bytes`` split by :class:`Category` (values sum to it).
+        phases: For each segment of the step (``forward``, ``backward``, ``optimizer``), the
+            breakdown at that segment's own peak.
+        timeline: The breakdown after every op of the measured step, labelled with its
+            segment. At a fixed op, memory is linear in the batch; the step's peak is the
+            maximum over ops, and *which* op peaks moves as the batch grows (from the optimizer
+            step for small, parameter-bound batches to backward for large ones).
+        accumulating: Whether two micro steps were traced (gradients alive during forward).
+        seconds: Wall-clock time the trace took on the CPU.
+        parameter_bytes: Parameters and buffers.
+        gradient_bytes: Gradients once backward is complete.
+        optimizer_state_bytes: Optimizer state after the step (momentum, Adam moments...).
+        forward_activation_bytes: What the forward pass leaves alive for backward (saved
+            activations and the loss), the usual meaning of "activation memory".
+    """
+
+    micro_batch_size: int
+    peak_bytes: int
+    breakdown: dict[str, int]
+    phases: dict[str, dict[str, int]]
+    timeline: tuple[tuple[str, dict[str, int]], ...]
+    accumulating: bool
+    seconds: float
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    forward_activation_bytes: int
+
+
+def _storages(t: torch.Tensor) -> list[Any]:
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    return list(get_untyped_storages(t))
+
+
+class _AllocationTracker:
+    """Counts live tensor storages by category through a ``TorchDispatchMode``.
+
+    A storage is registered the first time an op returns a tensor on it, under the category of
+    the current phase, and unregistered by a weakref callback when PyTorch frees it. The peak
+    of the live total is kept together with its per-category split.
+    """
+
+    def __init__(self, granularity: int) -> None:
+        self.granularity = granularity
+        self.phase = Category.PARAMETERS
+        self.segment: str | None = None
+        self.live: dict[int, tuple[int, Category, Any]] = {}
+        self.totals = dict.fromkeys(Category, 0)
+        self.current = 0
+        self.segment_peaks: dict[str, tuple[int, dict[Category, int]]] = {}
+        self.timeline: list[tuple[str, dict[Category, int]]] | None = None
+
+    def after_op(self) -> None:
+        """Record the live totals after an op's outputs exist: every local peak is one."""
+        if self.timeline is not None and self.segment is not None:
+            self.timeline.append((self.segment, dict(self.totals)))
+
+    def enter(self, segment: str, phase: Category) -> None:
+        """Start a segment of the step (forward, backward, optimizer) with its category."""
+        self.segment, self.phase = segment, phase
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        if self.segment is None:
+            return
+        best = self.segment_peaks.get(self.segment)
+        if best is None or self.current > best[0]:
+            self.segment_peaks[self.segment] = (self.current, dict(self.totals))
+
+    def _round(self, nbytes: int) -> int:
+        g = self.granularity
+        return -(-nbytes // g) * g if nbytes else 0
+
+    def register(self, t: torch.Tensor, category: Category, nbytes: int | None = None) -> None:
+        for st in _storages(t):
+            key = id(st)
+            if key in self.live:
+                continue
+            size = self._round(st.nbytes() if nbytes is None else nbytes)
+            self.live[key] = (size, category, weakref.ref(st, self._freed_callback(key)))
+            self.totals[category] += size
+            self.current += size
+            self._note_peak()
+
+    def _freed_callback(self, key: int) -> Any:
+        def freed(_ref: Any) -> None:
+            entry = self.live.pop(key, None)
+            if entry is not None:
+                self.totals[entry[1]] -= entry[0]
+                self.current -= entry[0]
+
+        return freed
+
+    def reclassify(self, t: torch.Tensor, category: Category) -> None:
+        for st in _storages(t):
+            entry = self.live.get(id(st))
+            if entry is not None and entry[1] is not category:
+                size, old, ref = entry
+                self.totals[old] -= size
+                self.totals[category] += size
+                self.live[id(st)] = (size, category, ref)
+
+    def mode(self) -> Any:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor):
+                        tracker.register(leaf, tracker.phase)
+                tracker.after_op()
+                return out
+
+        return _Mode()
+
+
+def autocast_context(workload: Workload, device_type: str) -> Any:
+    """The workload's autocast (``amp_dtype``) on ``device_type``, or a no-op context.
+
+    The trace runs on CPU fake tensors and uses CPU autocast, which lowers the same matmul and
+    convolution ops to the reduced dtype as CUDA autocast does.
+    """
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if workload.amp_dtype is None:
+        return nullcontext()
+    if workload.amp_dtype not in dtypes:
+        raise WorkloadError(
+            f"{workload.name}: amp_dtype must be None, 'bf16' or 'fp16', got {workload.amp_dtype!r}"
+        )
+    return torch.autocast(device_type, dtype=dtypes[workload.amp_dtype])
+
+
+@contextmanager
+def _tracing(granularity: int) -> Iterator[_AllocationTracker]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tracker = _AllocationTracker(granularity)
+    with warnings.catch_warnings():
+        # Modules that deep-copy layers (nn.TransformerEncoder) touch a fake tensor's data
+        # pointer; harmless here, since nothing reads the (non-existent) data.
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        with FakeTensorMode(allow_non_fake_inputs=True), tracker.mode():
+            yield tracker
+
+
+def trace_step(
+    workload: Workload,
+    config: TrialConfig,
+    micro_batch_size: int,
+    accumulating: bool = False,
+    cuda: bool = True,
+) -> TraceResult:
+    """Trace one steady-state training step at ``micro_batch_size`` and return its peak.
+
+    Args:
+        workload: The workload (its model, loss, example batch, optimizer and autocast dtype).
+        config: A recipe of the space, for the optimizer family and its arguments.
+        micro_batch_size: Samples per forward/backward pass.
+        accumulating: Trace two micro steps (gradients alive during the second forward).
+        cuda: Project for a CUDA device (512-byte blocks, ``foreach`` optimizers); else count
+            exact bytes as on the CPU.
+
+    Raises:
+        TraceError: The step cannot run on fake tensors; ``op`` names the construct.
+    """
+    start = time.perf_counter()
+    try:
+        # A real one-item batch, built outside fake mode so no dataset is ever created (and
+        # cached) as fake tensors; inside, it is widened to the micro batch for free.
+        one = workload.example_batch(1)
+        with _tracing(CUDA_ALLOCATION_GRANULARITY if cuda else 1) as tracker:
+            marks = _run_traced_step(
+                workload, config, one, micro_batch_size, accumulating, cuda, tracker
+            )
+    except TraceError:
+        raise
+    except Exception as exc:
+        raise _trace_error(exc) from exc
+    phases = {
+        segment: {c.value: totals[c] for c in Category if c is not Category.EXTRA}
+        for segment, (_, totals) in tracker.segment_peaks.items()
+    }
+    peak_segment = max(phases, key=lambda k: sum(phases[k].values()))
+    return TraceResult(
+        micro_batch_size=micro_batch_size,
+        peak_bytes=sum(phases[peak_segment].values()),
+        breakdown=phases[peak_segment],
+        phases=phases,
+        timeline=tuple(
+            (segment, {c.value: totals[c] for c in Category if c is not Category.EXTRA})
+            for segment, totals in tracker.timeline or ()
+        ),
+        accumulating=accumulating,
+        seconds=time.perf_counter() - start,
+        parameter_bytes=marks["forward"][Category.PARAMETERS],
+        gradient_bytes=marks["backward"][Category.GRADIENTS],
+        optimizer_state_bytes=marks["step"][Category.OPTIMIZER_STATE],
+        forward_activation_bytes=marks["forward"][Category.ACTIVATIONS],
+    )
+
+
+def _run_traced_step(
+    workload: Workload,
+    config: TrialConfig,
+    one: Any,
+    micro_batch_size: int,
+    accumulating: bool,
+    cuda: bool,
+    tracker: _AllocationTracker,
+) -> dict[str, dict[Category, int]]:
+    """Run warm-up and measured steps; return category totals at the measured step's marks."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    tracker.phase = Category.PARAMETERS
+    model = workload.build_model()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for t in [*model.parameters(), *model.buffers()]:
+        tracker.register(t, Category.PARAMETERS)
+    optimizer = workload.build_optimizer(model, config)
+    if cuda:
+        for group in optimizer.param_groups:
+            if group.get("foreach") is None and "foreach" in optimizer.defaults:
+                group["foreach"] = True
+    for p in params:
+        p.register_post_accumulate_grad_hook(
+            lambda p: tracker.reclassify(p.grad, Category.GRADIENTS)
+        )
+
+    batch = tree_map(lambda t: torch.empty((micro_batch_size, *t.shape[1:]), dtype=t.dtype), one)
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor):
+            tracker.reclassify(leaf, Category.INPUTS)
+
+    marks: dict[str, dict[Category, int]] = {}
+
+    def micro_steps(count: int) -> None:
+        for _ in range(count):
+            tracker.enter("forward", Category.ACTIVATIONS)
+            with autocast_context(workload, "cpu"):
+                loss = workload.loss(model, batch)
+            marks.setdefault("forward", dict(tracker.totals))
+            tracker.enter("backward", Category.TEMPORARIES)
+            loss.backward()
+            del loss
+            marks.setdefault("backward", dict(tracker.totals))
+        tracker.enter("optimizer", Category.TEMPORARIES)
+        optimizer.step()
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.reclassify(value, Category.OPTIMIZER_STATE)
+        marks["step"] = dict(tracker.totals)
+        optimizer.zero_grad(set_to_none=True)
+        tracker.segment = None
+
+    micro_steps(1)  # warm-up: materialises the optimizer state
+    marks.clear()
+    tracker.segment_peaks.clear()  # the steady-state step is the one measured
+    tracker.timeline = []
+    micro_steps(2 if accumulating else 1)
+    return marks
+
+
+def _trace_error(exc: Exception) -> TraceError:
+    """Name what could not be traced: the op of a fake-tensor error, else the exception."""
+    from torch._subclasses import fake_tensor as ft
+
+    op = getattr(exc, "func", None)
+    name = str(op) if op is not None else None
+    kinds = (
+        ft.DataDependentOutputException,
+        ft.DynamicOutputShapeException,
+        ft.UnsupportedOperatorException,
+    )
+    if isinstance(exc, kinds) and name:
+        what = f"{type(exc).__name__} in {name} (data-dependent or unsupported op)"
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+    return TraceError(f"memory trace failed: {what}", name, exc)
