@@ -39,3 +39,68 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         assert "no_such_thing" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """``raybatch`` module -> the ``raybatch`` modules it imports (anywhere in its body).
+
+    The package's own ``__init__`` (the lazy public face, which names every module) is left
+    out; ``from raybatch.x import y`` counts as an import of ``raybatch.x.y`` when that is a
+    module, else of ``raybatch.x``.
+    """
+    import ast
+    from pathlib import Path
+
+    root = Path(raybatch.__file__).parent
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        if name == "raybatch":
+            continue
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    edges.add(full if full in names else node.module)
+        graph[name] = {e for e in edges if e in names and e not in ("raybatch", name)}
+    return graph
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    """The data flows one way: no chain of imports (lazy ones included) leads back."""
+    graph = _module_graph()
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once explored
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append([*path[path.index(nxt) :], node, nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [])
+    assert cycles == [], cycles[:3]
+
+
+def test_no_module_is_over_500_lines() -> None:
+    from pathlib import Path
+
+    root = Path(raybatch.__file__).parent
+    long = {
+        str(p.relative_to(root)): n
+        for p in root.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert long == {}
