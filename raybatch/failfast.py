@@ -34,7 +34,7 @@ from ray.tune import Callback, Stopper
 
 from raybatch import keys
 from raybatch.errors import first_line
-from raybatch.status import TrialStatus
+from raybatch.status import WORKLOAD_RAN, TrialStatus
 
 FAIL_FAST_AFTER = 3
 """Identical failures, with no trial ending any other way, that stop the search. Ray retries a
@@ -97,6 +97,10 @@ def _cause_of_error(trial: Any) -> tuple[str, str]:
     return "the trial's worker failed (no error text)", text
 
 
+_ENDED_WELL = frozenset(s.value for s in TrialStatus if s.terminal and s is not TrialStatus.ERROR)
+"""Statuses that show the workload itself works (a trainable reporting none is ignored)."""
+
+
 @dataclass
 class _Watch:
     failures: list[Failure] = field(default_factory=list)
@@ -113,7 +117,7 @@ class FailFast(Callback, Stopper):
     """Ray Tune callback and stopper: see the module docstring.
 
     Creating one starts a fresh watch for its log path (a resumed search starts counting
-    again: the user may have fixed the workload in between).
+    again: the user may have fixed the workload in between), seeded with ``healthy``.
 
     Args:
         log_path: Where every failure's traceback is appended.
@@ -151,9 +155,10 @@ class FailFast(Callback, Stopper):
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
     ) -> None:
-        if result.get(keys.STATUS) == TrialStatus.ERROR.value:
+        status = result.get(keys.STATUS)
+        if status == TrialStatus.ERROR.value:
             self._failed(trial, str(result.get(keys.REASON)), result.get(keys.ERROR_TRACEBACK))
-        elif TrialStatus(result.get(keys.STATUS, "running")).terminal:
+        elif status in WORKLOAD_RAN:  # a trainable reporting no status is ignored
             self._watch.healthy += 1
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -53,7 +53,7 @@ from raybatch.seeding import budget_check, max_batch_point, reference_point, sea
 from raybatch.selection import candidates as top_candidates
 from raybatch.selection import choose_winner, comparison_rows, same_knobs
 from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus
+from raybatch.status import WORKLOAD_RAN, TrialStatus
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 
@@ -353,11 +353,10 @@ def _healthy_trials(path: Path) -> int:
     from raybatch.searcher import STATUS_ATTR
 
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / OPTUNA_DB}")
-    ended = {s.value for s in TrialStatus if s.terminal and s is not TrialStatus.ERROR}
     return sum(
         1
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.user_attrs.get(STATUS_ATTR) in ended
+        if t.user_attrs.get(STATUS_ATTR) in WORKLOAD_RAN
     )
 
 

@@ -37,6 +37,11 @@ class TrialStatus(str, Enum):
         return self is not TrialStatus.RUNNING
 
 
+WORKLOAD_RAN = frozenset(s.value for s in TrialStatus if s.terminal and s is not TrialStatus.ERROR)
+"""Terminal statuses that show the workload itself could be built and trained: every one but
+``error`` (fail-fast counts these as healthy trials)."""
+
+
 def objective_value(status: TrialStatus, time_to_target_s: float | None, cap_s: float) -> float:
     """The value the searcher minimises: the time to target, or PAR-10 of the cap."""
     if status is TrialStatus.REACHED and time_to_target_s is not None:

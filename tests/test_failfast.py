@@ -66,6 +66,7 @@ def test_failures_that_differ_or_follow_a_healthy_trial_do_not_stop_it(
 def test_running_reports_and_other_terminal_statuses_are_not_failures(watcher: FailFast) -> None:
     for status in ("running", "running", "infeasible_memory", "diverged"):
         watcher.on_trial_result(1, [], _Trial("t"), _result(status))
+    watcher.on_trial_result(1, [], _Trial("plain"), {"loss": 0.3})  # a trainable of the user's
     assert watcher.failures == [] and not watcher.stop_all()
 
 
