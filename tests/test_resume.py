@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -128,7 +130,30 @@ def _kill_when(
 
 
 def _confirming(run_dir: Path) -> bool:
-    return bool(list((run_dir / "tune").glob("confirm-*/*/result.json")))
+    """The confirmation has started: its Tuner wrote its storage folder (at start-up)."""
+    return bool(list((run_dir / "tune").glob("confirm-*")))
+
+
+def _told(run_dir: Path) -> int:
+    """Launched trials the driver has told the Optuna study about (written as they end).
+
+    When to kill is read here, not from Ray Tune's experiment state in storage: Tune copies
+    that from its staging folder in background syncs, which can lag a whole phase behind on a
+    loaded machine, so the driver could finish before the test saw the point to kill at.
+    """
+    db = run_dir / "optuna.db"
+    if not db.is_file():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as c:
+            row = c.execute(
+                "SELECT COUNT(*) FROM trials t JOIN trial_user_attributes a"
+                " ON a.trial_id = t.trial_id AND a.key = 'tune_trial_id'"
+                " WHERE t.state = 'COMPLETE'"
+            ).fetchone()
+    except sqlite3.Error:  # being created or written right now; ask again
+        return 0
+    return int(row[0])
 
 
 @pytest.mark.slow
@@ -148,8 +173,8 @@ def test_sigkill_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> No
     )  # fmt: skip
     finished_before_kills: set[str] = set()
     points = [
-        lambda: _finished_trials(run_dir) >= 1,
-        lambda: _finished_trials(run_dir) >= 3,
+        lambda: _told(run_dir) >= 1,
+        lambda: _told(run_dir) >= 3,
         lambda: _confirming(run_dir),
     ]
     for point, args in zip(points, [search, ("resume", str(run_dir)), ("resume", str(run_dir))],
