@@ -17,8 +17,8 @@ explicitly (``memory_budget="2GiB"``), which is then used as is.
 
 from __future__ import annotations
 
+import math
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,19 +35,7 @@ PyTorch. ``bench/gpu_memory_accuracy.py`` measures it (NVML used memory before a
 ``torch.cuda.init()``) and should replace this figure when run on a real GPU.
 """
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
+_UNITS_TEXT = "units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
 
 
 def parse_size(
@@ -55,33 +43,46 @@ def parse_size(
 ) -> int:
     """Bytes from ``"2GiB"``, ``"1500MB"``, ``"512 MiB"``, ``"1e9"`` or a number of bytes.
 
-    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB) powers
-    of 1000, as in the IEC/SI standards (and as ``nvidia-smi`` reports MiB).
+    Sizes with a unit are read by ``pydantic.ByteSize`` (binary units KiB..TiB are powers of
+    1024, decimal ones KB..TB powers of 1000, as in the IEC/SI standards and as
+    ``nvidia-smi`` reports MiB); a bare number, scientific notation included, is bytes.
 
     Raises:
         MemoryBudgetError: Not a size, an unknown unit, zero or negative.
     """
-    allowed = (
-        "a positive size such as 2GiB, 1500MB or 1073741824"
-        " (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-    )
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    allowed = f"a positive size such as 2GiB, 1500MB or 1073741824 ({_UNITS_TEXT})"
+
+    def refuse(message: str) -> MemoryBudgetError:
+        return MemoryBudgetError([Issue(field, message)], source)
+
     if isinstance(value, bool):
-        raise MemoryBudgetError([Issue(field, f"must be {allowed}, got {value!r}")], source)
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
+        raise refuse(f"must be {allowed}, got {value!r}")
+    number: float | int | None = value if isinstance(value, int | float) else _number(value)
+    if number is not None:
+        if not math.isfinite(number):
+            raise refuse(f"must be {allowed}, got {value!r}")
+        size = int(number)
     else:
-        match = _SIZE.match(value)
-        if match is None:
-            raise MemoryBudgetError([Issue(field, f"must be {allowed}, got {value!r}")], source)
-        number, unit = float(match.group(1)), match.group(2)
-        if unit.upper() not in _UNITS:
-            raise MemoryBudgetError(
-                [Issue(field, f"unknown unit {unit!r} in {value!r}; must be {allowed}")], source
-            )
-    size = int(number * _UNITS[unit.upper()])
+        try:
+            size = int(TypeAdapter(ByteSize).validate_python(str(value).strip()))
+        except ValidationError as exc:
+            if exc.errors()[0]["type"] == "byte_size_unit":
+                unit = str(value).strip().lstrip("0123456789. ")
+                raise refuse(f"unknown unit {unit!r} in {value!r}; must be {allowed}") from None
+            raise refuse(f"must be {allowed}, got {value!r}") from None
     if size <= 0:
-        raise MemoryBudgetError([Issue(field, f"must be {allowed}, got {value!r}")], source)
+        raise refuse(f"must be {allowed}, got {value!r}")
     return size
+
+
+def _number(text: str) -> float | None:
+    """A bare number of bytes written as text (``"1073741824"``, ``"1e9"``), else None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def format_bytes(n: int | float) -> str:

@@ -143,7 +143,7 @@ def estimate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Predict each micro batch's peak GPU memory by tracing, with no GPU and no training step."""
-    from raybatch.budget import format_bytes, parse_size, resolve_budget
+    from raybatch.budget import parse_size, resolve_budget
     from raybatch.errors import BudgetUnavailableError
     from raybatch.memory import estimate
     from raybatch.workload import load_workload
@@ -180,14 +180,25 @@ def estimate_command(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
-    budget_text = (
-        "no budget" if report.budget_bytes is None
-        else f"budget {format_bytes(report.budget_bytes)} ({report.budget_source})"
-    )  # fmt: skip
     typer.echo(
         f"{report.workload} on {device}, {report.optimizer} from space {chosen.name},"
-        f" accumulation {accum}, world size {world_size}; {budget_text}"
+        f" accumulation {accum}, world size {world_size}; {_budget_text(report)}"
     )
+    _print_estimate(report)
+
+
+def _budget_text(report: Any) -> str:
+    from raybatch.budget import format_bytes
+
+    if report.budget_bytes is None:
+        return "no budget"
+    return f"budget {format_bytes(report.budget_bytes)} ({report.budget_source})"
+
+
+def _print_estimate(report: Any) -> None:
+    """The estimate's table, its linear model and the largest micro batch that fits."""
+    from raybatch.budget import format_bytes
+
     rows = [
         (
             str(r["micro_batch_size"]),
@@ -255,7 +266,7 @@ def search_command(
     """Search the recipe that reaches the target fastest; writes a run directory."""
     import time
 
-    from raybatch.budget import parse_size
+    from raybatch.errors import OptionError
     from raybatch.metric import Target, resolve_target
     from raybatch.options import SearchOptions
     from raybatch.run import search
@@ -263,34 +274,27 @@ def search_command(
 
     with _user_errors():
         Target.parse(target, _CLI)  # the syntax first, before the (slower) workload import
-        if trials < 1:
-            raise InputError([Issue("--trials", f"must be at least 1, got {trials}")], _CLI)
-        if hang_grace <= 0:
-            raise InputError([Issue("--hang-grace", f"must be positive, got {hang_grace}")], _CLI)
-        gpus: str | float | None = None
-        if gpus_per_trial is not None:
-            gpus = _gpus(gpus_per_trial)
-        budget = (
-            None if memory_budget is None else parse_size(memory_budget, "--memory-budget", _CLI)
-        )
+        try:
+            options = SearchOptions(
+                trials=trials,
+                max_time_s=max_time_per_trial,
+                memory_budget=memory_budget,
+                gpus_per_trial=None if gpus_per_trial is None else _gpus(gpus_per_trial),
+                cpus_per_trial=cpus_per_trial,
+                max_concurrent=max_concurrent,
+                address=address,
+                seed=seed,
+                capping=not no_capping,
+                confirm_top=confirm_top,
+                confirm_seeds=confirm_seeds,
+                hang_grace_s=hang_grace,
+            )
+        except OptionError as exc:
+            raise exc.renamed(_SEARCH_FLAGS, _CLI) from None
         loaded = load_workload(workload)
         parsed_target = resolve_target(target, loaded.metrics, _CLI)
         chosen = load_space(space or loaded.space or "generic_adamw")
         directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        options = SearchOptions(
-            trials=trials,
-            max_time_s=max_time_per_trial,
-            memory_budget=budget,
-            gpus_per_trial=gpus,
-            cpus_per_trial=cpus_per_trial,
-            max_concurrent=max_concurrent,
-            address=address,
-            seed=seed,
-            capping=not no_capping,
-            confirm_top=confirm_top,
-            confirm_seeds=confirm_seeds,
-            hang_grace_s=hang_grace,
-        )
         result = search(
             loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1
         )
@@ -380,17 +384,25 @@ def _print_summary(result: Any, target: Any) -> None:
 
 
 def _gpus(text: str) -> str | float:
-    if text == "auto":
-        return text
+    """A number where the text is one; anything else is left for SearchOptions to judge."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = -1.0
-    if value < 0:
-        raise InputError(
-            [Issue("--gpus-per-trial", f"must be auto or a number >= 0, got {text!r}")], _CLI
-        )
-    return value
+        return text
+
+
+_SEARCH_FLAGS = {
+    "trials": "--trials",
+    "max_time_s": "--max-time-per-trial",
+    "memory_budget": "--memory-budget",
+    "gpus_per_trial": "--gpus-per-trial",
+    "cpus_per_trial": "--cpus-per-trial",
+    "max_concurrent": "--max-concurrent",
+    "confirm_top": "--confirm-top",
+    "confirm_seeds": "--confirm-seeds",
+    "hang_grace_s": "--hang-grace",
+}
+"""SearchOptions' fields as ``raybatch search`` spells them, for its error messages."""
 
 
 def _positive_ints(text: str, name: str) -> list[int]:

@@ -9,7 +9,7 @@ one subclass per kind of failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -67,6 +67,12 @@ class InputError(RaybatchError, ValueError):
             Issue(i.field, i.message, i.line if locate is None else locate(i.field))
             for i in self.issues
         ]
+        return type(self)(issues, source)
+
+    def renamed(self, names: Mapping[str, str], source: str) -> InputError:
+        """The same error, its fields named as the caller knows them (``trials`` ->
+        ``--trials``), attributed to ``source``."""
+        issues = [Issue(names.get(i.field, i.field), i.message, i.line) for i in self.issues]
         return type(self)(issues, source)
 
 

@@ -107,19 +107,32 @@ def agreed_clock(device: torch.device) -> Any:
     return clock
 
 
-def train(
+@dataclass
+class _Parts:
+    """What one optimizer step touches: the model (bare and as trained), its optimizer,
+    warmup scheduler, optional EMA copy and fp16 scaler, and the distributed helper."""
+
+    model: nn.Module
+    trained: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    ema: Any
+    scaler: Any
+    dist: _Distributed | None
+
+    def evaluated(self) -> nn.Module:
+        return self.ema.module if self.ema is not None else self.model
+
+
+def _build(
     workload: Workload,
     config: TrialConfig,
-    reporter: TrialReporter,
     device: torch.device,
     options: LoopOptions,
-    distributed: bool = False,
-) -> None:
-    """Train ``config`` until the reporter says stop (target, budget, divergence)."""
+    distributed: bool,
+) -> _Parts:
     import torch
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    seed_everything(options.seed)
     dist = _Distributed() if distributed else None
     model: nn.Module = workload.build_model()
     if dist is not None and options.sync_batchnorm:
@@ -143,12 +156,25 @@ def train(
     scaler = None
     if workload.amp_dtype == "fp16" and device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
+    return _Parts(model, trained, optimizer, scheduler, ema, scaler, dist)
+
+
+def _train_batches(
+    workload: Workload,
+    config: TrialConfig,
+    device: torch.device,
+    options: LoopOptions,
+    distributed: bool,
+) -> Iterator[Any]:
+    """Training micro batches, epoch after epoch, reshuffled each epoch, without end."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
 
     train_data = workload.train_dataset()
     generator = torch.Generator().manual_seed(options.seed)
     sampler: DistributedSampler[Any] | None = (
         DistributedSampler(train_data, shuffle=True, seed=options.seed, drop_last=True)
-        if dist is not None
+        if distributed
         else None
     )
     loader = DataLoader(
@@ -166,73 +192,100 @@ def train(
             f"micro batch {config.micro_batch_size} x world size {config.world_size} is larger"
             f" than the training set ({len(train_data)} samples)"  # type: ignore[arg-type]
         )
-    val_loader = DataLoader(workload.val_dataset(), batch_size=options.eval_batch_size)
-
-    def batches(epoch: int) -> Iterator[Any]:
+    epoch = 0
+    while True:
         if sampler is not None:
             sampler.set_epoch(epoch)
-        return iter(loader)
+        yield from loader
+        epoch += 1
 
+
+def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
+    """The accumulation boundary: clip, step (scaled under fp16), schedule, zero, EMA."""
+    import torch
+
+    if options.grad_clip_norm is not None:
+        if parts.scaler is not None:
+            parts.scaler.unscale_(parts.optimizer)
+        torch.nn.utils.clip_grad_norm_(parts.model.parameters(), options.grad_clip_norm)
+    if parts.scaler is not None:
+        parts.scaler.step(parts.optimizer)
+        parts.scaler.update()
+    else:
+        parts.optimizer.step()
+    parts.scheduler.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    if parts.ema is not None:
+        parts.ema.update_parameters(parts.model)
+
+
+def _evaluate(
+    parts: _Parts,
+    workload: Workload,
+    val_loader: Any,
+    device: torch.device,
+    reporter: TrialReporter,
+) -> None:
+    """Evaluate at a mark (the EMA weights when kept), agreed across workers, and report."""
+    evaluated = parts.evaluated()
+    with reporter.evaluating():
+        evaluated.eval()
+        result = workload.evaluate(evaluated, (move_to(b, device) for b in val_loader))
+        parts.trained.train()
+        values = metric_values(result, workload.metrics)
+        if parts.dist is not None:
+            values = dict(zip(values, parts.dist.mean(list(values.values()), device), strict=True))
+    reporter.report(target_value(values, reporter.target.metric), values=values)
+
+
+def train(
+    workload: Workload,
+    config: TrialConfig,
+    reporter: TrialReporter,
+    device: torch.device,
+    options: LoopOptions,
+    distributed: bool = False,
+) -> None:
+    """Train ``config`` until the reporter says stop (target, budget, divergence)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    seed_everything(options.seed)
+    parts = _build(workload, config, device, options, distributed)
+    it = _train_batches(workload, config, device, options, distributed)
+    val_loader = DataLoader(workload.val_dataset(), batch_size=options.eval_batch_size)
     accumulation = config.accumulation_steps
     samples_per_step = config.micro_batch_size * accumulation * config.world_size
-    epoch, micro_steps = 0, 0
+    micro_steps = 0
     window_loss = torch.zeros((), device=device)
-    it = batches(epoch)
-    trained.train()
+    parts.trained.train()
     reporter.start()
     while not reporter.stopped:
         wait_start = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            epoch += 1
-            it = batches(epoch)
-            batch = next(it)
+        batch = next(it)
         reporter.add_data_wait(time.perf_counter() - wait_start)
         batch = move_to(batch, device)
         micro_steps += 1
         boundary = micro_steps % accumulation == 0
         # Inside an accumulation window DDP need not all-reduce: only the boundary syncs.
         no_sync: Any = nullcontext()
-        if dist is not None and not boundary:
-            no_sync = trained.no_sync()  # type: ignore[operator]
+        if parts.dist is not None and not boundary:
+            no_sync = parts.trained.no_sync()  # type: ignore[operator]
         with no_sync:
             with autocast_context(workload, device.type):
-                loss = workload.loss(trained, batch)
+                loss = workload.loss(parts.trained, batch)
             scaled = loss / accumulation
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            (parts.scaler.scale(scaled) if parts.scaler is not None else scaled).backward()
         window_loss += loss.detach().float()
         del loss, scaled, batch
         if not boundary:
             continue
-        if options.grad_clip_norm is not None:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip_norm)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
-            ema.update_parameters(model)
+        _optimizer_step(parts, options)
         step_loss = float(window_loss) / accumulation
         window_loss.zero_()
-        if dist is not None:
-            step_loss = dist.mean([step_loss], device)[0]
+        if parts.dist is not None:
+            step_loss = parts.dist.mean([step_loss], device)[0]
         if reporter.add(samples=samples_per_step, steps=1, loss=step_loss):
             break
         if reporter.eval_due:
-            evaluated = ema.module if ema is not None else model
-            with reporter.evaluating():
-                evaluated.eval()
-                result = workload.evaluate(evaluated, (move_to(b, device) for b in val_loader))
-                trained.train()
-                values = metric_values(result, workload.metrics)
-                if dist is not None:
-                    values = dict(
-                        zip(values, dist.mean(list(values.values()), device), strict=True)
-                    )
-            reporter.report(target_value(values, reporter.target.metric), values=values)
+            _evaluate(parts, workload, val_loader, device, reporter)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
+from raybatch.errors import Issue, OptionError
 from raybatch.status import PAR_FACTOR
 
 
@@ -51,6 +53,73 @@ class SearchOptions:
     max_failures: int = 2
     hang_grace_s: float = 300.0
 
+    def __post_init__(self) -> None:
+        """Refuse values no search can run with, every one at once, naming the field.
+
+        Here and not in the CLI, so that ``raybatch.search(..., SearchOptions(trials=0))``
+        fails before Ray starts exactly as ``raybatch search --trials 0`` does.
+        """
+        issues = [Issue(name, message) for name, message in _problems(self)]
+        if issues:
+            raise OptionError(issues)
+
     @property
     def penalty(self) -> float:
         return PAR_FACTOR * self.max_time_s
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """The explicit memory budget in bytes (``None``: none given)."""
+        from raybatch.budget import parse_size
+
+        return None if self.memory_budget is None else parse_size(self.memory_budget)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def _problems(o: SearchOptions) -> list[tuple[str, str]]:
+    """``(field, what is wrong)`` for each invalid option."""
+    from raybatch.budget import parse_size
+    from raybatch.errors import MemoryBudgetError
+
+    found: list[tuple[str, str]] = []
+
+    def need(name: str, ok: bool, allowed: str) -> None:
+        if not ok:
+            found.append((name, f"must be {allowed}, got {getattr(o, name)!r}"))
+
+    need("trials", _is_int(o.trials) and o.trials >= 1, "an integer >= 1")
+    need("max_time_s", _is_number(o.max_time_s) and o.max_time_s > 0, "a positive number")
+    need("gpus_per_trial", _gpus_ok(o.gpus_per_trial), "'auto' or a number >= 0")
+    need("cpus_per_trial", _is_number(o.cpus_per_trial) and o.cpus_per_trial > 0, "> 0")
+    need("max_concurrent", _none_or(o.max_concurrent, 1), "an integer >= 1 or None")
+    need("slack", _is_number(o.slack) and o.slack >= 1, "a number >= 1")
+    need("confirm_top", _is_int(o.confirm_top) and o.confirm_top >= 0, "an integer >= 0")
+    need("confirm_seeds", _is_int(o.confirm_seeds) and o.confirm_seeds >= 1, "an integer >= 1")
+    need("eval_every_samples", _none_or(o.eval_every_samples, 1), "an integer >= 1 or None")
+    need("max_failures", _is_int(o.max_failures) and o.max_failures >= 0, "an integer >= 0")
+    need("hang_grace_s", _is_number(o.hang_grace_s) and o.hang_grace_s > 0, "a positive number")
+    if o.memory_budget is not None:
+        try:
+            parse_size(o.memory_budget)
+        except MemoryBudgetError as exc:
+            found.extend((i.field, i.message) for i in exc.issues)
+    return found
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _none_or(value: Any, least: int) -> bool:
+    return value is None or (_is_int(value) and value >= least)
+
+
+def _gpus_ok(value: Any) -> bool:
+    return value is None or value == "auto" or (_is_number(value) and value >= 0)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from raybatch import keys
-from raybatch.budget import parse_size
 from raybatch.cluster import init_ray
 from raybatch.confirmation import confirm
 from raybatch.errors import (
@@ -419,7 +418,7 @@ def rebuild_report(run_dir: str | Path) -> Path:
             estimator = MemoryEstimator(
                 workload, space.reference_config(), anchors=(min(micro), max(micro))
             )
-    budget_bytes = None if budget is None else parse_size(budget)
+    budget_bytes = options.memory_budget_bytes
     baseline = max_batch_point(space, budget_check(estimator, budget_bytes))
     result = SearchResult(path, rows, best, baseline, reference_point(space))
     return write_report(result, space, target, estimator, budget_bytes)

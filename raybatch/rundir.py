@@ -26,10 +26,7 @@ from typing import Any
 import yaml
 
 from raybatch import keys
-from raybatch.errors import (
-    Issue,
-    RunDirError,
-)
+from raybatch.errors import Issue, OptionError, RunDirError
 from raybatch.export import BestConfig
 from raybatch.metric import Target
 from raybatch.options import SearchOptions
@@ -108,7 +105,12 @@ def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, Searc
             raise RunDirError([Issue(name, "missing: not a raybatch run directory")], str(path))
     run = json.loads((path / RUN_FILE).read_text())
     space = SearchSpace.from_yaml(path / SPACE_FILE)
-    return path, run["workload"], space, Target(**run["target"]), SearchOptions(**run["options"])
+    try:
+        options = SearchOptions(**run["options"])
+    except OptionError as exc:
+        names = {name: f"options.{name}" for name in SearchOptions.field_names()}
+        raise RunDirError(exc.renamed(names, "").issues, str(path / RUN_FILE)) from None
+    return path, run["workload"], space, Target(**run["target"]), options
 
 
 CSV_COLUMNS = (

@@ -241,6 +241,39 @@ class SearchSpace(_Model):
         if issues:
             raise ConfigError(issues, self._source)
 
+        issues = self._limit_issues(m, a, w, lr_mult)
+        if issues:
+            raise ConfigError(issues, self._source)
+        ref = self.reference
+        effective = m * a * w
+        ratio = effective / ref.batch_size
+        lr_scale = self.rules.lr.factor(ratio) * lr_mult
+        warmup_samples = self._warmup_samples(lr_scale)
+        return TrialConfig(
+            space=self.name,
+            micro_batch_size=m,
+            accumulation_steps=a,
+            world_size=w,
+            effective_batch_size=effective,
+            lr=ref.lr * lr_scale,
+            weight_decay=ref.weight_decay * self.rules.weight_decay.factor(ratio) * wd_mult,
+            lr_scale=lr_scale,
+            lr_multiplier=lr_mult,
+            weight_decay_multiplier=wd_mult,
+            warmup_samples=warmup_samples,
+            warmup_steps=math.ceil(warmup_samples / effective),
+            lr_rule=self.rules.lr,
+            weight_decay_rule=self.rules.weight_decay,
+            optimizer=ref.optimizer,
+            reference_batch_size=ref.batch_size,
+            reference_lr=ref.lr,
+            reference_weight_decay=ref.weight_decay,
+            optimizer_kwargs=dict(ref.optimizer_kwargs),
+        )
+
+    def _limit_issues(self, m: int, a: int, w: int, lr_mult: float) -> list[Issue]:
+        """What the space's limits and warmup rule refuse in valid-looking knobs."""
+        issues: list[Issue] = []
         limit = self.limits.max_accumulation_steps
         if a > limit:
             issues.append(
@@ -273,30 +306,7 @@ class SearchSpace(_Model):
                     f" {self.warmup.samples_per_scale:g})",
                 )
             )
-        if issues:
-            raise ConfigError(issues, self._source)
-
-        return TrialConfig(
-            space=self.name,
-            micro_batch_size=m,
-            accumulation_steps=a,
-            world_size=w,
-            effective_batch_size=effective,
-            lr=ref.lr * lr_scale,
-            weight_decay=ref.weight_decay * self.rules.weight_decay.factor(ratio) * wd_mult,
-            lr_scale=lr_scale,
-            lr_multiplier=lr_mult,
-            weight_decay_multiplier=wd_mult,
-            warmup_samples=warmup_samples,
-            warmup_steps=math.ceil(warmup_samples / effective),
-            lr_rule=self.rules.lr,
-            weight_decay_rule=self.rules.weight_decay,
-            optimizer=ref.optimizer,
-            reference_batch_size=ref.batch_size,
-            reference_lr=ref.lr,
-            reference_weight_decay=ref.weight_decay,
-            optimizer_kwargs=dict(ref.optimizer_kwargs),
-        )
+        return issues
 
     def derive_from(self, config: Mapping[str, Any]) -> TrialConfig:
         """Derive from the raw knobs found in a (Ray Tune) config dict.

@@ -41,6 +41,8 @@ def test_sizes_parse_with_binary_and_decimal_units(text: str | int, expected: in
         ("lots", "memory_budget: must be a positive size such as 2GiB"),
         ("", "memory_budget: must be a positive size"),
         (True, "memory_budget: must be a positive size"),
+        ("inf", "memory_budget: must be a positive size"),
+        (float("nan"), "memory_budget: must be a positive size"),
     ],
 )
 def test_bad_sizes_are_refused_naming_the_field(text: str, message: str) -> None:

@@ -147,11 +147,11 @@ def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, 
         ),
         (
             ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "lots"],
-            "--gpus-per-trial: must be auto or a number",
+            "command line: --gpus-per-trial: must be 'auto' or a number >= 0, got 'lots'",
         ),
         (
             ["search", DIGITS, "--target", "0.97", "--hang-grace", "0"],
-            "command line: --hang-grace: must be positive, got 0.0",
+            "command line: --hang-grace: must be a positive number, got 0.0",
         ),
         (["resume", "/nonexistent/run"], "run.json: missing: not a raybatch run directory"),
         (["export", "/nonexistent/run"], "best_config: not found"),

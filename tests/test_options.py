@@ -1,0 +1,71 @@
+"""SearchOptions refuses what no search can run with, in Python as on the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from raybatch.errors import OptionError, RunDirError
+from raybatch.options import SearchOptions
+from raybatch.rundir import read_run
+
+
+def test_defaults_are_valid() -> None:
+    assert SearchOptions().trials == 20
+
+
+def test_every_bad_option_is_named_at_once() -> None:
+    with pytest.raises(OptionError) as err:
+        SearchOptions(trials=0, gpus_per_trial="lots", confirm_seeds=0, memory_budget="3GX")
+    fields = [issue.field for issue in err.value.issues]
+    assert fields == ["trials", "gpus_per_trial", "confirm_seeds", "memory_budget"]
+    assert "<python>: trials: must be an integer >= 1, got 0" in str(err.value)
+    assert "unknown unit 'GX'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_time_s": 0},
+        {"max_time_s": True},
+        {"gpus_per_trial": -1},
+        {"cpus_per_trial": 0},
+        {"max_concurrent": 0},
+        {"slack": 0.5},
+        {"confirm_top": -1},
+        {"eval_every_samples": 0},
+        {"max_failures": -1},
+        {"hang_grace_s": -5.0},
+        {"trials": 2.5},
+    ],
+)
+def test_out_of_range_values_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(OptionError) as err:
+        SearchOptions(**bad)  # type: ignore[arg-type]
+    assert [i.field for i in err.value.issues] == list(bad)
+
+
+def test_memory_budget_is_kept_as_written_and_read_in_bytes() -> None:
+    options = SearchOptions(memory_budget="2GiB", gpus_per_trial="auto", confirm_top=0)
+    assert options.memory_budget == "2GiB"
+    assert options.memory_budget_bytes == 2 * 2**30
+    assert SearchOptions().memory_budget_bytes is None
+
+
+def test_a_run_json_with_bad_options_blames_the_file_and_field(tmp_path: Path) -> None:
+    from raybatch.metric import Target
+    from raybatch.presets import load_space
+    from raybatch.rundir import write_run_files
+
+    space, target = load_space("generic_adamw"), Target(0.9)
+    write_run_files(tmp_path / "r", "wl.py:w", space, target, SearchOptions())
+    tmp_path = tmp_path / "r"
+    run_json = tmp_path / "run.json"
+    run = json.loads(run_json.read_text())
+    run["options"]["trials"] = 0
+    run_json.write_text(json.dumps(run))
+    with pytest.raises(RunDirError) as err:
+        read_run(tmp_path)
+    assert f"{run_json}: options.trials: must be an integer >= 1, got 0" in str(err.value)
