@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from raybatch import keys
 from raybatch.config import TrialConfig
 from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.presets import list_presets, load_space
@@ -370,8 +371,8 @@ def _print_summary(result: Any, target: Any) -> None:
 
     counts: dict[str, int] = {}
     for row in result.rows:
-        if row["phase"] != "confirmation":
-            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        if row[keys.PHASE] != keys.PHASE_CONFIRMATION:
+            counts[row[keys.STATUS]] = counts.get(row[keys.STATUS], 0) + 1
     typer.echo("")
     typer.echo(_table(("status", "count"), [(k, str(v)) for k, v in sorted(counts.items())]))
     typer.echo("")

@@ -24,7 +24,7 @@ class _Pick:
         self.key = key
 
     def __call__(self, config: dict[str, Any]) -> Any:
-        return self.values[config["candidate"]]
+        return self.values[config[keys.CANDIDATE]]
 
 
 def confirm(
@@ -44,7 +44,7 @@ def confirm(
     from raybatch.scheduler import CappingScheduler
 
     param_space: dict[str, Any] = {
-        "candidate": tune.grid_search(list(range(len(candidates)))),
+        keys.CANDIDATE: tune.grid_search(list(range(len(candidates)))),
         keys.SEED: tune.grid_search([options.seed + 1 + i for i in range(options.confirm_seeds)]),
     }
     for key in keys.RAW_KNOBS:
@@ -69,9 +69,9 @@ def confirm(
     for result in list(tuner.fit()):  # type: ignore[call-overload]
         metrics = dict(result.metrics or {})
         row = row_of(space, result.config, metrics)
-        row["trial_id"] = metrics.get("trial_id", "")
-        row["phase"] = "confirmation"
-        row["candidate"] = result.config["candidate"]
+        row[keys.TRIAL_ID] = metrics.get(keys.TRIAL_ID, "")
+        row[keys.PHASE] = keys.PHASE_CONFIRMATION
+        row[keys.CANDIDATE] = result.config[keys.CANDIDATE]
         row[keys.SEED] = result.config[keys.SEED]
         rows.append(row)
     return rows

@@ -65,3 +65,15 @@ VALIDATION_PREFIX: Final = "val_"
 ERROR_TRACEBACK: Final = "error_traceback"
 """Only in the final report of an ``error`` trial: the traceback, for the run's log."""
 SEED: Final = "seed"
+
+# Columns of a result row (``trials.csv``) that say where the row comes from.
+PHASE: Final = "phase"
+"""Which part of the search produced the row: one of :data:`PHASES`."""
+PHASE_SEARCH: Final = "search"
+PHASE_PRESCREEN: Final = "prescreen"
+PHASE_CONFIRMATION: Final = "confirmation"
+PHASES: Final = (PHASE_SEARCH, PHASE_PRESCREEN, PHASE_CONFIRMATION)
+TRIAL_ID: Final = "trial_id"
+"""The Ray Tune trial id (``optuna_N`` for a pre-screened config, which never ran)."""
+CANDIDATE: Final = "candidate"
+"""In a confirmation row: the index of the recipe it re-runs among those confirmed."""

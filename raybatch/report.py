@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from raybatch import keys
 from raybatch.budget import format_bytes
 from raybatch.metric import Target
+from raybatch.selection import runs_point
 from raybatch.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: 
 
 def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
     plt = _plt()
-    objective = [_float(r[keys.OBJECTIVE]) for r in rows if r["phase"] == "search"]
+    objective = [_float(r[keys.OBJECTIVE]) for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH]
     best, current = [], float("inf")
     for v in objective:
         current = min(current, v if v is not None else float("inf"))
@@ -121,13 +122,11 @@ def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[
         return []
 
     def same(r: dict[str, Any]) -> bool:
-        return (all(int(r[k]) == int(v) for k, v in knobs.items())
-                and abs(float(r[keys.LR_MULTIPLIER]) - 1.0) < 1e-9
-                and abs(float(r[keys.WEIGHT_DECAY_MULTIPLIER]) - 1.0) < 1e-9)  # fmt: skip
+        return runs_point(r, knobs)
 
     # Prefer the confirmation runs (the same seeds and conditions as the winner's).
-    confirmed = [r for r in rows if r["phase"] == "confirmation" and same(r)]
-    return confirmed or [r for r in rows if r["phase"] == "search" and same(r)]
+    confirmed = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION and same(r)]
+    return confirmed or [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH and same(r)]
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -213,13 +212,13 @@ def write_report(
     run_dir = result.run_dir
     rows = result.rows
     _plot_time_vs_batch(
-        [r for r in rows if r["phase"] != "confirmation"], run_dir / "time_vs_batch.png"
+        [r for r in rows if r[keys.PHASE] != keys.PHASE_CONFIRMATION], run_dir / "time_vs_batch.png"
     )
     has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
     _plot_history(rows, run_dir / "history.png")
     entries: dict[str, dict[str, Any]] = {}
     if result.best is not None:
-        winner_rows = [r for r in rows if r["phase"] == "confirmation"
+        winner_rows = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION
                        and all(float(r[k]) == float(getattr(result.best.config, k)) for k in keys.RAW_KNOBS)]  # fmt: skip
         if (summary := _summary(winner_rows)) is not None:
             entries["winner"] = summary
@@ -230,7 +229,7 @@ def write_report(
         _plot_comparison(entries, run_dir / "comparison.png")
     counts: dict[str, int] = {}
     for r in rows:
-        if r["phase"] != "confirmation":
+        if r[keys.PHASE] != keys.PHASE_CONFIRMATION:
             counts[r[keys.STATUS]] = counts.get(r[keys.STATUS], 0) + 1
     table = "".join(
         f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"

@@ -37,7 +37,6 @@ from raybatch.rundir import (
     LOG_FILE,
     OPTUNA_DB,
     RUN_FILE,
-    SPACE_FILE,
     STUDY_NAME,
     TRIALS_CSV,
     SearchResult,
@@ -52,7 +51,8 @@ from raybatch.seeding import budget_check, max_batch_point, reference_point, sea
 from raybatch.selection import candidates as top_candidates
 from raybatch.selection import choose_winner, comparison_rows, same_knobs
 from raybatch.space import SearchSpace
-from raybatch.status import WORKLOAD_RAN, TrialStatus
+from raybatch.status import TrialStatus, final_status
+from raybatch.study import SearchStudy
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 
@@ -262,25 +262,28 @@ def _execute(
     init_ray(options.address)
     plan = _plan(path, workload, space, target, options)
     notes = plan.notes
-    watch = FailFast(path / LOG_FILE, healthy=_healthy_trials(path) if resume else 0)
+    watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
     tuner = _search_tuner(path, plan, options, resume, verbose, watch)
     with ray_errors_to(path / LOG_FILE):
         results = tuner.fit()
     if watch.tripped is not None:
         raise TrialsFailedError(watch.summary())
     finished = results.num_terminated + results.num_errors
-    if finished < options.trials:
+    gave_up = plan.searcher.record.gave_up_reason()
+    if gave_up is not None:
+        notes.append(f"the searcher stopped after {finished} trial(s): {gave_up}")
+    elif finished < options.trials:
         raise SearchInterrupted(
             f"search interrupted after {finished} of {options.trials} trials; the state is saved:"
             f" continue with `raybatch resume {path}`"
         )
     rows = _search_rows(space, results, options.penalty)
-    closed = _reconcile_study(path, {r["trial_id"] for r in rows})
+    closed = _reconcile_study(plan.searcher.record, {r[keys.TRIAL_ID] for r in rows})
     if closed:
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
-    rows += _prescreened_rows(path)
+    rows += _prescreened_rows(space, plan.searcher.record)
     candidates = top_candidates(rows, options.confirm_top)
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
     # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
@@ -301,8 +304,6 @@ def _execute(
 
 
 def _search_rows(space: SearchSpace, results: Any, penalty: float) -> list[dict[str, Any]]:
-    from raybatch.searcher import final_status
-
     rows = []
     for result in results:
         metrics = dict(result.metrics or {})
@@ -316,64 +317,30 @@ def _search_rows(space: SearchSpace, results: Any, penalty: float) -> list[dict[
             metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"
         metrics[keys.STATUS], metrics[keys.OBJECTIVE] = status.value, value
         row = row_of(space, result.config, metrics)
-        row["trial_id"] = metrics.get("trial_id", "")
-        row["phase"] = "search"
+        row[keys.TRIAL_ID] = metrics.get(keys.TRIAL_ID, "")
+        row[keys.PHASE] = keys.PHASE_SEARCH
         rows.append(row)
     return rows
 
 
-def _prescreened_rows(path: Path) -> list[dict[str, Any]]:
+def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[dict[str, Any]]:
     """Pre-screened-out configs, read back from the study (so they survive a resume)."""
-    import optuna
-
-    from raybatch.searcher import PRESCREENED_OUT, STATUS_ATTR
-
-    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / OPTUNA_DB}")
-    space = SearchSpace.from_yaml(path / SPACE_FILE)
     rows = []
-    for t in study.trials:
-        if t.user_attrs.get(STATUS_ATTR) != PRESCREENED_OUT:
-            continue
-        knobs = {**space.reference_config().to_dict(), **t.params}
-        row = row_of(
-            space, knobs, {keys.STATUS: PRESCREENED_OUT, keys.REASON: t.user_attrs.get("reason")}
-        )
-        row[keys.PEAK_MEMORY_BYTES] = t.user_attrs.get("predicted_bytes")
-        row["trial_id"] = f"optuna_{t.number}"
-        row["phase"] = "prescreen"
+    for p in record.prescreened():
+        knobs = {**space.reference_config().to_dict(), **p.params}
+        status = TrialStatus.PRESCREENED_OUT.value
+        row = row_of(space, knobs, {keys.STATUS: status, keys.REASON: p.reason})
+        row[keys.PEAK_MEMORY_BYTES] = p.predicted_bytes
+        row[keys.TRIAL_ID] = f"optuna_{p.number}"
+        row[keys.PHASE] = keys.PHASE_PRESCREEN
         rows.append(row)
     return rows
 
 
-def _healthy_trials(path: Path) -> int:
-    """Trials of the study that ended in a status other than ``error`` (before a resume)."""
-    import optuna
-
-    from raybatch.searcher import STATUS_ATTR
-
-    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / OPTUNA_DB}")
-    return sum(
-        1
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.user_attrs.get(STATUS_ATTR) in WORKLOAD_RAN
-    )
-
-
-def _reconcile_study(path: Path, tune_trial_ids: set[str]) -> int:
+def _reconcile_study(record: SearchStudy, tune_trial_ids: set[str]) -> int:
     """Close study trials still RUNNING whose Tune trial is not among the finished ones."""
-    import optuna
-
-    from raybatch.searcher import STATUS_ATTR
-
-    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / OPTUNA_DB}")
-    closed = 0
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if t.user_attrs.get("tune_trial_id") not in tune_trial_ids:
-            trial = optuna.trial.Trial(study, t._trial_id)
-            trial.set_user_attr(STATUS_ATTR, "lost_at_interruption")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            closed += 1
-    return closed
+    owned = {n for n, tune_id in record.owners().items() if tune_id in tune_trial_ids}
+    return record.close_orphans(owned)
 
 
 def analyze_run(run_dir: str | Path) -> BestConfig | None:
@@ -389,8 +356,10 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     """
     path, _, space, target, options = read_run(run_dir)
     rows = stored_rows(path)
-    candidates = top_candidates([r for r in rows if r["phase"] == "search"], options.confirm_top)
-    confirm_rows = [r for r in rows if r["phase"] == "confirmation"]
+    candidates = top_candidates(
+        [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH], options.confirm_top
+    )
+    confirm_rows = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION]
     return choose_winner(space, target, candidates, confirm_rows, rows, options)
 
 

@@ -114,10 +114,10 @@ def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, Searc
 
 
 CSV_COLUMNS = (
-    "phase", "trial_id", keys.STATUS, *keys.RAW_KNOBS, keys.EFFECTIVE_BATCH_SIZE, keys.LR,
+    keys.PHASE, keys.TRIAL_ID, keys.STATUS, *keys.RAW_KNOBS, keys.EFFECTIVE_BATCH_SIZE, keys.LR,
     keys.WEIGHT_DECAY, keys.WARMUP_STEPS, keys.LR_SCALE, keys.TIME_TO_TARGET_S,
     keys.SAMPLES_TO_TARGET, keys.ELAPSED_S, keys.METRIC, keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT,
-    keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, "candidate", keys.SEED, keys.REASON,
+    keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, keys.CANDIDATE, keys.SEED, keys.REASON,
 )  # fmt: skip
 
 
@@ -134,7 +134,7 @@ def read_trials_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-TEXT_COLUMNS = frozenset({"phase", "trial_id", keys.STATUS, keys.REASON})
+TEXT_COLUMNS = frozenset({keys.PHASE, keys.TRIAL_ID, keys.STATUS, keys.REASON})
 """Never numbers, even when they look like one (a Tune trial id such as ``00012e45``)."""
 
 

@@ -23,7 +23,6 @@ with the constant liar for trials still running in parallel, after a short rando
 
 from __future__ import annotations
 
-import math
 import pickle
 from typing import TYPE_CHECKING, Any
 
@@ -32,22 +31,16 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.memory import MemoryEstimator, PrescreenResult
 from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus
+from raybatch.status import TrialStatus, final_status
+from raybatch.study import SearchStudy
 from raybatch.tune_space import OptunaDefineByRun
 
 if TYPE_CHECKING:
     import optuna
 
-MEMORY_CONSTRAINT = "memory"
-"""Optuna constraint: (predicted - budget) / budget; > 0 means the config does not fit."""
-STATUS_ATTR = "status"
-PRESCREENED_OUT = "prescreened_out"
 MAX_PRESCREEN_ATTEMPTS = 200
-STARTUP_TRIALS = 5
-"""Random trials before TPE models the study. Optuna's default, 10, spends half of a 20-trial
-budget on chance although the study already starts from two informed points (reference and
-max batch); with 5, the median regret within 20 trials on the simulated family went from
-1.317 to 1.033 on the worst member (``bench/search_efficiency.py``), with no member worse."""
+"""Suggestions in a row the pre-screen may reject before the searcher gives up (the space's
+smallest recipes do not fit either) and ends the search."""
 OOM_VIOLATION = 1.0
 """Constraint told for a trial that ran out of memory for real. Its true need is unknown (the
 allocation that failed is not the peak), only that it is over the budget: any positive value
@@ -97,52 +90,28 @@ class RaybatchSearcher(Searcher):
     ) -> None:
         super().__init__(metric=metric, mode="min")
         self.space = space
-        self.storage_url = storage_url
-        self.study_name = study_name
+        self.record = SearchStudy(storage_url, study_name, seed)
         self.penalty = penalty
         self.estimator = estimator
         self.budget_bytes = budget_bytes
-        self.seed = seed
         self._define = OptunaDefineByRun(space, record=False)  # suggest() stores the config
         self._trial_numbers: dict[str, int] = {}
         self._completed: set[str] = set()
         self.prescreened: list[dict[str, Any]] = []
         self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
-        self._study: optuna.Study | None = None
         self._pending_points = list(points_to_evaluate or [])
-
-    # ------------------------------------------------------------------ study
+        self.gave_up: str | None = None
 
     @property
     def study(self) -> optuna.Study:
-        if self._study is None:
-            import optuna
+        """The Optuna study (opened on first use; the first points queued if it is new)."""
+        self._queue_first_points()
+        return self.record.study
 
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            sampler = optuna.samplers.TPESampler(
-                seed=self.seed,
-                n_startup_trials=STARTUP_TRIALS,
-                multivariate=True,
-                constant_liar=True,
-            )
-            self._study = optuna.create_study(
-                storage=self.storage_url,
-                study_name=self.study_name,
-                direction="minimize",
-                sampler=sampler,
-                load_if_exists=True,
-            )
-            if self._pending_points and not self._study.trials:
-                for point in self._pending_points:
-                    self._study.enqueue_trial(point, skip_if_exists=True)
+    def _queue_first_points(self) -> None:
+        if self._pending_points:
+            self.record.enqueue_if_new(self._pending_points)
             self._pending_points = []
-        return self._study
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The study holds a database engine; it is reopened from the URL after unpickling.
-        state = self.__dict__.copy()
-        state["_study"] = None
-        return state
 
     def set_search_properties(
         self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any
@@ -153,12 +122,20 @@ class RaybatchSearcher(Searcher):
 
     # ------------------------------------------------------------------ suggest
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        """The next config that passes the pre-screen; rejected ones are told as infeasible."""
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
+        """The next config that passes the pre-screen; rejected ones are told as infeasible.
+
+        When :data:`MAX_PRESCREEN_ATTEMPTS` suggestions in a row are rejected, the search
+        ends (``Searcher.FINISHED``) with the reason in :attr:`gave_up`, rather than raising
+        inside Tune's controller, which would end the whole experiment as a crash.
+        """
         if trial_id in self._trial_numbers:  # a restored, unfinished trial asks again
-            return dict(self.study.trials[self._trial_numbers[trial_id]].user_attrs["config"])
+            return self.record.config_of(self._trial_numbers[trial_id])
+        if self.gave_up is not None:
+            return Searcher.FINISHED
+        self._queue_first_points()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
-            ot_trial = self.study.ask()
+            ot_trial = self.record.ask()
             constants = self._define(ot_trial)
             config = {**ot_trial.params, **constants}
             verdict = self._screen(config)
@@ -177,14 +154,15 @@ class RaybatchSearcher(Searcher):
                 self._reject(ot_trial, config, OOM_VIOLATION, reason, None)
                 continue
             # The constraint is set when the trial completes: a real OOM makes it positive.
-            ot_trial.set_user_attr("config", config)
-            ot_trial.set_user_attr("tune_trial_id", trial_id)
+            self.record.launched(ot_trial, config, trial_id)
             self._trial_numbers[trial_id] = ot_trial.number
             return config
-        raise RuntimeError(
+        self.gave_up = (
             f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were predicted not to fit the memory"
             " budget; the space's smallest micro batch may already be too large"
         )
+        self.record.gave_up(self.gave_up)
+        return Searcher.FINISHED
 
     def _screen(self, config: dict[str, Any]) -> PrescreenResult | None:
         if self.estimator is None or self.budget_bytes is None:
@@ -199,15 +177,11 @@ class RaybatchSearcher(Searcher):
         reason: str,
         predicted_bytes: int | None,
     ) -> None:
-        ot_trial.set_constraint(MEMORY_CONSTRAINT, max(violation, 1e-9))
-        ot_trial.set_user_attr(STATUS_ATTR, PRESCREENED_OUT)
-        ot_trial.set_user_attr("reason", reason)
-        ot_trial.set_user_attr("predicted_bytes", predicted_bytes)
-        self.study.tell(ot_trial, self.penalty)
+        self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes)
         self.prescreened.append(
             {
                 **config,
-                keys.STATUS: PRESCREENED_OUT,
+                keys.STATUS: TrialStatus.PRESCREENED_OUT.value,
                 keys.REASON: reason,
                 "predicted_bytes": predicted_bytes,
                 "optuna_trial": ot_trial.number,
@@ -228,31 +202,18 @@ class RaybatchSearcher(Searcher):
         if number is None or trial_id in self._completed:
             return
         status, value = final_status(result, error, self.penalty)
-        ot_trial = self._handle(number)
-        if self.study._storage.get_trial(ot_trial._trial_id).state.is_finished():
-            # Told before an interruption that Tune's last saved state predates: keep the
-            # first result rather than crash the resumed search on a double tell.
-            self._completed.add(trial_id)
-            return
-        ot_trial.set_user_attr(STATUS_ATTR, status.value)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
-        ot_trial.set_constraint(MEMORY_CONSTRAINT, OOM_VIOLATION if oom else 0.0)
-        if oom:
-            config = ot_trial.user_attrs["config"]
-            self.out_of_memory.append({**config, "tune_trial_id": trial_id})
-        if result and result.get(keys.TIME_TO_TARGET_S) is not None:
-            ot_trial.set_user_attr(keys.TIME_TO_TARGET_S, result[keys.TIME_TO_TARGET_S])
-        self.study.tell(ot_trial, value)
+        time_to_target = (result or {}).get(keys.TIME_TO_TARGET_S)
+        told = self.record.finish(
+            number, status, value, OOM_VIOLATION if oom else 0.0, time_to_target
+        )
         self._completed.add(trial_id)
-
-    def _handle(self, number: int) -> optuna.Trial:
-        """A live ``optuna.Trial`` for a study trial number (also after a restore)."""
-        import optuna
-
-        study = self.study
-        storage = study._storage  # Optuna has no public "trial by number" for running trials
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
-        return optuna.trial.Trial(study, trial_id)
+        if told is None:
+            return  # told before an interruption that Tune's saved state predates
+        self._trial_numbers[trial_id] = told
+        if oom:
+            config = self.record.config_of(told)
+            self.out_of_memory.append({**config, "tune_trial_id": trial_id})
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -282,33 +243,4 @@ class RaybatchSearcher(Searcher):
 
         Returns how many were closed, so the study and the Ray experiment agree.
         """
-        import optuna
-
-        owned = set(self._trial_numbers.values())
-        closed = 0
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if t.number not in owned:
-                handle = self._handle(t.number)
-                handle.set_user_attr(STATUS_ATTR, "lost_at_interruption")
-                self.study.tell(handle, state=optuna.trial.TrialState.FAIL)
-                closed += 1
-        return closed
-
-
-def final_status(
-    result: dict[str, Any] | None, error: bool, penalty: float
-) -> tuple[TrialStatus, float]:
-    """A finished Tune trial's status and objective.
-
-    A trial whose last report is still ``running`` was stopped from outside: by the capping
-    scheduler. A Ray-level error (the worker died past its retries) is ``error``.
-    """
-    if error or not result:
-        return TrialStatus.ERROR, penalty
-    status = TrialStatus(result.get(keys.STATUS, TrialStatus.ERROR.value))
-    if status is TrialStatus.RUNNING:
-        return TrialStatus.CAPPED, penalty
-    value = result.get(keys.OBJECTIVE)
-    if status is not TrialStatus.REACHED or value is None or not math.isfinite(value):
-        return status, penalty
-    return status, float(value)
+        return self.record.close_orphans(set(self._trial_numbers.values()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -23,6 +24,19 @@ def same_knobs(row: dict[str, Any], others: list[dict[str, Any]]) -> bool:
     return any(_knobs(row) == _knobs(o) for o in others)
 
 
+def runs_point(row: dict[str, Any], point: dict[str, Any]) -> bool:
+    """Whether ``row`` ran the seeded ``point`` (the max-batch baseline or the reference).
+
+    The point fixes integer knobs; the multipliers are the rule's own (1.0). Rows read back
+    from ``trials.csv`` carry floats through text, hence a relative tolerance, not ``==``.
+    """
+    return (
+        all(int(row[k]) == int(v) for k, v in point.items())
+        and math.isclose(float(row[keys.LR_MULTIPLIER]), 1.0, rel_tol=1e-9)
+        and math.isclose(float(row[keys.WEIGHT_DECAY_MULTIPLIER]), 1.0, rel_tol=1e-9)
+    )
+
+
 def comparison_rows(
     rows: list[dict[str, Any]], *points: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
@@ -32,13 +46,8 @@ def comparison_rows(
         if point is None:
             continue
         for r in rows:
-            if (
-                r["phase"] == "search"
-                and all(int(r[k]) == int(v) for k, v in point.items())
-                and float(r[keys.LR_MULTIPLIER]) == 1.0
-                and float(r[keys.WEIGHT_DECAY_MULTIPLIER]) == 1.0
-                and not same_knobs(r, out)
-            ):
+            search = r[keys.PHASE] == keys.PHASE_SEARCH
+            if search and runs_point(r, point) and not same_knobs(r, out):
                 out.append(r)
                 break
     return out
@@ -93,7 +102,7 @@ def choose_winner(
     """Lowest median time among candidates that reached the target in every confirmation run."""
     scored = []
     for index, candidate in enumerate(candidates):
-        runs = [r for r in confirm_rows if r.get("candidate") == index]
+        runs = [r for r in confirm_rows if r.get(keys.CANDIDATE) == index]
         times = [r[keys.TIME_TO_TARGET_S] for r in runs if r[keys.STATUS] == "reached"]
         if not options.confirm_seeds:
             times, runs = [candidate[keys.TIME_TO_TARGET_S]], [candidate]
@@ -113,10 +122,10 @@ def choose_winner(
         "peak_memory_bytes": max(peaks) if peaks else None,
         "device": _device_name(),
         "versions": _versions(),
-        "trial_id": candidate["trial_id"],
+        keys.TRIAL_ID: candidate[keys.TRIAL_ID],
         "space": space.name,
         "target": str(target),
-        "search_trials": sum(1 for r in rows if r["phase"] == "search"),
+        "search_trials": sum(1 for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     return BestConfig(recipe, provenance)

@@ -10,7 +10,11 @@ the sampler learns the region is poor, without being mistaken for a fast success
 
 from __future__ import annotations
 
+import math
 from enum import Enum
+from typing import Any
+
+from raybatch import keys
 
 PAR_FACTOR = 10.0
 
@@ -31,15 +35,29 @@ class TrialStatus(str, Enum):
     """Out of GPU memory at the probe or mid-training (or predicted so by the pre-screen)."""
     ERROR = "error"
     """Anything else; the reason holds the exception text."""
+    PRESCREENED_OUT = "prescreened_out"
+    """Never launched: predicted not to fit the memory budget, or needing at least the memory
+    of a trial that ran out. Recorded by the searcher, never by a running trial."""
+    LOST_AT_INTERRUPTION = "lost_at_interruption"
+    """Launched, then orphaned when the driver was interrupted; its result is unknown."""
 
     @property
     def terminal(self) -> bool:
         return self is not TrialStatus.RUNNING
 
 
-WORKLOAD_RAN = frozenset(s.value for s in TrialStatus if s.terminal and s is not TrialStatus.ERROR)
-"""Terminal statuses that show the workload itself could be built and trained: every one but
-``error`` (fail-fast counts these as healthy trials)."""
+WORKLOAD_RAN = frozenset(
+    s.value
+    for s in (
+        TrialStatus.REACHED,
+        TrialStatus.CENSORED,
+        TrialStatus.CAPPED,
+        TrialStatus.DIVERGED,
+        TrialStatus.INFEASIBLE_MEMORY,
+    )
+)
+"""Statuses that show the workload itself was built and trained (fail-fast counts these as
+healthy trials): every way a launched trial ends but ``error``."""
 
 
 def objective_value(status: TrialStatus, time_to_target_s: float | None, cap_s: float) -> float:
@@ -47,3 +65,22 @@ def objective_value(status: TrialStatus, time_to_target_s: float | None, cap_s: 
     if status is TrialStatus.REACHED and time_to_target_s is not None:
         return float(time_to_target_s)
     return PAR_FACTOR * cap_s
+
+
+def final_status(
+    result: dict[str, Any] | None, error: bool, penalty: float
+) -> tuple[TrialStatus, float]:
+    """A finished Tune trial's status and objective, from its last result.
+
+    A trial whose last report is still ``running`` was stopped from outside: by the capping
+    scheduler. A Ray-level error (the worker died past its retries) is ``error``.
+    """
+    if error or not result:
+        return TrialStatus.ERROR, penalty
+    status = TrialStatus(result.get(keys.STATUS, TrialStatus.ERROR.value))
+    if status is TrialStatus.RUNNING:
+        return TrialStatus.CAPPED, penalty
+    value = result.get(keys.OBJECTIVE)
+    if status is not TrialStatus.REACHED or value is None or not math.isfinite(value):
+        return status, penalty
+    return status, float(value)

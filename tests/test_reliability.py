@@ -20,7 +20,7 @@ from raybatch.cli import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
 from raybatch.options import SearchOptions
 from raybatch.rundir import STUDY_NAME, read_trials_csv
-from raybatch.searcher import STATUS_ATTR
+from raybatch.study import STATUS_ATTR
 from raybatch.trial import run_trial
 
 from .conftest import minimal_space

@@ -20,7 +20,7 @@ import pytest
 from raybatch.export import load_best
 from raybatch.run import analyze_run
 from raybatch.rundir import STUDY_NAME, read_trials_csv
-from raybatch.searcher import STATUS_ATTR
+from raybatch.study import STATUS_ATTR
 
 TRIALS = 5
 

@@ -15,7 +15,7 @@ from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
 from raybatch.options import SearchOptions
 from raybatch.rundir import STUDY_NAME, read_trials_csv
-from raybatch.searcher import STATUS_ATTR
+from raybatch.study import STATUS_ATTR
 
 from .conftest import run_cli
 

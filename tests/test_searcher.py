@@ -10,11 +10,15 @@ import pytest
 
 import raybatch
 from raybatch import keys
+from raybatch import searcher as searcher_module
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
-from raybatch.searcher import PRESCREENED_OUT, STATUS_ATTR, RaybatchSearcher, final_status
+from raybatch.searcher import RaybatchSearcher
 from raybatch.seeding import max_batch_point, reference_point
-from raybatch.status import TrialStatus
+from raybatch.status import TrialStatus, final_status
+from raybatch.study import STATUS_ATTR, status_of
+
+PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 
@@ -184,7 +188,28 @@ def test_checkpoint_restores_the_trial_map_and_prescreened_list(tmp_path: Path) 
     fresh.restore(str(tmp_path / "ckpt.pkl"))
     assert fresh.suggest("a") == config  # a restored unfinished trial gets its own config back
     fresh.on_trial_complete("a", _result("reached", 1.5))
-    assert fresh.study.trials[0].value == 1.5
+    # No live handle in the new process: the old entry is closed, the result added anew with
+    # the same parameters, so TPE learns from it and the record names the lost entry.
+    lost, told = fresh.study.trials
+    assert status_of(lost) == "lost_at_interruption"
+    assert told.state == optuna.trial.TrialState.COMPLETE and told.value == 1.5
+    assert told.params == lost.params and told.user_attrs["tune_trial_id"] == "a"
+    assert told.user_attrs[STATUS_ATTR] == "reached" and told.constraints == {"memory": 0.0}
+    fresh.on_trial_complete("a", _result("reached", 9.0))  # told once only
+    assert len(fresh.study.trials) == 2
+
+
+def test_a_search_that_cannot_fit_anything_finishes_instead_of_crashing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(searcher_module, "MAX_PRESCREEN_ATTEMPTS", 20)
+    searcher = _searcher(tmp_path, budget=1)  # one byte: nothing fits
+    assert searcher.suggest("a") == searcher.FINISHED
+    assert searcher.gave_up is not None and "predicted not to fit" in searcher.gave_up
+    assert searcher.record.gave_up_reason() == searcher.gave_up
+    assert len(searcher.study.trials) == 20
+    assert searcher.suggest("b") == searcher.FINISHED  # and asks Optuna no more
+    assert len(searcher.study.trials) == 20
 
 
 def test_orphans_of_an_interrupted_driver_are_closed_as_failed(tmp_path: Path) -> None:
