@@ -9,7 +9,7 @@ autocast, at four micro-batch sizes each:
   largest micro batch the pre-screen admits (default headroom 0.9, and with none) vs the real
   out-of-memory boundary found by bisection with real steps;
 - the CUDA context's size outside the allocator (NVML used memory before and after
-  ``torch.cuda.init``), which ``raybatch.budget.CUDA_CONTEXT_OVERHEAD_BYTES`` stands for.
+  ``torch.cuda.init``), which ``raybatch.memory.budget.CUDA_CONTEXT_OVERHEAD_BYTES`` stands for.
 
 Targets (issue 3): the prediction is never below the measured peak by more than 5% at the
 default headroom (no OOM slips through) and never above it by more than 15%.
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from models import WORKLOADS
 
 import raybatch
-from raybatch.budget import DEFAULT_HEADROOM, read_device_memory
 from raybatch.memory import MemoryEstimator
+from raybatch.memory.budget import DEFAULT_HEADROOM, read_device_memory
 from raybatch.memory.probe import probe, release_memory
 
 REQUIRES_GPU = True

@@ -30,9 +30,9 @@ from models import ResNet18
 
 import raybatch
 from raybatch import keys
-from raybatch.loop import LoopOptions, train
 from raybatch.memory.probe import probe
-from raybatch.trial import _DeviceFigures
+from raybatch.trial.gpu_monitor import DeviceFigures
+from raybatch.trial.loop import LoopOptions, train
 
 REQUIRES_GPU = True
 RESULTS = Path(__file__).parent / "results" / "gpu_trial_timing.json"
@@ -87,7 +87,7 @@ def main() -> None:
         max_time_s=120,
         report_fn=reports.append,
         synchronize=lambda: torch.cuda.synchronize(device),
-        extra=_DeviceFigures(device),
+        extra=DeviceFigures(device),
     )
     start = time.time()
     train(workload, recipe, reporter, device, LoopOptions(seed=0))

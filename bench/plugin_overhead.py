@@ -30,8 +30,8 @@ from ray import tune
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
-from raybatch.scheduler import CappingScheduler
-from raybatch.searcher import RaybatchSearcher
+from raybatch.run.scheduler import CappingScheduler
+from raybatch.run.searcher import RaybatchSearcher
 
 RESULTS = Path(__file__).parent / "results" / "plugin_overhead.json"
 SPACE = raybatch.load_space("digits_cnn_sgd")

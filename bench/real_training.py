@@ -39,8 +39,8 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload
-from raybatch.options import SearchOptions
-from raybatch.trial import TrialSettings, run_trial
+from raybatch.run.options import SearchOptions
+from raybatch.trial.wrapper import TrialSettings, run_trial
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "real_training.json"

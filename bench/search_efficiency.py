@@ -8,7 +8,7 @@ off the first N trials of one sequential run, which is what a run with that budg
 - ``random``: Ray Tune-style random search over the raw knobs; no pre-screen, no capping;
 - ``optuna``: plain TPE over independent raw knobs (what ``OptunaSearch`` does); no
   pre-screen, no capping, no seeding;
-- ``raybatch``: :class:`raybatch.searcher.RaybatchSearcher` (pre-screen, seeded with the
+- ``raybatch``: :class:`raybatch.run.searcher.RaybatchSearcher` (pre-screen, seeded with the
   reference and the max-batch baseline) with adaptive capping (slack 1.2);
 - ``raybatch_no_prescreen`` and ``raybatch_no_capping``: one part switched off each.
 
@@ -46,8 +46,8 @@ from simulator import (
 )
 
 from raybatch import keys
-from raybatch.searcher import RaybatchSearcher
-from raybatch.seeding import max_batch_point, reference_point, searched_knobs
+from raybatch.run.searcher import RaybatchSearcher
+from raybatch.run.seeding import max_batch_point, reference_point, searched_knobs
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (10, 20, 40, 80)

@@ -14,8 +14,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from raybatch.budget import MemoryBudget, parse_size, resolve_budget
-    from raybatch.config import TrialConfig
     from raybatch.errors import (
         BudgetUnavailableError,
         ClusterUnreachableError,
@@ -34,31 +32,33 @@ if TYPE_CHECKING:
         WorkloadError,
     )
     from raybatch.export import BestConfig, load_best
-    from raybatch.failfast import FailFast
     from raybatch.memory import LinearMemoryModel, MemoryEstimator, PrescreenResult
+    from raybatch.memory.budget import MemoryBudget, parse_size, resolve_budget
     from raybatch.metric import Metric, Target
-    from raybatch.options import SearchOptions
-    from raybatch.presets import list_presets, load_space
-    from raybatch.reporting import TrialReporter
-    from raybatch.resources import trial_resources, with_resources
-    from raybatch.rules import OptimizerFamily, ScalingRule
-    from raybatch.run import analyze_run, resume, search
-    from raybatch.rundir import SearchResult
-    from raybatch.scheduler import CappingScheduler
-    from raybatch.searcher import RaybatchSearcher
-    from raybatch.space import SearchSpace
-    from raybatch.status import TrialStatus
-    from raybatch.trial import TrialSettings, trainable
-    from raybatch.tune_space import optuna_space, tune_param_space
+    from raybatch.run.driver import analyze_run, resume, search
+    from raybatch.run.failfast import FailFast
+    from raybatch.run.options import SearchOptions
+    from raybatch.run.rundir import SearchResult
+    from raybatch.run.scheduler import CappingScheduler
+    from raybatch.run.searcher import RaybatchSearcher
+    from raybatch.space.config import TrialConfig
+    from raybatch.space.presets import list_presets, load_space
+    from raybatch.space.rules import OptimizerFamily, ScalingRule
+    from raybatch.space.search_space import SearchSpace
+    from raybatch.space.tune_space import optuna_space, tune_param_space
+    from raybatch.trial.reporting import TrialReporter
+    from raybatch.trial.resources import trial_resources, with_resources
+    from raybatch.trial.status import TrialStatus
+    from raybatch.trial.wrapper import TrialSettings, trainable
     from raybatch.workload import SimpleWorkload, Workload, load_workload
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "raybatch.budget": (
+    "raybatch.memory.budget": (
         "MemoryBudget",
         "parse_size",
         "resolve_budget",
     ),
-    "raybatch.config": ("TrialConfig",),
+    "raybatch.space.config": ("TrialConfig",),
     "raybatch.errors": (
         "BudgetUnavailableError",
         "ClusterUnreachableError",
@@ -89,36 +89,36 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Metric",
         "Target",
     ),
-    "raybatch.presets": (
+    "raybatch.space.presets": (
         "list_presets",
         "load_space",
     ),
-    "raybatch.reporting": ("TrialReporter",),
-    "raybatch.resources": (
+    "raybatch.trial.reporting": ("TrialReporter",),
+    "raybatch.trial.resources": (
         "trial_resources",
         "with_resources",
     ),
-    "raybatch.rules": (
+    "raybatch.space.rules": (
         "OptimizerFamily",
         "ScalingRule",
     ),
-    "raybatch.options": ("SearchOptions",),
-    "raybatch.rundir": ("SearchResult",),
-    "raybatch.failfast": ("FailFast",),
-    "raybatch.run": (
+    "raybatch.run.options": ("SearchOptions",),
+    "raybatch.run.rundir": ("SearchResult",),
+    "raybatch.run.failfast": ("FailFast",),
+    "raybatch.run.driver": (
         "analyze_run",
         "resume",
         "search",
     ),
-    "raybatch.scheduler": ("CappingScheduler",),
-    "raybatch.searcher": ("RaybatchSearcher",),
-    "raybatch.space": ("SearchSpace",),
-    "raybatch.status": ("TrialStatus",),
-    "raybatch.trial": (
+    "raybatch.run.scheduler": ("CappingScheduler",),
+    "raybatch.run.searcher": ("RaybatchSearcher",),
+    "raybatch.space.search_space": ("SearchSpace",),
+    "raybatch.trial.status": ("TrialStatus",),
+    "raybatch.trial.wrapper": (
         "TrialSettings",
         "trainable",
     ),
-    "raybatch.tune_space": (
+    "raybatch.space.tune_space": (
         "optuna_space",
         "tune_param_space",
     ),

@@ -15,9 +15,9 @@ from typing import Annotated, Any
 import typer
 
 from raybatch import keys
-from raybatch.config import TrialConfig
 from raybatch.errors import InputError, Issue, RaybatchError
-from raybatch.presets import list_presets, load_space
+from raybatch.space.config import TrialConfig
+from raybatch.space.presets import list_presets, load_space
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
@@ -144,9 +144,9 @@ def estimate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Predict each micro batch's peak GPU memory by tracing, with no GPU and no training step."""
-    from raybatch.budget import parse_size, resolve_budget
     from raybatch.errors import BudgetUnavailableError
     from raybatch.memory import estimate
+    from raybatch.memory.budget import parse_size, resolve_budget
     from raybatch.workload import load_workload
 
     with _user_errors():
@@ -189,7 +189,7 @@ def estimate_command(
 
 
 def _budget_text(report: Any) -> str:
-    from raybatch.budget import format_bytes
+    from raybatch.memory.budget import format_bytes
 
     if report.budget_bytes is None:
         return "no budget"
@@ -198,7 +198,7 @@ def _budget_text(report: Any) -> str:
 
 def _print_estimate(report: Any) -> None:
     """The estimate's table, its linear model and the largest micro batch that fits."""
-    from raybatch.budget import format_bytes
+    from raybatch.memory.budget import format_bytes
 
     rows = [
         (
@@ -269,8 +269,8 @@ def search_command(
 
     from raybatch.errors import OptionError
     from raybatch.metric import Target, resolve_target
-    from raybatch.options import SearchOptions
-    from raybatch.run import search
+    from raybatch.run.driver import search
+    from raybatch.run.options import SearchOptions
     from raybatch.workload import load_workload
 
     with _user_errors():
@@ -325,8 +325,8 @@ def resume_command(
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
 ) -> None:
     """Continue an interrupted search; completed trials are kept, never re-run."""
-    from raybatch.run import resume
-    from raybatch.rundir import read_run
+    from raybatch.run.driver import resume
+    from raybatch.run.rundir import read_run
 
     with _user_errors():
         _, _, _, target, _ = read_run(run_dir)
@@ -359,7 +359,7 @@ def report_command(
     run_dir: Annotated[str, typer.Argument(help="A finished run directory.")],
 ) -> None:
     """Write a finished run's report again (report.html and its PNGs) and print its path."""
-    from raybatch.run import rebuild_report
+    from raybatch.run.driver import rebuild_report
 
     with _user_errors():
         page = rebuild_report(run_dir)

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from raybatch.config import TrialConfig
 from raybatch.errors import Issue, OptionError, RunDirError
-from raybatch.loop import warmup_factor
+from raybatch.space.config import TrialConfig, warmup_factor
 from raybatch.workload import build_optimizer
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ REFERENCE_BATCH_SIZE: Final = "reference_batch_size"
 REFERENCE_LR: Final = "reference_lr"
 REFERENCE_WEIGHT_DECAY: Final = "reference_weight_decay"
 
-# Metrics a trial reports to Ray Tune at every evaluation (see raybatch.reporting).
+# Metrics a trial reports to Ray Tune at every evaluation (see raybatch.trial.reporting).
 STATUS: Final = "status"
 REASON: Final = "reason"
 METRIC: Final = "metric"

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.budget import format_bytes
+from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target
-from raybatch.selection import runs_point
-from raybatch.space import SearchSpace
+from raybatch.run.selection import runs_point
+from raybatch.space.search_space import SearchSpace
 
 if TYPE_CHECKING:
     from raybatch.memory import MemoryEstimator
-    from raybatch.rundir import SearchResult
+    from raybatch.run.rundir import SearchResult
 
 REPORT = "report.html"
 MARKERS = {"reached": "o", "censored": "x", "capped": "v", "diverged": "D",

@@ -30,10 +30,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from raybatch.config import TrialConfig
 from raybatch.errors import WorkloadError, first_line
 from raybatch.metric import ACCURACY, Metric
-from raybatch.rules import OptimizerFamily
+from raybatch.space.config import TrialConfig
+from raybatch.space.rules import OptimizerFamily
 
 if TYPE_CHECKING:
     import torch

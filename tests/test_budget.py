@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from raybatch.budget import (
+from raybatch.errors import BudgetUnavailableError, MemoryBudgetError
+from raybatch.memory.budget import (
     CUDA_CONTEXT_OVERHEAD_BYTES,
     DeviceMemory,
     format_bytes,
@@ -12,7 +13,6 @@ from raybatch.budget import (
     read_device_memory,
     resolve_budget,
 )
-from raybatch.errors import BudgetUnavailableError, MemoryBudgetError
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_an_explicit_budget_needs_no_driver_and_is_used_as_is() -> None:
 def test_nvml_budget_applies_headroom_and_context_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
     """The arithmetic on NVML's reading (the reading itself is verified on a real GPU)."""
     gpu = DeviceMemory("NVIDIA H100", 80 * 2**30, 60 * 2**30, 20 * 2**30, 19 * 2**30)
-    monkeypatch.setattr("raybatch.budget.read_device_memory", lambda index: gpu)
+    monkeypatch.setattr("raybatch.memory.budget.read_device_memory", lambda index: gpu)
     budget = resolve_budget(None, cuda_index=0, headroom=0.9)
     assert budget.bytes == int(0.9 * 60 * 2**30) - CUDA_CONTEXT_OVERHEAD_BYTES
     assert "0.9 x 60.00 GiB free on NVIDIA H100" in budget.source

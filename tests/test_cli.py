@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from raybatch import load_space
 from raybatch.cli import app
-from raybatch.presets import list_presets
+from raybatch.space.presets import list_presets
 
 from .conftest import run_cli
 

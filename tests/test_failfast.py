@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from raybatch import keys
-from raybatch.failfast import FailFast
+from raybatch.run.failfast import FailFast
 
 from .userland import write_user_workload
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from raybatch import SearchSpace, Target, TrialReporter, TrialStatus
-from raybatch.loop import LoopOptions, train, warmup_factor
+from raybatch.space.config import warmup_factor
+from raybatch.trial.loop import LoopOptions, train
 
 from .workloads import D, MLPWorkload
 

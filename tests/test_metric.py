@@ -11,7 +11,7 @@ import raybatch
 from raybatch import Metric, Target, TargetError, TrialSettings, keys
 from raybatch.metric import ACCURACY, check_target, metric_values, resolve_target
 from raybatch.template import render, write_template
-from raybatch.trial import run_trial
+from raybatch.trial.wrapper import run_trial
 from raybatch.workload import load_workload
 
 LOSS = Metric("loss", "min", low=0.0)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from raybatch.errors import OptionError, RunDirError
-from raybatch.options import SearchOptions
-from raybatch.rundir import read_run
+from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import read_run
 
 
 def test_defaults_are_valid() -> None:
@@ -18,7 +18,7 @@ def test_defaults_are_valid() -> None:
 
 def test_every_bad_option_is_named_at_once() -> None:
     with pytest.raises(OptionError) as err:
-        SearchOptions(trials=0, gpus_per_trial="lots", confirm_seeds=0, memory_budget="3GX")
+        SearchOptions(trials=0, gpus_per_trial="lots", confirm_seeds=-1, memory_budget="3GX")
     fields = [issue.field for issue in err.value.issues]
     assert fields == ["trials", "gpus_per_trial", "confirm_seeds", "memory_budget"]
     assert "<python>: trials: must be an integer >= 1, got 0" in str(err.value)
@@ -36,7 +36,7 @@ def test_every_bad_option_is_named_at_once() -> None:
         {"slack": 0.5},
         {"confirm_top": -1},
         {"eval_every_samples": 0},
-        {"max_failures": -1},
+        {"max_failures": -2},
         {"hang_grace_s": -5.0},
         {"trials": 2.5},
     ],
@@ -56,8 +56,8 @@ def test_memory_budget_is_kept_as_written_and_read_in_bytes() -> None:
 
 def test_a_run_json_with_bad_options_blames_the_file_and_field(tmp_path: Path) -> None:
     from raybatch.metric import Target
-    from raybatch.presets import load_space
-    from raybatch.rundir import write_run_files
+    from raybatch.run.rundir import write_run_files
+    from raybatch.space.presets import load_space
 
     space, target = load_space("generic_adamw"), Target(0.9)
     write_run_files(tmp_path / "r", "wl.py:w", space, target, SearchOptions())

@@ -25,8 +25,8 @@ def test_import_and_the_trial_reporter_load_no_heavy_dependency() -> None:
     """Each trial is a fresh Ray worker: what it imports is paid once per trial."""
     code = (
         "import sys, raybatch; raybatch.TrialReporter;"
-        "print(sorted(m for m in ('torch', 'ray', 'optuna', 'pydantic', 'yaml', 'raybatch.space')"
-        " if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'ray', 'optuna', 'pydantic', 'yaml',"
+        " 'raybatch.space.search_space') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -104,3 +104,54 @@ def test_no_module_is_over_500_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 500
     }
     assert long == {}
+
+
+def _sources() -> dict[str, str]:
+    """``path -> source`` of every Python file of the package and of ``bench/``."""
+    from pathlib import Path
+
+    root = Path(raybatch.__file__).parent
+    files = [*root.rglob("*.py"), *(root.parent / "bench").glob("*.py")]
+    return {str(p.relative_to(root.parent)): p.read_text() for p in files}
+
+
+def test_no_function_is_over_80_lines() -> None:
+    import ast
+
+    long = {
+        f"{path}:{node.name}": n
+        for path, source in _sources().items()
+        if path.startswith("raybatch")
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (n := (node.end_lineno or node.lineno) - node.lineno + 1) > 80
+    }
+    assert long == {}
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """A leading underscore means "this module's own": nobody else leans on it (bench too)."""
+    import ast
+
+    leaning = [
+        f"{path}: {node.module}.{alias.name}"
+        for path, source in _sources().items()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raybatch")
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert leaning == []
+
+
+def test_the_old_documented_paths_still_import() -> None:
+    """Paths the README gave before the package was split into rooms keep working."""
+    from raybatch.probe import probe
+    from raybatch.run import analyze_run, search
+    from raybatch.space import SearchSpace
+    from raybatch.trial import run_trial, trainable
+
+    assert probe is raybatch.memory.probe.probe
+    assert analyze_run is raybatch.analyze_run and search is raybatch.search
+    assert SearchSpace is raybatch.SearchSpace and trainable is raybatch.trainable
+    assert callable(run_trial)

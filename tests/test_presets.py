@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raybatch import ScalingRule, load_space
-from raybatch.presets import list_presets, preset_dir, resolve_space_path
+from raybatch.space.presets import list_presets, preset_dir, resolve_space_path
 
 PRESETS = sorted(p.stem for p in preset_dir().glob("*.yaml"))
 

@@ -18,10 +18,10 @@ import raybatch
 from raybatch import SearchSpace, Target, TrialSettings, TrialStatus, keys
 from raybatch.cli import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
-from raybatch.options import SearchOptions
-from raybatch.rundir import STUDY_NAME, read_trials_csv
-from raybatch.study import STATUS_ATTR
-from raybatch.trial import run_trial
+from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import STUDY_NAME, read_trials_csv
+from raybatch.run.study import STATUS_ATTR
+from raybatch.trial.wrapper import run_trial
 
 from .conftest import minimal_space
 from .workloads import (

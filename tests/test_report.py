@@ -9,7 +9,7 @@ import raybatch
 from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.report import verdict
-from raybatch.rundir import SearchResult
+from raybatch.run.rundir import SearchResult
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 BASELINE = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import raybatch
 from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
+from raybatch.trial.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
 
 
 @given(
@@ -59,7 +59,7 @@ CLUSTER_SCRIPT = textwrap.dedent(
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory import MemoryEstimator
-    from raybatch.resources import gpu_fraction, trial_resources
+    from raybatch.trial.resources import gpu_fraction, trial_resources
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
     cluster.add_node(num_cpus=2, num_gpus=1)

@@ -18,9 +18,9 @@ import optuna
 import pytest
 
 from raybatch.export import load_best
-from raybatch.run import analyze_run
-from raybatch.rundir import STUDY_NAME, read_trials_csv
-from raybatch.study import STATUS_ATTR
+from raybatch.run.driver import analyze_run
+from raybatch.run.rundir import STUDY_NAME, read_trials_csv
+from raybatch.run.study import STATUS_ATTR
 
 TRIALS = 5
 

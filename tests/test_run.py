@@ -13,9 +13,9 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
-from raybatch.options import SearchOptions
-from raybatch.rundir import STUDY_NAME, read_trials_csv
-from raybatch.study import STATUS_ATTR
+from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import STUDY_NAME, read_trials_csv
+from raybatch.run.study import STATUS_ATTR
 
 from .conftest import run_cli
 

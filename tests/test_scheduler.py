@@ -8,7 +8,7 @@ import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from raybatch import keys
-from raybatch.scheduler import CappingScheduler
+from raybatch.run.scheduler import CappingScheduler
 
 
 def _trial(name: str) -> SimpleNamespace:

@@ -10,13 +10,13 @@ import pytest
 
 import raybatch
 from raybatch import keys
-from raybatch import searcher as searcher_module
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory import MemoryEstimator
-from raybatch.searcher import RaybatchSearcher
-from raybatch.seeding import max_batch_point, reference_point
-from raybatch.status import TrialStatus, final_status
-from raybatch.study import STATUS_ATTR, status_of
+from raybatch.run import searcher as searcher_module
+from raybatch.run.searcher import RaybatchSearcher
+from raybatch.run.seeding import max_batch_point, reference_point
+from raybatch.run.study import STATUS_ATTR, status_of
+from raybatch.trial.status import TrialStatus, final_status
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
 

@@ -11,7 +11,7 @@ import torch
 import raybatch
 from raybatch import SearchSpace, Target, TrialReporter, TrialSettings, TrialStatus, keys
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.trial import default_eval_every, run_trial
+from raybatch.trial.wrapper import default_eval_every, run_trial
 
 from .workloads import DigitsOOMAtLargeBatch
 

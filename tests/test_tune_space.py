@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from raybatch import SearchSpace, TrialConfig, keys, load_space, optuna_space, tune_param_space
-from raybatch.tune_space import DERIVED_KEYS, RECORDED_PER_TRIAL, STUDY_SPACE_ATTR
+from raybatch.space.tune_space import DERIVED_KEYS, RECORDED_PER_TRIAL, STUDY_SPACE_ATTR
 
 from .conftest import minimal_space
 

@@ -33,7 +33,7 @@ What the trace accounts for, so the prediction matches what CUDA allocates:
   ``gradient_as_bucket_view=False``); the model is not sharded;
 - input prefetch: ``Workload.gpu_prefetch_batches`` extra batches on the GPU (seed 000).
 
-Not accounted for: the CUDA context (outside the allocator; :mod:`raybatch.budget` subtracts
+Not accounted for: the CUDA context (outside the allocator; :mod:`raybatch.memory.budget` subtracts
 it from the budget), cuDNN's algorithm-search workspaces under ``cudnn.benchmark``, and
 fragmentation of the caching allocator (``reserved > allocated``), which the headroom and the
 probe's calibration cover.

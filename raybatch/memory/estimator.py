@@ -8,9 +8,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from raybatch.budget import format_bytes
-from raybatch.config import TrialConfig
 from raybatch.errors import TraceError
+from raybatch.memory.budget import format_bytes
 from raybatch.memory.model import EstimateSource, LinearMemoryModel
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.memory.trace import (
@@ -20,6 +19,7 @@ from raybatch.memory.trace import (
     TraceResult,
     trace_step,
 )
+from raybatch.space.config import TrialConfig
 from raybatch.workload import Workload
 
 

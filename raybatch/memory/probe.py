@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raybatch.budget import format_bytes
-from raybatch.config import TrialConfig
 from raybatch.errors import first_line
+from raybatch.memory.budget import format_bytes
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.memory.trace import autocast_context
+from raybatch.space.config import TrialConfig
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:

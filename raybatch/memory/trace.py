@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from raybatch.config import TrialConfig
 from raybatch.errors import TraceError, WorkloadError
+from raybatch.space.config import TrialConfig
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:

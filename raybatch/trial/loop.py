@@ -9,7 +9,7 @@
 - ``drop_last`` on the training loader (and on the ``DistributedSampler`` when data-parallel)
   so no worker ever gets an empty or short batch (seed 004);
 - deterministic seeding per trial (model init, data order);
-- evaluation at fixed *sample* marks through a :class:`~raybatch.reporting.TrialReporter`,
+- evaluation at fixed *sample* marks through a :class:`~raybatch.trial.reporting.TrialReporter`,
   which owns the clock, the target check and the statuses;
 - data-parallel: the model is wrapped in ``DistributedDataParallel`` (gradient sync skipped
   with ``no_sync`` inside an accumulation window), BatchNorm optionally converted to
@@ -27,11 +27,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raybatch.config import TrialConfig
 from raybatch.memory import autocast_context
 from raybatch.memory.probe import move_to
 from raybatch.metric import metric_values, target_value
-from raybatch.reporting import TrialReporter
+from raybatch.space.config import TrialConfig, warmup_factor
+from raybatch.trial.reporting import TrialReporter
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:
@@ -69,13 +69,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """LR multiplier after ``step`` optimizer steps: linear ramp to 1 over ``warmup_steps``."""
-    if warmup_steps <= 0:
-        return 1.0
-    return min(1.0, (step + 1) / warmup_steps)
 
 
 class _Distributed:

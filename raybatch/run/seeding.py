@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from raybatch import keys
-from raybatch.config import TrialConfig
-from raybatch.space import SearchSpace
+from raybatch.space.config import TrialConfig
+from raybatch.space.search_space import SearchSpace
 
 
 def searched_knobs(space: SearchSpace, knobs: dict[str, Any]) -> dict[str, Any]:

@@ -106,7 +106,7 @@ class DeviceMemory:
     used_by_other_processes_bytes: int
 
 
-def _nvml() -> Any:
+def nvml() -> Any:
     """The initialised ``pynvml`` module, or ``None`` when NVML cannot be used here."""
     try:
         import pynvml
@@ -119,7 +119,7 @@ def _nvml() -> Any:
     return pynvml
 
 
-def _physical_handle(pynvml: Any, cuda_index: int) -> Any:
+def physical_handle(pynvml: Any, cuda_index: int) -> Any:
     """NVML handle of CUDA device ``cuda_index`` of this process.
 
     NVML numbers physical GPUs; CUDA numbers the ones in ``CUDA_VISIBLE_DEVICES`` (which Ray
@@ -137,11 +137,11 @@ def _physical_handle(pynvml: Any, cuda_index: int) -> Any:
 
 def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
     """NVML's view of a GPU, or ``None`` without a usable NVIDIA driver (never raises for that)."""
-    pynvml = _nvml()
+    pynvml = nvml()
     if pynvml is None:
         return None
     try:
-        handle = _physical_handle(pynvml, cuda_index)
+        handle = physical_handle(pynvml, cuda_index)
         info = pynvml.nvmlDeviceGetMemoryInfo(handle)
         name = pynvml.nvmlDeviceGetName(handle)
         others = 0

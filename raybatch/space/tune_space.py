@@ -24,8 +24,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.config import TrialConfig
-from raybatch.space import MultiplierRange, SearchSpace
+from raybatch.space.config import TrialConfig
+from raybatch.space.search_space import MultiplierRange, SearchSpace
 
 if TYPE_CHECKING:
     import optuna

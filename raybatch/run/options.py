@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from raybatch.errors import Issue, OptionError
-from raybatch.status import PAR_FACTOR
+from raybatch.trial.status import PAR_FACTOR
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class SearchOptions:
     @property
     def memory_budget_bytes(self) -> int | None:
         """The explicit memory budget in bytes (``None``: none given)."""
-        from raybatch.budget import parse_size
+        from raybatch.memory.budget import parse_size
 
         return None if self.memory_budget is None else parse_size(self.memory_budget)
 
@@ -81,8 +81,8 @@ class SearchOptions:
 
 def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     """``(field, what is wrong)`` for each invalid option."""
-    from raybatch.budget import parse_size
     from raybatch.errors import MemoryBudgetError
+    from raybatch.memory.budget import parse_size
 
     found: list[tuple[str, str]] = []
 
@@ -97,9 +97,13 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     need("max_concurrent", _none_or(o.max_concurrent, 1), "an integer >= 1 or None")
     need("slack", _is_number(o.slack) and o.slack >= 1, "a number >= 1")
     need("confirm_top", _is_int(o.confirm_top) and o.confirm_top >= 0, "an integer >= 0")
-    need("confirm_seeds", _is_int(o.confirm_seeds) and o.confirm_seeds >= 1, "an integer >= 1")
+    need("confirm_seeds", _is_int(o.confirm_seeds) and o.confirm_seeds >= 0, "an integer >= 0")
     need("eval_every_samples", _none_or(o.eval_every_samples, 1), "an integer >= 1 or None")
-    need("max_failures", _is_int(o.max_failures) and o.max_failures >= 0, "an integer >= 0")
+    need(
+        "max_failures",
+        _is_int(o.max_failures) and o.max_failures >= -1,
+        "an integer >= -1 (-1: retry forever, as in Ray)",
+    )
     need("hang_grace_s", _is_number(o.hang_grace_s) and o.hang_grace_s > 0, "a positive number")
     if o.memory_budget is not None:
         try:

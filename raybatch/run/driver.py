@@ -2,14 +2,14 @@
 
 ``raybatch.search(...)`` (and ``raybatch search`` on the CLI) runs, in one run directory:
 
-1. the search: Ray Tune with :class:`~raybatch.searcher.RaybatchSearcher` (Optuna TPE,
+1. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (Optuna TPE,
    pre-screened for memory, seeded with the reference recipe and the max-batch baseline) and
-   :class:`~raybatch.scheduler.CappingScheduler`, over :func:`raybatch.trainable` trials;
+   :class:`~raybatch.run.scheduler.CappingScheduler`, over :func:`raybatch.trainable` trials;
 2. confirmation: the ``confirm_top`` fastest candidates re-run with fresh seeds; the winner is
    the one with the lowest median time to target among those that reached it every time;
 3. the record: ``trials.csv``, ``best_config.yaml``/``.json`` and the report.
 
-The files it writes are described in :mod:`raybatch.rundir`.
+The files it writes are described in :mod:`raybatch.run.rundir`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from raybatch import keys
-from raybatch.cluster import init_ray
-from raybatch.confirmation import confirm
 from raybatch.errors import (
     Issue,
     RaybatchError,
@@ -32,8 +30,10 @@ from raybatch.errors import (
 )
 from raybatch.export import BestConfig, write_best
 from raybatch.metric import Target, resolve_target
-from raybatch.options import SearchOptions
-from raybatch.rundir import (
+from raybatch.run.cluster import init_ray
+from raybatch.run.confirmation import confirm
+from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
     RUN_FILE,
@@ -47,12 +47,12 @@ from raybatch.rundir import (
     write_run_files,
     write_trials_csv,
 )
-from raybatch.seeding import budget_check, max_batch_point, reference_point, searched_knobs
-from raybatch.selection import candidates as top_candidates
-from raybatch.selection import choose_winner, comparison_rows, same_knobs
-from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus, final_status
-from raybatch.study import SearchStudy
+from raybatch.run.seeding import budget_check, max_batch_point, reference_point, searched_knobs
+from raybatch.run.selection import candidates as top_candidates
+from raybatch.run.selection import choose_winner, comparison_rows, same_knobs
+from raybatch.run.study import SearchStudy
+from raybatch.space.search_space import SearchSpace
+from raybatch.trial.status import TrialStatus, final_status
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 
@@ -142,11 +142,11 @@ class _Plan:
 def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
-    from raybatch.budget import resolve_budget
     from raybatch.memory import MemoryEstimator
-    from raybatch.resources import with_resources
-    from raybatch.searcher import RaybatchSearcher
-    from raybatch.trial import trainable
+    from raybatch.memory.budget import resolve_budget
+    from raybatch.run.searcher import RaybatchSearcher
+    from raybatch.trial.resources import with_resources
+    from raybatch.trial.wrapper import trainable
 
     cuda = _machine_has_cuda()
     gpus = options.gpus_per_trial if options.gpus_per_trial is not None else ("auto" if cuda else 0)
@@ -194,7 +194,7 @@ def _search_tuner(
     """The search's ``tune.Tuner``: a new one, or the interrupted one restored."""
     from ray import tune
 
-    from raybatch.scheduler import CappingScheduler
+    from raybatch.run.scheduler import CappingScheduler
 
     experiment = path.resolve() / "tune" / "search"
     if resume:
@@ -255,8 +255,8 @@ def _execute(
     resume: bool,
     verbose: int,
 ) -> SearchResult:
-    from raybatch.failfast import FailFast, ray_errors_to
     from raybatch.report import write_report
+    from raybatch.run.failfast import FailFast, ray_errors_to
 
     _quiet_tune()
     init_ray(options.address)

@@ -15,10 +15,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from raybatch.budget import resolve_budget
 from raybatch.errors import Issue, OptionError
 from raybatch.memory import MemoryEstimator
-from raybatch.space import SearchSpace
+from raybatch.memory.budget import resolve_budget
+from raybatch.space.search_space import SearchSpace
 from raybatch.workload import Workload
 
 DRIVER_CPUS = 0.01

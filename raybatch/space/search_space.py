@@ -16,7 +16,7 @@ training recipe (``DESIGN.md``, "The coupling rules"):
   effective batch larger than ``limits.dataset_size`` when it is given.
 
 The space is plain Python and pydantic: it knows nothing of Ray or Optuna
-(:mod:`raybatch.tune_space` adapts it to both).
+(:mod:`raybatch.space.tune_space` adapts it to both).
 
 Example:
     >>> from raybatch import SearchSpace
@@ -53,10 +53,10 @@ from pydantic import (
 )
 
 from raybatch import keys
-from raybatch._yaml import load_mapping
-from raybatch.config import TrialConfig
 from raybatch.errors import ConfigError, Issue, SpaceError
-from raybatch.rules import OptimizerFamily, ScalingRule
+from raybatch.space._yaml import load_mapping
+from raybatch.space.config import TrialConfig
+from raybatch.space.rules import OptimizerFamily, ScalingRule
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from raybatch.budget import _nvml, _physical_handle
+from raybatch import keys
+from raybatch.memory.budget import nvml, physical_handle
 
 
 class UtilizationMonitor:
@@ -25,11 +26,11 @@ class UtilizationMonitor:
         self._pynvml: Any = None
 
     def start(self) -> UtilizationMonitor:
-        self._pynvml = _nvml()
+        self._pynvml = nvml()
         if self._pynvml is None:
             return self
         try:
-            handle = _physical_handle(self._pynvml, self.cuda_index)
+            handle = physical_handle(self._pynvml, self.cuda_index)
         except (self._pynvml.NVMLError, IndexError):
             return self
         self._thread = threading.Thread(target=self._run, args=(handle,), daemon=True)
@@ -53,3 +54,30 @@ class UtilizationMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+
+
+class DeviceFigures:
+    """Peak GPU memory and mean NVML utilisation for reports (nothing on CPU).
+
+    Owns the NVML sampling thread; :meth:`close` stops it when the trial ends.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.monitor = (
+            UtilizationMonitor(device.index or 0).start() if device.type == "cuda" else None
+        )
+
+    def __call__(self) -> dict[str, Any]:
+        import torch
+
+        if self.monitor is None:
+            return {}
+        return {
+            keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(self.device)),
+            keys.GPU_UTILIZATION: self.monitor.mean(),
+        }
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()

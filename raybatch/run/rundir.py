@@ -29,8 +29,8 @@ from raybatch import keys
 from raybatch.errors import Issue, OptionError, RunDirError
 from raybatch.export import BestConfig
 from raybatch.metric import Target
-from raybatch.options import SearchOptions
-from raybatch.space import SearchSpace
+from raybatch.run.options import SearchOptions
+from raybatch.space.search_space import SearchSpace
 
 RUN_FILE = "run.json"
 

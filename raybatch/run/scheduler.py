@@ -22,7 +22,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raybatch import keys
-from raybatch.status import TrialStatus
+from raybatch.trial.status import TrialStatus
 
 DEFAULT_SLACK = 1.2
 

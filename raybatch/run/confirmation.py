@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from raybatch import keys
-from raybatch.options import SearchOptions
-from raybatch.rundir import row_of
-from raybatch.space import SearchSpace
+from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import row_of
+from raybatch.space.search_space import SearchSpace
 
 
 class _Pick:
@@ -41,7 +41,7 @@ def confirm(
         return []
     from ray import tune
 
-    from raybatch.scheduler import CappingScheduler
+    from raybatch.run.scheduler import CappingScheduler
 
     param_space: dict[str, Any] = {
         keys.CANDIDATE: tune.grid_search(list(range(len(candidates)))),

@@ -8,10 +8,10 @@ GPUs/CPUs). For each trial it:
 2. gates memory before the clock starts: on CUDA one real probe step; on a CPU-only machine
    with a ``memory_budget``, the trace pre-screen. Too big ends the trial as
    ``infeasible_memory`` with the numbers, costing no training time;
-3. trains with raybatch's loop (:mod:`raybatch.loop`), evaluating at fixed sample marks, and
+3. trains with raybatch's loop (:mod:`raybatch.trial.loop`), evaluating at fixed sample marks, and
    stops at the target, the time/sample cap, or divergence;
 4. reports at every evaluation and ends with exactly one terminal status (see
-   :mod:`raybatch.status`). Failures inside the trial — out of memory mid-training, a crash —
+   :mod:`raybatch.trial.status`). Failures inside the trial — out of memory mid-training, a crash —
    end *the trial* with a reason; they never raise into Ray, so the search goes on.
 
 ``world_size > 1`` runs the trial data-parallel through Ray Train's ``TorchTrainer`` (gloo on
@@ -29,13 +29,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raybatch import keys
-from raybatch.config import TrialConfig
-from raybatch.loop import LoopOptions, agreed_clock, train
 from raybatch.metric import Target, resolve_target
-from raybatch.presets import load_space
-from raybatch.reporting import ReportFn, TrialReporter
-from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus
+from raybatch.space.config import TrialConfig
+from raybatch.space.presets import load_space
+from raybatch.space.search_space import SearchSpace
+from raybatch.trial.loop import LoopOptions, agreed_clock, train
+from raybatch.trial.reporting import ReportFn, TrialReporter
+from raybatch.trial.status import TrialStatus
 from raybatch.workload import Workload
 
 EVALS_PER_EPOCH = 4
@@ -102,35 +102,6 @@ def _set_threads_to_assigned_cpus() -> None:
         torch.set_num_threads(max(1, int(cpus)))
 
 
-class _DeviceFigures:
-    """Peak GPU memory and mean NVML utilisation for reports (nothing on CPU).
-
-    Owns the NVML sampling thread; :meth:`close` stops it when the trial ends.
-    """
-
-    def __init__(self, device: Any) -> None:
-        from raybatch.gpu_monitor import UtilizationMonitor
-
-        self.device = device
-        self.monitor = (
-            UtilizationMonitor(device.index or 0).start() if device.type == "cuda" else None
-        )
-
-    def __call__(self) -> dict[str, Any]:
-        import torch
-
-        if self.monitor is None:
-            return {}
-        return {
-            keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(self.device)),
-            keys.GPU_UTILIZATION: self.monitor.mean(),
-        }
-
-    def close(self) -> None:
-        if self.monitor is not None:
-            self.monitor.stop()
-
-
 def _options(settings: TrialSettings, config: dict[str, Any]) -> LoopOptions:
     """The loop options, with the trial's own seed when its config carries one."""
     return replace(settings.loop, seed=int(config.get(keys.SEED, settings.loop.seed)))
@@ -147,6 +118,8 @@ def _reporter(
     """The trial's reporter: its target, marks, budgets, device clock and extras."""
     import torch
 
+    from raybatch.trial.gpu_monitor import DeviceFigures
+
     eval_every = settings.eval_every_samples or default_eval_every(
         len(workload.train_dataset()),  # type: ignore[arg-type]
         space,
@@ -159,7 +132,7 @@ def _reporter(
         divergence_factor=settings.divergence_factor,
         report_fn=report_fn,
         synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
-        extra=_DeviceFigures(device),
+        extra=DeviceFigures(device),
         **({"clock": clock} if clock is not None else {}),
     )
 
@@ -176,7 +149,7 @@ def run_trial(
     Whatever the workload raises — building the model, loading its data, training — ends the
     trial as ``error`` with the exception's type and first line as the reason and its traceback
     in the final report; it never raises into Ray, so the search goes on (or, when every trial
-    fails the same way, stops early: :mod:`raybatch.failfast`).
+    fails the same way, stops early: :mod:`raybatch.run.failfast`).
     """
     from raybatch.memory.probe import release_memory
 
@@ -229,8 +202,8 @@ def _memory_gate(
         return True
     if settings.memory_budget is None:
         return True
-    from raybatch.budget import parse_size
     from raybatch.memory import MemoryEstimator
+    from raybatch.memory.budget import parse_size
 
     budget = parse_size(settings.memory_budget)
     verdict = MemoryEstimator(workload, recipe).prescreen(recipe, budget)
@@ -320,7 +293,7 @@ def trainable(
             number (the workload's first metric, in its direction). Checked against the
             workload's metrics now, so an unreachable target fails before any trial.
         **settings: Fields of :class:`TrialSettings` (``max_time_s``, ``memory_budget``, ...)
-            and of :class:`~raybatch.loop.LoopOptions` (``grad_clip_norm``, ``ema_decay``...).
+            and of :class:`~raybatch.trial.loop.LoopOptions` (``grad_clip_norm``, ``ema_decay``...).
 
     Example:
         >>> import raybatch

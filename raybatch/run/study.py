@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raybatch.status import WORKLOAD_RAN, TrialStatus
+from raybatch.trial.status import WORKLOAD_RAN, TrialStatus
 
 if TYPE_CHECKING:
     import optuna
 
 STATUS_ATTR = "status"
-"""How the trial ended: a :class:`~raybatch.status.TrialStatus` value."""
+"""How the trial ended: a :class:`~raybatch.trial.status.TrialStatus` value."""
 REASON_ATTR = "reason"
 """Why a pre-screened config was not launched."""
 PREDICTED_BYTES_ATTR = "predicted_bytes"

@@ -11,9 +11,9 @@ from typing import Any
 from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.metric import Target
-from raybatch.options import SearchOptions
-from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus
+from raybatch.run.options import SearchOptions
+from raybatch.space.search_space import SearchSpace
+from raybatch.trial.status import TrialStatus
 
 
 def _knobs(row: dict[str, Any]) -> tuple[float, ...]:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raybatch.errors import PresetNotFoundError
-from raybatch.space import SearchSpace
+from raybatch.space.search_space import SearchSpace
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def preset_dir() -> Path:

@@ -30,10 +30,10 @@ from ray.tune.search import Searcher
 
 from raybatch import keys
 from raybatch.memory import MemoryEstimator, PrescreenResult
-from raybatch.space import SearchSpace
-from raybatch.status import TrialStatus, final_status
-from raybatch.study import SearchStudy
-from raybatch.tune_space import OptunaDefineByRun
+from raybatch.run.study import SearchStudy
+from raybatch.space.search_space import SearchSpace
+from raybatch.space.tune_space import OptunaDefineByRun
+from raybatch.trial.status import TrialStatus, final_status
 
 if TYPE_CHECKING:
     import optuna

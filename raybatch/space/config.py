@@ -18,7 +18,18 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue
-from raybatch.rules import OptimizerFamily, ScalingRule
+from raybatch.space.rules import OptimizerFamily, ScalingRule
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """LR multiplier after ``step`` optimizer steps: linear ramp to 1 over ``warmup_steps``.
+
+    The recipe's warmup schedule, here with the recipe, so the loop and the exported
+    scheduler (:meth:`raybatch.BestConfig.build_scheduler`) apply the same one.
+    """
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, (step + 1) / warmup_steps)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,23 @@
+"""One search run, end to end: Optuna on Ray Tune, and the run directory it leaves.
+
+- ``options``: :class:`SearchOptions`, how a search runs (validated on construction);
+- ``seeding``: the two informed starting points (the reference recipe, the largest batch);
+- ``searcher``: :class:`~raybatch.run.searcher.RaybatchSearcher`, TPE with the memory
+  pre-screen, and ``study``: the Optuna study it owns (the one place that opens it);
+- ``scheduler``: adaptive capping; ``failfast``: stopping on a repeated failure;
+  ``cluster``: connecting to Ray;
+- ``driver``: :func:`search`, :func:`resume` and re-analysis of a finished run;
+- ``confirmation``: the re-runs with fresh seeds; ``selection``: choosing the winner;
+- ``rundir``: the run directory's files and ``trials.csv``.
+"""
+
+from raybatch._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "driver": ("analyze_run", "rebuild_report", "resume", "search"),
+        "options": ("SearchOptions",),
+        "rundir": ("SearchResult", "read_run", "read_trials_csv"),
+    },
+)

@@ -1,0 +1,18 @@
+"""One recipe, measured: a Ray Tune trial of one recipe, from its config to its last report.
+
+- ``wrapper``: the trainable Ray Tune runs (:func:`trainable`) and :func:`run_trial`, which
+  sets a trial up (device, memory gate, probe) and hands it to the loop;
+- ``loop``: raybatch's own training loop (accumulation, warmup, AMP, DDP, evaluation marks);
+- ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's clock, marks,
+  target check and statuses, reported to Ray Tune;
+- ``status``: how a trial ended and the objective the searcher sees for it;
+- ``resources``: what a trial asks Ray for (GPU fraction from the memory estimate);
+- ``gpu_monitor``: GPU utilisation sampled during a trial (NVML).
+"""
+
+from raybatch._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {"wrapper": ("TrialSettings", "default_eval_every", "run_trial", "trainable")},
+)
