@@ -6,7 +6,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raybatch.errors import TraceError
 from raybatch.memory.budget import format_bytes
@@ -21,6 +21,9 @@ from raybatch.memory.trace import (
 )
 from raybatch.space.config import TrialConfig
 from raybatch.workload import Workload
+
+if TYPE_CHECKING:
+    from raybatch.space.search_space import SearchSpace
 
 
 @dataclass
@@ -51,6 +54,14 @@ class MemoryEstimator:
     check_batch: int | None = None
     _models: dict[bool, LinearMemoryModel] = field(default_factory=dict, repr=False)
     _calibration: float = field(default=1.0, repr=False)
+
+    @classmethod
+    def for_space(cls, workload: Workload, space: SearchSpace) -> MemoryEstimator:
+        """The estimator a search uses: the space's reference recipe (its optimizer), CUDA
+        projection, the linear model anchored at the space's smallest and largest micro
+        batch, so every searched size is interpolated, never extrapolated."""
+        micro = space.search.micro_batch_size
+        return cls(workload, space.reference_config(), cuda=True, anchors=(min(micro), max(micro)))
 
     def trace(self, micro_batch_size: int, accumulating: bool = False) -> TraceResult:
         return trace_step(self.workload, self.config, micro_batch_size, accumulating, self.cuda)

@@ -155,11 +155,8 @@ def _plan(
         budget = resolve_budget(options.memory_budget).bytes
     estimator = None
     notes: list[str] = []
-    micro = space.search.micro_batch_size
     if budget is not None:
-        estimator = MemoryEstimator(
-            workload, space.reference_config(), cuda=True, anchors=(min(micro), max(micro))
-        )
+        estimator = MemoryEstimator.for_space(workload, space)
     else:
         notes.append("no GPU memory budget on this machine: suggestions were not pre-screened")
 
@@ -383,10 +380,7 @@ def rebuild_report(run_dir: str | Path) -> Path:
         except RaybatchError:
             workload = None  # the report is still written, without the memory plot
         if workload is not None:
-            micro = space.search.micro_batch_size
-            estimator = MemoryEstimator(
-                workload, space.reference_config(), anchors=(min(micro), max(micro))
-            )
+            estimator = MemoryEstimator.for_space(workload, space)
     budget_bytes = options.memory_budget_bytes
     baseline = max_batch_point(space, budget_check(estimator, budget_bytes))
     result = SearchResult(path, rows, best, baseline, reference_point(space))

@@ -86,10 +86,7 @@ def trial_resources(
         return fixed_resources
 
     budget = resolve_budget(memory_budget).bytes
-    micro = space.search.micro_batch_size
-    estimator = MemoryEstimator(
-        workload, space.reference_config(), cuda=True, anchors=(min(micro), max(micro))
-    )
+    estimator = MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
         recipe = space.derive_from(config)
