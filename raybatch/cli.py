@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 
-from raybatch import keys
 from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.space.config import TrialConfig
 from raybatch.space.presets import list_presets, load_space
@@ -368,11 +367,9 @@ def report_command(
 
 def _print_summary(result: Any, target: Any) -> None:
     from raybatch.report import REPORT, verdict
+    from raybatch.run.rundir import status_counts
 
-    counts: dict[str, int] = {}
-    for row in result.rows:
-        if row[keys.PHASE] != keys.PHASE_CONFIRMATION:
-            counts[row[keys.STATUS]] = counts.get(row[keys.STATUS], 0) + 1
+    counts = status_counts(result.rows)
     typer.echo("")
     typer.echo(_table(("status", "count"), [(k, str(v)) for k, v in sorted(counts.items())]))
     typer.echo("")

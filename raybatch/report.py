@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from raybatch import keys
 from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target
-from raybatch.run.selection import runs_point
+from raybatch.run.rundir import status_counts
+from raybatch.run.selection import runs_point, same_knobs
 from raybatch.space.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -121,12 +122,10 @@ def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[
     if knobs is None:
         return []
 
-    def same(r: dict[str, Any]) -> bool:
-        return runs_point(r, knobs)
-
     # Prefer the confirmation runs (the same seeds and conditions as the winner's).
-    confirmed = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION and same(r)]
-    return confirmed or [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH and same(r)]
+    same = [r for r in rows if runs_point(r, knobs)]
+    confirmed = [r for r in same if r[keys.PHASE] == keys.PHASE_CONFIRMATION]
+    return confirmed or [r for r in same if r[keys.PHASE] == keys.PHASE_SEARCH]
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -218,8 +217,9 @@ def write_report(
     _plot_history(rows, run_dir / "history.png")
     entries: dict[str, dict[str, Any]] = {}
     if result.best is not None:
+        winner = [result.best.config.to_dict()]
         winner_rows = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION
-                       and all(float(r[k]) == float(getattr(result.best.config, k)) for k in keys.RAW_KNOBS)]  # fmt: skip
+                       and same_knobs(r, winner)]  # fmt: skip
         if (summary := _summary(winner_rows)) is not None:
             entries["winner"] = summary
     for name, knobs in (("max batch", result.baseline), ("reference", result.reference)):
@@ -227,10 +227,7 @@ def write_report(
             entries[name] = summary
     if entries:
         _plot_comparison(entries, run_dir / "comparison.png")
-    counts: dict[str, int] = {}
-    for r in rows:
-        if r[keys.PHASE] != keys.PHASE_CONFIRMATION:
-            counts[r[keys.STATUS]] = counts.get(r[keys.STATUS], 0) + 1
+    counts = status_counts(rows)
     table = "".join(
         f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"
         f"<td>{'-' if e['time'] is None else format(e['time'], '.3f')}</td>"

@@ -210,13 +210,18 @@ def test_a_search_that_cannot_fit_anything_finishes_instead_of_crashing(
     assert len(searcher.study.trials) == 20
     assert searcher.suggest("b") == searcher.FINISHED  # and asks Optuna no more
     assert len(searcher.study.trials) == 20
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    restored = _searcher(tmp_path, budget=1)  # a resumed search remembers it gave up
+    restored.restore(str(tmp_path / "ckpt.pkl"))
+    assert restored.suggest("c") == restored.FINISHED
+    assert len(restored.study.trials) == 20
 
 
 def test_orphans_of_an_interrupted_driver_are_closed_as_failed(tmp_path: Path) -> None:
     searcher = _searcher(tmp_path)
     searcher.suggest("a")
     searcher.suggest("b")
-    searcher._trial_numbers.pop("b")  # as if "b" was never recorded before the driver died
-    assert searcher.close_orphans() == 1
+    # The driver died with "b" running; the resumed experiment knows only Tune trial "a".
+    assert searcher.record.close_orphans({"a"}) == 1
     states = [t.state for t in searcher.study.trials]
     assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL]

@@ -275,7 +275,7 @@ def _execute(
             f" continue with `raybatch resume {path}`"
         )
     rows = _search_rows(space, results, options.penalty)
-    closed = _reconcile_study(plan.searcher.record, {r[keys.TRIAL_ID] for r in rows})
+    closed = plan.searcher.record.close_orphans({r[keys.TRIAL_ID] for r in rows})
     if closed:
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
@@ -332,12 +332,6 @@ def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[dict[str,
         row[keys.PHASE] = keys.PHASE_PRESCREEN
         rows.append(row)
     return rows
-
-
-def _reconcile_study(record: SearchStudy, tune_trial_ids: set[str]) -> int:
-    """Close study trials still RUNNING whose Tune trial is not among the finished ones."""
-    owned = {n for n, tune_id in record.owners().items() if tune_id in tune_trial_ids}
-    return record.close_orphans(owned)
 
 
 def analyze_run(run_dir: str | Path) -> BestConfig | None:

@@ -83,6 +83,7 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     """``(field, what is wrong)`` for each invalid option."""
     from raybatch.errors import MemoryBudgetError
     from raybatch.memory.budget import parse_size
+    from raybatch.trial.resources import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
 
     found: list[tuple[str, str]] = []
 
@@ -92,7 +93,8 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
 
     need("trials", _is_int(o.trials) and o.trials >= 1, "an integer >= 1")
     need("max_time_s", _is_number(o.max_time_s) and o.max_time_s > 0, "a positive number")
-    need("gpus_per_trial", _gpus_ok(o.gpus_per_trial), "'auto' or a number >= 0")
+    gpus = o.gpus_per_trial
+    need("gpus_per_trial", gpus is None or gpus_per_trial_ok(gpus), GPUS_PER_TRIAL_ALLOWED)
     need("cpus_per_trial", _is_number(o.cpus_per_trial) and o.cpus_per_trial > 0, "> 0")
     need("max_concurrent", _none_or(o.max_concurrent, 1), "an integer >= 1 or None")
     need("slack", _is_number(o.slack) and o.slack >= 1, "a number >= 1")
@@ -123,7 +125,3 @@ def _is_number(value: Any) -> bool:
 
 def _none_or(value: Any, least: int) -> bool:
     return value is None or (_is_int(value) and value >= least)
-
-
-def _gpus_ok(value: Any) -> bool:
-    return value is None or value == "auto" or (_is_number(value) and value >= 0)

@@ -19,6 +19,7 @@ import csv
 import dataclasses
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,12 @@ def stored_rows(path: Path) -> list[dict[str, Any]]:
     if not (path / TRIALS_CSV).is_file():
         raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(path))
     return [_typed(r) for r in read_trials_csv(path / TRIALS_CSV)]
+
+
+def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many trials of the search (pre-screened included, confirmation runs not) ended in
+    each status: the summary the CLI prints and the report shows."""
+    return dict(Counter(r[keys.STATUS] for r in rows if r[keys.PHASE] != keys.PHASE_CONFIRMATION))
 
 
 def row_of(space: SearchSpace, config: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:

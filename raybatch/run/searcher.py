@@ -100,13 +100,18 @@ class RaybatchSearcher(Searcher):
         self.prescreened: list[dict[str, Any]] = []
         self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
         self._pending_points = list(points_to_evaluate or [])
-        self.gave_up: str | None = None
 
     @property
     def study(self) -> optuna.Study:
         """The Optuna study (opened on first use; the first points queued if it is new)."""
         self._queue_first_points()
         return self.record.study
+
+    @property
+    def gave_up(self) -> str | None:
+        """Why the searcher stopped suggesting, if it did; read from the study, so that a
+        searcher restored from a checkpoint does not ask Optuna all over again."""
+        return self.record.gave_up_reason()
 
     def _queue_first_points(self) -> None:
         if self._pending_points:
@@ -157,11 +162,10 @@ class RaybatchSearcher(Searcher):
             self.record.launched(ot_trial, config, trial_id)
             self._trial_numbers[trial_id] = ot_trial.number
             return config
-        self.gave_up = (
+        self.record.gave_up(
             f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were predicted not to fit the memory"
             " budget; the space's smallest micro batch may already be too large"
         )
-        self.record.gave_up(self.gave_up)
         return Searcher.FINISHED
 
     def _screen(self, config: dict[str, Any]) -> PrescreenResult | None:
@@ -237,10 +241,3 @@ class RaybatchSearcher(Searcher):
         self.prescreened = state["prescreened"]
         self.out_of_memory = state.get("out_of_memory", [])
         self._pending_points = []
-
-    def close_orphans(self) -> int:
-        """Fail study trials left RUNNING by an interrupted driver that no Tune trial owns.
-
-        Returns how many were closed, so the study and the Ray experiment agree.
-        """
-        return self.record.close_orphans(set(self._trial_numbers.values()))

@@ -58,7 +58,7 @@ def candidates(rows: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
     reached.sort(key=lambda r: r[keys.TIME_TO_TARGET_S])
     out, seen = [], set()
     for r in reached:
-        knobs = tuple(r[k] for k in keys.RAW_KNOBS)
+        knobs = _knobs(r)
         if knobs not in seen:
             seen.add(knobs)
             out.append(r)

@@ -191,25 +191,20 @@ class SearchStudy:
         reason = self.study.user_attrs.get(GAVE_UP_ATTR)
         return None if reason is None else str(reason)
 
-    def close_orphans(self, owned: set[int]) -> int:
-        """Fail study trials left RUNNING by an interrupted driver that no Tune trial owns
-        (``owned``: the study numbers Tune trials hold); returns how many were closed."""
+    def close_orphans(self, tune_trial_ids: set[str]) -> int:
+        """Fail study trials left RUNNING by an interrupted driver: those no Tune trial among
+        ``tune_trial_ids`` ran. Returns how many were closed, so the study and the Ray
+        experiment agree."""
         import optuna
 
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        orphans = [t.number for t in running if t.number not in owned]
+        orphans = [
+            t.number for t in running if t.user_attrs.get(TUNE_TRIAL_ID_ATTR) not in tune_trial_ids
+        ]
         for number in orphans:
             self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self._live.pop(number, None)
         return len(orphans)
-
-    def owners(self) -> dict[int, str]:
-        """Study number -> the Tune trial id that ran it, for every launched trial."""
-        return {
-            t.number: t.user_attrs[TUNE_TRIAL_ID_ATTR]
-            for t in self.study.get_trials(deepcopy=False)
-            if TUNE_TRIAL_ID_ATTR in t.user_attrs
-        }
 
     def prescreened(self) -> list[Prescreened]:
         """The configs the pre-screen kept from launching (they survive a resume here)."""

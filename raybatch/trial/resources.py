@@ -30,6 +30,15 @@ MAX_TRIALS_PER_GPU = 8
 the trials fight over the SMs, and time-to-target measurements stop meaning anything."""
 
 
+GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
+
+
+def gpus_per_trial_ok(value: Any) -> bool:
+    """Whether ``value`` is a GPU request a trial can make: ``"auto"`` or a number >= 0."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return value == "auto" or (number and value >= 0)
+
+
 def gpu_fraction(
     predicted_bytes: int, budget_bytes: int, max_per_gpu: int = MAX_TRIALS_PER_GPU
 ) -> float:
@@ -67,15 +76,10 @@ def trial_resources(
         OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
         BudgetUnavailableError: ``"auto"`` without a budget and without NVML.
     """
+    if not gpus_per_trial_ok(gpus_per_trial):
+        message = f"must be {GPUS_PER_TRIAL_ALLOWED}, got {gpus_per_trial!r}"
+        raise OptionError([Issue("gpus_per_trial", message)])
     if gpus_per_trial != "auto":
-        if isinstance(gpus_per_trial, str) or gpus_per_trial < 0:
-            raise OptionError(
-                [
-                    Issue(
-                        "gpus_per_trial", f"must be 'auto' or a number >= 0, got {gpus_per_trial!r}"
-                    )
-                ]
-            )
         fixed = float(gpus_per_trial)
 
         def fixed_resources(config: dict[str, Any]) -> dict[str, float]:
