@@ -21,10 +21,19 @@ left by reference: a cluster has them installed, as it has Ray.
 
 Code defined in ``__main__`` (a script, a notebook) is already pickled by value by
 cloudpickle; the modules *it* imports from its own folder are registered here.
+
+cloudpickle ships *functions and classes* of a registered module by value, but pickles any
+other object by reference, and a function decorated with ``functools.cache``/``lru_cache`` is
+such an object (the wrapper, not a function): a worker would look the user's module up by
+name and fail. A reducer for cache wrappers of registered modules rebuilds them on the worker
+around the wrapped function, which travels by value (with an empty cache, as a fresh process
+would have).
 """
 
 from __future__ import annotations
 
+import copyreg
+import functools
 import importlib.metadata
 import os
 import sys
@@ -33,6 +42,7 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 _NEVER = frozenset({"raybatch", "__main__", "__mp_main__"})
 
@@ -103,6 +113,26 @@ def user_modules(folders: Iterable[Path], extra: Iterable[ModuleType] = ()) -> l
     return [found[name] for name in sorted(found)]
 
 
+def cached(function: Any, maxsize: int | None, typed: bool) -> Any:
+    """``function`` wrapped in ``functools.lru_cache`` again (on the worker that unpickles it)."""
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(function)
+
+
+def _reduce_cache_wrapper(wrapper: Any) -> Any:
+    """Pickle a cached function of a module shipped by value as its function and cache
+    parameters; any other one by reference (its name), as pickle does by default."""
+    from ray import cloudpickle
+
+    if wrapper.__module__ not in cloudpickle.list_registry_pickle_by_value():
+        return wrapper.__qualname__
+    parameters = wrapper.cache_parameters()
+    return cached, (wrapper.__wrapped__, parameters["maxsize"], parameters["typed"])
+
+
+_CACHE_WRAPPER = type(functools.cache(len))
+"""``functools._lru_cache_wrapper``, named without its private name."""
+
+
 def ship_by_value(obj: object) -> list[str]:
     """Register the user code behind ``obj`` to be pickled by value; the module names.
 
@@ -121,4 +151,6 @@ def ship_by_value(obj: object) -> list[str]:
     modules = user_modules(folders, [m for m in defining if is_user_module(m)])
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
+    if modules:
+        copyreg.pickle(_CACHE_WRAPPER, _reduce_cache_wrapper)
     return [m.__name__ for m in modules]

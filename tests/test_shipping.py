@@ -54,16 +54,17 @@ print(type(workload).__name__, shape, len(workload.val_dataset()))
 """
 
 
-def test_a_shipped_workload_runs_where_its_folder_does_not_exist(tmp_path: Path) -> None:
-    """What a worker on another node gets: the pickle alone, no file, no sys.path entry."""
+def _unpickled_elsewhere(path: Path, tmp_path: Path) -> list[str]:
+    """Ship the workload at ``path``, delete its folder, and unpickle it in a fresh process
+    started in another folder: what a worker on another node gets (the pickle alone, no file,
+    no sys.path entry). Returns what that process printed."""
     from ray import cloudpickle
 
-    path = write_user_workload(tmp_path / "user")
     workload = load_workload(f"{path}:workload")
     ship_by_value(workload)
     blob = tmp_path / "workload.pkl"
     blob.write_bytes(cloudpickle.dumps(workload))
-    shutil.rmtree(tmp_path / "user")
+    shutil.rmtree(path.parent)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = subprocess.run(
@@ -71,7 +72,21 @@ def test_a_shipped_workload_runs_where_its_folder_does_not_exist(tmp_path: Path)
         capture_output=True, text=True, cwd=elsewhere, check=False, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["BlobsWorkload", "(1,", "4)", "512"]
+    return proc.stdout.split()
+
+
+def test_a_shipped_workload_runs_where_its_folder_does_not_exist(tmp_path: Path) -> None:
+    path = write_user_workload(tmp_path / "user")
+    assert _unpickled_elsewhere(path, tmp_path) == ["BlobsWorkload", "(1,", "4)", "512"]
+
+
+def test_the_init_workload_template_runs_where_its_folder_does_not_exist(tmp_path: Path) -> None:
+    """The file users start from caches its data with ``functools.cache``: a cached function
+    of a shipped module travels by value too (it used to be looked up by name, and failed)."""
+    from raybatch.template import write_template
+
+    path, _space = write_template(tmp_path / "user" / "my_model.py")
+    assert _unpickled_elsewhere(path, tmp_path) == ["MyWorkload", "(1,", "4)", "2048"]
 
 
 @pytest.mark.slow
