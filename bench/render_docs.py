@@ -187,6 +187,33 @@ def _plugin_overhead(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _loop_overhead(data: dict[str, Any]) -> list[str]:
+    out = [
+        "## Overhead of raybatch's training loop",
+        "",
+        "`bench/loop_overhead.py`: the same recipes run by raybatch's trial loop and by a plain"
+        " hand-written PyTorch loop (shuffled index into the tensors, whole validation set in one"
+        " batch at the same sample marks), from the same initial weights and data order,"
+        f" interleaved, {data['seeds']} seeds per recipe, {data['threads']} torch thread, torch"
+        f" {data['torch']}. Training time to target, evaluation excluded (the search's objective).",
+        "",
+        "| workload | recipes (micro x accumulation, LR x) | same samples to target | ours (s)"
+        " | plain (s) | ratio | 95% interval | <= " + f"{data['target_ratio']:.2f}" + " |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for name, w in data["workloads"].items():
+        recipes = sorted({(r["micro_batch_size"], r["accumulation_steps"], r["lr_multiplier"])
+                          for r in w["runs"]})  # fmt: skip
+        shown = ", ".join(f"{m}x{a}, {x:g}" for m, a, x in recipes)
+        low, high = w["ratio_ci95"]
+        out.append(
+            f"| {name} | {shown} | {w['same_samples_to_target']} of {len(w['runs'])}"
+            f" | {w['ours_median_s']:.3f} | {w['plain_median_s']:.3f} | {w['ratio']:.3f}"
+            f" | {low:.3f}-{high:.3f} | {'met' if w['target_met'] else 'not met'} |"
+        )
+    return [*out, ""]
+
+
 def _digits_sweep(data: dict[str, Any]) -> list[str]:
     out = [
         "## Real training: digits, time to target across batch recipes",
@@ -281,6 +308,7 @@ def render() -> str:
     for name, section in (
         ("search_efficiency", _search_efficiency),
         ("real_training", _real_training),
+        ("loop_overhead", _loop_overhead),
         ("digits_batch_sweep", _digits_sweep),
         ("prescreen_cost", _prescreen_cost),
         ("trace_cost", _trace_cost),
@@ -350,6 +378,17 @@ def headline() -> str:
             " for a power/binsearch finder and"
             f" {min(r['restarts'] for r in shrink)}-{max(r['restarts'] for r in shrink)} restarts"
             " for a x0.9 shrink-and-retry loop."
+        )
+    loop = _load("loop_overhead")
+    if loop is not None:
+        lines.append(
+            "- **Training loop**: raybatch's trial loop vs a plain hand-written PyTorch loop,"
+            " training time to target: "
+            + ", ".join(
+                f"{name} {w['ratio']:.2f}x ({w['ratio_ci95'][0]:.2f}-{w['ratio_ci95'][1]:.2f})"
+                for name, w in loop["workloads"].items()
+            )
+            + "."
         )
     overhead = _load("plugin_overhead")
     if overhead is not None:

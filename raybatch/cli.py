@@ -222,6 +222,9 @@ def _print_estimate(report: Any) -> None:
     )
 
 
+_EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
+
+
 @app.command("search")
 def search_command(
     workload: Annotated[
@@ -244,8 +247,11 @@ def search_command(
         str | None, typer.Option("--memory-budget", help="Per-GPU budget: 8GiB, 1500MB...")
     ] = None,
     max_time_per_trial: Annotated[
-        float, typer.Option("--max-time-per-trial", help="Time cap per trial, seconds.")
+        float, typer.Option("--max-time-per-trial", help="Training-time cap per trial, seconds.")
     ] = 60.0,
+    eval_every: Annotated[
+        int | None, typer.Option("--eval-every", metavar="SAMPLES", help=_EVAL_EVERY_HELP)
+    ] = None,
     gpus_per_trial: Annotated[
         str | None, typer.Option("--gpus-per-trial", help="auto, N or a fraction (0: CPU).")
     ] = None,
@@ -288,6 +294,7 @@ def search_command(
                 confirm_top=confirm_top,
                 confirm_seeds=confirm_seeds,
                 hang_grace_s=hang_grace,
+                eval_every_samples=eval_every,
             )
         except OptionError as exc:
             raise exc.renamed(_SEARCH_FLAGS, _CLI) from None
@@ -399,6 +406,7 @@ _SEARCH_FLAGS = {
     "confirm_top": "--confirm-top",
     "confirm_seeds": "--confirm-seeds",
     "hang_grace_s": "--hang-grace",
+    "eval_every_samples": "--eval-every",
 }
 """SearchOptions' fields as ``raybatch search`` spells them, for its error messages."""
 

@@ -66,12 +66,13 @@ def _plot_time_vs_batch(rows: list[dict[str, Any]], out: Path) -> None:
             ]
             if not pts:
                 continue
-            ys = [_float(r[keys.TIME_TO_TARGET_S]) or _float(r[keys.ELAPSED_S]) or 0.0 for r in pts]
+            ys = [_float(r[keys.TIME_TO_TARGET_S]) or _float(r.get(keys.TRAIN_S)) or 0.0
+                  for r in pts]  # fmt: skip
             ax.scatter([int(r[keys.EFFECTIVE_BATCH_SIZE]) for r in pts], ys, marker=marker,
                        color=color, label=f"{status}, accum {acc}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("effective batch size")
-    ax.set_ylabel("time to target (s); elapsed if not reached")
+    ax.set_ylabel("training time to target (s); trained if not reached")
     ax.legend(fontsize=7, ncol=2)
     _save(fig, out)
 
@@ -133,6 +134,10 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not rows:
         return None
     times = [float(r[keys.TIME_TO_TARGET_S]) for r in reached]
+    evals = [float(v) for r in reached if (v := _float(r.get(keys.EVAL_S))) is not None]
+    elapsed = [
+        float(v) for r in reached if (v := _float(r.get(keys.ELAPSED_TO_TARGET_S))) is not None
+    ]
     # A trial that never reported (hung, failed at start) has no throughput.
     rates = [float(r[keys.THROUGHPUT]) for r in rows if r.get(keys.THROUGHPUT) not in (None, "")]
     return {
@@ -142,8 +147,14 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "times": times,
         "samples": statistics.median(float(r[keys.SAMPLES_TO_TARGET]) for r in reached) if reached else None,
         "throughput": statistics.median(rates) if rates else None,
+        "eval": statistics.median(evals) if evals else None,
+        "elapsed": statistics.median(elapsed) if elapsed else None,
         "status": rows[0][keys.STATUS],
     }  # fmt: skip
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
@@ -151,7 +162,7 @@ def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.2))
     names = list(entries)
     for ax, key, label in zip(axes, ("time", "samples", "throughput"),
-                              ("time to target (s)", "samples to target", "samples / s"),
+                              ("training time to target (s)", "samples to target", "samples / s"),
                               strict=True):  # fmt: skip
         ax.bar(
             names,
@@ -169,10 +180,11 @@ def verdict(result: SearchResult, target: Target) -> str:
         return f"No recipe reached {target} in every confirmation run."
     c = result.best.config
     median = result.best.provenance["median_time_to_target_s"]
+    count = len(result.best.provenance["time_to_target_s_runs"])
     text = (
         f"micro batch {c.micro_batch_size} x {c.accumulation_steps} accumulation"
         f" (effective {c.effective_batch_size}, lr {c.lr:.4g}) reaches {target} in"
-        f" {median:.2f} s (median of {len(result.best.provenance['time_to_target_s_runs'])} runs)"
+        f" {median:.2f} s of training (median of {count} runs)"
     )
     baseline = _summary(_matching(result.rows, result.baseline))
     is_baseline = result.baseline is not None and all(
@@ -230,9 +242,9 @@ def write_report(
     counts = status_counts(rows)
     table = "".join(
         f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"
-        f"<td>{'-' if e['time'] is None else format(e['time'], '.3f')}</td>"
-        f"<td>{'-' if e['samples'] is None else int(e['samples'])}</td>"
-        f"<td>{'-' if e['throughput'] is None else format(e['throughput'], '.0f')}</td></tr>"
+        f"<td>{_cell(e['time'], '.3f')}</td><td>{_cell(e['eval'], '.3f')}</td>"
+        f"<td>{_cell(e['elapsed'], '.3f')}</td><td>{_cell(e['samples'], '.0f')}</td>"
+        f"<td>{_cell(e['throughput'], '.0f')}</td></tr>"
         for n, e in entries.items()
     )
     images = ["time_vs_batch.png", *(["memory.png"] if has_memory else []), "history.png",
@@ -246,7 +258,10 @@ def write_report(
 <p><b>{html.escape(verdict(result, target))}</b></p>
 <p>Trials by status: {html.escape(", ".join(f"{k} {v}" for k, v in sorted(counts.items())))}.
 Budget: {format_bytes(budget) if budget else "none (CPU run, no pre-screen)"}.</p>
-<table border="1"><tr><th></th><th>micro x accum</th><th>effective</th><th>time to target (s)</th>
+<p>Times to target count training only (waiting for data included): evaluation is raybatch's
+measuring device, not part of your training, so its time is shown apart.</p>
+<table border="1"><tr><th></th><th>micro x accum</th><th>effective</th>
+<th>training time to target (s)</th><th>evaluation (s)</th><th>with evaluation (s)</th>
 <th>samples to target</th><th>samples/s</th></tr>{table}</table>
 <ul>{notes}</ul>
 {"".join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}

@@ -134,6 +134,21 @@ def test_docs_are_rendered_from_the_committed_results(tmp_path: Path) -> None:
     assert committed == text, "run `make bench` (or bench/render_docs.py) and commit docs/"
 
 
+def test_loop_overhead_benchmark_runs_both_loops_on_one_trajectory(tmp_path: Path) -> None:
+    """Same weights, same data order: both loops reach the target after the same samples, so
+    the ratio measures the loop alone."""
+    module = _load("loop_overhead")
+    from raybatch.examples.digits import DigitsWorkload
+
+    data = module.main(seeds=1, out=tmp_path / "l.json",
+                       cases=[("digits_cnn", DigitsWorkload(), 0.9, [(64, 2, 1.0)])])  # fmt: skip
+    case = data["workloads"]["digits_cnn"]
+    run = case["runs"][0]
+    assert run["ours_samples"] == run["plain_samples"] is not None
+    assert case["same_samples_to_target"] == 1
+    assert case["ratio"] == pytest.approx(run["ours_s"] / run["plain_s"])
+
+
 @pytest.mark.slow
 def test_plugin_overhead_benchmark_times_both_sides(ray_session: None, tmp_path: Path) -> None:
     data = _load("plugin_overhead").main(trials=3, repeats=1, out=tmp_path / "o.json")

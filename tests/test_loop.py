@@ -123,3 +123,43 @@ def test_ema_is_what_gets_evaluated() -> None:
     train(workload, _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions(ema_decay=0.9))
     assert evaluated and all(m is not workload.kept[-1] for m in evaluated)
     assert reporter.status is TrialStatus.CENSORED
+
+
+def test_between_marks_the_device_loop_neither_reads_the_loss_nor_synchronises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA policy, driven on CPU: the loss is summed on the device and read at marks
+    only, and the clock synchronises only there, so syncs are bounded per mark, not per step."""
+    import raybatch.trial.loop as loop
+
+    reads: list[int] = []
+    real_read = loop.read_loss
+    monkeypatch.setattr(loop, "reads_loss_every_step", lambda device, distributed: False)
+    monkeypatch.setattr(loop, "read_loss", lambda t, n: reads.append(n) or real_read(t, n))
+    syncs: list[int] = []
+    marks = 4
+    reporter = TrialReporter(
+        2.0, eval_every_samples=64, max_time_s=60, max_samples=marks * 64,
+        report_fn=lambda m: None, synchronize=lambda: syncs.append(1),
+    )  # fmt: skip
+    train(MLPWorkload(), _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions())
+    assert reporter.steps == marks * 8  # 32 optimizer steps
+    assert reads == [8] * marks  # one read per mark, of the 8 steps since the last
+    assert len(syncs) <= 4 * (marks + 1)
+    assert reporter.loss is not None and reporter.initial_loss is not None
+
+
+def test_on_cpu_the_loss_is_read_every_step_so_a_nan_stops_the_trial_at_once() -> None:
+    class GoesNaN(MLPWorkload):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+            self.calls += 1
+            loss = super().loss(model, batch)
+            return loss * float("nan") if self.calls == 3 else loss
+
+    reporter = TrialReporter(2.0, eval_every_samples=10**6, max_time_s=60, report_fn=lambda m: None)
+    train(GoesNaN(), _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions())
+    assert reporter.status is TrialStatus.DIVERGED and reporter.steps == 3

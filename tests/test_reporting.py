@@ -61,6 +61,67 @@ def test_evaluation_time_counts_in_elapsed_but_not_in_train_time() -> None:
     assert reports[-1][keys.THROUGHPUT] == pytest.approx(50.0)
 
 
+def test_the_objective_is_training_time_to_target_and_evaluation_is_reported_apart() -> None:
+    """Evaluations are the measuring device, not the user's training: kept out of the
+    objective, reported as eval_s, and the old figure (both together) kept beside it."""
+    run, reports, clock = make()
+    clock.now += 2.0
+    run.add(samples=100, steps=1)
+    with run.evaluating():
+        clock.now += 5.0
+    run.report(0.5)
+    clock.now += 1.0
+    run.add(samples=100, steps=1)
+    with run.evaluating():
+        clock.now += 5.0
+    assert run.report(0.95) is True
+    final = reports[-1]
+    assert final[keys.TIME_TO_TARGET_S] == pytest.approx(3.0)
+    assert final[keys.OBJECTIVE] == pytest.approx(3.0)
+    assert final[keys.EVAL_S] == pytest.approx(10.0)
+    assert final[keys.ELAPSED_TO_TARGET_S] == pytest.approx(13.0)
+    assert "in 3.000 s of training" in final[keys.REASON]
+
+
+def test_the_time_cap_counts_training_only() -> None:
+    run, reports, clock = make(max_time_s=5.0)
+    run.add(samples=50, steps=1, loss=1.0)
+    with run.evaluating():
+        clock.now += 20.0  # a slow evaluation does not spend the trial's budget
+    clock.now += 4.0
+    assert run.add(samples=10, steps=1, loss=1.0) is False
+    clock.now += 2.0
+    assert run.add(samples=10, steps=1, loss=1.0) is True
+    assert "time cap of 5 s of training" in reports[-1][keys.REASON]
+
+
+def test_the_device_is_synchronised_at_marks_never_between_them() -> None:
+    """On CUDA a sync per step makes small launch-bound batches look slow: between marks the
+    time cap is read from the host clock; only marks (and the end) wait for the device."""
+    syncs: list[int] = []
+    run, _reports, clock = make(synchronize=lambda: syncs.append(1), eval_every_samples=1000)
+    syncs.clear()  # start() reads the clock once
+    for _ in range(99):
+        clock.now += 0.01
+        run.add(samples=10, steps=1)
+    assert syncs == []
+    run.add(samples=10, steps=1)
+    assert run.eval_due
+    with run.evaluating():
+        clock.now += 0.1
+    run.report(0.5)
+    assert 0 < len(syncs) <= 4
+
+
+def test_caps_can_wait_for_the_marks() -> None:
+    """Data-parallel workers must agree to stop, so there the caps are checked at marks."""
+    run, _reports, clock = make(max_time_s=1.0, check_budgets_between_marks=False)
+    clock.now += 5.0
+    assert run.add(samples=10, steps=1) is False
+    run.add(samples=90, steps=1)
+    assert run.report(0.1) is True and run.status is TrialStatus.CENSORED
+
+
 def test_data_wait_fraction_is_the_share_of_training_time() -> None:
     run, reports, clock = make()
     clock.now += 4.0

@@ -69,6 +69,12 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
         )
     statuses = {r["status"] for r in rows}
     assert statuses <= {"reached", "censored", "capped", "diverged", "prescreened_out"}
+    for row in search_rows:  # the objective is training time; evaluation is kept beside it
+        if row["status"] == "reached":
+            trained, evaluated = float(row["time_to_target_s"]), float(row["eval_s"])
+            assert float(row["objective"]) == pytest.approx(trained)
+            assert evaluated > 0
+            assert float(row["elapsed_to_target_s"]) == pytest.approx(trained + evaluated)
 
 
 @pytest.mark.slow
@@ -104,9 +110,11 @@ def test_capped_trials_stop_near_slack_times_the_incumbent(finished_run: dict[st
     reached = [r[keys.TIME_TO_TARGET_S] for r in rows if r["status"] == "reached"]
     for row in rows:
         if row["status"] == "capped":
-            # Stopped at the first report past the cap: within one evaluation interval of it.
-            assert row[keys.ELAPSED_S] > 1.2 * min(reached) * 0.999
-            assert row[keys.ELAPSED_S] < 1.2 * max(reached) + 5.0
+            # Stopped at the first report past the cap, on the objective's clock (training
+            # only): within one evaluation interval of it.
+            assert row[keys.TRAIN_S] > 1.2 * min(reached) * 0.999
+            assert row[keys.TRAIN_S] < 1.2 * max(reached) + 5.0
+            assert row[keys.ELAPSED_S] > row[keys.TRAIN_S]
 
 
 @pytest.mark.slow
@@ -152,6 +160,10 @@ def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, 
         (
             ["search", DIGITS, "--target", "0.97", "--hang-grace", "0"],
             "command line: --hang-grace: must be a positive number, got 0.0",
+        ),
+        (
+            ["search", DIGITS, "--target", "0.97", "--eval-every", "0"],
+            "command line: --eval-every: must be an integer >= 1",
         ),
         (["resume", "/nonexistent/run"], "run.json: missing: not a raybatch run directory"),
         (["export", "/nonexistent/run"], "best_config: not found"),

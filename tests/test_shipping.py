@@ -97,7 +97,8 @@ def test_cli_search_of_a_user_workload_file_from_another_folder(tmp_path: Path) 
     proc = subprocess.run(
         [sys.executable, "-m", "raybatch", "search", "../user/my_workload.py:workload",
          "--space", "../user/space.yaml", "--target", "accuracy>=0.9", "--trials", "3",
-         "--max-time-per-trial", "10", "--confirm-seeds", "0", "--run-dir", "run", "--quiet"],
+         "--max-time-per-trial", "10", "--confirm-seeds", "0", "--run-dir", "run", "--quiet",
+         "--eval-every", "512"],
         capture_output=True, text=True, cwd=cwd, check=False, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -105,6 +106,8 @@ def test_cli_search_of_a_user_workload_file_from_another_folder(tmp_path: Path) 
     rows = [r for r in read_trials_csv(run / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == 3
     assert {r["status"] for r in rows} <= {"reached", "censored", "capped"}, rows
+    reached = [r for r in rows if r["status"] == "reached"]
+    assert reached and all(int(r["samples_to_target"]) % 512 == 0 for r in reached)
     assert (run / "best_config.yaml").is_file()
     # Stored absolute, so `raybatch resume` works from any folder.
     stored = json.loads((run / "run.json").read_text())["workload"]

@@ -307,8 +307,8 @@ def _search_rows(space: SearchSpace, results: Any, penalty: float) -> list[dict[
         status, value = final_status(metrics, result.error is not None, penalty)
         if status is TrialStatus.CAPPED:
             metrics[keys.REASON] = (
-                f"capped at {metrics.get(keys.ELAPSED_S, 0):.3f} s: slower than the best time"
-                " to target x slack"
+                f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: slower than the best"
+                " time to target x slack"
             )
         if result.error is not None:
             metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"

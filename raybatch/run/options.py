@@ -15,7 +15,8 @@ class SearchOptions:
 
     Attributes:
         trials: Trials to launch (pre-screened configs are extra and cost nothing).
-        max_time_s: Time cap per trial; censored and capped trials score 10x this.
+        max_time_s: Cap on each trial's training time (evaluation excluded); censored and
+            capped trials score 10x this.
         memory_budget: Per-GPU budget for the pre-screen (default: NVML on a GPU machine;
             none on a CPU machine, where trials run on CPUs).
         gpus_per_trial: ``"auto"`` (a fraction from the estimate), a number, or 0.
@@ -31,9 +32,10 @@ class SearchOptions:
         confirm_seeds: Fresh seeds per candidate.
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
-        hang_grace_s: Seconds past ``max_time_s`` after which a trial still running counts as
-            hung (stuck in a step) and is stopped by the driver as ``censored``; it covers
-            start-up, the probe and a last evaluation, which the trial's clock excludes.
+        hang_grace_s: Seconds past ``max_time_s`` without a report after which a running
+            trial counts as hung (stuck in a step) and is stopped by the driver as
+            ``censored``; it covers start-up, the probe and an evaluation, which the trial's
+            clock excludes.
     """
 
     trials: int = 20

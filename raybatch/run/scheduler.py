@@ -2,16 +2,19 @@
 
 The analogue of adaptive capping in algorithm configuration (ParamILS, Hutter et al. 2009;
 SMAC; irace reports 20-45% of the effort saved): once some trial has reached the target in
-``T*`` seconds, any running trial whose elapsed time passes ``slack x T*`` cannot win, so it is
-stopped. The default slack of 1.2 leaves room for timing noise, as SMAC's does. A capped trial
-is censored data at its cap; the searcher records it as ``capped`` with the PAR-10 penalty.
+``T*`` seconds of training, any running trial whose training time (``train_s``, the clock of
+the objective: evaluations excluded) passes ``slack x T*`` cannot win, so it is stopped. The
+default slack of 1.2 leaves room for timing noise, as SMAC's does. A capped trial is censored
+data at its cap; the searcher records it as ``capped`` with the PAR-10 penalty.
 
-It also guards against **hung** trials. A trial checks its own time cap at every step, so one
-still running well past the cap is stuck inside a step (a collective that never completes, a
+It also guards against **hung** trials. A trial reports at every evaluation mark and checks its
+own time cap as it trains, so one that has not reported for longer than the cap (plus a grace
+for start-up and one evaluation) is stuck inside a step (a collective that never completes, a
 data loader that deadlocked, a blocking call) and will never report again: no result-driven
 rule can stop it. Ray Tune asks the scheduler which trial to run at every step of its loop, so
-there the scheduler stops any trial alive longer than ``hang_after_s``, recording it as
-``censored`` with the reason, and the search goes on.
+there the scheduler stops any trial silent for longer than ``hang_after_s``, recording it as
+``censored`` with the reason, and the search goes on. (Silence, not age: evaluation time is
+outside the cap, so a healthy trial's total age may exceed it.)
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ class CappingScheduler(FIFOScheduler):
     Args:
         slack: Multiple of the best time to target past which a trial is stopped.
         enabled: ``False`` keeps the bookkeeping but never stops (for comparisons).
-        hang_after_s: Wall seconds after which a still-running trial counts as hung and is
-            stopped (``None``: never). Set it well past the trial's own time cap plus its
-            start-up (model build, probe, data loading), which the trial clock excludes.
+        hang_after_s: Wall seconds without a report (or, before the first, since the trial
+            started) after which a running trial counts as hung and is stopped (``None``:
+            never). Set it well past the trial's own time cap plus its start-up (model build,
+            probe, data loading), which the trial clock excludes.
     """
 
     def __init__(
@@ -60,20 +64,22 @@ class CappingScheduler(FIFOScheduler):
 
     @property
     def cap_s(self) -> float | None:
-        """The elapsed time past which a running trial is stopped (None before any success)."""
+        """The training time past which a running trial is stopped (None before any success)."""
         if self.best_time_to_target_s is None:
             return None
         return self.slack * self.best_time_to_target_s
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        if self.hang_after_s is not None:
+            self._running_since[trial.trial_id] = time.monotonic()  # it is alive: re-arm
         if result.get(keys.STATUS) == TrialStatus.REACHED.value:
             self._record(result.get(keys.TIME_TO_TARGET_S))
             return TrialScheduler.CONTINUE
         cap = self.cap_s
-        elapsed = result.get(keys.ELAPSED_S)
+        trained = result.get(keys.TRAIN_S)
         running = result.get(keys.STATUS) == TrialStatus.RUNNING.value
-        if self.enabled and running and cap is not None and elapsed is not None and elapsed > cap:
-            self.capped[trial.trial_id] = float(elapsed)
+        if self.enabled and running and cap is not None and trained is not None and trained > cap:
+            self.capped[trial.trial_id] = float(trained)
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
 
@@ -99,8 +105,8 @@ class CappingScheduler(FIFOScheduler):
             trial.run_metadata.last_result = {
                 **trial.last_result,
                 keys.STATUS: TrialStatus.CENSORED.value,
-                keys.REASON: f"hung: still running after {waited:.0f} s with no end in sight"
-                " (the trial checks its time cap every step, so a step never returned);"
+                keys.REASON: f"hung: no report for {waited:.0f} s with no end in sight"
+                " (the trial checks its time cap as it trains, so a step never returned);"
                 " stopped by the driver",
             }
             tune_controller.stop_trial(trial)

@@ -10,7 +10,11 @@
   so no worker ever gets an empty or short batch (seed 004);
 - deterministic seeding per trial (model init, data order);
 - evaluation at fixed *sample* marks through a :class:`~raybatch.trial.reporting.TrialReporter`,
-  which owns the clock, the target check and the statuses;
+  which owns the clock, the target check and the statuses; evaluation is timed apart and
+  kept out of the objective;
+- no cost a hand-written loop would not pay: batches fetched in one call
+  (:mod:`raybatch.trial.batches`), evaluation in large batches, and on CUDA no host
+  synchronisation between marks (the loss is summed on the device and read at marks);
 - data-parallel: the model is wrapped in ``DistributedDataParallel`` (gradient sync skipped
   with ``no_sync`` inside an accumulation window), BatchNorm optionally converted to
   ``SyncBatchNorm`` (seed 003, Pitfall 6), and every decision that stops the loop (loss, clock,
@@ -28,9 +32,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch.memory import autocast_context
-from raybatch.memory.probe import move_to
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_factor
+from raybatch.trial.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.trial.reporting import TrialReporter
 from raybatch.workload import Workload
 
@@ -47,7 +51,9 @@ class LoopOptions:
         grad_clip_norm: Clip the gradient norm to this on each optimizer step (``None``: off).
         ema_decay: Keep an exponential moving average of the weights (updated on optimizer
             steps) and evaluate it instead of the raw weights (``None``: off).
-        eval_batch_size: Batch size for validation (the same for every trial).
+        eval_batch_size: Batch size for validation (``None``: a large one for the device,
+            see :func:`raybatch.trial.batches.eval_batch_size`). Evaluation time is not in
+            the objective, so this changes ``eval_s`` only, never a verdict.
         num_workers: ``DataLoader`` worker processes for the training data.
         seed: Seed of model initialisation and data order.
         sync_batchnorm: Convert BatchNorm layers to SyncBatchNorm when data-parallel.
@@ -55,7 +61,7 @@ class LoopOptions:
 
     grad_clip_norm: float | None = None
     ema_decay: float | None = None
-    eval_batch_size: int = 256
+    eval_batch_size: int | None = None
     num_workers: int = 0
     seed: int = 0
     sync_batchnorm: bool = False
@@ -157,40 +163,18 @@ def _train_batches(
     config: TrialConfig,
     device: torch.device,
     options: LoopOptions,
-    distributed: bool,
+    dist: _Distributed | None,
 ) -> Iterator[Any]:
-    """Training micro batches, epoch after epoch, reshuffled each epoch, without end."""
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    train_data = workload.train_dataset()
-    generator = torch.Generator().manual_seed(options.seed)
-    sampler: DistributedSampler[Any] | None = (
-        DistributedSampler(train_data, shuffle=True, seed=options.seed, drop_last=True)
-        if distributed
-        else None
-    )
-    loader = DataLoader(
-        train_data,
-        batch_size=config.micro_batch_size,
-        shuffle=sampler is None,
-        sampler=sampler,
-        drop_last=True,
-        generator=generator,
+    """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch."""
+    return train_batches(
+        workload.train_dataset(),
+        config.micro_batch_size,
+        device,
+        seed=options.seed,
         num_workers=options.num_workers,
-        pin_memory=device.type == "cuda",
+        rank=dist.rank if dist is not None else 0,
+        world_size=dist.world_size if dist is not None else 1,
     )
-    if len(loader) == 0:
-        raise ValueError(
-            f"micro batch {config.micro_batch_size} x world size {config.world_size} is larger"
-            f" than the training set ({len(train_data)} samples)"  # type: ignore[arg-type]
-        )
-    epoch = 0
-    while True:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
 
 
 def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
@@ -215,7 +199,8 @@ def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
 def _evaluate(
     parts: _Parts,
     workload: Workload,
-    val_loader: Any,
+    val_data: Any,
+    batch_size: int,
     device: torch.device,
     reporter: TrialReporter,
 ) -> None:
@@ -223,12 +208,59 @@ def _evaluate(
     evaluated = parts.evaluated()
     with reporter.evaluating():
         evaluated.eval()
-        result = workload.evaluate(evaluated, (move_to(b, device) for b in val_loader))
+        result = workload.evaluate(evaluated, eval_batches(val_data, batch_size, device))
         parts.trained.train()
         values = metric_values(result, workload.metrics)
         if parts.dist is not None:
             values = dict(zip(values, parts.dist.mean(list(values.values()), device), strict=True))
     reporter.report(target_value(values, reporter.target.metric), values=values)
+
+
+def reads_loss_every_step(device: torch.device, distributed: bool) -> bool:
+    """Whether the loop reads the loss at every optimizer step, or only at marks.
+
+    Reading a CUDA tensor waits for the device: once per step, that sync makes small,
+    launch-bound batches look slower than they are. There the loss is summed on the device
+    and read at marks (a divergence is then caught at the next mark); data-parallel, every
+    read is also an all-reduce. On one CPU process a read costs nothing, so a NaN stops the
+    trial at once.
+    """
+    return device.type == "cpu" and not distributed
+
+
+def read_loss(total: torch.Tensor, count: int) -> float:
+    """The mean of ``count`` summed losses, read back to the host (a device sync on CUDA)."""
+    return float(total) / count
+
+
+class _LossWindow:
+    """The losses since the last read: summed on the device, or on the host when read each
+    step (a host float costs no kernel launch)."""
+
+    def __init__(self, device: torch.device, on_device: bool) -> None:
+        import torch
+
+        self.total = torch.zeros((), device=device) if on_device else None
+        self.host_total = 0.0
+        self.count = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        if self.total is not None:
+            self.total += loss.detach().float()
+        else:
+            self.host_total += float(loss.detach())
+        self.count += 1
+
+    def read(self) -> float:
+        """The mean loss of the window, which starts afresh."""
+        if self.total is not None:
+            mean = read_loss(self.total, self.count)
+            self.total.zero_()
+        else:
+            mean = self.host_total / self.count
+            self.host_total = 0.0
+        self.count = 0
+        return mean
 
 
 def train(
@@ -240,24 +272,22 @@ def train(
     distributed: bool = False,
 ) -> None:
     """Train ``config`` until the reporter says stop (target, budget, divergence)."""
-    import torch
-    from torch.utils.data import DataLoader
-
     seed_everything(options.seed)
     parts = _build(workload, config, device, options, distributed)
-    it = _train_batches(workload, config, device, options, distributed)
-    val_loader = DataLoader(workload.val_dataset(), batch_size=options.eval_batch_size)
+    it = _train_batches(workload, config, device, options, parts.dist)
+    val_data = workload.val_dataset()
+    eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)
+    every_step = reads_loss_every_step(device, distributed)
     accumulation = config.accumulation_steps
     samples_per_step = config.micro_batch_size * accumulation * config.world_size
     micro_steps = 0
-    window_loss = torch.zeros((), device=device)
+    window = _LossWindow(device, on_device=not every_step)
     parts.trained.train()
     reporter.start()
     while not reporter.stopped:
         wait_start = time.perf_counter()
         batch = next(it)
         reporter.add_data_wait(time.perf_counter() - wait_start)
-        batch = move_to(batch, device)
         micro_steps += 1
         boundary = micro_steps % accumulation == 0
         # Inside an accumulation window DDP need not all-reduce: only the boundary syncs.
@@ -267,18 +297,20 @@ def train(
         with no_sync:
             with autocast_context(workload, device.type):
                 loss = workload.loss(parts.trained, batch)
-            scaled = loss / accumulation
+            scaled = loss / accumulation if accumulation > 1 else loss
             (parts.scaler.scale(scaled) if parts.scaler is not None else scaled).backward()
-        window_loss += loss.detach().float()
+        window.add(loss)
         del loss, scaled, batch
         if not boundary:
             continue
         _optimizer_step(parts, options)
-        step_loss = float(window_loss) / accumulation
-        window_loss.zero_()
-        if parts.dist is not None:
-            step_loss = parts.dist.mean([step_loss], device)[0]
-        if reporter.add(samples=samples_per_step, steps=1, loss=step_loss):
+        stopped = reporter.add(samples=samples_per_step, steps=1)
+        if every_step or stopped or reporter.eval_due:
+            step_loss = window.read()
+            if parts.dist is not None:
+                step_loss = parts.dist.mean([step_loss], device)[0]
+            stopped = reporter.check_loss(step_loss) or stopped
+        if stopped:
             break
         if reporter.eval_due:
-            _evaluate(parts, workload, val_loader, device, reporter)
+            _evaluate(parts, workload, val_data, eval_batch, device, reporter)

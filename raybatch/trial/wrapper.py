@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -47,7 +48,8 @@ class TrialSettings:
 
     Attributes:
         target: The metric value to reach.
-        max_time_s: Time cap per trial; a censored trial's objective is 10x this (PAR-10).
+        max_time_s: Cap on a trial's training time (evaluation excluded); a censored trial's
+            objective is 10x this (PAR-10).
         max_samples: Optional sample budget per trial.
         eval_every_samples: Sample mark spacing; ``None`` picks about a quarter epoch,
             rounded up to a multiple of the space's largest effective batch so that, for
@@ -115,7 +117,11 @@ def _reporter(
     report_fn: ReportFn | None,
     clock: Callable[[], float] | None = None,
 ) -> TrialReporter:
-    """The trial's reporter: its target, marks, budgets, device clock and extras."""
+    """The trial's reporter: its target, marks, budgets, device clock and extras.
+
+    With an agreed ``clock`` (data-parallel workers), the caps are checked at marks only: each
+    reading of that clock is a collective every worker must join.
+    """
     import torch
 
     from raybatch.trial.gpu_monitor import DeviceFigures
@@ -133,7 +139,8 @@ def _reporter(
         report_fn=report_fn,
         synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
         extra=DeviceFigures(device),
-        **({"clock": clock} if clock is not None else {}),
+        clock=clock if clock is not None else time.perf_counter,
+        check_budgets_between_marks=clock is None,
     )
 
 

@@ -1,0 +1,184 @@
+"""Batches for the built-in loop, fetched the way a hand-written PyTorch loop would fetch them.
+
+The trial's clock counts waiting for data (the user's pipeline is part of their cost), so the
+loop must not add a cost of its own there. A ``DataLoader`` over a ``TensorDataset`` indexes
+the tensors once per *sample* and collates the rows back into a batch: on the bundled tabular
+example that is 0.165 s an epoch against 0.006 s for indexing the tensors with a shuffled
+permutation, as anyone writing the loop by hand does. So:
+
+- **tensor-backed data** (a ``TensorDataset``, or a ``Subset`` of one, any depth) is indexed
+  in one call per batch with a shuffled permutation drawn from the trial's seeded generator;
+- **anything else** goes through ``DataLoader`` as before, which already fetches a batch in
+  one call when the dataset defines ``__getitems__`` (PyTorch's batched-fetch protocol), and
+  honours ``num_workers``;
+- on CUDA, batches are copied from pinned host memory with ``non_blocking=True``, so the copy
+  overlaps the previous step instead of stalling the host;
+- evaluation batches are independent of the trial's micro batch (:func:`eval_batch_size`).
+
+Both paths drop the last short batch and, when data-parallel, give each rank a disjoint slice
+of the same permutation, as ``DistributedSampler(drop_last=True)`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+CPU_EVAL_BATCH_LIMIT = 4096
+"""On CPU the validation set is evaluated in batches of up to this many samples (the whole
+set for the bundled examples): per-batch overhead is what costs there, not memory."""
+
+
+def tensor_source(dataset: Any) -> tuple[Sequence[torch.Tensor], torch.Tensor | None] | None:
+    """The tensors behind ``dataset`` and the row indices it selects, if it is tensor-backed.
+
+    ``None`` for any other dataset (its items may be computed, augmented or loaded lazily).
+    """
+    import torch
+    from torch.utils.data import Subset, TensorDataset
+
+    if type(dataset) is TensorDataset:
+        return dataset.tensors, None
+    if type(dataset) is Subset:
+        inner = tensor_source(dataset.dataset)
+        if inner is None:
+            return None
+        tensors, rows = inner
+        selected = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+        return tensors, selected if rows is None else rows[selected]
+    return None
+
+
+def _to_device(batch: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    if device.type != "cuda":
+        return batch
+    return [t.pin_memory().to(device, non_blocking=True) for t in batch]
+
+
+def _tensor_batches(
+    tensors: Sequence[torch.Tensor],
+    rows: torch.Tensor | None,
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+    rank: int,
+    world_size: int,
+) -> Iterator[list[torch.Tensor]]:
+    import torch
+
+    size = len(rows) if rows is not None else len(tensors[0])
+    per_rank = size // world_size
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(size, generator=generator)[: per_rank * world_size]
+        mine = order[rank::world_size]
+        if rows is not None:
+            mine = rows[mine]
+        for start in range(0, per_rank - batch_size + 1, batch_size):
+            index = mine[start : start + batch_size]
+            yield _to_device([t[index] for t in tensors], device)
+
+
+def _loader_batches(
+    dataset: Dataset[Any],
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+    num_workers: int,
+    distributed: bool,
+) -> Iterator[Any]:
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from raybatch.memory.probe import move_to
+
+    sampler: DistributedSampler[Any] | None = (
+        DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
+        if distributed
+        else None
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=sampler is None,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    epoch = 0
+    while True:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for batch in loader:
+            yield move_to(batch, device)
+        epoch += 1
+
+
+def train_batches(
+    dataset: Dataset[Any],
+    batch_size: int,
+    device: torch.device,
+    *,
+    seed: int,
+    num_workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[Any]:
+    """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch.
+
+    Raises:
+        ValueError: Not one full batch per rank fits in the dataset.
+    """
+    size = len(dataset)  # type: ignore[arg-type]
+    if size // world_size < batch_size:
+        raise ValueError(
+            f"micro batch {batch_size} x world size {world_size} is larger than the training"
+            f" set ({size} samples)"
+        )
+    source = tensor_source(dataset)
+    if source is not None and num_workers == 0:
+        return _tensor_batches(*source, batch_size, device, seed, rank, world_size)
+    return _loader_batches(dataset, batch_size, device, seed, num_workers, world_size > 1)
+
+
+def eval_batch_size(requested: int | None, device: torch.device, micro_batch_size: int) -> int:
+    """The validation batch: ``requested`` when given, else a large one for the device.
+
+    Evaluation keeps no activations for a backward pass, so any batch that trains fits when
+    evaluated; on CUDA the default is the trial's micro batch (which passed the probe) unless
+    the search passes a larger one predicted to fit; on CPU, :data:`CPU_EVAL_BATCH_LIMIT`.
+    """
+    if requested is not None:
+        return requested
+    return micro_batch_size if device.type == "cuda" else CPU_EVAL_BATCH_LIMIT
+
+
+def eval_batches(dataset: Dataset[Any], batch_size: int, device: torch.device) -> Iterator[Any]:
+    """The validation set in order, in batches of ``batch_size``, on ``device``."""
+    from torch.utils.data import DataLoader
+
+    from raybatch.memory.probe import move_to
+
+    source = tensor_source(dataset)
+    if source is None:
+        for batch in DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda"):
+            yield move_to(batch, device)
+        return
+    tensors, rows = source
+    size = len(rows) if rows is not None else len(tensors[0])
+    for start in range(0, size, batch_size):
+        if rows is None:
+            yield _to_device([t[start : start + batch_size] for t in tensors], device)
+        else:
+            index = rows[start : start + batch_size]
+            yield _to_device([t[index] for t in tensors], device)
+
+
+__all__ = ["CPU_EVAL_BATCH_LIMIT", "eval_batch_size", "eval_batches", "tensor_source",
+           "train_batches"]  # fmt: skip
