@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import platform
-import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from stats import ratio_ci95
 
 import raybatch
 from raybatch import Target, keys
@@ -112,19 +112,6 @@ def plain(workload: Workload, recipe: TrialConfig, target: float, seed: int,
     return None, None
 
 
-def _bootstrap_ratio(pairs: list[tuple[float, float]], rounds: int = 2000) -> list[float]:
-    """95% interval of median(ours) / median(plain), resampling runs with their partners."""
-    rng = random.Random(0)
-    ratios = []
-    for _ in range(rounds):
-        sample = [rng.choice(pairs) for _ in pairs]
-        ratios.append(
-            statistics.median(a for a, _ in sample) / statistics.median(b for _, b in sample)
-        )
-    ratios.sort()
-    return [ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]]
-
-
 def _case(name: str, workload: Workload, target: float, recipes: list[tuple[int, int, float]],
           seeds: int) -> dict[str, Any]:  # fmt: skip
     space = raybatch.load_space(workload.space or "")
@@ -162,7 +149,7 @@ def _case(name: str, workload: Workload, target: float, recipes: list[tuple[int,
         "ours_median_s": ours_median,
         "plain_median_s": plain_median,
         "ratio": ratio,
-        "ratio_ci95": _bootstrap_ratio(pairs),
+        "ratio_ci95": ratio_ci95(pairs),
         "target_met": ratio <= TARGET_RATIO,
     }
 

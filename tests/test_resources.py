@@ -136,3 +136,17 @@ def test_trials_on_a_multi_node_cluster_get_the_estimated_fraction_and_never_ove
         ]  # fmt: skip
         assert sum(r["predicted"] for r in sharing) <= budget
     assert len({r["node"] for r in rows}) == 2  # trials spread over both nodes
+
+
+def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
+    """Tune keeps one trial pending at a time for a searcher without a concurrency limit, so
+    the search sets the limit to what can run: CPUs per trial, and GPUs per trial."""
+    from raybatch.trial.resources import trials_in_flight
+
+    assert trials_in_flight({"CPU": 8.0}, 0, 1.0) == 8
+    assert trials_in_flight({"CPU": 8.0}, 0, 3.0) == 2
+    assert trials_in_flight({"CPU": 1.0}, 0, 4.0) == 1  # never 0: one trial always may run
+    assert trials_in_flight({"CPU": 64.0, "GPU": 4.0}, 1, 1.0) == 4
+    assert trials_in_flight({"CPU": 64.0, "GPU": 4.0}, 0.5, 1.0) == 8
+    assert trials_in_flight({"CPU": 64.0, "GPU": 2.0}, "auto", 1.0) == 2 * MAX_TRIALS_PER_GPU
+    assert trials_in_flight({"CPU": 6.0, "GPU": 2.0}, "auto", 1.0) == 6

@@ -189,9 +189,11 @@ def _search_tuner(
     path: Path, plan: _Plan, options: SearchOptions, resume: bool, verbose: int, watch: Any
 ) -> Any:
     """The search's ``tune.Tuner``: a new one, or the interrupted one restored."""
+    import ray
     from ray import tune
 
     from raybatch.run.scheduler import CappingScheduler
+    from raybatch.trial.resources import trials_in_flight
 
     experiment = path.resolve() / "tune" / "search"
     if resume:
@@ -210,7 +212,8 @@ def _search_tuner(
                 hang_after_s=options.max_time_s + options.hang_grace_s,
             ),
             num_samples=options.trials,
-            max_concurrent_trials=options.max_concurrent,
+            max_concurrent_trials=options.max_concurrent
+            or trials_in_flight(ray.cluster_resources(), plan.gpus, options.cpus_per_trial),
         ),
         run_config=tune.RunConfig(
             storage_path=str(experiment.parent),

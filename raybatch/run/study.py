@@ -74,10 +74,14 @@ class SearchStudy:
         self.seed = seed
         self._study: optuna.Study | None = None
         self._live: dict[int, optuna.Trial] = {}
+        # Read at every suggestion: read from storage once, then kept, since only gave_up()
+        # below writes it (a copy made by pickling reads storage afresh).
+        self._gave_up: str | None = None
+        self._gave_up_read = False
 
     def __getstate__(self) -> dict[str, Any]:
         # The study holds a database engine; it is reopened from the URL after unpickling.
-        return {**self.__dict__, "_study": None, "_live": {}}
+        return {**self.__dict__, "_study": None, "_live": {}, "_gave_up_read": False}
 
     @property
     def study(self) -> optuna.Study:
@@ -183,13 +187,17 @@ class SearchStudy:
     def gave_up(self, reason: str) -> None:
         """Record that the searcher ended the search early, and why."""
         self.study.set_user_attr(GAVE_UP_ATTR, reason)
+        self._gave_up, self._gave_up_read = reason, True
 
     # ------------------------------------------------------------------ the driver's side
 
     def gave_up_reason(self) -> str | None:
         """Why the searcher ended the search before its trials were all launched, if it did."""
-        reason = self.study.user_attrs.get(GAVE_UP_ATTR)
-        return None if reason is None else str(reason)
+        if not self._gave_up_read:
+            reason = self.study.user_attrs.get(GAVE_UP_ATTR)
+            self._gave_up = None if reason is None else str(reason)
+            self._gave_up_read = True
+        return self._gave_up
 
     def close_orphans(self, tune_trial_ids: set[str]) -> int:
         """Fail study trials left RUNNING by an interrupted driver: those no Tune trial among
