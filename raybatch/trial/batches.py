@@ -54,9 +54,14 @@ def tensor_source(dataset: Any) -> tuple[Sequence[torch.Tensor], torch.Tensor | 
 
 
 def _to_device(batch: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """On CUDA: host rows through pinned memory, copied without blocking the host (tensors
+    the user already keeps on the GPU are left where they are)."""
     if device.type != "cuda":
         return batch
-    return [t.pin_memory().to(device, non_blocking=True) for t in batch]
+    return [
+        t.pin_memory().to(device, non_blocking=True) if t.device.type == "cpu" else t.to(device)
+        for t in batch
+    ]
 
 
 def _tensor_batches(
