@@ -17,7 +17,7 @@ from raybatch import keys
 from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target
 from raybatch.run.rundir import status_counts
-from raybatch.run.selection import runs_point, same_knobs
+from raybatch.run.selection import runs_point, select_winner
 from raybatch.space.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "effective": rows[0][keys.EFFECTIVE_BATCH_SIZE],
         "time": statistics.median(times) if times else None,
         "times": times,
+        "runs": len(rows),
         "samples": statistics.median(float(r[keys.SAMPLES_TO_TARGET]) for r in reached) if reached else None,
         "throughput": statistics.median(rates) if rates else None,
         "eval": statistics.median(evals) if evals else None,
@@ -187,11 +188,12 @@ def verdict(result: SearchResult, target: Target) -> str:
         f" {median:.2f} s of training (median of {count} runs)"
     )
     baseline = _summary(_matching(result.rows, result.baseline))
-    is_baseline = result.baseline is not None and all(
-        int(getattr(c, k)) == int(v) for k, v in result.baseline.items()
-    ) and c.lr_multiplier == 1.0  # fmt: skip
-    if is_baseline:
-        text += "; here the largest batch that fits is also the fastest"
+    if result.baseline is not None and runs_point(c.to_dict(), result.baseline):
+        text += (
+            ". It is the largest batch that fits, at the rule's LR: here the largest batch is"
+            " already the optimum — no smaller batch, accumulation or LR reached the target"
+            " faster in confirmation"
+        )
     elif baseline is not None:
         runs = result.best.provenance["time_to_target_s_runs"]
         slower = bool(baseline["time"]) and baseline["time"] >= median
@@ -204,8 +206,10 @@ def verdict(result: SearchResult, target: Target) -> str:
             text += (f", {baseline['time'] / median:.1f}x faster than the largest batch that fits,"
                      f" {baseline['label']} ({baseline['time']:.2f} s)")  # fmt: skip
         elif baseline["time"]:
+            missed = baseline["runs"] - len(baseline["times"])
             text += (f"; the largest batch that fits, {baseline['label']}, measured"
-                     f" {baseline['time']:.2f} s but was not among the confirmed candidates")  # fmt: skip
+                     f" {baseline['time']:.2f} s when it got there but missed the target in"
+                     f" {missed} of {baseline['runs']} runs")  # fmt: skip
         else:
             text += (
                 f"; the largest batch that fits, {baseline['label']}, ended {baseline['status']}"
@@ -228,12 +232,10 @@ def write_report(
     has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
     _plot_history(rows, run_dir / "history.png")
     entries: dict[str, dict[str, Any]] = {}
-    if result.best is not None:
-        winner = [result.best.config.to_dict()]
-        winner_rows = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION
-                       and same_knobs(r, winner)]  # fmt: skip
-        if (summary := _summary(winner_rows)) is not None:
-            entries["winner"] = summary
+    confirmed = any(r[keys.PHASE] == keys.PHASE_CONFIRMATION for r in rows)
+    winner = select_winner(rows, confirmed) if result.best is not None else None
+    if winner is not None and (summary := _summary(winner.runs)) is not None:
+        entries["winner"] = summary
     for name, knobs in (("max batch", result.baseline), ("reference", result.reference)):
         if (summary := _summary(_matching(rows, knobs))) is not None:
             entries[name] = summary

@@ -52,3 +52,23 @@ def test_a_baseline_that_never_reported_is_shown_by_its_status() -> None:
     result.rows.append(hung)
     text = verdict(result, raybatch.Target(0.97))
     assert "the largest batch that fits, 256 x 1, ended censored" in text
+
+
+def test_when_the_largest_batch_wins_the_verdict_says_it_is_the_optimum() -> None:
+    """A useful answer, not a failure: the search confirms that nothing beats the max batch."""
+    rows = _rows(256, 1, [0.40, 0.42, 0.41]) + _rows(32, 4, [0.50, 0.52, 0.55])
+    runs = [0.40, 0.42, 0.41]
+    best = BestConfig(
+        SPACE.derive(256, 1), {"median_time_to_target_s": 0.41, "time_to_target_s_runs": runs}
+    )
+    text = verdict(SearchResult(Path("."), rows, best, BASELINE, None), raybatch.Target(0.97))
+    assert "It is the largest batch that fits, at the rule's LR" in text
+    assert "here the largest batch is already the optimum" in text
+
+
+def test_a_baseline_faster_when_it_arrived_but_that_missed_is_said_to_have_missed() -> None:
+    result = _result([0.50, 0.52, 0.55], [0.30, 0.31])
+    result.rows.append({**_rows(256, 1, [1.0])[0], keys.STATUS: "censored",
+                        keys.TIME_TO_TARGET_S: None})  # fmt: skip
+    text = verdict(result, raybatch.Target(0.97))
+    assert "256 x 1, measured 0.30 s when it got there but missed the target in 1 of 3 runs" in text

@@ -18,6 +18,7 @@ from raybatch.run.rundir import STUDY_NAME, read_trials_csv
 from raybatch.run.study import STATUS_ATTR
 
 from .conftest import run_cli
+from .workloads import CLOCKED_SECONDS, ClockedWorkload
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 DIGITS = "raybatch.examples.digits:workload"
@@ -85,6 +86,9 @@ def test_no_launched_trial_exceeds_the_budget_and_rejections_are_listed(
     launched = [r for r in rows if r["phase"] in ("search", "confirmation")]
     assert all(int(r["micro_batch_size"]) <= 64 for r in launched)
     prescreened = [r for r in rows if r["phase"] == "prescreen"]
+    # Not vacuous: with this seed the third suggestion (during TPE's random start, before any
+    # result is told, so deterministic) is 128 or 256, over the budget.
+    assert prescreened
     assert all(int(r["micro_batch_size"]) > 64 for r in prescreened)
     assert all(int(r["peak_memory_bytes"]) > finished_run["budget"] for r in prescreened)
 
@@ -102,6 +106,38 @@ def test_reference_recipe_and_max_batch_baseline_are_among_the_trials(
         1,
         1.0,
     )
+
+
+def _clocked_search(tmp_path: Path, capping: bool) -> Any:
+    space = raybatch.SearchSpace.from_dict({
+        "name": "clocked",
+        "reference": {"batch_size": 64, "lr": 0.01, "optimizer": "sgd"},
+        "rules": {"lr": "linear", "weight_decay": "none"},
+        "search": {"micro_batch_size": [16, 32, 64, 128, 256], "accumulation_steps": [1]},
+    })  # fmt: skip
+    options = SearchOptions(trials=5, max_time_s=10.0, gpus_per_trial=0, capping=capping,
+                            confirm_seeds=0, eval_every_samples=512, seed=0)  # fmt: skip
+    run_dir = tmp_path / ("capped" if capping else "uncapped")
+    return raybatch.search(ClockedWorkload(), space, 0.99, run_dir, options, verbose=0)
+
+
+@pytest.mark.slow
+def test_capping_stops_slow_trials_without_changing_the_winner(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """On a workload whose time to target is set by sleeping (deterministic under load), the
+    optimum is micro batch 64; the seeded max batch (256) takes 5x as long, so once 64 has
+    reached the target it must be capped — and the winner is the same with capping off."""
+    capped = _clocked_search(tmp_path, capping=True)
+    uncapped = _clocked_search(tmp_path, capping=False)
+    statuses = [r[keys.STATUS] for r in capped.rows if r[keys.PHASE] == "search"]
+    assert "capped" in statuses, statuses
+    for row in capped.rows:
+        if row[keys.STATUS] == "capped":  # stopped within one mark of the cap, never later
+            assert row[keys.TRAIN_S] < CLOCKED_SECONDS[row[keys.MICRO_BATCH_SIZE]]
+    assert "capped" not in [r[keys.STATUS] for r in uncapped.rows]
+    assert capped.best is not None and uncapped.best is not None
+    assert capped.best.config.micro_batch_size == uncapped.best.config.micro_batch_size == 64
 
 
 @pytest.mark.slow

@@ -103,16 +103,22 @@ def test_the_sampler_learns_the_infeasible_region(tmp_path: Path) -> None:
 
     Two of the five micro-batch choices (128, 256) do not fit, so a sampler that learned
     nothing would propose them 40% of the time; with every launched trial scoring the same,
-    only the constraint can teach TPE to avoid them.
+    only the constraint can teach TPE to avoid them. Pooled over four seeds (the last 20
+    suggestions of each), the bar of 25% is one a sampler proposing at chance clears with a
+    probability of about 0.3% (binomial, 80 draws at 0.4); measured, TPE proposes 5-25% per seed.
     """
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
-    searcher = _searcher(tmp_path, budget=estimator.predict(SPACE.derive(64, 4)))
-    for i in range(40):
-        searcher.suggest(f"t{i}")
-        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
-    asked = len(searcher.study.trials)
-    late = [p for p in searcher.prescreened if p["optuna_trial"] >= asked - 20]
-    assert len(late) / 20 < 0.35
+    budget = estimator.predict(SPACE.derive(64, 4))
+    late_rejections = 0
+    for seed in range(4):
+        (tmp_path / str(seed)).mkdir()
+        searcher = _searcher(tmp_path / str(seed), budget=budget, seed=seed)
+        for i in range(40):
+            searcher.suggest(f"t{i}")
+            searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
+        asked = len(searcher.study.trials)
+        late_rejections += sum(p["optuna_trial"] >= asked - 20 for p in searcher.prescreened)
+    assert late_rejections / 80 < 0.25
 
 
 def test_a_real_oom_is_told_infeasible_and_never_launched_again(tmp_path: Path) -> None:

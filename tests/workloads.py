@@ -196,3 +196,33 @@ class KillsItsWorkerOnce(DigitsOOMAtLargeBatch):
             Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
         return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
+
+
+CLOCKED_TARGET_SAMPLES = 2048
+CLOCKED_SECONDS = {16: 4.8, 32: 2.4, 64: 0.6, 128: 1.8, 256: 3.0}
+"""Training time to target of each micro batch: the optimum is 64, neither end of the range."""
+
+
+class ClockedWorkload(MLPWorkload):
+    """Time to target fixed by the micro batch, whatever the machine's load: each training step
+    sleeps (which needs no CPU) so that reaching :data:`CLOCKED_TARGET_SAMPLES` takes
+    :data:`CLOCKED_SECONDS`; the metric is the share of those samples seen so far."""
+
+    name = "clocked"
+
+    def build_model(self) -> nn.Module:
+        self.samples = 0  # a fresh count per trial (an actor may be reused)
+        return super().build_model()
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        import time
+
+        micro = len(batch[0])
+        time.sleep(CLOCKED_SECONDS[micro] * micro / CLOCKED_TARGET_SAMPLES)
+        self.samples += micro
+        return super().loss(model, batch)
+
+    def evaluate(self, model: nn.Module, batches: Any) -> float:
+        for _ in batches:
+            pass
+        return min(self.samples / CLOCKED_TARGET_SAMPLES, 1.0)

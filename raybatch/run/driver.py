@@ -5,8 +5,9 @@
 1. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (Optuna TPE,
    pre-screened for memory, seeded with the reference recipe and the max-batch baseline) and
    :class:`~raybatch.run.scheduler.CappingScheduler`, over :func:`raybatch.trainable` trials;
-2. confirmation: the ``confirm_top`` fastest candidates re-run with fresh seeds; the winner is
-   the one with the lowest median time to target among those that reached it every time;
+2. confirmation: the ``confirm_top`` fastest candidates, the max-batch baseline and the
+   reference re-run with fresh seeds; the winner is the recipe, whichever it is, with the
+   lowest median time to target among those that reached it every time;
 3. the record: ``trials.csv``, ``best_config.yaml``/``.json`` and the report.
 
 The files it writes are described in :mod:`raybatch.run.rundir`.
@@ -232,7 +233,8 @@ def _compared(
     """The candidates, plus the baseline and the reference, for the confirmation.
 
     The baseline and the reference are re-run beside the candidates, under the same
-    conditions, so the report compares like with like. One that was capped is re-run too:
+    conditions, and compete with them for the win (``selection.select_winner``). One that was capped
+    is re-run too:
     capping stopped it for being slower than the incumbent, which is exactly the comparison
     the verdict states, so it is measured to the end (uncapped) rather than assumed. One that
     ran out of memory, hung, diverged or was censored at the time cap would only fail again
@@ -292,12 +294,12 @@ def _execute(
     compared = _compared(rows, candidates, plan)
     confirm_rows = confirm(path, plan.resourced, space, compared, options, verbose, alone)
     rows += confirm_rows
-    best = choose_winner(space, target, candidates, confirm_rows, rows, options)
+    best = choose_winner(space, target, rows, options)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
         write_best(path, best)
     else:
-        notes.append("no candidate reached the target in every confirmation run")
+        notes.append("no recipe reached the target in every confirmation run")
     result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes)
     write_report(result, space, target, plan.estimator, plan.budget)
     return result
@@ -340,8 +342,9 @@ def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[dict[str,
 def analyze_run(run_dir: str | Path) -> BestConfig | None:
     """The winner a finished run's stored trials give, chosen again from ``trials.csv`` alone.
 
-    The same rule as at the end of the search (fastest candidates of the search phase; lowest
-    median over their confirmation runs among those that reached the target every time), so
+    The same rule as at the end of the search (:func:`raybatch.run.selection.select_winner`:
+    the lowest median over the confirmation runs among the recipes — candidates, max-batch
+    baseline, reference — that reached the target every time), so
     ``best_config.yaml`` can be audited — and after a resume, checked — against the record.
     Only the provenance's ``created`` time differs from the file the search wrote.
 
@@ -349,12 +352,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
     path, _, space, target, options = read_run(run_dir)
-    rows = stored_rows(path)
-    candidates = top_candidates(
-        [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH], options.confirm_top
-    )
-    confirm_rows = [r for r in rows if r[keys.PHASE] == keys.PHASE_CONFIRMATION]
-    return choose_winner(space, target, candidates, confirm_rows, rows, options)
+    return choose_winner(space, target, stored_rows(path), options)
 
 
 def rebuild_report(run_dir: str | Path) -> Path:

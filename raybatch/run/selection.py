@@ -1,4 +1,5 @@
-"""Choosing the winner: the candidates of the search and their confirmation runs."""
+"""Choosing the winner: the candidates of the search, the rows of the seeded points (max-batch
+baseline, reference), and the one rule that picks the fastest recipe among everything confirmed."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from raybatch import keys
@@ -91,38 +93,83 @@ def _device_name() -> str:
     return f"CPU ({platform.machine()})"
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One recipe's runs that decide the winner, and their verdict.
+
+    Attributes:
+        runs: The rows measuring it: its confirmation runs, or (with no confirmation) its
+            search rows.
+        times: Training times to target of the runs that reached it.
+    """
+
+    runs: list[dict[str, Any]]
+    times: list[float]
+
+    @property
+    def always_reached(self) -> bool:
+        return bool(self.runs) and len(self.times) == len(self.runs)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.times else math.inf
+
+
+def measured_recipes(rows: list[dict[str, Any]], confirmed: bool) -> list[Measured]:
+    """Every recipe with the runs that judge it, in the order first seen.
+
+    With a confirmation, a recipe is judged by its confirmation runs alone — search candidates,
+    the max-batch baseline and the reference alike, since they ran side by side under the same
+    seeds; without one, by its search rows.
+    """
+    phase = keys.PHASE_CONFIRMATION if confirmed else keys.PHASE_SEARCH
+    groups: dict[tuple[float, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row[keys.PHASE] == phase:
+            groups.setdefault(_knobs(row), []).append(row)
+    reached = TrialStatus.REACHED.value
+    return [
+        Measured(runs, [float(r[keys.TIME_TO_TARGET_S]) for r in runs if r[keys.STATUS] == reached])
+        for runs in groups.values()
+    ]
+
+
+def select_winner(rows: list[dict[str, Any]], confirmed: bool) -> Measured | None:
+    """The fastest recipe that reached the target in every run that judges it, whichever it is.
+
+    The one rule the search, :func:`raybatch.analyze_run` and the report share: the lowest
+    median training time to target among recipes that never missed. A search candidate, the
+    max-batch baseline or the reference may win; when the largest batch that fits wins, that
+    is the answer (the verdict says so), not a failure. Ties go to the recipe seen first.
+    """
+    eligible = [m for m in measured_recipes(rows, confirmed) if m.always_reached]
+    return min(eligible, key=lambda m: m.median, default=None)
+
+
 def choose_winner(
     space: SearchSpace,
     target: Target,
-    candidates: list[dict[str, Any]],
-    confirm_rows: list[dict[str, Any]],
     rows: list[dict[str, Any]],
     options: SearchOptions,
 ) -> BestConfig | None:
-    """Lowest median time among candidates that reached the target in every confirmation run."""
-    scored = []
-    for index, candidate in enumerate(candidates):
-        runs = [r for r in confirm_rows if r.get(keys.CANDIDATE) == index]
-        times = [r[keys.TIME_TO_TARGET_S] for r in runs if r[keys.STATUS] == "reached"]
-        if not options.confirm_seeds:
-            times, runs = [candidate[keys.TIME_TO_TARGET_S]], [candidate]
-        if runs and len(times) == len(runs):
-            scored.append((statistics.median(times), index, times, runs))
-    if not scored:
+    """The winner (:func:`select_winner`) as an exportable recipe with its provenance."""
+    winner = select_winner(rows, confirmed=options.confirm_seeds > 0)
+    if winner is None:
         return None
-    median, index, times, runs = min(scored)
-    candidate = candidates[index]
-    recipe = space.derive_from(candidate)
-    peaks = [r[keys.PEAK_MEMORY_BYTES] for r in runs if r.get(keys.PEAK_MEMORY_BYTES)]
+    first = winner.runs[0]
+    searched = [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH and same_knobs(r, [first])]
+    recipe = space.derive_from(first)
+    peaks = [r[keys.PEAK_MEMORY_BYTES] for r in winner.runs if r.get(keys.PEAK_MEMORY_BYTES)]
+    samples = [r[keys.SAMPLES_TO_TARGET] for r in winner.runs]
     provenance = {
-        "median_time_to_target_s": median,
-        "time_to_target_s_runs": times,
-        "spread_s": max(times) - min(times),
-        "samples_to_target": candidate[keys.SAMPLES_TO_TARGET],
+        "median_time_to_target_s": winner.median,
+        "time_to_target_s_runs": winner.times,
+        "spread_s": max(winner.times) - min(winner.times),
+        "samples_to_target": statistics.median(samples),
         "peak_memory_bytes": max(peaks) if peaks else None,
         "device": _device_name(),
         "versions": _versions(),
-        keys.TRIAL_ID: candidate[keys.TRIAL_ID],
+        keys.TRIAL_ID: (searched or winner.runs)[0][keys.TRIAL_ID],
         "space": space.name,
         "target": str(target),
         "search_trials": sum(1 for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH),
