@@ -90,7 +90,12 @@ def _targets(rows: list[dict[str, Any]]) -> list[str]:
     )
     lines += _equal_regret(rows)
     crashes = sum(r["oom_crashes"] for r in rows if r["strategy"] == "raybatch")
-    lines += [f"- OOM crashes suffered by raybatch: {crashes} (target: 0).", ""]
+    lines += [
+        f"- OOM crashes suffered by raybatch, all cells and seeds together: {crashes} (target:"
+        " 0; the simulator's memory estimate is exact, so this checks the plumbing, not the"
+        " estimator).",
+        "",
+    ]
     return lines
 
 
@@ -123,14 +128,14 @@ def _equal_regret_ratios(rows: list[dict[str, Any]]) -> tuple[list[tuple[float, 
 
 def _equal_regret(rows: list[dict[str, Any]]) -> list[str]:
     ratios, never = _equal_regret_ratios(rows)
-    met = sum(r[0] <= 0.5 for r in ratios) + never
+    met = sum(r[0] <= 0.5 for r in ratios)
     worst = max(ratios)
     return [
         f"- compute for the same regret as random search (target: at most 0.5x): met in {met}"
-        f" of {len(ratios) + never} workload x budget cells; in {never} of them random search"
-        f" never reached raybatch's regret within {max(r['budget'] for r in rows)} trials;"
-        f" elsewhere {min(ratios)[0]:.2f}x to {worst[0]:.2f}x (worst: {worst[1]} at"
-        f" {worst[2]} trials)."
+        f" of the {len(ratios)} workload x budget cells where random search reached raybatch's"
+        f" regret ({min(ratios)[0]:.2f}x to {worst[0]:.2f}x; worst: {worst[1]} at {worst[2]}"
+        f" trials); in {never} more cells random search never reached it within"
+        f" {max(r['budget'] for r in rows)} trials, so no ratio exists there."
     ]
 
 
@@ -273,10 +278,11 @@ def _real_training(data: dict[str, Any]) -> list[str]:
 
 
 def _prescreen_cost(data: dict[str, Any]) -> list[str]:
+    steps = max(r["device_steps"] for r in data["rows"] if r["strategy"] == "trace")
     out = [
         "## Pre-screen cost: finding the largest batch that fits",
         "",
-        "`bench/prescreen_cost.py`: raybatch's trace (0 device steps) vs Lightning's"
+        f"`bench/prescreen_cost.py`: raybatch's trace ({steps} device steps) vs Lightning's"
         f" power/binsearch finder ({data['steps_per_try']} steps per try, an OOM try fails on"
         f" its first step) vs accelerate's x{data['shrink']} shrink-and-restart loop (from 4x"
         " what fits). Simulated members: device seconds from the simulator's step time and OOM"
@@ -344,15 +350,17 @@ def headline() -> str:
             if (x["workload"], x["strategy"], x["budget"]) == (r["workload"], "random", r["budget"])
         ) for r in ours]  # fmt: skip
         random_ooms = max(r["oom_crashes"] for r in search["rows"] if r["strategy"] == "random")
+        our_ooms = max(r["oom_crashes"] for r in ours)
         same, never = _equal_regret_ratios(search["rows"])
-        met = sum(r[0] <= 0.5 for r in same) + never
+        met = sum(r[0] <= 0.5 for r in same)
         lines.append(
             f"- **Search** (simulated workload family, {search['seeds']} seeds): median regret"
             f" {min(at[20].values()):.3f}-{worst20[1]:.3f} within 20 trials (worst:"
             f" {worst20[0]}), {min(at[40].values()):.3f}-{max(at[40].values()):.3f} within 40;"
             f" {min(ratios):.2f}x-{max(ratios):.2f}x the compute of random search at equal trials,"
-            f" at most 0.5x of it for the same regret in {met} of {len(same) + never} cells;"
-            f" 0 OOM crashes (random search: up to {random_ooms})."
+            f" at most 0.5x of it for the same regret in {met} of {len(same)} comparable cells"
+            f" ({never} more where random search never got there); OOM crashes per cell of"
+            f" {search['seeds']} searches: up to {our_ooms} (random search: up to {random_ooms})."
         )
     real = _load("real_training")
     if real is not None:
@@ -372,8 +380,10 @@ def headline() -> str:
         sim = [r for r in cost["rows"] if "CPU" not in r["workload"]]
         finder = [r for r in sim if r["strategy"] == "power_binsearch"]
         shrink = [r for r in sim if r["strategy"] == "shrink_0.9"]
+        trace = [r for r in sim if r["strategy"] == "trace"]
         lines.append(
-            "- **Pre-screen**: 0 device steps and 0 OOMs to find the largest batch that fits,"
+            f"- **Pre-screen**: {max(r['device_steps'] for r in trace)} device steps and"
+            f" {max(r['ooms'] for r in trace)} OOMs to find the largest batch that fits,"
             f" vs {min(r['device_steps'] for r in finder)}-{max(r['device_steps'] for r in finder)}"
             f" steps and {min(r['ooms'] for r in finder)}-{max(r['ooms'] for r in finder)} OOMs"
             " for a power/binsearch finder and"

@@ -2,7 +2,8 @@
 
 Plots: time to target vs effective batch (coloured by accumulation, marker by status);
 predicted memory vs micro batch with the budget line; the optimisation history (best so far);
-and the winner against the max-batch baseline and the reference recipe. A one-line verdict
+and the winner against the max-batch baseline and the reference recipe (medians as bars, every
+confirmation run as a dot, so overlapping runs show). A one-line verdict
 says what was found in plain language.
 """
 
@@ -172,6 +173,10 @@ def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
         )
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
+    # A median alone hides whether two recipes' runs overlap: draw every run that reached.
+    for i, name in enumerate(names):
+        runs = entries[name]["times"]
+        axes[0].scatter([i] * len(runs), runs, color="black", s=12, zorder=3)
     _save(fig, out)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import raybatch
 from raybatch import keys
 from raybatch.export import BestConfig
@@ -72,3 +74,19 @@ def test_a_baseline_faster_when_it_arrived_but_that_missed_is_said_to_have_misse
                         keys.TIME_TO_TARGET_S: None})  # fmt: skip
     text = verdict(result, raybatch.Target(0.97))
     assert "256 x 1, measured 0.30 s when it got there but missed the target in 1 of 3 runs" in text
+
+
+def test_the_comparison_plot_draws_every_run_not_only_the_medians(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import raybatch.report as report
+
+    saved: list[Any] = []
+    monkeypatch.setattr(report, "_save", lambda fig, out: saved.append(fig))
+    entries = {"winner": {"time": 0.5, "times": [0.4, 0.5, 0.6], "samples": 1.0,
+                          "throughput": 1.0},
+               "max batch": {"time": 0.7, "times": [0.6, 0.7], "samples": 1.0,
+                             "throughput": 1.0}}  # fmt: skip
+    report._plot_comparison(entries, Path("unused.png"))
+    dots = [c for c in saved[0].axes[0].collections if c.get_offsets().shape[0]]
+    assert sorted(len(c.get_offsets()) for c in dots) == [2, 3]
