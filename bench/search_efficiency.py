@@ -6,15 +6,21 @@ off the first N trials of one sequential run, which is what a run with that budg
 - ``max_batch``: Lightning's power finder (double the batch from 2 until OOM, 3 steps a try)
   then one trial at the largest batch that fits, accumulation 1, rule-scaled LR;
 - ``random``: Ray Tune-style random search over the raw knobs; no pre-screen, no capping;
-- ``optuna``: plain TPE over independent raw knobs (what ``OptunaSearch`` does); no
-  pre-screen, no capping, no seeding;
-- ``raybatch``: :class:`raybatch.run.searcher.RaybatchSearcher` (pre-screen, seeded with the
-  reference and the max-batch baseline) with adaptive capping (slack 1.2);
-- ``raybatch_no_prescreen`` and ``raybatch_no_capping``: one part switched off each.
+- ``optuna``: plain multivariate TPE over the raw knobs, given what raybatch is given — the same
+  two seeded points (reference recipe, max batch by the same estimate) and the same startup
+  count — but no pre-screen, no capping, no confirmation;
+- ``raybatch``: :class:`raybatch.run.searcher.RaybatchSearcher` (pre-screen with the member's
+  imperfect estimate, seeded with the reference and the max-batch baseline) with adaptive
+  capping (slack 1.2), then the confirmation the search runs: the 3 fastest candidates, the
+  baseline and the reference re-run 3 times each, uncapped, the winner the lowest median among
+  those that reached the target every time (``selection.select_winner``'s rule);
+- ``raybatch_no_prescreen``, ``raybatch_no_capping``, ``raybatch_no_seeds``: one part switched
+  off each.
 
-Per strategy: regret (true time to target of the config it would pick, the fastest measured
-one, divided by the true optimum; median and 90th percentile over seeds), simulated GPU
-seconds spent, OOM crashes suffered.
+Per strategy: regret (true time to target of the config it picks, divided by the true optimum;
+median and 90th percentile over seeds), simulated GPU seconds spent (``compute_median``: the
+confirmation included for the strategies that run one), OOM crashes per search (median and
+90th percentile).
 
 Run: .venv/bin/python bench/search_efficiency.py   (writes bench/results/search_efficiency.json)
 """
@@ -48,12 +54,15 @@ from simulator import (
 from raybatch import keys
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point, searched_knobs
+from raybatch.run.study import STARTUP_TRIALS
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (10, 20, 40, 80)
 STRATEGIES = ("max_batch", "random", "optuna", "raybatch", "raybatch_no_prescreen",
-              "raybatch_no_capping")  # fmt: skip
+              "raybatch_no_capping", "raybatch_no_seeds")  # fmt: skip
+CONFIRMED = frozenset(s for s in STRATEGIES if s.startswith("raybatch"))
 SLACK = 1.2
+CONFIRM_TOP, CONFIRM_SEEDS = 3, 3
 
 Trial = dict[str, Any]  # knobs + outcome + cost
 
@@ -91,8 +100,21 @@ def run_random(member: Member, rng: random.Random, n: int) -> list[Trial]:
     ]
 
 
+def _seeded_points(member: Member) -> list[dict[str, Any]]:
+    """The reference recipe and the max batch by the member's (imperfect) estimate."""
+    space = sim_space()
+    estimator = SimulatedEstimator(member)
+    points = (reference_point(space),
+              max_batch_point(space, lambda r: estimator.predict(r) <= member.budget))  # fmt: skip
+    return [searched_knobs(space, p) for p in points if p is not None]
+
+
 def run_optuna(member: Member, rng: random.Random, n: int, seed: int) -> list[Trial]:
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True))
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                         n_startup_trials=STARTUP_TRIALS)  # fmt: skip
+    study = optuna.create_study(sampler=sampler)
+    for point in _seeded_points(member):
+        study.enqueue_trial(point, skip_if_exists=True)
     trials = []
     for _ in range(n):
         t = study.ask()
@@ -107,20 +129,14 @@ def run_optuna(member: Member, rng: random.Random, n: int, seed: int) -> list[Tr
     return trials
 
 
-def run_raybatch(member: Member, rng: random.Random, n: int, seed: int,
-                 prescreen: bool = True, capping: bool = True) -> list[Trial]:  # fmt: skip
-    space = sim_space()
-    estimator = SimulatedEstimator(member)
-
-    def fits(recipe: Any) -> bool:
-        return estimator.predict(recipe) <= member.budget
-
-    points = (reference_point(space), max_batch_point(space, fits))
-    seeds = [searched_knobs(space, p) for p in points if p is not None]
+def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescreen: bool = True,
+                 capping: bool = True, seeded: bool = True) -> list[Trial]:  # fmt: skip
+    points = _seeded_points(member) if seeded else []
     searcher = RaybatchSearcher(
-        space, storage_url=None, study_name=f"sim-{member.name}-{seed}",  # type: ignore[arg-type]
-        penalty=10 * member.max_time_s, estimator=estimator if prescreen else None,
-        budget_bytes=int(member.budget), points_to_evaluate=seeds, seed=seed,
+        sim_space(), storage_url=None,  # type: ignore[arg-type]
+        study_name=f"sim-{member.name}-{seed}", penalty=10 * member.max_time_s,
+        estimator=SimulatedEstimator(member) if prescreen else None,
+        budget_bytes=int(member.budget), points_to_evaluate=points, seed=seed,
     )  # fmt: skip
     trials: list[Trial] = []
     best: float | None = None
@@ -140,6 +156,7 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int,
         if trial["time"] is not None:
             best = trial["time"] if best is None else min(best, trial["time"])
         trial["prescreened"] = len(searcher.prescreened)
+        trial["seeded"] = i < len(points)
         trials.append(trial)
     return trials
 
@@ -153,20 +170,51 @@ def run(strategy: str, member: Member, seed: int, n: int) -> list[Trial]:
     if strategy == "optuna":
         return run_optuna(member, rng, n, seed)
     return run_raybatch(member, rng, n, seed, prescreen=strategy != "raybatch_no_prescreen",
-                        capping=strategy != "raybatch_no_capping")  # fmt: skip
+                        capping=strategy != "raybatch_no_capping",
+                        seeded=strategy != "raybatch_no_seeds")  # fmt: skip
 
 
-def score(member: Member, trials: list[Trial], optimum: float) -> dict[str, float]:
-    """Regret of the fastest measured config, GPU seconds and OOM crashes of a trial prefix."""
-    reached = [t for t in trials if t["time"] is not None]
-    if reached:
-        chosen = min(reached, key=lambda t: t["time"])["knobs"]
+def confirm(member: Member, trials: list[Trial], rng: random.Random
+            ) -> tuple[tuple[int, int, float] | None, float]:  # fmt: skip
+    """The search's confirmation, simulated: the recipe it exports and what the runs cost."""
+    reached = sorted((t for t in trials if t["time"] is not None), key=lambda t: t["time"])
+    chosen: list[tuple[int, int, float]] = []
+    for t in reached:
+        if t["knobs"] not in chosen and len(chosen) < CONFIRM_TOP:
+            chosen.append(t["knobs"])
+    for t in trials:  # the baseline and the reference, when they reached or were capped
+        if t.get("seeded") and t["status"] in ("reached", "capped") and t["knobs"] not in chosen:
+            chosen.append(t["knobs"])
+    cost, medians = 0.0, []
+    for knobs in chosen:
+        runs = [member.run(*knobs, rng) for _ in range(CONFIRM_SEEDS)]
+        cost += sum(r["cost"] for r in runs)
+        if all(r["time"] is not None for r in runs):
+            medians.append((statistics.median(r["time"] for r in runs), knobs))
+    return (min(medians)[1] if medians else None), cost
+
+
+def score(member: Member, trials: list[Trial], optimum: float,
+          rng: random.Random | None = None) -> dict[str, float]:  # fmt: skip
+    """Regret of the exported config, compute and OOM crashes of a trial prefix.
+
+    With ``rng`` the strategy confirms (raybatch's), and the confirmation's cost is charged;
+    otherwise it exports the fastest config it measured.
+    """
+    cost = sum(t["cost"] for t in trials)
+    if rng is not None:
+        chosen, extra = confirm(member, trials, rng)
+        cost += extra
+    else:
+        reached = [t for t in trials if t["time"] is not None]
+        chosen = min(reached, key=lambda t: t["time"])["knobs"] if reached else None
+    if chosen is not None:
         regret = member.true_time(*chosen) / optimum
     else:
         regret = 10 * member.max_time_s / optimum  # PAR-10: nothing usable was found
     return {
         "regret": regret,
-        "gpu_seconds": sum(t["cost"] for t in trials),
+        "compute": cost,
         "oom_crashes": sum(1 for t in trials if t["status"] == "oom"),
         "prescreened_out": trials[-1].get("prescreened", 0) if trials else 0,
     }
@@ -192,7 +240,11 @@ def main(
         for strategy in strategies:
             runs = [run(strategy, member, seed, max(budgets)) for seed in range(seeds)]
             for budget in budgets:
-                scores = [score(member, r[:budget], optimum) for r in runs]
+                scores = [
+                    score(member, r[:budget], optimum,
+                          random.Random(seed * 31 + budget) if strategy in CONFIRMED else None)
+                    for seed, r in enumerate(runs)
+                ]  # fmt: skip
                 rows.append({
                     "workload": member.name,
                     "strategy": strategy,
@@ -201,18 +253,25 @@ def main(
                     "seeds": seeds,
                     "median_regret": statistics.median(s["regret"] for s in scores),
                     "p90_regret": _p90([s["regret"] for s in scores]),
-                    "gpu_seconds": statistics.median(s["gpu_seconds"] for s in scores),
-                    "oom_crashes": sum(s["oom_crashes"] for s in scores),
+                    "compute_median": statistics.median(s["compute"] for s in scores),
+                    "oom_median": statistics.median(s["oom_crashes"] for s in scores),
+                    "oom_p90": _p90([s["oom_crashes"] for s in scores]),
+                    "estimator_error": member.estimate_error,
                     "prescreened_out": statistics.median(s["prescreened_out"] for s in scores),
                     "optimum_s": optimum,
                     "optimum_at": list(where),
                 })  # fmt: skip
             last = rows[-1]
             print(f"{member.name:>20} {strategy:>22}: median regret {last['median_regret']:.3f}"
-                  f" at {last['budget']} trials, {last['gpu_seconds']:.0f} GPU s,"
-                  f" {last['oom_crashes']} OOM crashes")  # fmt: skip
+                  f" at {last['budget']} trials, {last['compute_median']:.0f} GPU s,"
+                  f" {last['oom_median']} OOM crashes (median)")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
+    members_info = {
+        m.name: {"best_lr_multiplier": m.best_multiplier, "estimator_error": m.estimate_error}
+        for m in members or MEMBERS
+    }
     out.write_text(json.dumps({"benchmark": "search_efficiency", "seeds": seeds,
+                               "confirmation_charged": True, "members": members_info,
                                "elapsed_s": time.perf_counter() - start, "rows": rows},
                               indent=2) + "\n")  # fmt: skip
     return rows

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -101,12 +102,25 @@ def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Pat
     rows = module.main(seeds=2, budgets=(5, 10), members=simulator.MEMBERS[1:2],
                        out=tmp_path / "s.json")  # fmt: skip
     assert {r["strategy"] for r in rows} == set(module.STRATEGIES)
-    required = {"workload", "strategy", "trials", "median_regret", "p90_regret", "gpu_seconds",
-                "oom_crashes"}  # fmt: skip
+    required = {"workload", "strategy", "trials", "median_regret", "p90_regret",
+                "compute_median", "oom_median", "oom_p90", "estimator_error"}  # fmt: skip
     assert all(required <= set(r) for r in rows)
     assert all(r["median_regret"] >= 1.0 - 1e-9 for r in rows)  # nothing beats the optimum
-    ours = [r for r in rows if r["strategy"] == "raybatch"]
-    assert all(r["oom_crashes"] == 0 for r in ours)  # pre-screened: heavy batches never run
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["confirmation_charged"] is True
+    assert data["members"]["needs_accumulation"]["best_lr_multiplier"] == 0.8
+
+    def cell(strategy: str) -> dict[str, Any]:
+        return next(r for r in rows if (r["strategy"], r["budget"]) == (strategy, 10))
+
+    # The confirmation is charged: the same 10 trials cost more once confirmed.
+    member = simulator.MEMBERS[1]
+    trials = module.run("raybatch", member, 0, 10)
+    optimum = member.optimum()[0]
+    confirmed = module.score(member, trials, optimum, module.random.Random(0))
+    assert confirmed["compute"] > module.score(member, trials, optimum)["compute"]
+    # The estimate under-predicts by 15% here, yet the pre-screen still avoids most OOMs.
+    assert cell("raybatch")["oom_median"] <= cell("raybatch_no_prescreen")["oom_median"]
 
 
 def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:
@@ -119,6 +133,15 @@ def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:
     assert cases["needs_accumulation"][0]  # the best effective batch needs accumulation
     assert cases["max_batch_optimal"][1] == 1.0  # the heuristic is right there
     assert cases["small_noise_scale"][1] > 1.5  # and badly wrong here
+    # The rule's LR is far from the best, and neither seeded point is near the optimum.
+    far = {m.name: m for m in simulator.MEMBERS}
+    assert far["rule_lr_too_low"].best_multiplier >= 3
+    seeds_far = far["seeds_far_from_optimum"]
+    optimum = seeds_far.optimum()[0]
+    assert seeds_far.true_time(256, 1, 1.0) / optimum > 3  # the reference
+    assert cases["seeds_far_from_optimum"][1] > 3  # the max batch
+    errors = [m.estimate_error for m in simulator.MEMBERS]
+    assert min(errors) <= -0.1 and max(errors) >= 0.1  # the estimate is wrong both ways
 
 
 def test_docs_are_rendered_from_the_committed_results(tmp_path: Path) -> None:
