@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/space_overhead.py
 	$(BIN)/python bench/plugin_overhead.py
 	$(BIN)/python bench/loop_overhead.py
+	$(BIN)/python bench/demo_search.py
 	$(BIN)/python bench/trace_cost.py
 	$(BIN)/python bench/digits_batch_sweep.py
 	$(BIN)/python bench/gpu_memory_accuracy.py

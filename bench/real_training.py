@@ -1,23 +1,22 @@
-"""Real training on this machine: raybatch's confirmed winner vs the max-batch heuristic vs the
-reference recipe, time to target re-measured side by side.
+"""Real training on this machine: raybatch's confirmed winners vs the max-batch heuristic (at
+the rule's LR and at its best LR from a sweep) vs the reference recipe, time to target
+re-measured side by side, with intervals.
 
-For each bundled example workload (digits CNN with momentum SGD; an MLP on generated tabular
-data with AdamW):
+For each case (digits CNN with momentum SGD; an MLP on generated tabular data with AdamW; the
+same MLP searched over a wide LR range, where the scaling rule's LR is far from the best):
 
-1. a real raybatch search (``raybatch.search``: local Ray, Optuna in SQLite, capping,
-   confirmation) picks its winner;
-2. three recipes are then re-run ``reruns`` times each, *interleaved* (winner, max batch,
-   reference, then the next round in a rotated order), with fresh seeds, on one torch thread:
-   - ``raybatch``: the confirmed winner;
-   - ``max_batch``: the largest micro batch that fits, accumulation 1, LR and weight decay
-     scaled by the space's rules (what a batch-size finder plus the linear/sqrt rule gives);
-   - ``reference``: the space's reference recipe, unscaled.
+1. ``searches`` (>= 3) independent raybatch searches (``raybatch.search``: local Ray, Optuna in
+   SQLite, capping, confirmation), seeds 0, 1, 2..., each giving its winner;
+2. the max batch's LR is swept (multipliers 0.5, 1, 2, 4 of the rule's LR, ``sweep_runs`` runs
+   each): the best one is the ``max_batch_tuned`` baseline — a fair heuristic tunes its LR too;
+3. every recipe (each search's winner, ``max_batch`` at the rule's LR, ``max_batch_tuned``,
+   ``reference``) is re-run ``reruns`` times, *interleaved* (the order rotated each round), with
+   fresh seeds, on one torch thread.
 
-A run that does not reach the target within ``max_time_s`` counts as not reached; the median is
-taken over all runs with those at ``+inf`` (so it is ``None`` when half or more failed).
-The ratio is the other recipe's median over the winner's (> 1: the winner is faster).
-On this CPU machine nothing limits the batch but the space: the max batch is the largest micro
-batch the space lists.
+Ratios: for each compared recipe, median training time to target over its runs / median over
+the winners' runs (> 1: the winners are faster), with a bootstrap 95% interval over the
+(round, search) pairs; a run that missed the target counts as 10 x the cap (PAR-10). An
+interval that contains 1 means the difference is within run-to-run noise, and is said so.
 
 Run: .venv/bin/python bench/real_training.py  (writes bench/results/real_training.json)
 """
@@ -34,21 +33,37 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from stats import ratio_ci95
 
 import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload
 from raybatch.run.options import SearchOptions
+from raybatch.space.search_space import SearchSpace
 from raybatch.trial.wrapper import TrialSettings, run_trial
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "real_training.json"
-CASES: list[tuple[str, Workload, str, float]] = [
-    ("digits_cnn", DigitsWorkload(), "raybatch.examples.digits:workload", 0.97),
-    ("tabular_mlp", TabularWorkload(), "raybatch.examples.tabular:workload", 0.87),
-]
-RECIPES = ("raybatch", "max_batch", "reference")
+
+
+def _wide_lr_space() -> SearchSpace:
+    """The tabular space with the LR multiplier searched over 0.25-8x the sqrt rule's LR."""
+    data = raybatch.load_space("tabular_mlp_adamw").model_dump()
+    data["name"] = "tabular_mlp_adamw_wide_lr"
+    data["search"]["lr_multiplier"] = {"low": 0.25, "high": 8.0}
+    return SearchSpace.from_dict(data)
+
+
+Case = tuple[str, Workload, str, float, SearchSpace | None]
+CASES: list[Case] = [
+    ("digits_cnn", DigitsWorkload(), "raybatch.examples.digits:workload", 0.97, None),
+    ("tabular_mlp", TabularWorkload(), "raybatch.examples.tabular:workload", 0.87, None),
+    ("tabular_mlp_wide_lr", TabularWorkload(), "raybatch.examples.tabular:workload", 0.87,
+     _wide_lr_space()),
+]  # fmt: skip
+SWEEP = (0.5, 1.0, 2.0, 4.0)
+PAR = 10.0
 
 
 def _median(times: list[float | None]) -> float | None:
@@ -56,59 +71,50 @@ def _median(times: list[float | None]) -> float | None:
     return None if math.isinf(value) else value
 
 
-def _search(
-    name: str,
-    workload: Workload,
-    ref: str,
-    target: float,
-    trials: int,
-    max_time_s: float,
-    confirm_seeds: int = 3,
-) -> tuple[dict[str, dict[str, Any]], float, dict[str, Any]]:
-    """Run the search; return the three recipes' raw knobs, its wall time and its winner."""
-    space = raybatch.load_space(workload.space)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-")) / "run"
-    options = SearchOptions(trials=trials, max_time_s=max_time_s, gpus_per_trial=0, seed=0,
+def _search(name: str, workload: Workload, ref: str, target: float, space: SearchSpace,
+            trials: int, max_time_s: float, confirm_seeds: int, seed: int
+            ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """One search; its winner's raw knobs, the max-batch and reference points, and a summary."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-{seed}-")) / "run"
+    options = SearchOptions(trials=trials, max_time_s=max_time_s, gpus_per_trial=0, seed=seed,
                             confirm_seeds=confirm_seeds)  # fmt: skip
     start = time.perf_counter()
     result = raybatch.search(workload, space, target, run_dir, options, ref, verbose=0)
     wall = time.perf_counter() - start
     if result.best is None:
-        raise RuntimeError(f"{name}: no candidate reached {target} in every confirmation run")
+        raise RuntimeError(f"{name}: no recipe reached {target} in every confirmation run")
     best = result.best.config
-    recipes = {
-        "raybatch": {k: getattr(best, k) for k in keys.RAW_KNOBS},
-        "max_batch": {**(result.baseline or {}), keys.LR_MULTIPLIER: 1.0},
-        "reference": {**(result.reference or {}), keys.LR_MULTIPLIER: 1.0},
+    points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
+    summary = {
+        "seed": seed,
+        "search_wall_s": wall,
+        "winner": {k: getattr(best, k) for k in keys.RAW_KNOBS},
+        "confirmed_median_s": result.best.provenance["median_time_to_target_s"],
     }
-    winner = {
-        "config": best.to_dict(),
-        "search_median_time_to_target_s": result.best.provenance["median_time_to_target_s"],
-        "run_dir": str(run_dir),
-    }
-    return recipes, wall, winner
+    return summary["winner"], points, summary
 
 
 def _rerun(
     workload: Workload,
+    space: SearchSpace,
     target: float,
     recipes: dict[str, dict[str, Any]],
     reruns: int,
     max_time_s: float,
+    first_seed: int = 1000,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every recipe ``reruns`` times, interleaved, the order rotated each round."""
-    space = raybatch.load_space(workload.space)
     settings = TrialSettings(raybatch.Target(target), max_time_s=max_time_s)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in recipes}
     names = list(recipes)
     for round_ in range(reruns):
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order:
-            config = {**recipes[name], keys.SEED: 1000 + round_}
+            config = {**recipes[name], keys.SEED: first_seed + round_}
             reporter = run_trial(workload, space, settings, config, report_fn=lambda m: None)
             runs[name].append(
                 {
-                    "seed": 1000 + round_,
+                    "seed": first_seed + round_,
                     "status": reporter.status.value,
                     "time_to_target_s": reporter.time_to_target_s,
                 }
@@ -116,62 +122,104 @@ def _rerun(
     return runs
 
 
+def _tuned_max_batch(workload: Workload, space: SearchSpace, target: float,
+                     max_batch: dict[str, Any], sweep_runs: int, max_time_s: float
+                     ) -> tuple[float, dict[str, Any]]:  # fmt: skip
+    """The max batch's best LR multiplier among :data:`SWEEP`, by median over a few runs."""
+    recipes = {str(m): {**max_batch, keys.LR_MULTIPLIER: m} for m in SWEEP}
+    runs = _rerun(workload, space, target, recipes, sweep_runs, max_time_s, first_seed=500)
+    medians = {m: _median([r["time_to_target_s"] for r in runs[str(m)]]) for m in SWEEP}
+    best = min(SWEEP, key=lambda m: math.inf if medians[m] is None else medians[m])
+    return best, {str(m): medians[m] for m in SWEEP}
+
+
+def _scored(t: float | None, max_time_s: float) -> float:
+    return PAR * max_time_s if t is None else t
+
+
+def _compare(runs: dict[str, list[dict[str, Any]]], winners: list[str], max_time_s: float
+             ) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each baseline's median over the winners' (pooled), with a paired bootstrap interval."""
+    out = {}
+    for name in runs:
+        if name in winners:
+            continue
+        pairs = [
+            (_scored(runs[name][i]["time_to_target_s"], max_time_s),
+             _scored(runs[w][i]["time_to_target_s"], max_time_s))
+            for i in range(len(runs[name])) for w in winners
+        ]  # fmt: skip
+        ratio = statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
+        low, high = ratio_ci95(pairs)
+        out[name] = {"ratio": ratio, "ratio_ci95": [low, high], "within_noise": low <= 1 <= high}
+    return out
+
+
+def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
+          max_time_s: float, confirm_seeds: int) -> dict[str, Any]:  # fmt: skip
+    name, workload, ref, target, given = case
+    space = given or raybatch.load_space(workload.space or "")
+    torch.set_num_threads(2)
+    found = [_search(name, workload, ref, target, space, trials, max_time_s, confirm_seeds, s)
+             for s in range(searches)]  # fmt: skip
+    torch.set_num_threads(1)  # the reruns: one thread each, as each search trial had
+    points = found[0][1]
+    max_batch = {**points["max_batch"], keys.LR_MULTIPLIER: 1.0}
+    best_multiplier, sweep = _tuned_max_batch(workload, space, target, max_batch, sweep_runs,
+                                              max_time_s)  # fmt: skip
+    recipes = {f"raybatch_seed{s['seed']}": knobs for knobs, _, s in found}
+    recipes["max_batch"] = max_batch
+    recipes["max_batch_tuned"] = {**max_batch, keys.LR_MULTIPLIER: best_multiplier}
+    recipes["reference"] = {**points["reference"], keys.LR_MULTIPLIER: 1.0}
+    runs = _rerun(workload, space, target, recipes, reruns, max_time_s)
+    winners = [n for n in recipes if n.startswith("raybatch")]
+    out_recipes = {}
+    for recipe, knobs in recipes.items():
+        derived = space.derive_from(knobs)
+        times = [r["time_to_target_s"] for r in runs[recipe]]
+        out_recipes[recipe] = {
+            "micro_batch_size": derived.micro_batch_size,
+            "accumulation_steps": derived.accumulation_steps,
+            "lr": derived.lr,
+            "lr_multiplier": derived.lr_multiplier,
+            "reached": sum(r["status"] == "reached" for r in runs[recipe]),
+            "runs": runs[recipe],
+            "median_time_to_target_s": _median(times),
+        }
+        print(f"{name:20} {recipe:16} {derived.micro_batch_size:>5} x"
+              f" {derived.accumulation_steps} lr {derived.lr:.4g}:"
+              f" {out_recipes[recipe]['reached']}/{reruns} reached, median {_median(times)}",
+              flush=True)  # fmt: skip
+    return {
+        "target": target,
+        "space": space.name,
+        "searches": [s for _, _, s in found],
+        "max_batch_lr_sweep": {"medians": sweep, "best_multiplier": best_multiplier},
+        "recipes": out_recipes,
+        "compared": _compare(runs, winners, max_time_s),
+    }
+
+
 def main(
-    cases: list[tuple[str, Workload, str, float]] = CASES,
+    cases: list[Case] = CASES,
+    searches: int = 3,
     trials: int = 12,
     reruns: int = 5,
+    sweep_runs: int = 2,
     max_time_s: float = 20.0,
     out: Path = RESULTS,
     confirm_seeds: int = 3,
 ) -> dict[str, Any]:
-    rows = []
-    for name, workload, ref, target in cases:
-        recipes, search_wall, winner = _search(
-            name, workload, ref, target, trials, max_time_s, confirm_seeds
-        )
-        torch.set_num_threads(1)  # the reruns: one thread each, as each search trial had
-        runs = _rerun(workload, target, recipes, reruns, max_time_s)
-        space = raybatch.load_space(workload.space)
-        medians = {n: _median([r["time_to_target_s"] for r in runs[n]]) for n in recipes}
-        win = medians["raybatch"]
-        for recipe in RECIPES:
-            derived = space.derive_from(recipes[recipe])
-            median = medians[recipe]
-            rows.append(
-                {
-                    "workload": name,
-                    "target": target,
-                    "recipe": recipe,
-                    "micro_batch_size": derived.micro_batch_size,
-                    "accumulation_steps": derived.accumulation_steps,
-                    "effective_batch_size": derived.effective_batch_size,
-                    "lr": derived.lr,
-                    "lr_multiplier": derived.lr_multiplier,
-                    "reached": sum(r["status"] == "reached" for r in runs[recipe]),
-                    "runs": runs[recipe],
-                    "median_time_to_target_s": median,
-                    "ratio_to_raybatch": (median / win) if median and win else None,
-                }
-            )
-            print(f"{name:12} {recipe:10} {derived.micro_batch_size:>5} x"
-                  f" {derived.accumulation_steps} lr {derived.lr:.4g}:"
-                  f" {rows[-1]['reached']}/{reruns} reached, median {median}")  # fmt: skip
-        rows.append(
-            {
-                "workload": name,
-                "recipe": "search",
-                "trials": trials,
-                "search_wall_s": search_wall,
-                "winner": winner,
-            }
-        )
+    workloads = {case[0]: _case(case, searches, trials, reruns, sweep_runs, max_time_s,
+                                confirm_seeds) for case in cases}  # fmt: skip
     data = {
         "benchmark": "real_training",
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread per run",
+        "machine": f"{platform.machine()}, 1 torch thread per rerun",
         "torch": torch.__version__,
+        "searches": searches,
         "reruns": reruns,
         "max_time_s": max_time_s,
-        "rows": rows,
+        "workloads": workloads,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")

@@ -211,13 +211,15 @@ def test_prescreen_cost_counts_zero_device_steps_for_the_trace(tmp_path: Path) -
 
 def test_real_training_reruns_every_recipe_interleaved_with_fresh_seeds() -> None:
     module = _load("real_training")
+    import raybatch
     from raybatch.examples.digits import DigitsWorkload
 
     recipes = {
         "raybatch": {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.2},
         "max_batch": {"micro_batch_size": 256, "accumulation_steps": 1, "lr_multiplier": 1.0},
     }
-    runs = module._rerun(DigitsWorkload(), 0.5, recipes, reruns=2, max_time_s=5.0)
+    space = raybatch.load_space("digits_cnn_sgd")
+    runs = module._rerun(DigitsWorkload(), space, 0.5, recipes, reruns=2, max_time_s=5.0)
     assert [r["seed"] for r in runs["raybatch"]] == [r["seed"] for r in runs["max_batch"]]
     assert len({r["seed"] for r in runs["raybatch"]}) == 2
     assert all(r["status"] == "reached" and r["time_to_target_s"] > 0
@@ -225,15 +227,47 @@ def test_real_training_reruns_every_recipe_interleaved_with_fresh_seeds() -> Non
     assert module._median([1.0, None, 3.0]) == 3.0 and module._median([None, None, 1.0]) is None
 
 
+def test_the_demo_record_keeps_what_the_search_printed_and_the_confirmation_runs() -> None:
+    module = _load("demo_search")
+    printed = ["(Ray's box)", "status   count", "-------  -----", "reached  3", "", "verdict."]
+    assert printed[module._first_status_line(printed) :][0] == "status   count"
+    row = {"phase": "confirmation", "status": "reached", "micro_batch_size": "64",
+           "accumulation_steps": "1", "lr_multiplier": "1.0", "time_to_target_s": "1.5",
+           "samples_to_target": "8192", "throughput": "50000.0"}  # fmt: skip
+    other = {**row, "micro_batch_size": "1024"}
+    knobs = {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}
+    runs = module._runs([row, other, {**row, "phase": "search"}], knobs)
+    assert runs == [{"time_s": 1.5, "samples": 8192, "throughput": 50000.0}]
+
+
+def test_real_training_ratios_carry_an_interval_and_say_when_it_is_noise() -> None:
+    module = _load("real_training")
+
+    def runs(*times: float | None) -> list[dict[str, Any]]:
+        return [{"time_to_target_s": t} for t in times]
+
+    compared = module._compare(
+        {"raybatch_seed0": runs(1.0, 1.1, 0.9), "raybatch_seed1": runs(1.0, 1.0, 1.05),
+         "max_batch": runs(2.0, 2.1, 1.9), "reference": runs(1.05, 0.95, 1.0),
+         "missed": runs(None, None, 1.0)},
+        ["raybatch_seed0", "raybatch_seed1"], max_time_s=5.0,
+    )  # fmt: skip
+    assert compared["max_batch"]["ratio"] == pytest.approx(2.0, rel=0.05)
+    assert not compared["max_batch"]["within_noise"]
+    assert compared["reference"]["within_noise"]  # overlapping runs: no claim
+    assert compared["missed"]["ratio"] > 10  # a miss counts as 10x the cap
+    assert set(compared) == {"max_batch", "reference", "missed"}
+
+
 @pytest.mark.slow
 def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_path: Path) -> None:
     module = _load("real_training")
     case = [c for c in module.CASES if c[0] == "digits_cnn"]
-    data = module.main(
-        cases=case, trials=2, reruns=1, max_time_s=10.0, out=tmp_path / "r.json", confirm_seeds=1
-    )
-    recipes = [r["recipe"] for r in data["rows"]]
-    assert recipes == ["raybatch", "max_batch", "reference", "search"]
-    winner = data["rows"][0]
-    assert winner["ratio_to_raybatch"] == 1.0 or winner["median_time_to_target_s"] is None
-    assert data["rows"][1]["micro_batch_size"] == 256  # nothing limits the batch on a CPU
+    data = module.main(cases=case, searches=1, trials=2, reruns=1, sweep_runs=1, max_time_s=10.0,
+                       out=tmp_path / "r.json", confirm_seeds=1)  # fmt: skip
+    w = data["workloads"]["digits_cnn"]
+    assert list(w["recipes"]) == ["raybatch_seed0", "max_batch", "max_batch_tuned", "reference"]
+    assert w["recipes"]["max_batch"]["micro_batch_size"] == 256  # nothing limits it on a CPU
+    assert w["max_batch_lr_sweep"]["best_multiplier"] in module.SWEEP
+    assert set(w["compared"]) == {"max_batch", "max_batch_tuned", "reference"}
+    assert all(len(c["ratio_ci95"]) == 2 for c in w["compared"].values())

@@ -1,0 +1,83 @@
+"""The README's demo, run as a user runs it: ``make demo``'s exact command through the CLI.
+
+The README shows what the demo prints and explains its verdict with figures from the run
+(wall time, the confirmation runs of the winner and of the largest batch, their throughput and
+samples to target). Those figures come from this file's result, rendered into the README by
+``bench/render_docs.py``, never typed by hand.
+
+Run: .venv/bin/python bench/demo_search.py  (writes bench/results/demo_search.json)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from raybatch import keys
+from raybatch.run.rundir import read_trials_csv
+
+RESULTS = Path(__file__).parent / "results" / "demo_search.json"
+ARGS = ["raybatch.examples.tabular:workload", "--target", "accuracy>=0.87", "--trials", "12",
+        "--max-time-per-trial", "20"]  # fmt: skip
+"""What ``make demo`` passes to ``raybatch search`` (the Makefile's line, less the run dir)."""
+
+
+def _runs(rows: list[dict[str, str]], knobs: dict[str, Any]) -> list[dict[str, float]]:
+    """The confirmation runs of one recipe: time, samples to target and throughput."""
+    out = []
+    for r in rows:
+        if r[keys.PHASE] != keys.PHASE_CONFIRMATION or r[keys.STATUS] != "reached":
+            continue
+        if all(float(r[k]) == float(v) for k, v in knobs.items()):
+            out.append({"time_s": float(r[keys.TIME_TO_TARGET_S]),
+                        "samples": int(r[keys.SAMPLES_TO_TARGET]),
+                        "throughput": float(r[keys.THROUGHPUT])})  # fmt: skip
+    return out
+
+
+def _first_status_line(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if line.split()[:2] == ["status", "count"])
+
+
+def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix="demo-")) / "run"
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "search", *args, "--run-dir", str(run_dir), "--quiet"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    lines = proc.stdout.strip().splitlines()
+    best = json.loads((run_dir / "best_config.json").read_text())
+    rows = read_trials_csv(run_dir / "trials.csv")
+    winner = {k: best["config"][k] for k in keys.RAW_KNOBS}
+    largest = max(int(r[keys.MICRO_BATCH_SIZE]) for r in rows if r[keys.PHASE] == "search")
+    baseline = {keys.MICRO_BATCH_SIZE: largest, keys.ACCUMULATION_STEPS: 1,
+                keys.LR_MULTIPLIER: 1.0}  # fmt: skip
+    data = {
+        "benchmark": "demo_search",
+        "command": "raybatch search "
+        + " ".join(f'"{a}"' if ">" in a or "<" in a else a for a in args),
+        "wall_s": wall,
+        # From the status table on: what the search prints after Ray's own output.
+        "output": [
+            line
+            for line in lines[_first_status_line(lines) :]
+            if not line.startswith(("best config:", "report:"))
+        ],
+        "winner": {"knobs": winner, "runs": _runs(rows, winner)},
+        "largest_batch": {"knobs": baseline, "runs": _runs(rows, baseline)},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print("\n".join(data["output"]))
+    return data
+
+
+if __name__ == "__main__":
+    main()
