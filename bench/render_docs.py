@@ -15,6 +15,7 @@ DOCS = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 README = Path(__file__).parent.parent / "README.md"
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 DEMO_START, DEMO_END = "<!-- demo:start -->", "<!-- demo:end -->"
+TRACE_START, TRACE_END = "<!-- trace:start -->", "<!-- trace:end -->"
 
 
 def _load(name: str) -> dict[str, Any] | None:
@@ -482,7 +483,22 @@ def readme_with_headline(readme: str) -> str:
     readme = f"{head}{START}\n{headline()}\n{END}{tail}"
     head, rest = readme.split(DEMO_START, 1)
     _, tail = rest.split(DEMO_END, 1)
-    return f"{head}{DEMO_START}\n{demo()}\n{DEMO_END}{tail}"
+    readme = f"{head}{DEMO_START}\n{demo()}\n{DEMO_END}{tail}"
+    head, rest = readme.split(TRACE_START, 1)
+    _, tail = rest.split(TRACE_END, 1)
+    return f"{head}{TRACE_START}{trace_times()}{TRACE_END}{tail}"
+
+
+def trace_times() -> str:
+    """The README's sentence on what one trace costs, from ``trace_cost.json``."""
+    data = _load("trace_cost")
+    if data is None:
+        return "(run `bench/trace_cost.py`)"
+    w = data["workloads"]
+    return (
+        f"{w['digits_cnn']['median_s_per_trace']:.2f} s for the digits example and"
+        f" {w['resnet18_224']['median_s_per_trace']:.2f} s for a ResNet-18 at\n224x224"
+    )
 
 
 def main(out: Path = DOCS, readme: Path = README) -> str:
