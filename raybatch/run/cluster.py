@@ -49,8 +49,11 @@ def check_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> 
         ) from None
 
 
-def init_ray(address: str | None) -> None:
+def init_ray(address: str | None) -> bool:
     """Connect to ``address`` (default: start a Ray of our own); a no-op when Ray is already up.
+
+    Returns whether this call connected (so the caller may shut down what it started, and
+    never a Ray its user started).
 
     Raises:
         ClusterUnreachableError: Nothing answers at the address.
@@ -58,7 +61,7 @@ def init_ray(address: str | None) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     # No address means a Ray of our own ("local"), never whichever Ray happens to run on this
     # machine; RAY_ADDRESS, Ray's own way to name a cluster, is honoured.
     address = address or os.environ.get("RAY_ADDRESS") or "local"
@@ -69,3 +72,4 @@ def init_ray(address: str | None) -> None:
         raise ClusterUnreachableError(
             f"no Ray cluster answers at {address}: {first_line(exc)}"
         ) from None
+    return True

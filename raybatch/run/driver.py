@@ -261,15 +261,17 @@ def _execute(
     from raybatch.run.failfast import FailFast, ray_errors_to
 
     _quiet_tune()
-    init_ray(options.address)
+    started_ray = init_ray(options.address)
     plan = _plan(path, workload, space, target, options)
     notes = plan.notes
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
     tuner = _search_tuner(path, plan, options, resume, verbose, watch)
-    with ray_errors_to(path / LOG_FILE):
+    with ray_errors_to(path / LOG_FILE) as diverted:
         results = tuner.fit()
-    if watch.tripped is not None:
-        raise TrialsFailedError(watch.summary())
+        if watch.tripped is not None:
+            if started_ray:  # trials still starting fail after the stop: to the log with them
+                diverted.shutdown_ray()
+            raise TrialsFailedError(watch.summary())
     finished = results.num_terminated + results.num_errors
     gave_up = plan.searcher.record.gave_up_reason()
     if gave_up is not None:

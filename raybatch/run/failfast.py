@@ -225,9 +225,10 @@ class _Divert(io.TextIOBase):
     def __init__(self, stream: TextIO, log: TextIO) -> None:
         self._stream = stream
         self._log = log
+        self.everything = False  # set while Ray shuts down: it flushes held-back errors
 
     def write(self, text: str) -> int:
-        if threading.current_thread().name == RAY_ERROR_THREAD:
+        if self.everything or threading.current_thread().name == RAY_ERROR_THREAD:
             self._log.write(text)
             self._log.flush()
             return len(text)
@@ -247,8 +248,32 @@ class _Divert(io.TextIOBase):
         return self._stream.encoding
 
 
+class Diverted:
+    """What :func:`ray_errors_to` yields: :meth:`shutdown_ray` ends Ray with nothing printed."""
+
+    def __init__(self, streams: tuple[_Divert, _Divert]) -> None:
+        self._streams = streams
+
+    def shutdown_ray(self) -> None:
+        """Shut down the Ray this search started, its last worker errors sent to the log.
+
+        Trials still starting when fail-fast stops the search fail after it; Ray holds some of
+        their errors back (to deduplicate them) and prints them while shutting down, from
+        whichever thread shuts it down.
+        """
+        import ray
+
+        for stream in self._streams:
+            stream.everything = True
+        try:
+            ray.shutdown()
+        finally:
+            for stream in self._streams:
+                stream.everything = False
+
+
 @contextmanager
-def ray_errors_to(log_path: Path) -> Iterator[None]:
+def ray_errors_to(log_path: Path) -> Iterator[Diverted]:
     """While inside, the worker errors Ray prints on the driver go to ``log_path`` instead.
 
     Ray's own thread prints each failed worker's traceback to the terminal; a search whose
@@ -256,8 +281,9 @@ def ray_errors_to(log_path: Path) -> Iterator[None]:
     """
     with log_path.open("a", encoding="utf-8") as log:
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Divert(saved[0], log), _Divert(saved[1], log)
+        streams = _Divert(saved[0], log), _Divert(saved[1], log)
+        sys.stdout, sys.stderr = streams
         try:
-            yield
+            yield Diverted(streams)
         finally:
             sys.stdout, sys.stderr = saved
