@@ -2,7 +2,7 @@
 #
 # torch is installed first and pinned to 2.13.0: on our machines that is a CPU wheel already
 # on disk, while a bare `torch` (or a range admitting a newer release) pulls several GB of CUDA
-# packages. The package's own floor (torch>=2.3) is then satisfied and pip leaves torch alone.
+# packages. The package's own floor (torch>=2.5) is then satisfied and pip leaves torch alone.
 
 PYTHON ?= python3
 VENV ?= .venv

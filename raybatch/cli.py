@@ -8,14 +8,14 @@ exits with status 2 (the status click uses for usage errors).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from raybatch import cli_format
 from raybatch.errors import InputError, Issue, RaybatchError
-from raybatch.space.config import TrialConfig
 from raybatch.space.presets import list_presets, load_space
 
 EXIT_BAD_INPUT = 2
@@ -34,6 +34,18 @@ SpaceArg = Annotated[
     str, typer.Argument(help="A preset name (see `raybatch spaces`) or a path to a space YAML.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+SpaceOpt = Annotated[
+    str | None, typer.Option("--space", help="Preset or YAML (default: the workload's).")
+]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="Ray cluster address (default: local).")
+]
+BudgetOpt = Annotated[
+    str | None, typer.Option("--memory-budget", help="Per-GPU budget: 8GiB, 1500MB...")
+]
+GpusOpt = Annotated[
+    str | None, typer.Option("--gpus-per-trial", help="auto, N or a fraction (0: CPU).")
+]
 
 
 @contextmanager
@@ -82,7 +94,7 @@ def space_command(
     if as_json:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         return
-    typer.echo(_recipe_table(cfg))
+    typer.echo(cli_format.recipe_table(cfg))
 
 
 @app.command("recipes")
@@ -114,7 +126,7 @@ def recipes_command(space: SpaceArg, as_json: JsonOpt = False) -> None:
         )
         for c in configs
     ]
-    typer.echo(_table(header, rows))
+    typer.echo(cli_format.table(header, rows))
 
 
 @app.command("estimate")
@@ -182,44 +194,9 @@ def estimate_command(
         return
     typer.echo(
         f"{report.workload} on {device}, {report.optimizer} from space {chosen.name},"
-        f" accumulation {accum}, world size {world_size}; {_budget_text(report)}"
+        f" accumulation {accum}, world size {world_size}; {cli_format.budget_text(report)}"
     )
-    _print_estimate(report)
-
-
-def _budget_text(report: Any) -> str:
-    from raybatch.memory.budget import format_bytes
-
-    if report.budget_bytes is None:
-        return "no budget"
-    return f"budget {format_bytes(report.budget_bytes)} ({report.budget_source})"
-
-
-def _print_estimate(report: Any) -> None:
-    """The estimate's table, its linear model and the largest micro batch that fits."""
-    from raybatch.memory.budget import format_bytes
-
-    rows = [
-        (
-            str(r["micro_batch_size"]),
-            format_bytes(r["predicted_bytes"]),
-            "?" if r["fits"] is None else ("yes" if r["fits"] else "NO"),
-        )
-        for r in report.rows
-    ]
-    typer.echo(_table(("micro", "predicted peak", "fits"), rows))
-    typer.echo(f"\nlinear model: {report.model.describe()}")
-    if report.budget_bytes is not None:
-        largest = report.max_micro_batch_size
-        typer.echo(
-            "largest micro batch that fits: "
-            + ("no limit from memory" if largest is None else str(largest))
-        )
-    traces = 2 + (report.model.check_batch is not None)
-    typer.echo(
-        f"{traces} traces in {report.trace_seconds:.2f} s on the CPU (loading the workload's data"
-        " included), no GPU step"
-    )
+    cli_format.print_estimate(report)
 
 
 _EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
@@ -233,28 +210,20 @@ def search_command(
     target: Annotated[
         str, typer.Option("--target", help="METRIC>=VALUE, METRIC<=VALUE or VALUE (>=).")
     ],
-    space: Annotated[
-        str | None, typer.Option("--space", help="Preset or YAML (default: the workload's).")
-    ] = None,
+    space: SpaceOpt = None,
     trials: Annotated[int, typer.Option("--trials", help="Trials to launch.")] = 20,
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Run directory (default: runs/NAME-TIME).")
     ] = None,
-    address: Annotated[
-        str | None, typer.Option("--address", help="Ray cluster address (default: local).")
-    ] = None,
-    memory_budget: Annotated[
-        str | None, typer.Option("--memory-budget", help="Per-GPU budget: 8GiB, 1500MB...")
-    ] = None,
+    address: AddressOpt = None,
+    memory_budget: BudgetOpt = None,
     max_time_per_trial: Annotated[
         float, typer.Option("--max-time-per-trial", help="Training-time cap per trial, seconds.")
     ] = 60.0,
     eval_every: Annotated[
         int | None, typer.Option("--eval-every", metavar="SAMPLES", help=_EVAL_EVERY_HELP)
     ] = None,
-    gpus_per_trial: Annotated[
-        str | None, typer.Option("--gpus-per-trial", help="auto, N or a fraction (0: CPU).")
-    ] = None,
+    gpus_per_trial: GpusOpt = None,
     cpus_per_trial: Annotated[float, typer.Option("--cpus-per-trial")] = 1.0,
     max_concurrent: Annotated[int | None, typer.Option("--max-concurrent")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -305,7 +274,7 @@ def search_command(
         result = search(
             loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1
         )
-    _print_summary(result, parsed_target)
+    cli_format.print_summary(result, parsed_target)
 
 
 @app.command("init-workload")
@@ -337,7 +306,7 @@ def resume_command(
     with _user_errors():
         _, _, _, target, _ = read_run(run_dir)
         result = resume(run_dir, 0 if quiet else 1)
-    _print_summary(result, target)
+    cli_format.print_summary(result, target)
 
 
 @app.command("export")
@@ -372,20 +341,45 @@ def report_command(
     typer.echo(str(page.resolve()))
 
 
-def _print_summary(result: Any, target: Any) -> None:
-    from raybatch.report import REPORT, verdict
-    from raybatch.run.rundir import status_counts
+@app.command("check")
+def check_command(
+    workload: Annotated[
+        str | None,
+        typer.Argument(help="Optional workload (path/to/file.py:NAME): per-recipe figures."),
+    ] = None,
+    space: SpaceOpt = None,
+    address: AddressOpt = None,
+    memory_budget: BudgetOpt = None,
+    gpus_per_trial: GpusOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show what a search would see and do here: nodes, GPUs, budget, packing, placement."""
+    import ray
 
-    counts = status_counts(result.rows)
-    typer.echo("")
-    typer.echo(_table(("status", "count"), [(k, str(v)) for k, v in sorted(counts.items())]))
-    typer.echo("")
-    typer.echo(verdict(result, target))
-    for note in result.notes:
-        typer.echo(f"note: {note}")
-    if result.best is not None:
-        typer.echo(f"best config: {result.run_dir / 'best_config.yaml'}")
-    typer.echo(f"report:      {result.run_dir / REPORT}")
+    from raybatch.memory.budget import parse_size
+    from raybatch.run.cluster import init_ray
+    from raybatch.run.hardware import read_cluster
+    from raybatch.run.preflight import preflight
+    from raybatch.workload import load_workload
+
+    with _user_errors():
+        if memory_budget is not None:
+            parse_size(memory_budget, "--memory-budget", _CLI)
+        gpus = None if gpus_per_trial is None else _gpus(gpus_per_trial)
+        loaded = load_workload(workload) if workload is not None else None
+        chosen = None
+        if loaded is not None:
+            chosen = load_space(space or loaded.space or "generic_adamw")
+        started = init_ray(address)
+        try:
+            report = preflight(read_cluster(), loaded, chosen, memory_budget, gpus)
+        finally:
+            if started:
+                ray.shutdown()
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    cli_format.print_check(report)
 
 
 def _gpus(text: str) -> str | float:
@@ -427,29 +421,6 @@ def _device(text: str) -> tuple[str, int]:
     if kind == "cuda" and (not index or index.isdigit()):
         return "cuda", int(index or 0)
     raise InputError([Issue("--device", f"must be cpu, cuda or cuda:N, got {text!r}")], _CLI)
-
-
-def _recipe_table(cfg: TrialConfig) -> str:
-    rows = [(k, _show(v)) for k, v in cfg.to_dict().items()]
-    return _table(("key", "value"), rows) + "\n\n" + cfg.explain()
-
-
-def _show(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-    return str(value)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def main() -> None:

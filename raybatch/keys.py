@@ -72,6 +72,19 @@ VALIDATION_PREFIX: Final = "val_"
 ERROR_TRACEBACK: Final = "error_traceback"
 """Only in the final report of an ``error`` trial: the traceback, for the run's log."""
 SEED: Final = "seed"
+ALONE: Final = "alone"
+"""In a trial's config: run on a whole GPU, never packed (confirmation runs, and the retry of a
+trial that ran out of memory while packed)."""
+GPU_SHARE: Final = "gpu_share"
+"""The fraction of a GPU Ray assigned to the trial (``1/k`` when packed ``k`` to a GPU)."""
+PEAK_RESERVED_BYTES: Final = "peak_reserved_bytes"
+"""Peak of the CUDA caching allocator's *reserved* memory (what an OOM is about);
+:data:`PEAK_MEMORY_BYTES` is the peak *allocated*, comparable with the trace's prediction."""
+PROBE_RESERVED_BYTES: Final = "probe_reserved_bytes"
+"""Reserved peak of the trial's real probe step (CUDA): calibrates the search's estimator."""
+GPU_UTILIZATION_SCOPE: Final = "gpu_utilization_scope"
+"""``process`` (NVML's per-process utilisation of the trial's own process) or ``device`` (the
+whole GPU's, neighbours included, where NVML does not give per-process figures)."""
 
 # Columns of a result row (``trials.csv``) that say where the row comes from.
 PHASE: Final = "phase"

@@ -86,3 +86,37 @@ def test_nvml_budget_applies_headroom_and_context_overhead(monkeypatch: pytest.M
 def test_headroom_outside_zero_one_is_refused() -> None:
     with pytest.raises(MemoryBudgetError, match="headroom: must be in"):
         resolve_budget(None, headroom=1.5)
+
+
+class _NoPermission(Exception):
+    """pynvml's NVMLError stand-in: the real one needs a driver to be raised."""
+
+
+class _ContainerNvml:
+    """What NVML answers in many containers and under MIG: memory yes, process list no.
+
+    No NVIDIA driver exists on CI to give this answer for real; the fake stands in for the
+    driver only, and the code under test is the real reading."""
+
+    NVMLError = _NoPermission
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(total=80 * 2**30, free=70 * 2**30, used=10 * 2**30)
+
+    def nvmlDeviceGetName(self, handle: object) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[object]:
+        raise _NoPermission("Insufficient Permissions")
+
+
+def test_a_process_listing_nvml_refuses_keeps_the_memory_reading() -> None:
+    from raybatch.memory.budget import _device_memory, budget_of
+
+    device = _device_memory(_ContainerNvml(), handle=object())
+    assert (device.free_bytes, device.total_bytes) == (70 * 2**30, 80 * 2**30)
+    assert device.used_by_other_processes_bytes is None  # unknown, not zero
+    assert device.name == "NVIDIA H100 80GB HBM3"
+    assert budget_of(device).bytes == int(0.9 * 70 * 2**30) - CUDA_CONTEXT_OVERHEAD_BYTES

@@ -163,3 +163,32 @@ def test_on_cpu_the_loss_is_read_every_step_so_a_nan_stops_the_trial_at_once() -
     reporter = TrialReporter(2.0, eval_every_samples=10**6, max_time_s=60, report_fn=lambda m: None)
     train(GoesNaN(), _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions())
     assert reporter.status is TrialStatus.DIVERGED and reporter.steps == 3
+
+
+def test_an_fp16_step_the_scaler_skipped_moves_neither_the_schedule_nor_the_ema() -> None:
+    """GradScaler skips the optimizer step on overflowing gradients; warmup and the weight
+    average must skip it too (CPU's GradScaler behaves like CUDA's here)."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from raybatch.trial.loop import _optimizer_step, _Parts
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step + 1.0)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    parts = _Parts(model, model, optimizer, scheduler, ema, scaler, None)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    _optimizer_step(parts, LoopOptions())
+    assert scheduler.last_epoch == 0
+    assert int(ema.n_averaged) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    _optimizer_step(parts, LoopOptions())
+    assert scheduler.last_epoch == 1
+    assert int(ema.n_averaged) == 1

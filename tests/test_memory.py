@@ -224,3 +224,38 @@ def test_tracing_leaves_the_workloads_data_real() -> None:
     images, _labels = digits.train_dataset()[0]
     assert type(images).__name__ == "Tensor"
     assert float(images.sum()) >= 0.0  # a fake tensor cannot be read
+
+
+def test_bf16_trace_follows_cuda_autocast_float32_list_by_hand_count() -> None:
+    """CUDA autocast runs layer_norm and softmax in float32; CPU autocast (which the trace
+    runs under) keeps them in bf16. The trace applies CUDA's rule: counted by hand for a
+    64 x 128 batch, every block rounded to 512 bytes, the activations alive after forward are
+
+    - the Linear's input cast to bf16, saved for the weight's gradient: 64 x 128 x 2 = 16384
+    - LayerNorm's input, saved: float32 on CUDA 64 x 128 x 4 = 32768 (bf16 on CPU: 16384)
+    - LayerNorm's mean and rstd, float32, 64 x 4 bytes each, rounded: 2 x 512 = 1024
+    - softmax's output, saved: float32 on CUDA 32768 (bf16 on CPU: 16384)
+    - the loss, a scalar: 512
+    """
+    from contextlib import nullcontext
+
+    from raybatch.memory import trace as trace_module
+
+    from .workloads import NormSoftmaxWorkload
+
+    workload = NormSoftmaxWorkload(amp_dtype="bf16")
+    cuda = trace_step(workload, ADAMW, 64, cuda=True)
+    assert cuda.forward_activation_bytes == 16384 + 32768 + 1024 + 32768 + 512
+    original = trace_module.cuda_autocast_policy
+    try:  # the same trace under CPU autocast's rule alone: what the trace predicted before
+        trace_module.cuda_autocast_policy = lambda w: nullcontext()
+        cpu_rule = trace_step(workload, ADAMW, 64, cuda=True)
+    finally:
+        trace_module.cuda_autocast_policy = original
+    assert cpu_rule.forward_activation_bytes == 16384 + 16384 + 1024 + 16384 + 512
+    # Without autocast the policy changes nothing: float32 throughout, as on CUDA (and the
+    # Linear saves the batch itself, an input, not a cast copy).
+    plain = NormSoftmaxWorkload()
+    assert trace_step(plain, ADAMW, 64, cuda=True).forward_activation_bytes == (
+        32768 + 1024 + 32768 + 512
+    )

@@ -55,6 +55,9 @@ def test_probe_lets_errors_that_are_not_oom_propagate() -> None:
         (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"), True),
         (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
         (ValueError("CUDA out of memory"), False),
+        # A failed cudaMalloc outside the caching allocator (torch >= 2.8's AcceleratorError).
+        (torch.AcceleratorError("CUDA error: out of memory"), True),
+        (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), False),
     ],
 )
 def test_oom_is_recognised_by_type_and_only_legacy_messages(

@@ -15,27 +15,42 @@ from hypothesis import strategies as st
 import raybatch
 from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
+from raybatch.trial.placement import packed_memory_fraction
 from raybatch.trial.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
 
 
 @given(
     predicted=st.integers(min_value=1, max_value=10**11),
     budget=st.integers(min_value=1, max_value=10**11),
+    context=st.integers(min_value=0, max_value=2**31),
 )
-def test_packing_by_the_fraction_never_exceeds_the_budget(predicted: int, budget: int) -> None:
-    fraction = gpu_fraction(predicted, budget)
+def test_packed_trials_with_their_own_contexts_never_exceed_the_gpu(
+    predicted: int, budget: int, context: int
+) -> None:
+    """k trials on one GPU: k CUDA contexts and k allocator caps fit what one trial alone may
+    use plus its context, and each cap holds the trial's prediction (to Ray's 1e-4 rounding)."""
+    fraction = gpu_fraction(predicted, budget, context_bytes=context)
     assert 0 < fraction <= 1
     packed = int(1 / fraction + 1e-9)  # how many such trials Ray puts on one GPU
     assert packed <= MAX_TRIALS_PER_GPU
-    if predicted <= budget:
-        assert packed * predicted <= budget
-    else:
-        assert fraction == 1.0
+    usable = budget + context
+    if packed == 1:
+        assert packed_memory_fraction(fraction, budget, usable, context) is None
+        return
+    assert packed * (predicted + context) <= usable
+    total = usable * 10 // 9  # a GPU whose free memory x 0.9 headroom gave this budget
+    cap = packed_memory_fraction(fraction, budget, total, context)
+    assert cap is not None
+    assert packed * (cap * total + context) <= usable + 1
+    assert cap * total >= predicted - 1e-4 * usable
 
 
 def test_three_trials_that_each_need_a_quarter_share_one_gpu() -> None:
-    assert gpu_fraction(26, 100) == pytest.approx(1 / 3, abs=1e-4)
-    assert gpu_fraction(25, 100) == 0.25
+    # Without contexts, shares follow the prediction alone...
+    assert gpu_fraction(26, 100, context_bytes=0) == pytest.approx(1 / 3, abs=1e-4)
+    assert gpu_fraction(25, 100, context_bytes=0) == 0.25
+    # ...with them, every trial pays its own: 4 x (25 + 10) > 100 + 10, but 3 x 35 is not.
+    assert gpu_fraction(25, 100, context_bytes=10) == pytest.approx(1 / 3, abs=1e-4)
 
 
 def test_fixed_gpus_and_data_parallel_drivers() -> None:
@@ -59,6 +74,7 @@ CLUSTER_SCRIPT = textwrap.dedent(
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory import MemoryEstimator
+    from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES as CONTEXT
     from raybatch.trial.resources import gpu_fraction, trial_resources
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
@@ -66,7 +82,11 @@ CLUSTER_SCRIPT = textwrap.dedent(
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     space = raybatch.load_space("digits_cnn_sgd")
     workload = DigitsWorkload()
-    budget = raybatch.parse_size("70MiB")
+    estimator = MemoryEstimator(workload, space.reference_config(), anchors=(16, 256))
+    small, large = (estimator.predict(space.derive(b)) for b in (16, 256))
+    # A budget where two micro-16 trials fit side by side, contexts included, but two of 256
+    # do not: halfway between 2 x (small + context) and 2 x (large + context).
+    budget = 2 * (small + CONTEXT) + (large - small) - CONTEXT
 
     def probe_trial(config):
         start = time.time()
@@ -88,14 +108,13 @@ CLUSTER_SCRIPT = textwrap.dedent(
         run_config=tune.RunConfig(storage_path=STORAGE, verbose=0),
     )
     results = tuner.fit()
-    estimator = MemoryEstimator(workload, space.reference_config(), anchors=(16, 256))
     rows = []
     for r in results:
         recipe = space.derive_from(r.config)
         predicted = estimator.predict(recipe)
         rows.append(dict(r.metrics, micro=recipe.micro_batch_size, predicted=predicted,
                          expected=gpu_fraction(predicted, budget)))
-    print("ROWS " + json.dumps({"budget": budget, "rows": rows}))
+    print("ROWS " + json.dumps({"budget": budget, "context": CONTEXT, "rows": rows}))
     ray.shutdown()
     cluster.shutdown()
     """
@@ -119,14 +138,14 @@ def test_trials_on_a_multi_node_cluster_get_the_estimated_fraction_and_never_ove
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("ROWS "))
     data = json.loads(line[5:])
-    budget, rows = data["budget"], data["rows"]
+    budget, context, rows = data["budget"], data["context"], data["rows"]
     assert len(rows) == 6
     for row in rows:
         assert row["gpu"] == pytest.approx(row["expected"])
         assert len(row["gpu_ids"]) == 1
     assert {row["micro"]: row["expected"] for row in rows}[16] == 0.5
     assert {row["micro"]: row["expected"] for row in rows}[256] == 1.0
-    # At no moment do trials sharing a GPU predict more than its budget together.
+    # At no moment do trials sharing a GPU need more than its memory, each with its context.
     for row in rows:
         moment = (row["start"] + row["end"]) / 2
         sharing = [
@@ -134,7 +153,7 @@ def test_trials_on_a_multi_node_cluster_get_the_estimated_fraction_and_never_ove
             if (r["node"], r["gpu_ids"]) == (row["node"], row["gpu_ids"])
             and r["start"] <= moment <= r["end"]
         ]  # fmt: skip
-        assert sum(r["predicted"] for r in sharing) <= budget
+        assert sum(r["predicted"] + context for r in sharing) <= budget + context
     assert len({r["node"] for r in rows}) == 2  # trials spread over both nodes
 
 

@@ -187,7 +187,7 @@ def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, 
         ),
         (
             ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "1"],
-            "no GPU memory budget: NVML is not available here",
+            "gpus_per_trial: is 1.0, but no node of the cluster has a GPU",
         ),
         (
             ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "lots"],

@@ -212,7 +212,8 @@ def test_a_search_that_cannot_fit_anything_finishes_instead_of_crashing(
     monkeypatch.setattr(searcher_module, "MAX_PRESCREEN_ATTEMPTS", 20)
     searcher = _searcher(tmp_path, budget=1)  # one byte: nothing fits
     assert searcher.suggest("a") == searcher.FINISHED
-    assert searcher.gave_up is not None and "predicted not to fit" in searcher.gave_up
+    assert searcher.gave_up is not None and "rejected before launch" in searcher.gave_up
+    assert "does not fit the budget of 1 B" in searcher.gave_up
     assert searcher.record.gave_up_reason() == searcher.gave_up
     assert len(searcher.study.trials) == 20
     assert searcher.suggest("b") == searcher.FINISHED  # and asks Optuna no more
@@ -232,3 +233,89 @@ def test_orphans_of_an_interrupted_driver_are_closed_as_failed(tmp_path: Path) -
     assert searcher.record.close_orphans({"a"}) == 1
     states = [t.state for t in searcher.study.trials]
     assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL]
+
+
+def test_a_packed_oom_is_retried_alone_once_before_it_is_taught(tmp_path: Path) -> None:
+    """A trial that ran out of memory while sharing its GPU may have lost to a neighbour: the
+    same Optuna trial is launched again on a whole GPU; only that run's OOM is told."""
+    searcher = _searcher(tmp_path, points_to_evaluate=[
+        {"micro_batch_size": 128, "accumulation_steps": 1, "lr_multiplier": 1.0}])  # fmt: skip
+    first = searcher.suggest("packed")
+    assert first is not None and keys.ALONE not in first
+    searcher.on_trial_complete("packed", {**_result("infeasible_memory"), keys.GPU_SHARE: 0.25})
+    assert searcher.study.trials[0].state is optuna.trial.TrialState.RUNNING  # not told yet
+    assert searcher.out_of_memory == []
+
+    again = searcher.suggest("alone")
+    assert again is not None and again[keys.ALONE] is True and again[keys.GPU_SHARE] == 1.0
+    assert {k: again[k] for k in first} | {keys.GPU_SHARE: 1.0} == {**first, keys.GPU_SHARE: 1.0}
+    assert len(searcher.study.trials) == 1  # the same Optuna trial, not a new one
+    searcher.on_trial_complete("alone", {**_result("infeasible_memory"), keys.GPU_SHARE: 1.0})
+    told = searcher.study.trials[0]
+    assert told.state is optuna.trial.TrialState.COMPLETE and told.constraints["memory"] > 0
+    assert [o["tune_trial_id"] for o in searcher.out_of_memory] == ["alone"]
+    following = searcher.suggest("next")
+    assert following is not None and keys.ALONE not in following  # retried once, not again
+
+
+def test_a_packed_oom_retried_alone_that_fits_is_told_as_measured(tmp_path: Path) -> None:
+    searcher = _searcher(tmp_path)
+    searcher.suggest("packed")
+    searcher.on_trial_complete("packed", {**_result("infeasible_memory"), keys.GPU_SHARE: 0.5})
+    searcher.suggest("alone")
+    searcher.on_trial_complete("alone", {**_result("reached", 3.0), keys.GPU_SHARE: 1.0})
+    told = searcher.study.trials[0]
+    assert told.value == 3.0 and told.constraints["memory"] == 0
+    assert searcher.out_of_memory == []
+
+
+def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Path) -> None:
+    """Each probe's reserved peak calibrates the estimator (the largest ratio seen wins), and
+    the searcher sets every later suggestion's GPU share from the calibrated prediction."""
+    from raybatch.trial.resources import gpu_fraction
+
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    budget = 8 * 2**30
+    searcher = _searcher(tmp_path, budget=budget, pack_gpus=True)
+    searcher.estimator = estimator
+    config = searcher.suggest("a")
+    assert config is not None
+    recipe = SPACE.derive_from(config)
+    predicted = estimator.predict(recipe)
+    assert config[keys.GPU_SHARE] == gpu_fraction(predicted, budget)
+    measured = 40 * predicted  # the probe reserved far more than the trace predicts
+    searcher.on_trial_complete("a", {**_result("reached", 1.0),
+                                     keys.PROBE_RESERVED_BYTES: measured})  # fmt: skip
+    assert estimator.predict(recipe) == pytest.approx(measured, rel=1e-6)
+    later = searcher.suggest("b")
+    assert later is not None
+    assert later[keys.GPU_SHARE] == gpu_fraction(
+        estimator.predict(SPACE.derive_from(later)), budget
+    )
+    assert later[keys.GPU_SHARE] > config[keys.GPU_SHARE]  # fewer trials per GPU now
+    searcher.on_trial_complete("b", {**_result("reached", 1.0),
+                                     keys.PROBE_RESERVED_BYTES: predicted})  # fmt: skip
+    assert estimator.predict(recipe) == pytest.approx(measured, rel=1e-6)  # the max is kept
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_world_size_the_cluster_cannot_place_is_prescreened_with_the_count(
+    tmp_path: Path,
+) -> None:
+    """The session's Ray has 3 CPUs and no GPU: data-parallel GPU recipes cannot be placed,
+    2 CPU workers can, 4 and 8 cannot."""
+    space = raybatch.load_space("deit_vit_adamw")
+    for gpus, allowed in ((True, {1}), (False, {1, 2})):
+        searcher = RaybatchSearcher(
+            space, storage_url=f"sqlite:///{tmp_path / f'{gpus}.db'}", study_name="t",
+            penalty=600.0, data_parallel_gpus=gpus,
+        )  # fmt: skip
+        for i in range(12):
+            config = searcher.suggest(f"t{i}")
+            assert config is not None and config[keys.WORLD_SIZE] in allowed
+            searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
+        kind = "GPUs" if gpus else "CPUs"
+        rejected = {p[keys.WORLD_SIZE]: p[keys.REASON] for p in searcher.prescreened}
+        assert rejected, "the sampler proposed no unplaceable world size in 12 trials"
+        for world, reason in rejected.items():
+            assert reason == f"needs {world} {kind}, the cluster has {0 if gpus else 3}"

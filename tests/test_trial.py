@@ -170,3 +170,29 @@ def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
     assert metrics[keys.STEPS] > 0
     # One optimizer step consumes micro 64 x accumulation 2 on each of 2 workers.
     assert metrics[keys.SAMPLES_SEEN] == metrics[keys.STEPS] * 64 * 2 * 2
+
+
+@pytest.mark.slow
+def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_workers(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """World size 2 under a budget nothing fits: each worker's gate says so, Ray Train stops
+    every rank, and the trial ends ``infeasible_memory`` (what the searcher learns from), not
+    ``error``. World size 4 on this 3-CPU Ray cannot be placed: it ends at once, with the count,
+    instead of waiting for a placement group until the hang guard."""
+    from ray import tune
+
+    fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, memory_budget="1MiB")
+    tuner = tune.Tuner(
+        raybatch.with_resources(fn, DIGITS, SPACE, gpus_per_trial=0),
+        param_space={"micro_batch_size": 64, "world_size": tune.grid_search([2, 4])},
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="dp_gate", verbose=0),
+    )
+    by_world = {r.config["world_size"]: r.metrics for r in tuner.fit()}
+    gated = by_world[2]
+    assert gated[keys.STATUS] == "infeasible_memory", gated.get(keys.REASON)
+    assert "does not fit the budget of 1.00 MiB" in gated[keys.REASON]
+    assert gated[keys.REASON].startswith("data-parallel run: ")
+    unplaced = by_world[4]
+    assert unplaced[keys.STATUS] == "error"
+    assert unplaced[keys.REASON] == "cannot be placed: needs 4 CPUs, the cluster has 3"

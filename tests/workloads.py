@@ -226,3 +226,31 @@ class ClockedWorkload(MLPWorkload):
         for _ in batches:
             pass
         return min(self.samples / CLOCKED_TARGET_SAMPLES, 1.0)
+
+
+class NormSoftmaxBlock(nn.Module):
+    """The float32-sensitive part of a transformer block: Linear -> LayerNorm -> softmax."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width, bias=False)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.norm(self.proj(x)), dim=-1)
+
+
+class NormSoftmaxWorkload(MLPWorkload):
+    """:class:`NormSoftmaxBlock` under autocast; the loss is the output's sum."""
+
+    name = "norm_softmax"
+    width = 128
+
+    def build_model(self) -> nn.Module:
+        return NormSoftmaxBlock(self.width)
+
+    def example_batch(self, batch_size: int) -> Any:
+        return torch.randn(batch_size, self.width)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return model(batch).sum()

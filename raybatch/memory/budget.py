@@ -103,7 +103,8 @@ class DeviceMemory:
     total_bytes: int
     free_bytes: int
     used_bytes: int
-    used_by_other_processes_bytes: int
+    used_by_other_processes_bytes: int | None
+    """``None`` where NVML may not list processes (containers, MIG)."""
 
 
 def nvml() -> Any:
@@ -135,24 +136,21 @@ def physical_handle(pynvml: Any, cuda_index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByUUID(entry)
 
 
-def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
-    """NVML's view of a GPU, or ``None`` without a usable NVIDIA driver (never raises for that)."""
-    pynvml = nvml()
-    if pynvml is None:
-        return None
+def _device_memory(pynvml: Any, handle: Any) -> DeviceMemory:
+    """One GPU's memory; the process listing may fail on its own (MIG, containers)."""
+    info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    name = pynvml.nvmlDeviceGetName(handle)
+    # Listing processes needs permissions the memory read does not (NoPermission in many
+    # containers, NotSupported under MIG): without it the other processes' use is unknown,
+    # not zero, and the budget (read from free memory) is still right.
+    others: int | None = 0
     try:
-        handle = physical_handle(pynvml, cuda_index)
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        name = pynvml.nvmlDeviceGetName(handle)
-        others = 0
         own = os.getpid()
         for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if proc.pid != own and proc.usedGpuMemory is not None:
-                others += int(proc.usedGpuMemory)
-    except (pynvml.NVMLError, IndexError):
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+                others = (others or 0) + int(proc.usedGpuMemory)
+    except pynvml.NVMLError:
+        others = None
     return DeviceMemory(
         name=name.decode() if isinstance(name, bytes) else str(name),
         total_bytes=int(info.total),
@@ -160,6 +158,34 @@ def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
         used_bytes=int(info.used),
         used_by_other_processes_bytes=others,
     )
+
+
+def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
+    """NVML's view of a GPU, or ``None`` without a usable NVIDIA driver (never raises for that)."""
+    pynvml = nvml()
+    if pynvml is None:
+        return None
+    try:
+        return _device_memory(pynvml, physical_handle(pynvml, cuda_index))
+    except (pynvml.NVMLError, IndexError):
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def read_all_devices() -> list[DeviceMemory] | None:
+    """Every GPU of this machine as NVML numbers them (physical, whatever is visible to CUDA);
+    ``None`` without a usable NVIDIA driver."""
+    pynvml = nvml()
+    if pynvml is None:
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        return [_device_memory(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 @dataclass(frozen=True)
@@ -199,10 +225,20 @@ def resolve_budget(
             "no GPU memory budget: NVML is not available here (no NVIDIA driver), so give one"
             " explicitly, e.g. --memory-budget 8GiB or memory_budget='8GiB'"
         )
+    return budget_of(device, headroom, context_overhead_bytes)
+
+
+def budget_of(
+    device: DeviceMemory,
+    headroom: float = DEFAULT_HEADROOM,
+    context_overhead_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
+    where: str = "",
+) -> MemoryBudget:
+    """What one trial alone may use on ``device``: ``headroom x free - one CUDA context``."""
     usable = int(headroom * device.free_bytes) - context_overhead_bytes
     return MemoryBudget(
         max(usable, 0),
-        f"NVML: {headroom:g} x {format_bytes(device.free_bytes)} free on {device.name}"
+        f"NVML: {headroom:g} x {format_bytes(device.free_bytes)} free on {device.name}{where}"
         f" - {format_bytes(context_overhead_bytes)} CUDA context",
         device,
     )

@@ -54,6 +54,7 @@ class MemoryEstimator:
     check_batch: int | None = None
     _models: dict[bool, LinearMemoryModel] = field(default_factory=dict, repr=False)
     _calibration: float = field(default=1.0, repr=False)
+    _observed: bool = field(default=False, repr=False)
 
     @classmethod
     def for_space(cls, workload: Workload, space: SearchSpace) -> MemoryEstimator:
@@ -114,6 +115,19 @@ class MemoryEstimator:
         ratio = measured_bytes / self.predict(config)
         self._calibration = ratio
         return ratio
+
+    def observe(self, config: TrialConfig, measured_bytes: int) -> float:
+        """Calibrate on one more probe, keeping the largest measured / predicted ratio seen.
+
+        A search sees many probes (the trials' reserved peaks: what an OOM is about, above
+        the allocated memory the trace predicts); the largest ratio is the one that keeps
+        every later prediction on the safe side. Returns the calibration now in force.
+        """
+        current = self._calibration
+        ratio = self.calibrate(config, measured_bytes)
+        self._calibration = max(ratio, current) if self._observed else ratio
+        self._observed = True
+        return self._calibration
 
     def prescreen(
         self, config: TrialConfig, budget_bytes: int, probe_device: str | None = None

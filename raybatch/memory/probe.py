@@ -45,12 +45,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is a GPU out-of-memory error.
 
     The type ``torch.cuda.OutOfMemoryError`` decides; the message is consulted only for the
-    plain ``RuntimeError`` that cuBLAS/cuDNN allocation failures still raise.
+    plain ``RuntimeError`` that cuBLAS/cuDNN allocation failures still raise, and for
+    ``torch.AcceleratorError`` ("CUDA error: out of memory"), which a failed allocation outside
+    the caching allocator (a kernel's or a library's own ``cudaMalloc``) raises since torch 2.8.
     """
     import torch
 
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return "out of memory" in str(exc)
     return type(exc) is RuntimeError and any(m in str(exc) for m in _LEGACY_OOM_MARKERS)
 
 

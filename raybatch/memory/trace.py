@@ -181,7 +181,8 @@ def autocast_context(workload: Workload, device_type: str) -> Any:
     """The workload's autocast (``amp_dtype``) on ``device_type``, or a no-op context.
 
     The trace runs on CPU fake tensors and uses CPU autocast, which lowers the same matmul and
-    convolution ops to the reduced dtype as CUDA autocast does.
+    convolution ops to the reduced dtype as CUDA autocast does; :func:`cuda_autocast_policy`
+    adds what CUDA autocast runs in float32 and CPU autocast does not.
     """
     import torch
 
@@ -193,6 +194,75 @@ def autocast_context(workload: Workload, device_type: str) -> Any:
             f"{workload.name}: amp_dtype must be None, 'bf16' or 'fp16', got {workload.amp_dtype!r}"
         )
     return torch.autocast(device_type, dtype=dtypes[workload.amp_dtype])
+
+
+def _cuda_autocast_functions() -> tuple[frozenset[Any], frozenset[Any]]:
+    """The functions CUDA autocast runs in float32 and CPU autocast does not: the first set
+    casts its inputs to float32 (``layer_norm``, losses, ``exp``...), the second computes in
+    float32 (``dtype=torch.float32``: ``softmax``, ``log_softmax``).
+
+    From the CUDA casting lists of PyTorch's ``aten/src/ATen/autocast_mode.cpp`` (``fp32`` and
+    ``fp32_set_opt_dtype``), the entries whose outputs hold activation memory in common models;
+    CPU autocast leaves them in the reduced dtype. ``cross_entropy`` is listed because CUDA
+    autocast sees it decomposed into ``log_softmax`` + ``nll_loss``, both float32 there.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    cast = frozenset(
+        {
+            F.layer_norm, torch.layer_norm, F.group_norm, torch.group_norm,
+            F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
+            F.huber_loss, F.kl_div, F.binary_cross_entropy_with_logits, F.cosine_similarity,
+            F.softplus, F.interpolate, torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log,
+            torch.log1p, torch.Tensor.log1p, torch.pow, torch.Tensor.pow, torch.Tensor.__pow__,
+            torch.rsqrt, torch.Tensor.rsqrt, torch.reciprocal, torch.Tensor.reciprocal,
+            torch.logsumexp, torch.Tensor.logsumexp, torch.cdist,
+        }
+    )  # fmt: skip
+    in_float32 = frozenset(
+        {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
+         torch.Tensor.softmax, torch.Tensor.log_softmax}
+    )  # fmt: skip
+    return cast, in_float32
+
+
+def cuda_autocast_policy(workload: Workload) -> Any:
+    """Make a CPU-autocast trace follow CUDA autocast's float32 list (a no-op without amp).
+
+    The trace runs under CPU autocast (CUDA autocast needs a CUDA build: fake CUDA tensors do
+    not survive autograd on a CPU-only torch). Both lower matmuls and convolutions alike, but
+    CUDA autocast also runs ``softmax``, ``log_softmax``, ``layer_norm``, the losses and a few
+    pointwise ops in float32, where CPU autocast keeps bf16/fp16 — so a transformer's
+    activations would be under-predicted. This ``TorchFunctionMode`` applies the CUDA rule on
+    top: those functions get float32 inputs (or ``dtype=torch.float32``).
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    if workload.amp_dtype is None:
+        return nullcontext()
+    cast, in_float32 = _cuda_autocast_functions()
+    reduced = (torch.bfloat16, torch.float16)
+
+    def widen(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype in reduced:
+            return x.float()
+        return x
+
+    class _CudaPolicy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func in cast:
+                args = tuple(widen(a) for a in args)
+                kwargs = {k: widen(v) for k, v in kwargs.items()}
+            elif func in in_float32 and kwargs.get("dtype") is None:
+                first = args[0] if args else kwargs.get("input")
+                if isinstance(first, torch.Tensor) and first.dtype in reduced:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            return func(*args, **kwargs)
+
+    return _CudaPolicy()
 
 
 @contextmanager
@@ -299,11 +369,12 @@ def _run_traced_step(
             tracker.reclassify(leaf, Category.INPUTS)
 
     marks: dict[str, dict[Category, int]] = {}
+    policy = cuda_autocast_policy(workload) if cuda else nullcontext()
 
     def micro_steps(count: int) -> None:
         for _ in range(count):
             tracker.enter("forward", Category.ACTIVATIONS)
-            with autocast_context(workload, "cpu"):
+            with autocast_context(workload, "cpu"), policy:
                 loss = workload.loss(model, batch)
             marks.setdefault("forward", dict(tracker.totals))
             tracker.enter("backward", Category.TEMPORARIES)

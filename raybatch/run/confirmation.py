@@ -1,7 +1,9 @@
 """The confirmation: the best candidates (and the baselines) re-run with fresh seeds.
 
 A search ranks candidates on one run each, on a shared machine; the confirmation re-measures
-them, uncapped, so the winner is the recipe that reached the target every time, fastest.
+them, uncapped, so the winner is the recipe that reached the target every time, fastest. On
+GPUs every confirmation run holds a whole GPU (``alone`` in its config), never packed with
+neighbours: it is a measurement.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ def confirm(
     options: SearchOptions,
     verbose: int,
     max_concurrent: int | None,
+    whole_gpus: bool = False,
 ) -> list[dict[str, Any]]:
-    """Re-run each candidate with fresh seeds (no capping: every run must finish honestly)."""
+    """Re-run each candidate with fresh seeds (no capping: every run must finish honestly);
+    with ``whole_gpus``, each run alone on its GPU."""
     if not candidates or options.confirm_seeds <= 0:
         return []
     from ray import tune
@@ -49,6 +53,8 @@ def confirm(
     }
     for key in keys.RAW_KNOBS:
         param_space[key] = tune.sample_from(_Pick(candidates, key))
+    if whole_gpus:
+        param_space[keys.ALONE] = True
     storage = str((path / "tune").resolve())
     tuner = tune.Tuner(
         resourced,

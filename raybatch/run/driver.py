@@ -24,12 +24,14 @@ from typing import Any
 from raybatch import keys
 from raybatch.errors import (
     Issue,
+    OptionError,
     RaybatchError,
     RunDirError,
     SearchInterrupted,
     TrialsFailedError,
 )
 from raybatch.export import BestConfig, write_best
+from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target, resolve_target
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import confirm
@@ -55,12 +57,6 @@ from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.status import TrialStatus, final_status
 from raybatch.workload import Workload, absolute_reference, load_workload
-
-
-def _machine_has_cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def search(
@@ -131,6 +127,7 @@ class _Plan:
     """What the search decides before its first trial: resources, budget, seeds, trainable."""
 
     gpus: str | float
+    cuda: bool
     budget: int | None
     estimator: Any
     baseline: dict[str, Any]
@@ -143,19 +140,34 @@ class _Plan:
 def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
+    from raybatch.errors import BudgetUnavailableError
     from raybatch.memory import MemoryEstimator
-    from raybatch.memory.budget import resolve_budget
+    from raybatch.run.hardware import read_cluster
     from raybatch.run.searcher import RaybatchSearcher
     from raybatch.trial.resources import with_resources
     from raybatch.trial.wrapper import trainable
 
-    cuda = _machine_has_cuda()
-    gpus = options.gpus_per_trial if options.gpus_per_trial is not None else ("auto" if cuda else 0)
+    view = read_cluster()
+    notes: list[str] = list(view.warnings())
+    gpus = options.gpus_per_trial
+    if gpus is None:
+        gpus = "auto" if view.gpus > 0 else 0
+    cuda = gpus not in (0, 0.0)
+    if cuda and view.gpus == 0:
+        raise OptionError(
+            [Issue("gpus_per_trial", f"is {gpus!r}, but no node of the cluster has a GPU")]
+        )
     budget: int | None = None
-    if options.memory_budget is not None or cuda or gpus not in (0, 0.0):
-        budget = resolve_budget(options.memory_budget).bytes
+    if options.memory_budget is not None or cuda:
+        resolved = view.budget(options.memory_budget)
+        if resolved is None:
+            raise BudgetUnavailableError(
+                "no GPU memory budget: NVML answered on none of the cluster's GPU nodes, so"
+                " give one explicitly, e.g. --memory-budget 8GiB"
+            )
+        budget = resolved.bytes
+        notes.append(f"memory budget per GPU: {format_bytes(budget)} ({resolved.source})")
     estimator = None
-    notes: list[str] = []
     if budget is not None:
         estimator = MemoryEstimator.for_space(workload, space)
     else:
@@ -174,16 +186,22 @@ def _plan(
             searched_knobs(space, p) for p in (reference, baseline) if p is not None
         ],
         seed=options.seed,
+        data_parallel_gpus=cuda,
+        pack_gpus=cuda and gpus == "auto",
     )
     settings = {
         "max_time_s": options.max_time_s,
         "eval_every_samples": options.eval_every_samples,
         "memory_budget": budget if not cuda else None,
+        "gpu_budget_bytes": budget if cuda else None,
+        "data_parallel_gpus": cuda,
         "seed": options.seed,
     }
     fn = trainable(workload, space, target, **settings)
-    resourced = with_resources(fn, workload, space, gpus, options.cpus_per_trial, budget)
-    return _Plan(gpus, budget, estimator, baseline, reference, searcher, resourced, notes)
+    resourced = with_resources(
+        fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator
+    )
+    return _Plan(gpus, cuda, budget, estimator, baseline, reference, searcher, resourced, notes)
 
 
 def _search_tuner(
@@ -294,7 +312,9 @@ def _execute(
     # confirmation is a measurement, so on CPUs it runs one trial at a time.
     alone = 1 if plan.gpus in (0, 0.0) else options.max_concurrent
     compared = _compared(rows, candidates, plan)
-    confirm_rows = confirm(path, plan.resourced, space, compared, options, verbose, alone)
+    confirm_rows = confirm(
+        path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
+    )
     rows += confirm_rows
     best = choose_winner(space, target, rows, options)
     write_trials_csv(path / TRIALS_CSV, rows)

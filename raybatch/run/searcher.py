@@ -14,6 +14,15 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   estimate said it fits, its constraint is set positive too, and every later suggestion that
   needs at least as much memory (micro batch, accumulation and world size all no smaller) is
   rejected before launch — the estimate was wrong once, the same mistake is not paid twice;
+- **a recipe the cluster cannot place is never launched**: a ``world_size`` above the GPUs
+  (or CPUs) the cluster has now is rejected like one that does not fit, with the count;
+  the cluster is read at each suggestion, so a resumed search re-checks on today's cluster;
+- **packing is decided here, with what the trials measured**: each trial's probe reports its
+  reserved peak, which calibrates the estimator (:meth:`MemoryEstimator.observe`); the GPU
+  share of every later suggestion (``gpu_share`` in its config, which the trial's resource
+  request honours) comes from the calibrated prediction. A trial that runs out of memory while
+  packed with others is launched once more *alone* before its recipe is taught infeasible —
+  a neighbour's growth is not the recipe's fault;
 - **one study in SQLite is the record**: every Tune trial is one Optuna trial whose number is
   kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
 
@@ -33,6 +42,8 @@ from raybatch.memory import MemoryEstimator, PrescreenResult
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
+from raybatch.trial.placement import placement_problem
+from raybatch.trial.resources import gpu_fraction
 from raybatch.trial.status import TrialStatus, final_status
 
 if TYPE_CHECKING:
@@ -74,6 +85,9 @@ class RaybatchSearcher(Searcher):
             baseline); enqueued once, when the study is new.
         seed: Sampler seed.
         metric: The result field to minimise (``objective``).
+        data_parallel_gpus: Whether data-parallel workers take GPUs (placement is checked
+            against GPUs) or CPUs; ``None``: placement is not checked.
+        pack_gpus: Decide each trial's GPU share here (``gpus_per_trial="auto"``).
     """
 
     def __init__(
@@ -87,6 +101,8 @@ class RaybatchSearcher(Searcher):
         points_to_evaluate: list[dict[str, Any]] | None = None,
         seed: int = 0,
         metric: str = keys.OBJECTIVE,
+        data_parallel_gpus: bool | None = None,
+        pack_gpus: bool = False,
     ) -> None:
         super().__init__(metric=metric, mode="min")
         self.space = space
@@ -100,6 +116,9 @@ class RaybatchSearcher(Searcher):
         self.prescreened: list[dict[str, Any]] = []
         self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
         self._pending_points = list(points_to_evaluate or [])
+        self.data_parallel_gpus = data_parallel_gpus
+        self.pack_gpus = pack_gpus
+        self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
 
     @property
     def study(self) -> optuna.Study:
@@ -136,6 +155,11 @@ class RaybatchSearcher(Searcher):
         """
         if trial_id in self._trial_numbers:  # a restored, unfinished trial asks again
             return self.record.config_of(self._trial_numbers[trial_id])
+        if self._retry_alone:
+            number = self._retry_alone.pop(0)
+            self.record.relaunched(number, trial_id)
+            self._trial_numbers[trial_id] = number
+            return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
         if self.gave_up is not None:
             return Searcher.FINISHED
         self._queue_first_points()
@@ -143,6 +167,10 @@ class RaybatchSearcher(Searcher):
             ot_trial = self.record.ask()
             constants = self._define(ot_trial)
             config = {**ot_trial.params, **constants}
+            problem = self._placement(config)
+            if problem is not None:
+                self._reject(ot_trial, config, OOM_VIOLATION, problem, None)
+                continue
             verdict = self._screen(config)
             if verdict is not None and verdict.fits is False:
                 assert verdict.predicted_bytes is not None and self.budget_bytes is not None
@@ -158,15 +186,25 @@ class RaybatchSearcher(Searcher):
                 )
                 self._reject(ot_trial, config, OOM_VIOLATION, reason, None)
                 continue
+            if self.pack_gpus and self.estimator is not None and self.budget_bytes is not None:
+                predicted = self.estimator.predict(self.space.derive_from(config))
+                config[keys.GPU_SHARE] = gpu_fraction(predicted, self.budget_bytes)
             # The constraint is set when the trial completes: a real OOM makes it positive.
             self.record.launched(ot_trial, config, trial_id)
             self._trial_numbers[trial_id] = ot_trial.number
             return config
+        last = self.prescreened[-1][keys.REASON] if self.prescreened else "?"
         self.record.gave_up(
-            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were predicted not to fit the memory"
-            " budget; the space's smallest micro batch may already be too large"
+            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the"
+            f" last: {last}); the space's smallest recipes may already be too large for this"
+            " cluster"
         )
         return Searcher.FINISHED
+
+    def _placement(self, config: dict[str, Any]) -> str | None:
+        if self.data_parallel_gpus is None:
+            return None
+        return placement_problem(config.get(keys.WORLD_SIZE, 1), self.data_parallel_gpus)
 
     def _screen(self, config: dict[str, Any]) -> PrescreenResult | None:
         if self.estimator is None or self.budget_bytes is None:
@@ -207,6 +245,12 @@ class RaybatchSearcher(Searcher):
             return
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
+        config = self.record.config_of(number)
+        self._calibrate(config, result or {})
+        if oom and self._packed(config, result or {}):
+            self._completed.add(trial_id)
+            self._retry_alone.append(number)
+            return
         time_to_target = (result or {}).get(keys.TIME_TO_TARGET_S)
         told = self.record.finish(
             number, status, value, OOM_VIOLATION if oom else 0.0, time_to_target
@@ -219,6 +263,23 @@ class RaybatchSearcher(Searcher):
             config = self.record.config_of(told)
             self.out_of_memory.append({**config, "tune_trial_id": trial_id})
 
+    @staticmethod
+    def _packed(config: dict[str, Any], result: dict[str, Any]) -> bool:
+        """Whether the trial shared its GPU with others (and was not already a retry)."""
+        share = result.get(keys.GPU_SHARE)
+        alone = bool(config.get(keys.ALONE, False))
+        return share is not None and 0 < float(share) < 1 and not alone
+
+    def _calibrate(self, config: dict[str, Any], result: dict[str, Any]) -> None:
+        measured = result.get(keys.PROBE_RESERVED_BYTES)
+        if self.estimator is None or not measured:
+            return
+        recipe = self.space.derive_from(config)
+        try:
+            self.estimator.observe(recipe, int(measured))
+        except Exception:
+            return
+
     # ------------------------------------------------------------------ checkpoint
 
     def save(self, checkpoint_path: str) -> None:
@@ -229,6 +290,7 @@ class RaybatchSearcher(Searcher):
                     "completed": self._completed,
                     "prescreened": self.prescreened,
                     "out_of_memory": self.out_of_memory,
+                    "retry_alone": self._retry_alone,
                 },
                 f,
             )
@@ -240,4 +302,5 @@ class RaybatchSearcher(Searcher):
         self._completed = state["completed"]
         self.prescreened = state["prescreened"]
         self.out_of_memory = state.get("out_of_memory", [])
+        self._retry_alone = state.get("retry_alone", [])
         self._pending_points = []

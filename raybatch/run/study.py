@@ -123,6 +123,12 @@ class SearchStudy:
         trial.set_user_attr(CONFIG_ATTR, config)
         trial.set_user_attr(TUNE_TRIAL_ID_ATTR, tune_trial_id)
 
+    def relaunched(self, number: int, tune_trial_id: str) -> None:
+        """Record that another Tune trial now runs this (still open) Optuna trial."""
+        trial = self._live.get(number)
+        if trial is not None:
+            trial.set_user_attr(TUNE_TRIAL_ID_ATTR, tune_trial_id)
+
     def config_of(self, number: int) -> dict[str, Any]:
         return dict(self.study.get_trials(deepcopy=False)[number].user_attrs[CONFIG_ATTR])
 

@@ -3,11 +3,18 @@
 A low utilisation at a given batch size says the GPU waits — on the input pipeline, on the
 host, or on small kernels — which is what the user needs to know before blaming the batch
 size (seed 001). Without NVML (no NVIDIA driver) the monitor reports ``None``.
+
+Trials packed on one GPU share it, so the device-wide figure counts the neighbours too. The
+monitor reads the trial's *own process's* SM utilisation (``nvmlDeviceGetProcessUtilization``)
+where NVML gives it, and falls back to the device-wide figure where it does not (MIG, some
+containers, older drivers); the report names which one it is (``gpu_utilization_scope``).
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 from raybatch import keys
@@ -24,6 +31,7 @@ class UtilizationMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pynvml: Any = None
+        self.scope: str | None = None
 
     def start(self) -> UtilizationMonitor:
         self._pynvml = nvml()
@@ -37,12 +45,33 @@ class UtilizationMonitor:
         self._thread.start()
         return self
 
+    def _own_process(self, handle: Any, since_us: int) -> float | None:
+        """This process's SM utilisation since ``since_us`` (NVML's clock), or ``None``."""
+        try:
+            samples = self._pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except self._pynvml.NVMLError:
+            return None
+        own = [float(x.smUtil) for x in samples if x.pid == os.getpid()]
+        return max(own) if own else None
+
     def _run(self, handle: Any) -> None:
+        since_us = int(time.time() * 1e6)
         while not self._stop.wait(self.interval_s):
+            if self.scope in (None, "process"):
+                value = self._own_process(handle, since_us)
+                since_us = int(time.time() * 1e6)
+                if value is not None:
+                    self.scope = "process"
+                    self._samples.append(value)
+                    continue
+                if self.scope == "process":  # no sample in this interval: the process idled
+                    self._samples.append(0.0)
+                    continue
             try:
                 rates = self._pynvml.nvmlDeviceGetUtilizationRates(handle)
             except self._pynvml.NVMLError:
                 return
+            self.scope = "device"
             self._samples.append(float(rates.gpu))
 
     def mean(self) -> float | None:
@@ -73,9 +102,14 @@ class DeviceFigures:
 
         if self.monitor is None:
             return {}
+        from raybatch.trial.placement import assigned_gpu_share
+
         return {
             keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(self.device)),
+            keys.PEAK_RESERVED_BYTES: int(torch.cuda.max_memory_reserved(self.device)),
             keys.GPU_UTILIZATION: self.monitor.mean(),
+            keys.GPU_UTILIZATION_SCOPE: self.monitor.scope,
+            keys.GPU_SHARE: assigned_gpu_share(),
         }
 
     def close(self) -> None:

@@ -185,14 +185,22 @@ def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
         if parts.scaler is not None:
             parts.scaler.unscale_(parts.optimizer)
         torch.nn.utils.clip_grad_norm_(parts.model.parameters(), options.grad_clip_norm)
+    stepped = True
     if parts.scaler is not None:
+        # GradScaler skips the optimizer step when the scaled gradients overflowed, and then
+        # lowers the scale; the LR schedule and the EMA must skip that step too, or warmup
+        # ends early and the average takes in weights that were never updated. Reading the
+        # scale is one more host sync, where the scaler's own found_inf check already waits.
+        scale = parts.scaler.get_scale()
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()
+        stepped = parts.scaler.get_scale() >= scale
     else:
         parts.optimizer.step()
-    parts.scheduler.step()
+    if stepped:
+        parts.scheduler.step()
     parts.optimizer.zero_grad(set_to_none=True)
-    if parts.ema is not None:
+    if parts.ema is not None and stepped:
         parts.ema.update_parameters(parts.model)
 
 

@@ -128,6 +128,11 @@ class TrialReporter:
         self.reports: int = 0
         self.error_traceback: str | None = None
         self.values: dict[str, float] = {}
+        self.notes: dict[str, Any] = {}
+
+    def note(self, key: str, value: Any) -> None:
+        """Carry ``key: value`` in every report from now on (e.g. the probe's measured peak)."""
+        self.notes[key] = value
 
     # ------------------------------------------------------------------ clock
 
@@ -336,6 +341,7 @@ class TrialReporter:
         }
         for name, value in self.values.items():
             out[keys.VALIDATION_PREFIX + name] = value
+        out.update(self.notes)
         if self.error_traceback is not None:
             out[keys.ERROR_TRACEBACK] = self.error_traceback
         if self._extra is not None:

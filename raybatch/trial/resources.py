@@ -15,9 +15,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.memory import MemoryEstimator
-from raybatch.memory.budget import resolve_budget
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.space.search_space import SearchSpace
 from raybatch.workload import Workload
 
@@ -64,19 +65,34 @@ def gpus_per_trial_ok(value: Any) -> bool:
 
 
 def gpu_fraction(
-    predicted_bytes: int, budget_bytes: int, max_per_gpu: int = MAX_TRIALS_PER_GPU
+    predicted_bytes: int,
+    budget_bytes: int,
+    max_per_gpu: int = MAX_TRIALS_PER_GPU,
+    context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
 ) -> float:
-    """The GPU share for a trial: ``1/k`` with ``k`` trials of this size fitting the budget.
+    """The GPU share for a trial: ``1/k`` with ``k`` trials of this size fitting the GPU.
 
+    ``budget_bytes`` is what one trial alone may use; it already paid for one CUDA context.
+    Each of ``k`` packed processes has its own context, outside the allocator, so ``k`` is the
+    largest with ``k x (predicted + context) <= budget + context``
+    (:func:`raybatch.trial.placement.packed_memory_fraction` caps each one to its slot).
     A trial that does not fit even alone gets a whole GPU (its probe then says infeasible).
     """
     if predicted_bytes <= 0:
         return 1.0 / max_per_gpu
-    side_by_side = min(budget_bytes // predicted_bytes, max_per_gpu)
-    if side_by_side < 1:
+    side_by_side = min(
+        (budget_bytes + context_bytes) // (predicted_bytes + context_bytes), max_per_gpu
+    )
+    if side_by_side <= 1:
         return 1.0
     # Round down to Ray's resource precision (1e-4) so k shares never exceed one GPU.
     return math.floor(10_000 / side_by_side) / 10_000
+
+
+def runs_alone(config: dict[str, Any]) -> bool:
+    """Whether the trial must hold a whole GPU: a confirmation run (a measurement, no
+    neighbours), or the retry of a trial that ran out of memory while packed."""
+    return bool(config.get(keys.ALONE, False))
 
 
 def trial_resources(
@@ -85,6 +101,7 @@ def trial_resources(
     gpus_per_trial: str | float = "auto",
     cpus_per_trial: float = 1.0,
     memory_budget: str | int | None = None,
+    estimator: MemoryEstimator | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, float]]:
     """The callable for ``tune.with_resources``: config -> ``{"cpu": ..., "gpu": ...}``.
 
@@ -95,6 +112,8 @@ def trial_resources(
             (0 for CPU-only trials).
         cpus_per_trial: CPUs each trial holds; the trial sets torch's thread count to it.
         memory_budget: One GPU's budget for ``"auto"``; default: read through NVML.
+        estimator: The estimator to predict with (the search shares its own, which the
+            trials' probes calibrate); default: one for the space.
 
     Raises:
         OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
@@ -109,17 +128,23 @@ def trial_resources(
         def fixed_resources(config: dict[str, Any]) -> dict[str, float]:
             if space.derive_from(config).world_size > 1:
                 return {"cpu": DRIVER_CPUS, "gpu": 0.0}
+            if fixed > 0 and runs_alone(config):
+                return {"cpu": cpus_per_trial, "gpu": max(fixed, 1.0)}
             return {"cpu": cpus_per_trial, "gpu": fixed}
 
         return fixed_resources
 
     budget = resolve_budget(memory_budget).bytes
-    estimator = MemoryEstimator.for_space(workload, space)
+    estimator = estimator or MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
         recipe = space.derive_from(config)
         if recipe.world_size > 1:
             return {"cpu": DRIVER_CPUS, "gpu": 0.0}
+        if runs_alone(config):
+            return {"cpu": cpus_per_trial, "gpu": 1.0}
+        if keys.GPU_SHARE in config:  # decided by the searcher, with a calibrated estimate
+            return {"cpu": cpus_per_trial, "gpu": float(config[keys.GPU_SHARE])}
         return {"cpu": cpus_per_trial, "gpu": gpu_fraction(estimator.predict(recipe), budget)}
 
     return auto_resources
@@ -132,11 +157,12 @@ def with_resources(
     gpus_per_trial: str | float = "auto",
     cpus_per_trial: float = 1.0,
     memory_budget: str | int | None = None,
+    estimator: MemoryEstimator | None = None,
 ) -> Any:
     """``tune.with_resources(trainable, trial_resources(...))`` in one call."""
     from ray import tune
 
-    return tune.with_resources(
-        trainable,
-        trial_resources(workload, space, gpus_per_trial, cpus_per_trial, memory_budget),  # type: ignore[arg-type]
+    resources = trial_resources(
+        workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator
     )
+    return tune.with_resources(trainable, resources)  # type: ignore[arg-type]

@@ -36,8 +36,9 @@ class TrialStatus(str, Enum):
     ERROR = "error"
     """Anything else; the reason holds the exception text."""
     PRESCREENED_OUT = "prescreened_out"
-    """Never launched: predicted not to fit the memory budget, or needing at least the memory
-    of a trial that ran out. Recorded by the searcher, never by a running trial."""
+    """Never launched: predicted not to fit the memory budget, needing at least the memory
+    of a trial that ran out, or a world size the cluster cannot place. Recorded by the
+    searcher, never by a running trial."""
     LOST_AT_INTERRUPTION = "lost_at_interruption"
     """Launched, then orphaned when the driver was interrupted; its result is unknown."""
 

@@ -30,11 +30,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raybatch import keys
+from raybatch.errors import RaybatchError
 from raybatch.metric import Target, resolve_target
 from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
+from raybatch.trial.placement import limit_packed_memory, placement_problem, trial_device
 from raybatch.trial.reporting import ReportFn, TrialReporter
 from raybatch.trial.status import TrialStatus
 from raybatch.workload import Workload
@@ -56,7 +58,13 @@ class TrialSettings:
             power-of-two batch choices, every trial evaluates exactly on the marks.
         divergence_factor: Loss above this multiple of the initial loss is divergence.
         memory_budget: Bytes (or "8GiB") for the CPU-side pre-screen when no GPU is present.
-        device: ``auto`` (the trial's GPU if it holds one, else CPU), ``cpu`` or ``cuda``.
+        device: ``auto`` (the GPU Ray assigned to the trial, else CPU: never merely a visible
+            one), ``cpu`` or ``cuda``.
+        gpu_budget_bytes: One trial's budget on one GPU (the search's); a trial packed with
+            others caps its allocator to its share of it
+            (:func:`raybatch.trial.placement.packed_memory_fraction`).
+        data_parallel_gpus: Whether data-parallel workers reserve a GPU each (NCCL) or a CPU
+            (gloo); the search decides from the cluster. ``None``: GPUs when the cluster has any.
         loop: Options of the training loop.
     """
 
@@ -67,6 +75,8 @@ class TrialSettings:
     divergence_factor: float = 10.0
     memory_budget: str | int | None = None
     device: str = "auto"
+    gpu_budget_bytes: int | None = None
+    data_parallel_gpus: bool | None = None
     loop: LoopOptions = field(default_factory=LoopOptions)
 
 
@@ -75,18 +85,6 @@ def default_eval_every(train_size: int, space: SearchSpace) -> int:
     quarter = max(train_size // EVALS_PER_EPOCH, 1)
     largest = space.max_effective_batch_size()
     return math.ceil(quarter / largest) * largest
-
-
-def _device(settings: TrialSettings) -> Any:
-    import torch
-
-    if settings.device == "cpu":
-        return torch.device("cpu")
-    if settings.device.startswith("cuda") or (
-        settings.device == "auto" and torch.cuda.is_available()
-    ):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _set_threads_to_assigned_cpus() -> None:
@@ -162,20 +160,20 @@ def run_trial(
 
     recipe = space.derive_from(config)
     options = _options(settings, config)
-    device = _device(settings)
+    if recipe.world_size > 1:  # its workers choose their own devices
+        return _run_distributed(workload, space, settings, config, report_fn)
+    during = "choosing the trial's device"
     try:
+        device = trial_device(settings.device)
+        during = "loading the training data"
         reporter = _reporter(workload, space, settings, device, report_fn)
-    except Exception as exc:  # the workload's data cannot be loaded: no reporter to use yet
-        reporter = TrialReporter(
-            settings.target, eval_every_samples=1, max_time_s=settings.max_time_s,
-            report_fn=report_fn,
-        )  # fmt: skip
-        reporter.fail(exc, "loading the training data")
+    except Exception as exc:  # no device, or no data: no reporter to use yet
+        reporter = _bare_reporter(settings, report_fn)
+        reporter.fail(exc, during)
         return reporter
-    if recipe.world_size > 1:
-        return _run_distributed(workload, space, settings, config, reporter, device)
     _set_threads_to_assigned_cpus()
     try:
+        limit_packed_memory(device, settings.gpu_budget_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
             train(workload, recipe, reporter, device, options)
     except Exception as exc:  # a failure ends this trial with a reason, never the search
@@ -186,6 +184,14 @@ def run_trial(
     if not reporter.stopped:
         reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
     return reporter
+
+
+def _bare_reporter(settings: TrialSettings, report_fn: ReportFn | None) -> TrialReporter:
+    """A reporter for a trial that failed before its own could be built."""
+    return TrialReporter(
+        settings.target, eval_every_samples=1, max_time_s=settings.max_time_s,
+        report_fn=report_fn,
+    )  # fmt: skip
 
 
 def _memory_gate(
@@ -200,6 +206,7 @@ def _memory_gate(
 
     if device.type == "cuda":
         result = probe(workload, recipe, str(device))
+        reporter.note(keys.PROBE_RESERVED_BYTES, result.max_reserved_bytes)
         if not result.fits:
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, result.as_prescreen(None).reason)
             return False
@@ -220,8 +227,15 @@ def _memory_gate(
     return True
 
 
+class WorkerMemoryError(RaybatchError):
+    """A data-parallel worker's recipe does not fit its GPU: its probe said so, or it ran out
+    of memory while training. Raised inside the worker so that Ray Train stops every rank (a
+    rank that returned would leave the others waiting in their next all-reduce); the Tune trial
+    reads it back and ends as ``infeasible_memory``."""
+
+
 def _worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train worker: one rank of a data-parallel trial."""
+    """Ray Train worker: one rank of a data-parallel trial, memory-gated like a single one."""
     import ray.train
     import ray.train.torch
 
@@ -236,11 +250,70 @@ def _worker(loop_config: dict[str, Any]) -> None:
     )
     _set_threads_to_assigned_cpus()
     try:
+        gate = _Silent(settings)
+        if not _memory_gate(workload, recipe, settings, device, gate):
+            rank = ray.train.get_context().get_world_rank()
+            raise WorkerMemoryError(f"rank {rank}: {gate.reason}")
         train(workload, recipe, reporter, device, _options(settings, config), distributed=True)
+    except Exception as exc:
+        from raybatch.memory.probe import is_out_of_memory
+
+        if is_out_of_memory(exc):
+            raise WorkerMemoryError(f"out of memory while training: {exc}") from None
+        raise
     finally:
         reporter.close()
     if not reporter.stopped:
         reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
+
+
+class _Silent(TrialReporter):
+    """A reporter that records a worker's gate verdict without reporting it: the verdict
+    travels back as :class:`WorkerMemoryError`, and only a rank that trains reports."""
+
+    def __init__(self, settings: TrialSettings) -> None:
+        super().__init__(
+            settings.target,
+            eval_every_samples=1,
+            max_time_s=settings.max_time_s,
+            report_fn=lambda _: None,
+        )
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps: a Ray Train worker group's per-rank failures, a controller's
+    failure, Ray task errors' causes, and ``__cause__`` chains."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo.extend(getattr(e, "worker_failures", {}).values())
+        for attr in ("controller_failure", "cause", "__cause__"):
+            inner = getattr(e, attr, None)
+            if isinstance(inner, BaseException):
+                todo.append(inner)
+    return seen
+
+
+def _memory_failure(exc: BaseException) -> str | None:
+    """The reason when a data-parallel run failed for memory on some rank, else ``None``."""
+    from raybatch.errors import first_line
+    from raybatch.memory.probe import is_out_of_memory
+
+    failures = _failures(exc)
+    for e in failures:
+        if isinstance(e, WorkerMemoryError) or is_out_of_memory(e):
+            return first_line(e)
+    # A worker's exception may come back only as text inside a Ray error: find its line.
+    for e in failures:
+        for line in str(e).splitlines():
+            for name in (WorkerMemoryError.__name__, "OutOfMemoryError"):
+                if f"{name}: " in line:
+                    return line.split(f"{name}: ", 1)[1].strip()
+    return None
 
 
 def _run_distributed(
@@ -248,16 +321,29 @@ def _run_distributed(
     space: SearchSpace,
     settings: TrialSettings,
     config: dict[str, Any],
-    reporter: TrialReporter,
-    device: Any,
+    report_fn: ReportFn | None,
 ) -> TrialReporter:
-    """Launch ``world_size`` Ray Train workers from inside this Tune trial."""
+    """Launch ``world_size`` Ray Train workers from inside this Tune trial.
+
+    Whether the workers take GPUs comes from the search (``data_parallel_gpus``), never from
+    the devices this 0-GPU trial happens to see. A recipe the cluster cannot place ends at
+    once (``error``, with the count) instead of waiting for a placement group; one that does
+    not fit the GPUs ends ``infeasible_memory`` (the workers' gate or OOM).
+    """
+    import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    reporter = _bare_reporter(settings, report_fn)
     recipe = space.derive_from(config)
-    use_gpu = device.type == "cuda"
+    use_gpu = settings.data_parallel_gpus
+    if use_gpu is None:
+        use_gpu = ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) >= 1
+    problem = placement_problem(recipe.world_size, use_gpu)
+    if problem is not None:
+        reporter.finish(TrialStatus.ERROR, f"cannot be placed: {problem}")
+        return reporter
     trainer = TorchTrainer(
         _worker,
         train_loop_config={
@@ -281,7 +367,11 @@ def _run_distributed(
     try:
         trainer.fit()
     except Exception as exc:
-        reporter.fail(exc, "in the data-parallel run")
+        memory = _memory_failure(exc)
+        if memory is not None:
+            reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"data-parallel run: {memory}")
+        else:
+            reporter.fail(exc, "in the data-parallel run")
     return reporter
 
 

@@ -1,0 +1,187 @@
+"""What the cluster has, as the search sees it: nodes, CPUs, GPUs, and each GPU's memory.
+
+The search decides GPU or CPU trials, and the per-GPU memory budget, from the *cluster* —
+never from the machine the driver runs on. A Ray cluster's head node usually has no GPU; a
+search launched there that looked at ``torch.cuda.is_available()`` would run every trial on
+CPUs, and one that read NVML there would find nothing to budget. So:
+
+- GPUs are counted from each alive node's Ray resources (``ray.nodes()``);
+- memory is read through NVML by a zero-CPU task pinned to each GPU node
+  (``NodeAffinitySchedulingStrategy``), which sees that node's physical GPUs;
+- with GPUs of different sizes the budget is the smallest one's (every trial may land on
+  it), and the view says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from raybatch.memory.budget import (
+    DEFAULT_HEADROOM,
+    DeviceMemory,
+    MemoryBudget,
+    budget_of,
+    format_bytes,
+    parse_size,
+    read_all_devices,
+)
+from raybatch.trial.placement import placeable_workers
+
+NVML_TIMEOUT_S = 30.0
+"""How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One alive node: its Ray resources and, for a GPU node, what NVML says of its GPUs.
+
+    Attributes:
+        devices: Every GPU on the node as NVML reports it; ``None`` when NVML did not answer
+            there (no driver, or not read).
+    """
+
+    node_id: str
+    address: str
+    cpus: float
+    gpus: float
+    devices: tuple[DeviceMemory, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster a search will run on."""
+
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def gpus(self) -> float:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def cpus(self) -> float:
+        return sum(n.cpus for n in self.nodes)
+
+    @property
+    def gpu_nodes(self) -> int:
+        return sum(1 for n in self.nodes if n.gpus > 0)
+
+    @property
+    def trial_device(self) -> str:
+        """``cuda`` when any node declares a GPU, else ``cpu``."""
+        return "cuda" if self.gpus > 0 else "cpu"
+
+    def placeable(self, use_gpu: bool) -> int:
+        """Workers of one GPU (or one CPU) the cluster can hold at once."""
+        records = [{"Alive": True, "Resources": {"GPU": n.gpus, "CPU": n.cpus}} for n in self.nodes]
+        return placeable_workers(records, use_gpu)
+
+    def smallest_gpu(self) -> tuple[NodeView, DeviceMemory] | None:
+        """The GPU with the least free memory among those NVML answered for."""
+        found = [(n, d) for n in self.nodes if n.gpus > 0 for d in (n.devices or ())]
+        return min(found, key=lambda nd: nd[1].free_bytes) if found else None
+
+    def budget(
+        self, memory_budget: str | int | None = None, headroom: float = DEFAULT_HEADROOM
+    ) -> MemoryBudget | None:
+        """One trial's budget on one GPU: the explicit one, else the smallest GPU's (NVML);
+        ``None`` when there are no GPUs or NVML answered on none of the GPU nodes."""
+        if memory_budget is not None:
+            return MemoryBudget(parse_size(memory_budget), "explicit")
+        smallest = self.smallest_gpu()
+        if smallest is None:
+            return None
+        node, device = smallest
+        where = f" (node {node.address}, the smallest free memory of the cluster's GPUs)"
+        return budget_of(device, headroom, where=where if self._sizes() > 1 else "")
+
+    def _sizes(self) -> int:
+        return len({d.total_bytes for n in self.nodes for d in (n.devices or ())})
+
+    def warnings(self) -> list[str]:
+        """What a search on this cluster should be told before it starts."""
+        out = []
+        silent = [n.address for n in self.nodes if n.gpus > 0 and n.devices is None]
+        if silent:
+            out.append(
+                f"NVML did not answer on GPU node(s) {', '.join(silent)}: their memory is"
+                " unknown; give --memory-budget, or install the NVIDIA driver there"
+            )
+        if self._sizes() > 1:
+            smallest = self.smallest_gpu()
+            assert smallest is not None
+            node, device = smallest
+            out.append(
+                f"GPUs of different sizes: the budget is that of the smallest free memory"
+                f" ({device.name}, {format_bytes(device.free_bytes)} free on {node.address});"
+                " larger GPUs are under-used by packed trials"
+            )
+        for n in self.nodes:
+            if n.devices is not None and n.gpus > len(n.devices):
+                out.append(
+                    f"node {n.address} declares {n.gpus:g} GPUs to Ray but NVML sees"
+                    f" {len(n.devices)}"
+                )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "gpu_nodes": self.gpu_nodes,
+            "cpus": self.cpus,
+            "trial_device": self.trial_device,
+            "nodes": [
+                {
+                    **{k: v for k, v in asdict(n).items() if k != "devices"},
+                    "devices": None if n.devices is None else [asdict(d) for d in n.devices],
+                }
+                for n in self.nodes
+            ],
+        }
+
+
+def _alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive", False)]
+
+
+def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> ClusterView:
+    """The view of the Ray cluster this process is connected to (``ray.init`` first).
+
+    Args:
+        read_nvml: Read each GPU node's memory through NVML (a zero-CPU task per GPU node).
+        timeout_s: How long to wait for those readings; a node that does not answer in time
+            is reported as one where NVML did not answer.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    records = _alive_nodes()
+    pending = {}
+    if read_nvml:
+        reader = ray.remote(num_cpus=0)(read_all_devices)
+        for record in records:
+            if float(record.get("Resources", {}).get("GPU", 0.0)) > 0:
+                strategy = NodeAffinitySchedulingStrategy(record["NodeID"], soft=False)
+                pending[record["NodeID"]] = reader.options(scheduling_strategy=strategy).remote()
+    devices: dict[str, tuple[DeviceMemory, ...] | None] = {}
+    if pending:
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=timeout_s)
+        for node_id, ref in pending.items():
+            found = ray.get(ref) if ref in ready else None
+            devices[node_id] = None if found is None else tuple(found)
+    nodes = tuple(
+        NodeView(
+            node_id=r["NodeID"],
+            address=str(r.get("NodeManagerAddress", "?")),
+            cpus=float(r.get("Resources", {}).get("CPU", 0.0)),
+            gpus=float(r.get("Resources", {}).get("GPU", 0.0)),
+            devices=devices.get(r["NodeID"]),
+        )
+        for r in records
+    )
+    return ClusterView(nodes)
+
+
+__all__ = ["ClusterView", "NodeView", "read_cluster"]

@@ -1,0 +1,117 @@
+"""``raybatch check``: what a search would see and do on a cluster, before it spends anything.
+
+The same decisions the search makes at its start (:func:`raybatch.run.driver.search`) — GPU or
+CPU trials from the cluster's resources, the per-GPU budget from NVML on the GPU nodes (the
+smallest), how many trials of each recipe share a GPU, which world sizes cannot be placed —
+computed and shown, so a user finds a CPU-only head node, a node whose driver NVML cannot
+reach, or a space asking for more GPUs than exist, in seconds rather than in a failed search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raybatch.memory.budget import MemoryBudget
+from raybatch.run.hardware import ClusterView
+from raybatch.space.search_space import SearchSpace
+from raybatch.trial.resources import gpu_fraction
+from raybatch.workload import Workload
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What ``raybatch check`` reports (``to_dict`` is its ``--json``)."""
+
+    view: ClusterView
+    trial_device: str
+    budget: MemoryBudget | None
+    recipes: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.view.to_dict(),
+            "trial_device": self.trial_device,
+            "budget_bytes": None if self.budget is None else self.budget.bytes,
+            "budget_source": None if self.budget is None else self.budget.source,
+            "recipes": self.recipes,
+            "unplaceable": [r for r in self.recipes if r["placement"] is not None],
+            "warnings": self.warnings,
+        }
+
+
+def preflight(
+    view: ClusterView,
+    workload: Workload | None = None,
+    space: SearchSpace | None = None,
+    memory_budget: str | int | None = None,
+    gpus_per_trial: str | float | None = None,
+) -> Preflight:
+    """The search's start-up decisions on ``view``, and per recipe of ``space`` (if given):
+    its predicted peak, trials per GPU, and whether its world size can be placed."""
+    warnings = list(view.warnings())
+    gpus = gpus_per_trial if gpus_per_trial is not None else ("auto" if view.gpus > 0 else 0)
+    cuda = gpus not in (0, 0.0)
+    if cuda and view.gpus == 0:
+        warnings.append(f"--gpus-per-trial {gpus} asks for GPUs, but no node has one")
+    device = "cuda" if cuda and view.gpus > 0 else "cpu"
+    budget = view.budget(memory_budget) if (cuda or memory_budget is not None) else None
+    if cuda and budget is None:
+        warnings.append(
+            "no GPU memory budget: NVML answered on no GPU node; a search needs --memory-budget"
+        )
+    recipes = []
+    if workload is not None and space is not None:
+        recipes = _recipes(view, workload, space, budget, device, gpus)
+    return Preflight(view, device, budget, recipes, warnings)
+
+
+def _recipes(
+    view: ClusterView,
+    workload: Workload,
+    space: SearchSpace,
+    budget: MemoryBudget | None,
+    device: str,
+    gpus: str | float,
+) -> list[dict[str, Any]]:
+    from raybatch.errors import TraceError
+    from raybatch.memory import MemoryEstimator
+
+    estimator = MemoryEstimator.for_space(workload, space) if budget is not None else None
+    use_gpu = device == "cuda"
+    room = view.placeable(use_gpu)
+    rows = []
+    for recipe in space.grid():
+        predicted: int | None = None
+        if estimator is not None:
+            try:
+                predicted = estimator.predict(recipe)
+            except TraceError:
+                predicted = None
+        placement = None
+        if recipe.world_size > 1 and recipe.world_size > room:
+            kind = "GPUs" if use_gpu else "CPUs"
+            placement = f"needs {recipe.world_size} {kind}, the cluster has {room}"
+        per_gpu: int | None = None
+        if use_gpu and recipe.world_size == 1:
+            if gpus == "auto" and predicted is not None and budget is not None:
+                per_gpu = round(1 / gpu_fraction(predicted, budget.bytes))
+            elif isinstance(gpus, int | float) and gpus > 0:
+                per_gpu = max(int(1 / gpus + 1e-9), 1)
+        rows.append(
+            {
+                "micro_batch_size": recipe.micro_batch_size,
+                "accumulation_steps": recipe.accumulation_steps,
+                "world_size": recipe.world_size,
+                "effective_batch_size": recipe.effective_batch_size,
+                "predicted_bytes": predicted,
+                "fits": None if predicted is None or budget is None else predicted <= budget.bytes,
+                "trials_per_gpu": per_gpu,
+                "placement": placement,
+            }
+        )
+    return rows
+
+
+__all__ = ["Preflight", "preflight"]

@@ -1,0 +1,169 @@
+"""Where a trial runs: its device from what Ray assigned, its share of a packed GPU, and
+whether a data-parallel recipe can be placed at all.
+
+Three rules, each a defect when broken on a real cluster:
+
+- **The device comes from Ray's assignment, never from what is visible.** Ray sets
+  ``CUDA_VISIBLE_DEVICES`` for actors that hold GPUs, but (since Ray 2.4x) no longer blanks it
+  for actors that hold none: a CPU trial placed on a GPU node still *sees* every GPU there.
+  ``torch.cuda.is_available()`` is therefore no answer; ``ray.get_gpu_ids()`` is.
+- **A packed trial may not take a neighbour's memory.** ``k`` trials share a GPU, each holding
+  ``1/k`` of it in Ray's books; PyTorch's caching allocator knows nothing of that, so each
+  packed trial caps its own allocator with ``torch.cuda.set_per_process_memory_fraction``:
+  the trial that overruns its share is the one that fails, not whichever allocates next.
+- **A recipe that cannot be placed never waits.** ``world_size`` workers each reserve a whole
+  GPU (a CPU when the trials run on CPUs); more than the cluster has would leave the trial
+  waiting for a placement group until the hang guard stops it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from raybatch.errors import RaybatchError
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+
+
+class TrialDeviceError(RaybatchError):
+    """Ray gave the trial a GPU that this process cannot use (no CUDA in its torch)."""
+
+
+def assigned_gpu_ids() -> list[str] | None:
+    """The GPU ids Ray assigned to this process; ``None`` outside Ray (a direct call)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
+def assigned_gpu_share() -> float | None:
+    """The fraction of a GPU Ray assigned to this process (``0.25`` when packed four to a GPU);
+    ``None`` outside Ray, ``0.0`` for a CPU trial."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
+    except AssertionError:  # Ray's answer in a driver process: nothing was assigned to it
+        return None
+
+
+def choose_device(
+    requested: str, gpu_ids: list[str] | None, cuda_available: bool
+) -> tuple[str, int | None]:
+    """``("cuda", index)`` or ``("cpu", None)`` for a trial: the decision, without torch.
+
+    Args:
+        requested: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (the trial's setting).
+        gpu_ids: What Ray assigned (:func:`assigned_gpu_ids`); ``None`` outside Ray.
+        cuda_available: ``torch.cuda.is_available()`` in this process.
+
+    Raises:
+        TrialDeviceError: Ray assigned GPUs but this process has no CUDA, or ``cuda`` was
+            requested where there is none.
+    """
+    if requested == "cpu":
+        return "cpu", None
+    if requested.startswith("cuda"):
+        if not cuda_available:
+            raise TrialDeviceError(f"device {requested!r} requested, but CUDA is not available")
+        _, _, index = requested.partition(":")
+        return "cuda", int(index) if index else 0
+    if gpu_ids is None:  # called outside Ray: the process's own view is all there is
+        return ("cuda", 0) if cuda_available else ("cpu", None)
+    if not gpu_ids:
+        return "cpu", None
+    if not cuda_available:
+        raise TrialDeviceError(
+            f"Ray assigned GPU {', '.join(gpu_ids)} to this trial, but torch.cuda is not"
+            " available in its process (a CPU-only torch, or no NVIDIA driver on this node);"
+            " install a CUDA build of torch on the GPU nodes, or run with --gpus-per-trial 0"
+        )
+    # Ray restricts CUDA_VISIBLE_DEVICES to the assigned GPUs: the first is CUDA device 0.
+    return "cuda", 0
+
+
+def trial_device(requested: str = "auto") -> Any:
+    """The ``torch.device`` a trial trains on (see :func:`choose_device`)."""
+    import torch
+
+    kind, index = choose_device(requested, assigned_gpu_ids(), torch.cuda.is_available())
+    return torch.device(kind, index) if index is not None else torch.device(kind)
+
+
+def packed_memory_fraction(
+    share: float,
+    budget_bytes: int,
+    total_bytes: int,
+    context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
+) -> float | None:
+    """The allocator cap (fraction of the GPU's total memory) of a trial holding ``share``.
+
+    ``budget_bytes`` is what one trial alone may use (headroom x free memory, less one CUDA
+    context: :func:`raybatch.memory.budget.resolve_budget`). Packed, the GPU's usable memory
+    ``budget + context`` is split in ``1/share`` slots, and each slot pays for its own
+    process's context outside the allocator: the cap is ``share x (budget + context) -
+    context``. ``k`` trials then never hold more than ``budget + context`` between them,
+    contexts included. ``None`` for a trial that holds a whole GPU (or none): it is not capped.
+    """
+    if share <= 0 or share >= 1:
+        return None
+    cap = share * (budget_bytes + context_bytes) - context_bytes
+    return max(cap, 0.0) / total_bytes
+
+
+def limit_packed_memory(device: Any, budget_bytes: int | None) -> float | None:
+    """Cap this trial's allocator to its share of a packed GPU; the fraction set, or None."""
+    import torch
+
+    share = assigned_gpu_share()
+    if device.type != "cuda" or share is None or budget_bytes is None:
+        return None
+    total = int(torch.cuda.get_device_properties(device).total_memory)
+    fraction = packed_memory_fraction(share, budget_bytes, total)
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
+def placeable_workers(nodes: list[dict[str, Any]], use_gpu: bool) -> int:
+    """How many one-GPU (or one-CPU) workers the alive ``nodes`` can hold at once.
+
+    ``nodes`` is ``ray.nodes()``; a worker reserves a whole GPU (``use_gpu``) or one CPU, as
+    the data-parallel trials do (:mod:`raybatch.trial.wrapper`).
+    """
+    kind = "GPU" if use_gpu else "CPU"
+    return sum(
+        math.floor(float(n.get("Resources", {}).get(kind, 0.0)) + 1e-9)
+        for n in nodes
+        if n.get("Alive", False)
+    )
+
+
+def placement_problem(world_size: int, use_gpu: bool) -> str | None:
+    """Why ``world_size`` workers cannot be placed on the cluster now, or ``None``."""
+    import ray
+
+    if world_size <= 1 or not ray.is_initialized():
+        return None
+    room = placeable_workers(ray.nodes(), use_gpu)
+    if world_size <= room:
+        return None
+    kind = "GPUs" if use_gpu else "CPUs"
+    return f"needs {world_size} {kind}, the cluster has {room}"
+
+
+__all__ = [
+    "TrialDeviceError",
+    "assigned_gpu_ids",
+    "assigned_gpu_share",
+    "choose_device",
+    "limit_packed_memory",
+    "packed_memory_fraction",
+    "placeable_workers",
+    "placement_problem",
+    "trial_device",
+]

@@ -1,0 +1,186 @@
+"""GPUs and clusters as users run them, on an emulated cluster: a head node without GPUs and two
+worker nodes declaring two GPUs each (``ray.cluster_utils.Cluster``; Ray assigns GPU ids and
+sets ``CUDA_VISIBLE_DEVICES`` exactly as on real GPU nodes, there is just no CUDA behind them).
+
+The cluster lives in a helper process for the module (one process holds one Ray, and the test
+session's local Ray is already up); every command reaches it through ``--address``, from a
+working directory outside the repository, as a user's would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
+from raybatch.run.study import SearchStudy
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = textwrap.dedent(
+    """
+    import sys
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, num_gpus=2)
+    cluster.wait_for_nodes()
+    print("ADDRESS " + cluster.address, flush=True)
+    sys.stdin.read()  # until the tests close our stdin
+    cluster.shutdown()
+    """
+)
+
+DEVICES = textwrap.dedent(
+    """
+    import json, os, sys
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=sys.argv[1], log_to_driver=False)
+
+    def decide():
+        import torch
+        # Only CUDA is faked (there is none behind the declared GPUs); Ray's assignment is real.
+        torch.cuda.is_available = lambda: True
+        from raybatch.trial.placement import assigned_gpu_ids, assigned_gpu_share, trial_device
+        return {"ids": assigned_gpu_ids(), "share": assigned_gpu_share(),
+                "device": str(trial_device()), "node": ray.get_runtime_context().get_node_id()}
+
+    gpu_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    on_gpu_node = NodeAffinitySchedulingStrategy(gpu_nodes[0], soft=False)
+    out = {
+        "whole": ray.get(ray.remote(num_cpus=0.1, num_gpus=1)(decide).remote()),
+        "half": ray.get(ray.remote(num_cpus=0.1, num_gpus=0.5)(decide).remote()),
+        "none_on_a_gpu_node": ray.get(
+            ray.remote(num_cpus=0.1, num_gpus=0)(decide).options(
+                scheduling_strategy=on_gpu_node).remote()),
+        "gpu_nodes": gpu_nodes,
+    }
+    print("OUT " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    script = tmp_path_factory.mktemp("cluster") / "cluster.py"
+    script.write_text(CLUSTER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ADDRESS "), "the emulated cluster did not start"
+    yield line.split()[1]
+    proc.stdin.close()
+    proc.wait(timeout=120)
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """A working directory outside the repository."""
+    return tmp_path
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "raybatch", *args],
+        capture_output=True, text=True, check=False, cwd=cwd, timeout=300,
+    )  # fmt: skip
+
+
+def _space(tmp_path: Path, world_sizes: str) -> Path:
+    """The digits space, smaller batches, with data-parallel world sizes."""
+    from raybatch.space.presets import resolve_space_path
+
+    text = resolve_space_path("digits_cnn_sgd").read_text()
+    for old, new in (
+        ("world_size: [1]", f"world_size: {world_sizes}"),
+        ("micro_batch_size: [16, 32, 64, 128, 256]", "micro_batch_size: [16, 32, 64]"),
+        ("accumulation_steps: [1, 2, 4]", "accumulation_steps: [1, 2]"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_check_reports_the_gpus_of_the_worker_nodes_not_the_head(
+    cluster: str, elsewhere: Path
+) -> None:
+    space = _space(elsewhere, "[1, 2, 4, 8]")
+    proc = run_cli(
+        "check", "raybatch.examples.digits:workload", "--space", str(space),
+        "--address", cluster, "--memory-budget", "1GiB", "--json", cwd=elsewhere,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert (report["gpus"], report["gpu_nodes"], report["trial_device"]) == (4, 2, "cuda")
+    assert report["budget_bytes"] == 2**30
+    unplaceable = {r["world_size"]: r["placement"] for r in report["unplaceable"]}
+    assert unplaceable == {8: "needs 8 GPUs, the cluster has 4"}
+    assert all(r["trials_per_gpu"] >= 1 for r in report["recipes"] if r["world_size"] == 1)
+    # The GPU nodes were asked through NVML, which has no driver to read here: said, not hidden.
+    assert any("NVML did not answer on GPU node(s)" in w for w in report["warnings"])
+
+    without = run_cli("check", "--address", cluster, "--json", cwd=elsewhere)
+    assert without.returncode == 0, without.stderr[-3000:]
+    bare = json.loads(without.stdout)
+    assert bare["budget_bytes"] is None
+    assert any("a search needs --memory-budget" in w for w in bare["warnings"])
+
+
+def test_each_trial_device_follows_the_gpus_ray_assigned_to_it(
+    cluster: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "devices.py"
+    script.write_text(DEVICES)
+    proc = subprocess.run(
+        [sys.executable, str(script), cluster],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("OUT "))[4:])
+    whole, half, none = out["whole"], out["half"], out["none_on_a_gpu_node"]
+    assert (whole["device"], len(whole["ids"]), whole["share"]) == ("cuda:0", 1, 1.0)
+    assert (half["device"], len(half["ids"]), half["share"]) == ("cuda:0", 1, 0.5)
+    # A trial holding no GPU trains on the CPU, even on a GPU node where CUDA "is available".
+    assert none["node"] in out["gpu_nodes"]
+    assert (none["device"], none["ids"], none["share"]) == ("cpu", [], 0.0)
+
+
+def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_recipes(
+    cluster: str, elsewhere: Path
+) -> None:
+    """The driver here has no GPU; the search still plans GPU trials from the cluster. Ray
+    gives each trial a GPU, and each trial then says plainly that this torch has no CUDA —
+    every trial the same way, so the search stops early. World size 8 never launches."""
+    space = _space(elsewhere, "[1, 8]")
+    run = elsewhere / "run"
+    proc = run_cli(
+        "search", "raybatch.examples.digits:workload", "--space", str(space),
+        "--target", "0.9", "--trials", "8", "--address", cluster, "--memory-budget", "1GiB",
+        "--max-time-per-trial", "5", "--run-dir", "run", "--quiet", "--seed", "3", cwd=elsewhere,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "TrialDeviceError: Ray assigned GPU" in proc.stderr
+    assert "torch.cuda is not available in its process" in proc.stderr
+    study = SearchStudy(f"sqlite:///{run / OPTUNA_DB}", STUDY_NAME)
+    reasons = {p.params.get("world_size"): p.reason for p in study.prescreened()}
+    assert reasons.get(8) == "needs 8 GPUs, the cluster has 4", reasons

@@ -1,0 +1,67 @@
+"""Where a trial runs: the device decision, the cluster's GPUs and budget, placement."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DeviceMemory
+from raybatch.run.hardware import ClusterView, NodeView
+from raybatch.trial.placement import TrialDeviceError, choose_device, placeable_workers
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("requested", "gpu_ids", "cuda", "expected"),
+    [
+        ("auto", ["3"], True, ("cuda", 0)),  # Ray's visible list starts at the assigned GPU
+        ("auto", [], True, ("cpu", None)),  # a CPU trial on a GPU node sees GPUs: not its own
+        ("auto", None, True, ("cuda", 0)),  # outside Ray, the process's own view
+        ("auto", None, False, ("cpu", None)),
+        ("cpu", ["0"], True, ("cpu", None)),
+        ("cuda:1", [], True, ("cuda", 1)),
+    ],
+)
+def test_the_device_comes_from_the_gpus_ray_assigned(
+    requested: str, gpu_ids: list[str] | None, cuda: bool, expected: tuple[str, int | None]
+) -> None:
+    assert choose_device(requested, gpu_ids, cuda) == expected
+
+
+def test_a_gpu_assigned_to_a_process_without_cuda_is_a_clear_error() -> None:
+    with pytest.raises(TrialDeviceError, match=r"Ray assigned GPU 2 to this trial.*--gpus-per"):
+        choose_device("auto", ["2"], cuda_available=False)
+
+
+def _gpu(name: str, total_gib: int, free_gib: int) -> DeviceMemory:
+    return DeviceMemory(name, total_gib * GIB, free_gib * GIB, (total_gib - free_gib) * GIB, 0)
+
+
+def test_gpus_of_different_sizes_budget_the_smallest_and_say_so() -> None:
+    view = ClusterView(
+        (
+            NodeView("head", "10.0.0.1", 8, 0),
+            NodeView("a", "10.0.0.2", 16, 2, (_gpu("H100", 80, 79), _gpu("H100", 80, 60))),
+            NodeView("b", "10.0.0.3", 16, 1, (_gpu("A10G", 24, 23),)),
+        )
+    )
+    assert (view.gpus, view.gpu_nodes, view.trial_device) == (3, 2, "cuda")
+    budget = view.budget()
+    assert budget is not None
+    assert budget.bytes == int(0.9 * 23 * GIB) - CUDA_CONTEXT_OVERHEAD_BYTES
+    assert "A10G" in budget.source and "10.0.0.3" in budget.source
+    assert any("GPUs of different sizes" in w and "A10G" in w for w in view.warnings())
+    assert view.budget("8GiB") is not None and view.budget("8GiB").source == "explicit"  # type: ignore[union-attr]
+
+
+def test_a_cpu_cluster_has_no_budget_and_places_cpu_workers() -> None:
+    view = ClusterView((NodeView("head", "h", 4, 0), NodeView("w", "w", 2.5, 0)))
+    assert (view.trial_device, view.budget(), view.placeable(True)) == ("cpu", None, 0)
+    assert view.placeable(False) == 6
+    assert placeable_workers([{"Alive": False, "Resources": {"GPU": 8.0}}], True) == 0
+
+
+def test_a_gpu_node_nvml_cannot_read_is_reported() -> None:
+    view = ClusterView((NodeView("w", "10.0.0.9", 8, 4, None),))
+    assert view.budget() is None
+    assert any("NVML did not answer on GPU node(s) 10.0.0.9" in w for w in view.warnings())
