@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.raybatch-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,16 @@ bench: $(STAMP)
 	$(BIN)/python bench/digits_batch_sweep.py
 	$(BIN)/python bench/gpu_memory_accuracy.py
 	$(BIN)/python bench/gpu_trial_timing.py
+	$(BIN)/python bench/gpu_check.py
+	$(BIN)/python bench/render_docs.py
+
+# Every GPU verification, on a machine with an NVIDIA GPU (a CUDA build of torch: set
+# TORCH_PIN to one); writes bench/results/gpu_*.json and renders them into docs/benchmarks.md.
+gpu-check: $(STAMP)
+	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here (torch.cuda.is_available() is False)')"
+	$(BIN)/python bench/gpu_memory_accuracy.py
+	$(BIN)/python bench/gpu_trial_timing.py
+	$(BIN)/python bench/gpu_check.py
 	$(BIN)/python bench/render_docs.py
 
 clean:

@@ -345,7 +345,12 @@ def render() -> str:
         data = _load(name)
         if data is not None:
             lines += section(data)
-    missing = [n for n in ("gpu_memory_accuracy", "gpu_trial_timing") if _load(n) is None]
+    gpu_files = ("gpu_memory_accuracy", "gpu_trial_timing", "gpu_check")
+    for name in gpu_files:
+        data = _load(name)
+        if data is not None:
+            lines += _gpu_section(name, data)
+    missing = [n for n in gpu_files if _load(n) is None]
     if missing:
         lines += [
             "## GPU verification",
@@ -354,6 +359,27 @@ def render() -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _gpu_section(name: str, data: dict[str, Any]) -> list[str]:
+    """A GPU verification's figures: every number and verdict at its top two levels."""
+    lines = [
+        f"## GPU verification: `bench/{name}.py`",
+        "",
+        f"On {data['device']}, torch {data['torch']}, {data['date']};"
+        f" the full record is `bench/results/{name}.json`.",
+        "",
+    ]
+    for key, value in data.items():
+        if key in ("benchmark", "device", "torch", "date"):
+            continue
+        if isinstance(value, dict):
+            for inner, item in value.items():
+                if isinstance(item, int | float | bool | str) or item is None:
+                    lines.append(f"- {key}.{inner}: {item}")
+        elif isinstance(value, int | float | bool | str):
+            lines.append(f"- {key}: {value}")
+    return [*lines, ""]
 
 
 def headline() -> str:

@@ -271,3 +271,31 @@ def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_p
     assert w["max_batch_lr_sweep"]["best_multiplier"] in module.SWEEP
     assert set(w["compared"]) == {"max_batch", "max_batch_tuned", "reference"}
     assert all(len(c["ratio_ci95"]) == 2 for c in w["compared"].values())
+
+
+def test_gpu_check_says_it_needs_a_gpu_and_writes_nothing_without_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: make gpu-check runs the real thing")
+    module = _load("gpu_check")
+    before = module.RESULTS.read_text() if module.RESULTS.is_file() else None
+    module.main()
+    assert "no CUDA device here" in capsys.readouterr().out
+    assert (module.RESULTS.read_text() if module.RESULTS.is_file() else None) == before
+
+
+def test_gpu_results_render_every_figure_when_present() -> None:
+    render = _load("render_docs")
+    record = {
+        "benchmark": "gpu_check", "device": "NVIDIA H100", "torch": "2.13.0", "date": "d",
+        "packed_pair": {"fraction": 0.4375, "neighbour_unaffected": True, "within_slot": {}},
+        "wall_s": 12.5,
+    }  # fmt: skip
+    lines = render._gpu_section("gpu_check", record)
+    assert "On NVIDIA H100, torch 2.13.0, d; the full record is" in lines[2]
+    assert "- packed_pair.fraction: 0.4375" in lines
+    assert "- packed_pair.neighbour_unaffected: True" in lines
+    assert "- wall_s: 12.5" in lines

@@ -196,3 +196,22 @@ def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_worke
     unplaced = by_world[4]
     assert unplaced[keys.STATUS] == "error"
     assert unplaced[keys.REASON] == "cannot be placed: needs 4 CPUs, the cluster has 3"
+
+
+def test_a_data_parallel_workers_probe_counts_ddp_gradient_buckets() -> None:
+    """The probe runs a plain step; DDP adds one copy of the trainable parameters per worker."""
+    from raybatch.space.search_space import SearchSpace
+    from raybatch.trial.wrapper import _ddp_overrun
+
+    data = SPACE.model_dump()
+    data["search"]["world_size"] = [1, 2]
+    data["search"]["accumulation_steps"] = [1]
+    space = SearchSpace.from_dict(data)
+    buckets = sum(p.numel() * 4 for p in DIGITS.build_model().parameters())
+    reserved = 10 * 2**20
+    fits = TrialSettings(target=Target(0.5), gpu_budget_bytes=reserved + buckets)
+    tight = TrialSettings(target=Target(0.5), gpu_budget_bytes=reserved + buckets - 1)
+    assert _ddp_overrun(DIGITS, space.derive(64, world_size=2), fits, reserved) is None
+    reason = _ddp_overrun(DIGITS, space.derive(64, world_size=2), tight, reserved)
+    assert reason is not None and "DDP's gradient buckets add" in reason
+    assert _ddp_overrun(DIGITS, space.derive(64), tight, reserved) is None  # one worker: no DDP

@@ -90,6 +90,11 @@ class RaybatchSearcher(Searcher):
         pack_gpus: Decide each trial's GPU share here (``gpus_per_trial="auto"``).
     """
 
+    # Defaults for a searcher unpickled from a run an older raybatch started (Tune restores the
+    # searcher object itself on resume).
+    data_parallel_gpus: bool | None = None
+    pack_gpus: bool = False
+
     def __init__(
         self,
         space: SearchSpace,

@@ -210,6 +210,10 @@ def _memory_gate(
         if not result.fits:
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, result.as_prescreen(None).reason)
             return False
+        over = _ddp_overrun(workload, recipe, settings, result.max_reserved_bytes)
+        if over is not None:
+            reporter.finish(TrialStatus.INFEASIBLE_MEMORY, over)
+            return False
         import torch
 
         torch.cuda.reset_peak_memory_stats(device)
@@ -225,6 +229,30 @@ def _memory_gate(
         reporter.finish(TrialStatus.INFEASIBLE_MEMORY, verdict.reason)
         return False
     return True
+
+
+def _ddp_overrun(
+    workload: Workload, recipe: TrialConfig, settings: TrialSettings, reserved: int | None
+) -> str | None:
+    """Why a data-parallel worker's probed step will not fit once DDP wraps it, or ``None``.
+
+    The probe runs one plain step; under DDP each worker also holds its gradient buckets, one
+    more copy of the trainable parameters (``gradient_as_bucket_view=False``, the default).
+    """
+    if recipe.world_size <= 1 or settings.gpu_budget_bytes is None or reserved is None:
+        return None
+    from raybatch.memory.budget import format_bytes
+
+    buckets = sum(
+        p.numel() * p.element_size() for p in workload.build_model().parameters() if p.requires_grad
+    )
+    if reserved + buckets <= settings.gpu_budget_bytes:
+        return None
+    return (
+        f"micro batch {recipe.micro_batch_size}: the real step reserved {format_bytes(reserved)},"
+        f" and DDP's gradient buckets add {format_bytes(buckets)}: over the budget of"
+        f" {format_bytes(settings.gpu_budget_bytes)}"
+    )
 
 
 class WorkerMemoryError(RaybatchError):
