@@ -312,16 +312,36 @@ def resume_command(
 @app.command("export")
 def export_command(
     run_dir: Annotated[str, typer.Argument(help="A run directory or a best_config file.")],
-    fmt: Annotated[str, typer.Option("--format", help="yaml, json, env or args.")] = "yaml",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="yaml, json, env, args; hf, hf-json, lightning, deepspeed, torchrun, accelerate.",
+        ),
+    ] = "yaml",
+    world_size: Annotated[
+        int | None,
+        typer.Option("--world-size", help="Move the recipe to this many GPUs first."),
+    ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Write to a file.")] = None,
 ) -> None:
-    """Print (or write) the winning recipe with its provenance."""
+    """Print (or write) the winning recipe with its provenance, or in a trainer's format."""
     from pathlib import Path
 
     from raybatch.export import load_best
+    from raybatch.run.rundir import RUN_FILE, read_run
 
+    note = None
     with _user_errors():
-        text = load_best(run_dir).render(fmt)
+        best = load_best(run_dir)
+        if world_size is not None:
+            in_run = (Path(run_dir) / RUN_FILE).is_file()  # a run knows its space
+            space = read_run(run_dir)[2] if in_run else None
+            best = best.retarget(world_size, space)
+            note = best.provenance.get("retargeted", {}).get("note")
+        text = best.render(fmt)
+    if note:
+        typer.echo(f"raybatch: note: {note}", err=True)
     if output:
         Path(output).write_text(text)
         typer.echo(f"wrote {output}")

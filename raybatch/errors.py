@@ -143,3 +143,12 @@ class TrialsFailedError(RaybatchError):
 
 class ClusterUnreachableError(RaybatchError):
     """No Ray cluster answers at the address given (``--address``)."""
+
+
+class TrialDeviceError(RaybatchError):
+    """Ray gave a trial a GPU that its process cannot use (a torch without CUDA there)."""
+
+
+class ExportError(InputError):
+    """The winner cannot be written for the training framework asked for, as measured: an
+    optimizer the framework does not offer, or a world size the recipe cannot be moved to."""

@@ -11,6 +11,12 @@ batch size from it, so no number is ever retyped:
     optimizer = best.build_optimizer(model.parameters())
     scheduler = best.build_scheduler(optimizer)
     accumulate = best.config.accumulation_steps
+
+Frameworks read it directly (:mod:`raybatch.formats`): ``best.to_hf_training_args()``,
+``best.lightning_trainer_kwargs()`` and ``best.lightning_optimizers(params)``,
+``best.deepspeed_config()``, ``render("torchrun")``/``render("accelerate")``; and
+``best.retarget(world_size=8)`` moves the recipe to another GPU count, saying whether it is
+still the measured one.
 """
 
 from __future__ import annotations
@@ -23,16 +29,21 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from raybatch.errors import Issue, OptionError, RunDirError
+from raybatch.errors import Issue, OptionError, PresetNotFoundError, RunDirError
 from raybatch.space.config import TrialConfig, warmup_factor
 from raybatch.workload import build_optimizer
 
 if TYPE_CHECKING:
     import torch
 
+    from raybatch.space.search_space import SearchSpace
+
 BEST_YAML = "best_config.yaml"
 BEST_JSON = "best_config.json"
-FORMATS = ("yaml", "json", "env", "args")
+FORMATS = (
+    "yaml", "json", "env", "args", "hf", "hf-json", "lightning", "deepspeed", "torchrun",
+    "accelerate",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,13 @@ class BestConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "provenance": self.provenance}
+
+    @property
+    def amp_dtype(self) -> str | None:
+        """The workload's autocast dtype as the run recorded it (``None``: fp32, or a run made
+        before raybatch recorded it)."""
+        value = self.provenance.get("amp_dtype")
+        return str(value) if value else None
 
     def build_optimizer(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         """The optimizer of the space's family with the recipe's lr and weight decay."""
@@ -65,8 +83,92 @@ class BestConfig:
         """``DataLoader`` arguments: the per-device micro batch, and ``drop_last`` (seed 004)."""
         return {"batch_size": self.config.micro_batch_size, "drop_last": True}
 
+    # ------------------------------------------------------------------ frameworks
+
+    def hf_training_args_kwargs(self) -> dict[str, Any]:
+        """``transformers.TrainingArguments`` keyword arguments (:mod:`raybatch.formats.hf`).
+
+        Raises:
+            ExportError: The optimizer has no ``TrainingArguments`` equivalent.
+        """
+        from raybatch.formats import hf
+
+        return hf.training_args_kwargs(self.config, self.amp_dtype)
+
+    def to_hf_training_args(self, **overrides: Any) -> Any:
+        """A real ``transformers.TrainingArguments`` for the recipe (``overrides`` win)."""
+        from raybatch.formats import hf
+
+        return hf.training_args(self.config, self.amp_dtype, **overrides)
+
+    def lightning_trainer_kwargs(self) -> dict[str, Any]:
+        """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`)."""
+        from raybatch.formats import lightning
+
+        return lightning.trainer_kwargs(self.config, self.amp_dtype)
+
+    def lightning_optimizers(self, params: Iterable[Any]) -> dict[str, Any]:
+        """What ``LightningModule.configure_optimizers`` should return for the recipe."""
+        from raybatch.formats import lightning
+
+        return lightning.optimizers(self.config, params)
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        """A DeepSpeed config dict (:mod:`raybatch.formats.deepspeed`)."""
+        from raybatch.formats import deepspeed
+
+        return deepspeed.ds_config(self.config, self.amp_dtype)
+
+    def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
+        """The recipe on ``world_size`` GPUs (:mod:`raybatch.formats.retarget`); its
+        provenance's ``retargeted`` says whether it is still the measured recipe.
+
+        Args:
+            world_size: GPUs to train on.
+            space: The space to re-derive LR and weight decay from when the effective batch
+                must change; default: the preset the provenance names, if it is one.
+
+        Raises:
+            ExportError: The world size is invalid, or the recipe must be re-derived and no
+                space is known.
+        """
+        from raybatch.formats.retarget import retarget
+
+        moved = retarget(self.config, world_size, space or self._space())
+        if moved.config == self.config:
+            return self
+        c = self.config
+        measured = {
+            "micro_batch_size": c.micro_batch_size,
+            "accumulation_steps": c.accumulation_steps,
+            "world_size": c.world_size,
+            "effective_batch_size": c.effective_batch_size,
+        }
+        retargeted = {
+            "world_size": world_size,
+            "measured": moved.measured,
+            "note": moved.note,
+            "measured_recipe": measured,
+        }
+        return BestConfig(moved.config, {**self.provenance, "retargeted": retargeted})
+
+    def _space(self) -> SearchSpace | None:
+        from raybatch.space.presets import load_space
+
+        name = self.provenance.get("space")
+        if not name:
+            return None
+        try:
+            return load_space(str(name))
+        except PresetNotFoundError:
+            return None
+
     def render(self, fmt: str) -> str:
-        """``yaml`` / ``json`` (recipe and provenance), ``env`` or ``args`` (recipe only)."""
+        """``yaml`` / ``json`` (recipe and provenance), ``env`` or ``args`` (recipe only), or a
+        framework's: ``hf`` (a Python snippet), ``hf-json``, ``lightning`` (a snippet),
+        ``deepspeed`` (``ds_config.json``), ``torchrun``, ``accelerate`` (launch lines)."""
+        from raybatch.formats import deepspeed, hf, launch, lightning
+
         if fmt == "yaml":
             return yaml.safe_dump(self.to_dict(), sort_keys=False)
         if fmt == "json":
@@ -75,7 +177,17 @@ class BestConfig:
         if fmt == "env":
             return "".join(f"RAYBATCH_{k.upper()}={v}\n" for k, v in scalars.items())
         if fmt == "args":
-            return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in scalars.items()) + "\n"
+            return launch.script_args(self.config) + "\n"
+        renderers = {
+            "hf": lambda: hf.snippet(self.config, self.amp_dtype),
+            "hf-json": lambda: json.dumps(self.hf_training_args_kwargs(), indent=2) + "\n",
+            "lightning": lambda: lightning.snippet(self.config, self.amp_dtype),
+            "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype),
+            "torchrun": lambda: launch.torchrun(self.config),
+            "accelerate": lambda: launch.accelerate(self.config, self.amp_dtype),
+        }
+        if fmt in renderers:
+            return renderers[fmt]()
         raise OptionError([Issue("--format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")])
 
 

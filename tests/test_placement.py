@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from raybatch.errors import TrialDeviceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DeviceMemory
 from raybatch.run.hardware import ClusterView, NodeView
-from raybatch.trial.placement import TrialDeviceError, choose_device, placeable_workers
+from raybatch.trial.placement import choose_device, placeable_workers
 
 GIB = 2**30
 

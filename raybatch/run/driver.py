@@ -128,6 +128,7 @@ class _Plan:
 
     gpus: str | float
     cuda: bool
+    hardware: str
     budget: int | None
     estimator: Any
     baseline: dict[str, Any]
@@ -201,7 +202,10 @@ def _plan(
     resourced = with_resources(
         fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator
     )
-    return _Plan(gpus, cuda, budget, estimator, baseline, reference, searcher, resourced, notes)
+    hardware = view.describe(cuda)
+    return _Plan(
+        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, notes
+    )
 
 
 def _search_tuner(
@@ -316,7 +320,8 @@ def _execute(
         path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
     )
     rows += confirm_rows
-    best = choose_winner(space, target, rows, options)
+    measured_on = {"device": plan.hardware, "amp_dtype": workload.amp_dtype}
+    best = choose_winner(space, target, rows, options, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
         write_best(path, best)
@@ -373,8 +378,14 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     Raises:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
+    from raybatch.export import BEST_YAML, load_best
+
     path, _, space, target, options = read_run(run_dir)
-    return choose_winner(space, target, stored_rows(path), options)
+    measured_on: dict[str, Any] | None = None
+    if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
+        stored = load_best(path).provenance
+        measured_on = {k: stored[k] for k in ("device", "amp_dtype") if k in stored}
+    return choose_winner(space, target, stored_rows(path), options, measured_on)
 
 
 def rebuild_report(run_dir: str | Path) -> Path:

@@ -124,6 +124,21 @@ class ClusterView:
                 )
         return out
 
+    def describe(self, cuda: bool) -> str:
+        """The hardware trials run on, in one line (a winner's provenance)."""
+        if not cuda:
+            import platform
+
+            return f"CPU ({platform.machine()}), {self.cpus:g} CPUs on {len(self.nodes)} node(s)"
+        models: dict[str, int] = {}
+        for n in self.nodes:
+            for d in n.devices or ():
+                models[d.name] = models.get(d.name, 0) + 1
+        if not models:
+            return f"{self.gpus:g} GPUs on {self.gpu_nodes} node(s) (model unknown: no NVML)"
+        kinds = ", ".join(f"{count} x {name}" for name, count in sorted(models.items()))
+        return f"{kinds} on {self.gpu_nodes} node(s)"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "gpus": self.gpus,

@@ -151,8 +151,14 @@ def choose_winner(
     target: Target,
     rows: list[dict[str, Any]],
     options: SearchOptions,
+    measured_on: dict[str, Any] | None = None,
 ) -> BestConfig | None:
-    """The winner (:func:`select_winner`) as an exportable recipe with its provenance."""
+    """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
+
+    ``measured_on`` holds what the rows cannot say: ``device`` (the hardware the trials ran
+    on, as the search saw the cluster) and ``amp_dtype`` (the workload's autocast, which the
+    framework exports need); without it, ``device`` is this machine's.
+    """
     winner = select_winner(rows, confirmed=options.confirm_seeds > 0)
     if winner is None:
         return None
@@ -168,6 +174,7 @@ def choose_winner(
         "samples_to_target": statistics.median(samples),
         "peak_memory_bytes": max(peaks) if peaks else None,
         "device": _device_name(),
+        "amp_dtype": None,
         "versions": _versions(),
         keys.TRIAL_ID: (searched or winner.runs)[0][keys.TRIAL_ID],
         "space": space.name,
@@ -175,4 +182,5 @@ def choose_winner(
         "search_trials": sum(1 for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    provenance.update(measured_on or {})
     return BestConfig(recipe, provenance)

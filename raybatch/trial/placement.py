@@ -21,12 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from raybatch.errors import RaybatchError
+from raybatch.errors import TrialDeviceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
-
-
-class TrialDeviceError(RaybatchError):
-    """Ray gave the trial a GPU that this process cannot use (no CUDA in its torch)."""
 
 
 def assigned_gpu_ids() -> list[str] | None:
@@ -157,7 +153,6 @@ def placement_problem(world_size: int, use_gpu: bool) -> str | None:
 
 
 __all__ = [
-    "TrialDeviceError",
     "assigned_gpu_ids",
     "assigned_gpu_share",
     "choose_device",

@@ -1,0 +1,77 @@
+"""The recipe for Lightning (argument names of lightning 2.6): ``Trainer`` keyword arguments and
+what ``configure_optimizers`` returns.
+
+| recipe | Lightning |
+| --- | --- |
+| accumulation | ``Trainer(accumulate_grad_batches=...)`` |
+| world size | ``Trainer(devices=...)`` |
+| the workload's autocast | ``Trainer(precision="bf16-mixed" / "16-mixed" / "32-true")`` |
+| optimizer, LR, weight decay | ``configure_optimizers``: raybatch's own optimizer |
+| warmup, then constant | a ``LambdaLR`` stepped per optimizer step (``interval="step"``) |
+| micro batch | the ``DataLoader``'s ``batch_size`` (``best.dataloader_kwargs()``) |
+
+Gradient clipping is a loop option, not part of the searched recipe: ``gradient_clip_val`` is
+left to the user. Lightning steps a ``"step"``-interval scheduler once per optimizer step,
+after accumulation, as raybatch's loop does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raybatch.space.config import TrialConfig
+
+WRITTEN_AGAINST = "lightning 2.6"
+_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", None: "32-true"}
+
+
+def trainer_kwargs(c: TrialConfig, amp: str | None) -> dict[str, Any]:
+    """Keyword arguments for ``lightning.Trainer``."""
+    return {
+        "accumulate_grad_batches": c.accumulation_steps,
+        "devices": c.world_size,
+        "precision": _PRECISION[amp],
+    }
+
+
+def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
+    """What ``LightningModule.configure_optimizers`` should return for the recipe: its
+    optimizer, and its warmup stepped once per optimizer step."""
+    import torch
+
+    from raybatch.space.config import warmup_factor
+    from raybatch.workload import build_optimizer
+
+    optimizer = build_optimizer(params, c)
+    steps = c.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_factor(s, steps))
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+    }
+
+
+def snippet(c: TrialConfig, amp: str | None) -> str:
+    """A complete Python snippet: the ``Trainer`` and ``configure_optimizers``."""
+    kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer_kwargs(c, amp).items())
+    return (
+        f"# raybatch winner for Lightning ({WRITTEN_AGAINST}).\n"
+        "import lightning as L\n"
+        "import raybatch\n"
+        "\n"
+        'best = raybatch.load_best("best_config.yaml")\n'
+        "\n"
+        "class Model(L.LightningModule):\n"
+        "    ...  # your training_step\n"
+        "    def configure_optimizers(self):\n"
+        "        return best.lightning_optimizers(self.parameters())\n"
+        "\n"
+        "# DataLoader(..., **best.dataloader_kwargs())  # micro batch"
+        f" {c.micro_batch_size}, drop_last\n"
+        f"trainer = L.Trainer(\n{kwargs})\n"
+    )
+
+
+__all__ = ["WRITTEN_AGAINST", "optimizers", "snippet", "trainer_kwargs"]

@@ -1,0 +1,123 @@
+"""A measured recipe moved to another number of GPUs, saying whether it is still the measured one.
+
+Searches often run on fewer GPUs than training does. What carries over is the *effective*
+batch: the LR, the weight decay and the warmup were derived from it (and measured with it).
+So, in order of preference:
+
+1. same micro batch, fewer (or more) accumulation steps, same effective batch — the optimizer
+   sees exactly the measured recipe; only the hardware differs;
+2. the largest smaller micro batch with the same effective batch, when accumulation alone
+   cannot absorb the new world size (the micro batch falls, so memory does too) — the same
+   optimizer recipe, at a per-GPU throughput that was not measured;
+3. otherwise the nearest effective batch the world size allows, with the LR, weight decay and
+   warmup re-derived by the space's rules — **not measured**, and marked so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raybatch.errors import ExportError, Issue, RaybatchError
+from raybatch.space.config import TrialConfig
+
+if TYPE_CHECKING:
+    from raybatch.space.search_space import SearchSpace
+
+
+@dataclass(frozen=True)
+class Retargeted:
+    """The recipe on the new world size.
+
+    Attributes:
+        config: The recipe to train with.
+        measured: Whether the optimizer sees the measured recipe (same effective batch, LR,
+            weight decay and warmup); ``False`` when they were re-derived by the rules.
+        note: One sentence for a person: what changed and why.
+    """
+
+    config: TrialConfig
+    measured: bool
+    note: str
+
+
+def _same_effective(config: TrialConfig, micro: int, accumulation: int, world: int) -> TrialConfig:
+    from dataclasses import replace
+
+    return replace(
+        config, micro_batch_size=micro, accumulation_steps=accumulation, world_size=world
+    )
+
+
+def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = None) -> Retargeted:
+    """``config`` on ``world_size`` GPUs (see the module's order of preference).
+
+    Args:
+        config: The measured recipe.
+        world_size: GPUs (data-parallel workers) to train on.
+        space: The space the recipe came from, to re-derive LR, weight decay and warmup when
+            the effective batch must change (and to respect its limits).
+
+    Raises:
+        ExportError: ``world_size`` is not a positive integer, or the effective batch must
+            change and no space is known to re-derive the recipe from.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ExportError([Issue("--world-size", f"must be an integer >= 1, got {world_size!r}")])
+    m, w, effective = config.micro_batch_size, config.world_size, config.effective_batch_size
+    was = f"{m} x {config.accumulation_steps} x {w} GPU(s)"
+    if world_size == w:
+        return Retargeted(config, True, f"already on {w} GPU(s): the measured recipe")
+    limit = space.limits.max_accumulation_steps if space is not None else None
+    for micro in range(m, 0, -1):  # the largest micro batch that keeps the effective batch
+        if effective % (micro * world_size):
+            continue
+        accumulation = effective // (micro * world_size)
+        if limit is not None and accumulation > limit:
+            break  # smaller micro batches need even more accumulation
+        moved = _same_effective(config, micro, accumulation, world_size)
+        if micro == m:
+            note = (
+                f"measured as {was}; on {world_size} GPU(s): micro batch {m} x {accumulation}"
+                f" accumulation keeps the effective batch {effective}, so LR, weight decay and"
+                " warmup are the measured ones (the hardware is not)"
+            )
+        else:
+            note = (
+                f"measured as {was}; on {world_size} GPU(s) the micro batch falls to {micro}"
+                f" (x {accumulation} accumulation) to keep the effective batch {effective}: LR,"
+                " weight decay and warmup are the measured ones; the per-GPU throughput of"
+                " the smaller micro batch was not measured"
+            )
+        return Retargeted(moved, True, note)
+    if space is None:
+        raise ExportError(
+            [
+                Issue(
+                    "--world-size",
+                    f"the effective batch {effective} cannot be split over {world_size} GPUs"
+                    f" with micro batch {m}; re-deriving the recipe needs its space (not found)",
+                )
+            ]
+        )
+    accumulation = max(1, round(effective / (m * world_size)))
+    try:
+        derived = space.derive(
+            m, accumulation, world_size, config.lr_multiplier, config.weight_decay_multiplier
+        )
+    except RaybatchError as exc:
+        raise ExportError(
+            [Issue("--world-size", f"the nearest recipe on {world_size} GPUs is refused: {exc}")]
+        ) from None
+    return Retargeted(
+        derived,
+        False,
+        f"NOT MEASURED: the effective batch {effective} ({was}) cannot be kept on"
+        f" {world_size} GPU(s) with micro batch {m}; nearest: {m} x {accumulation} x"
+        f" {world_size} = {derived.effective_batch_size}, LR {derived.lr:.6g} and weight decay"
+        f" {derived.weight_decay:.6g} re-derived by the space's rules ({derived.lr_rule.value},"
+        f" {derived.weight_decay_rule.value}); search on {world_size} GPUs to measure it",
+    )
+
+
+__all__ = ["Retargeted", "retarget"]
