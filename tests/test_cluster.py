@@ -72,6 +72,57 @@ DEVICES = textwrap.dedent(
 )
 
 
+PACKED = textwrap.dedent(
+    """
+    import json, sys
+    import ray, torch
+    from ray import tune
+    import raybatch
+    from raybatch.examples.digits import DigitsWorkload
+    from raybatch.memory import MemoryEstimator
+    from raybatch.run.searcher import RaybatchSearcher
+    from raybatch.trial.placement import assigned_gpu_share
+
+    ray.init(address=sys.argv[1], log_to_driver=False)
+
+    class PackedOOM(DigitsWorkload):
+        \"\"\"Runs out of memory whenever it shares its GPU: a neighbour's growth, emulated
+        (there is no CUDA behind the declared GPUs; Ray's packing and the retry are real).\"\"\"
+
+        def build_model(self):
+            share = assigned_gpu_share()
+            if share is not None and share < 1:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (a neighbour grew)")
+            return super().build_model()
+
+    workload, space = PackedOOM(), raybatch.load_space("digits_cnn_sgd")
+    budget = 4 * 2**30
+    estimator = MemoryEstimator.for_space(workload, space)
+    searcher = RaybatchSearcher(
+        space, storage_url=f"sqlite:///{sys.argv[2]}/optuna.db", study_name="packed",
+        penalty=60.0, estimator=estimator, budget_bytes=budget, data_parallel_gpus=True,
+        pack_gpus=True,
+        points_to_evaluate=[{"micro_batch_size": 64, "accumulation_steps": 1,
+                             "lr_multiplier": 1.0}],
+    )
+    fn = raybatch.trainable(workload, space, target=0.5, max_time_s=5, device="cpu",
+                            gpu_budget_bytes=budget)
+    tuner = tune.Tuner(
+        raybatch.with_resources(fn, workload, space, "auto", 0.5, budget, estimator=estimator),
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2, max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=sys.argv[2], name="packed", verbose=0),
+    )
+    rows = [dict(r.metrics, config=r.config) for r in tuner.fit()]
+    trials = searcher.study.trials
+    print("OUT " + json.dumps({
+        "rows": [{k: r.get(k) for k in ("status", "gpu_share", "reason")}
+                 | {"alone": r["config"].get("alone", False)} for r in rows],
+        "optuna": [(t.state.name, t.constraints) for t in trials],
+    }))
+    """
+)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = tmp_path_factory.mktemp("cluster") / "cluster.py"
@@ -184,3 +235,25 @@ def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_r
     study = SearchStudy(f"sqlite:///{run / OPTUNA_DB}", STUDY_NAME)
     reasons = {p.params.get("world_size"): p.reason for p in study.prescreened()}
     assert reasons.get(8) == "needs 8 GPUs, the cluster has 4", reasons
+
+
+def test_a_trial_that_runs_out_of_memory_while_packed_is_retried_alone_once(
+    cluster: str, tmp_path: Path
+) -> None:
+    """Through Ray Tune, the searcher and the resource request on the emulated cluster: the
+    first trial is packed (1/8 of a GPU), runs out of memory, and is not taught infeasible;
+    the same Optuna trial runs again holding a whole GPU, and there it trains."""
+    script = tmp_path / "packed.py"
+    script.write_text(PACKED)
+    proc = subprocess.run(
+        [sys.executable, str(script), cluster, str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("OUT "))[4:])
+    packed, alone = sorted(out["rows"], key=lambda r: r["alone"])
+    assert packed["status"] == "infeasible_memory" and packed["gpu_share"] < 1, packed
+    assert alone["alone"] and alone["gpu_share"] == 1.0
+    assert alone["status"] in ("reached", "censored"), alone["reason"]
+    [(state, constraints)] = out["optuna"]  # one Optuna trial for both runs
+    assert state == "COMPLETE" and constraints == {"memory": 0.0}

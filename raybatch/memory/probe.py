@@ -82,10 +82,19 @@ class ProbeResult:
     error: str | None = None
 
     def as_prescreen(self, budget_bytes: int | None, prefix: str = "") -> PrescreenResult:
-        """The probe's verdict in the pre-screen's terms."""
+        """The probe's verdict in the pre-screen's terms.
+
+        Its ``predicted_bytes`` is the *reserved* peak — what the caching allocator held, and
+        what an out-of-memory error is about — named so in the reason, beside the allocated
+        peak (the quantity the trace predicts, and trials report as ``peak_memory_bytes``).
+        """
         measured = self.max_reserved_bytes
         if self.fits:
-            where = f" using {format_bytes(measured)}" if measured is not None else ""
+            where = ""
+            if measured is not None:
+                where = f" reserving {format_bytes(measured)}"
+                if self.max_allocated_bytes is not None:
+                    where += f" (allocated {format_bytes(self.max_allocated_bytes)})"
             reason = (
                 f"{prefix}real step at micro batch {self.micro_batch_size} on {self.device}"
                 f" ran{where}"

@@ -102,14 +102,11 @@ class DeviceFigures:
 
         if self.monitor is None:
             return {}
-        from raybatch.trial.placement import assigned_gpu_share
-
         return {
             keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(self.device)),
             keys.PEAK_RESERVED_BYTES: int(torch.cuda.max_memory_reserved(self.device)),
             keys.GPU_UTILIZATION: self.monitor.mean(),
             keys.GPU_UTILIZATION_SCOPE: self.monitor.scope,
-            keys.GPU_SHARE: assigned_gpu_share(),
         }
 
     def close(self) -> None:

@@ -36,7 +36,12 @@ from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
-from raybatch.trial.placement import limit_packed_memory, placement_problem, trial_device
+from raybatch.trial.placement import (
+    assigned_gpu_share,
+    limit_packed_memory,
+    placement_problem,
+    trial_device,
+)
 from raybatch.trial.reporting import ReportFn, TrialReporter
 from raybatch.trial.status import TrialStatus
 from raybatch.workload import Workload
@@ -172,6 +177,9 @@ def run_trial(
         reporter.fail(exc, during)
         return reporter
     _set_threads_to_assigned_cpus()
+    share = assigned_gpu_share()
+    if share:  # the searcher retries a trial that ran out of memory while sharing its GPU
+        reporter.note(keys.GPU_SHARE, share)
     try:
         limit_packed_memory(device, settings.gpu_budget_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
