@@ -328,7 +328,7 @@ def export_command(
     """Print (or write) the winning recipe with its provenance, or in a trainer's format."""
     from pathlib import Path
 
-    from raybatch.export import load_best
+    from raybatch.export import AMP_NOT_RECORDED, load_best
     from raybatch.run.rundir import RUN_FILE, read_run
 
     note = None
@@ -340,6 +340,8 @@ def export_command(
             best = best.retarget(world_size, space)
             note = best.provenance.get("retargeted", {}).get("note")
         text = best.render(fmt)
+        if fmt in ("hf-json", "deepspeed") and not best.amp_recorded:  # JSON has no comments
+            note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED
     if note:
         typer.echo(f"raybatch: note: {note}", err=True)
     if output:

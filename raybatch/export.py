@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from raybatch.errors import Issue, OptionError, PresetNotFoundError, RunDirError
+from raybatch.errors import Issue, OptionError, PresetNotFoundError, RaybatchError, RunDirError
 from raybatch.space.config import TrialConfig, warmup_factor
 from raybatch.workload import build_optimizer
 
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 
     from raybatch.space.search_space import SearchSpace
 
+AMP_NOT_RECORDED = (
+    "this run did not record the workload's autocast: mixed precision is left off here;"
+    " set bf16/fp16 if you train with autocast"
+)
 BEST_YAML = "best_config.yaml"
 BEST_JSON = "best_config.json"
 FORMATS = (
@@ -55,6 +59,11 @@ class BestConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "provenance": self.provenance}
+
+    @property
+    def amp_recorded(self) -> bool:
+        """Whether the run recorded the workload's autocast (runs before it did, did not)."""
+        return "amp_dtype" in self.provenance
 
     @property
     def amp_dtype(self) -> str | None:
@@ -159,9 +168,20 @@ class BestConfig:
         if not name:
             return None
         try:
-            return load_space(str(name))
+            space = load_space(str(name))
         except PresetNotFoundError:
             return None
+        # A custom space may share a preset's name: the preset is the space only if it derives
+        # exactly the measured recipe.
+        c = self.config
+        try:
+            again = space.derive(
+                c.micro_batch_size, c.accumulation_steps, c.world_size, c.lr_multiplier,
+                c.weight_decay_multiplier,
+            )  # fmt: skip
+        except RaybatchError:
+            return None
+        return space if again == c else None
 
     def render(self, fmt: str) -> str:
         """``yaml`` / ``json`` (recipe and provenance), ``env`` or ``args`` (recipe only), or a
@@ -187,7 +207,10 @@ class BestConfig:
             "accelerate": lambda: launch.accelerate(self.config, self.amp_dtype),
         }
         if fmt in renderers:
-            return renderers[fmt]()
+            text = renderers[fmt]()
+            if fmt in ("hf", "lightning", "accelerate") and not self.amp_recorded:
+                text = f"# {AMP_NOT_RECORDED}\n{text}"
+            return text
         raise OptionError([Issue("--format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")])
 
 

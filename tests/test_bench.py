@@ -263,7 +263,7 @@ def test_real_training_ratios_carry_an_interval_and_say_when_it_is_noise() -> No
 def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_path: Path) -> None:
     module = _load("real_training")
     case = [c for c in module.CASES if c[0] == "digits_cnn"]
-    data = module.main(cases=case, searches=1, trials=2, reruns=1, sweep_runs=1, max_time_s=10.0,
+    data = module.main(cases=case, searches=1, trials=2, reruns=1, sweep_runs=1, max_time_s=3.0,
                        out=tmp_path / "r.json", confirm_seeds=1)  # fmt: skip
     w = data["workloads"]["digits_cnn"]
     assert list(w["recipes"]) == ["raybatch_seed0", "max_batch", "max_batch_tuned", "reference"]

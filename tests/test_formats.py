@@ -224,3 +224,28 @@ def test_export_cli_retargets_and_prints_launch_lines(tmp_path: Path) -> None:
     assert "--mixed_precision bf16 train.py" in accelerate.stdout
     bad = run_cli("export", str(tmp_path), "--format", "keras")
     assert bad.returncode == 2 and "--format: must be one of" in bad.stderr
+
+
+def test_a_run_that_did_not_record_its_autocast_says_so_instead_of_guessing(
+    tmp_path: Path,
+) -> None:
+    old = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name})  # before amp_dtype was kept
+    assert not old.amp_recorded and old.hf_training_args_kwargs()["bf16"] is False
+    for fmt in ("hf", "lightning", "accelerate"):
+        assert old.render(fmt).startswith("# this run did not record the workload's autocast")
+    assert not _best(ADAMW, 16, 4).render("hf").startswith("# this run did not record")
+    (tmp_path / "best_config.yaml").write_text(old.render("yaml"))
+    proc = run_cli("export", str(tmp_path), "--format", "deepspeed")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["train_batch_size"] == 64  # still plain JSON
+    assert "did not record the workload's autocast" in proc.stderr
+
+
+def test_a_custom_space_named_like_a_preset_is_not_mistaken_for_it() -> None:
+    data = ADAMW.model_dump()
+    data["reference"]["lr"] = 0.01  # the user's own space, under the preset's name
+    custom = SearchSpace.from_dict(data)
+    best = BestConfig(custom.derive(64, 3), {"space": custom.name})
+    with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
+        best.retarget(5)
+    assert best.retarget(5, custom).config == custom.derive(64, 1, 5)

@@ -97,8 +97,17 @@ def training_args_kwargs(c: TrialConfig, amp: str | None) -> dict[str, Any]:
 
 
 def training_args(c: TrialConfig, amp: str | None, **overrides: Any) -> Any:
-    """A real ``transformers.TrainingArguments`` (``output_dir`` defaults to ``"out"``)."""
-    from transformers import TrainingArguments
+    """A real ``transformers.TrainingArguments`` (``output_dir`` defaults to ``"out"``).
+
+    Raises:
+        ExportError: transformers is not installed (raybatch does not depend on it).
+    """
+    try:
+        from transformers import TrainingArguments
+    except ImportError:
+        raise ExportError(
+            [Issue("transformers", "not installed: pip install transformers")]
+        ) from None
 
     return TrainingArguments(**{"output_dir": "out", **training_args_kwargs(c, amp), **overrides})
 
