@@ -200,7 +200,9 @@ def test_a_world_size_that_cannot_keep_the_batch_is_re_derived_and_marked_not_me
     measured = ADAMW.derive(64, 3)  # effective 192: 5 GPUs cannot split it
     moved = retarget(measured, 5, ADAMW)
     assert not moved.measured and moved.note.startswith("NOT MEASURED")
-    assert moved.config == ADAMW.derive(64, 1, 5)  # the rules' LR and weight decay at 320
+    # The nearest: 38 x 1 x 5 = 190 (64 x 1 x 5 = 320 is further); the rules' LR and weight
+    # decay at 190.
+    assert moved.config == ADAMW.derive(38, 1, 5)
     assert moved.config.lr != measured.lr
     with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
         retarget(measured, 5)
@@ -248,4 +250,4 @@ def test_a_custom_space_named_like_a_preset_is_not_mistaken_for_it() -> None:
     best = BestConfig(custom.derive(64, 3), {"space": custom.name})
     with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
         best.retarget(5)
-    assert best.retarget(5, custom).config == custom.derive(64, 1, 5)
+    assert best.retarget(5, custom).config == custom.derive(38, 1, 5)

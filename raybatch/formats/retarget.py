@@ -9,8 +9,9 @@ So, in order of preference:
 2. the largest smaller micro batch with the same effective batch, when accumulation alone
    cannot absorb the new world size (the micro batch falls, so memory does too) — the same
    optimizer recipe, at a per-GPU throughput that was not measured;
-3. otherwise the nearest effective batch the world size allows, with the LR, weight decay and
-   warmup re-derived by the space's rules — **not measured**, and marked so.
+3. otherwise the nearest effective batch the world size allows (micro batch no larger than
+   measured), with the LR, weight decay and warmup re-derived by the space's rules — **not
+   measured**, and marked so.
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ def _same_effective(config: TrialConfig, micro: int, accumulation: int, world: i
     return replace(
         config, micro_batch_size=micro, accumulation_steps=accumulation, world_size=world
     )
+
+
+def _nearest(effective: int, micro: int, world_size: int, limit: int | None) -> tuple[int, int]:
+    """``(micro, accumulation)`` on ``world_size`` GPUs whose effective batch is nearest the
+    measured one, the micro batch no larger than measured (it is known to fit), the largest
+    such micro batch on ties."""
+    best: tuple[int, int, int] | None = None  # (distance, -micro, accumulation)
+    for m in range(micro, 0, -1):
+        accumulation = max(1, round(effective / (m * world_size)))
+        if limit is not None:
+            accumulation = min(accumulation, limit)
+        candidate = (abs(m * accumulation * world_size - effective), -m, accumulation)
+        best = candidate if best is None else min(best, candidate)
+    assert best is not None
+    return -best[1], best[2]
 
 
 def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = None) -> Retargeted:
@@ -100,10 +116,10 @@ def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = N
                 )
             ]
         )
-    accumulation = max(1, round(effective / (m * world_size)))
+    micro, accumulation = _nearest(effective, m, world_size, limit)
     try:
         derived = space.derive(
-            m, accumulation, world_size, config.lr_multiplier, config.weight_decay_multiplier
+            micro, accumulation, world_size, config.lr_multiplier, config.weight_decay_multiplier
         )
     except RaybatchError as exc:
         raise ExportError(
@@ -113,7 +129,7 @@ def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = N
         derived,
         False,
         f"NOT MEASURED: the effective batch {effective} ({was}) cannot be kept on"
-        f" {world_size} GPU(s) with micro batch {m}; nearest: {m} x {accumulation} x"
+        f" {world_size} GPU(s) with micro batch {m}; nearest: {micro} x {accumulation} x"
         f" {world_size} = {derived.effective_batch_size}, LR {derived.lr:.6g} and weight decay"
         f" {derived.weight_decay:.6g} re-derived by the space's rules ({derived.lr_rule.value},"
         f" {derived.weight_decay_rule.value}); search on {world_size} GPUs to measure it",
