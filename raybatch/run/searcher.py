@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.search import Searcher
 
 from raybatch import keys
+from raybatch.errors import TraceError
 from raybatch.memory import MemoryEstimator, PrescreenResult
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
@@ -124,6 +125,7 @@ class RaybatchSearcher(Searcher):
         self.data_parallel_gpus = data_parallel_gpus
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
+        self._retried: set[int] = set()
 
     @property
     def study(self) -> optuna.Study:
@@ -252,9 +254,10 @@ class RaybatchSearcher(Searcher):
         oom = status is TrialStatus.INFEASIBLE_MEMORY
         config = self.record.config_of(number)
         self._calibrate(config, result or {})
-        if oom and self._packed(config, result or {}):
+        if oom and self._packed(config, result or {}) and number not in self._retried:
             self._completed.add(trial_id)
             self._retry_alone.append(number)
+            self._retried.add(number)  # once: a second OOM is the recipe's
             return
         time_to_target = (result or {}).get(keys.TIME_TO_TARGET_S)
         told = self.record.finish(
@@ -282,7 +285,7 @@ class RaybatchSearcher(Searcher):
         recipe = self.space.derive_from(config)
         try:
             self.estimator.observe(recipe, int(measured))
-        except Exception:
+        except TraceError:  # an untraceable workload has no model to calibrate
             return
 
     # ------------------------------------------------------------------ checkpoint
@@ -296,6 +299,7 @@ class RaybatchSearcher(Searcher):
                     "prescreened": self.prescreened,
                     "out_of_memory": self.out_of_memory,
                     "retry_alone": self._retry_alone,
+                    "retried": self._retried,
                 },
                 f,
             )
@@ -308,4 +312,5 @@ class RaybatchSearcher(Searcher):
         self.prescreened = state["prescreened"]
         self.out_of_memory = state.get("out_of_memory", [])
         self._retry_alone = state.get("retry_alone", [])
+        self._retried = state.get("retried", set())
         self._pending_points = []
