@@ -209,7 +209,8 @@ class FailFast(Callback, Stopper):
                 f" error and none got further: {first.cause}",
                 f"first failure: trial {first.trial} ({knobs})",
                 f"full tracebacks: {self.log_path}",
-                "fix the workload and start the search again",
+                "fix the cause (the workload, or the environment of the workers) and start the"
+                " search again",
             ]
         )
 
