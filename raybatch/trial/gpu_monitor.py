@@ -22,16 +22,32 @@ from raybatch.memory.budget import nvml, physical_handle
 
 
 class UtilizationMonitor:
-    """Samples ``nvmlDeviceGetUtilizationRates`` every ``interval_s`` until stopped."""
+    """Samples the GPU's utilisation every ``interval_s`` until stopped: the device-wide rate
+    (``nvmlDeviceGetUtilizationRates``) and this process's own SM rate
+    (``nvmlDeviceGetProcessUtilization``), side by side.
+
+    The process's figure is used (:attr:`scope` ``"process"``) once NVML has named this
+    process in a sample; until then, and wherever it never does — per-process figures not
+    supported (MIG, older drivers), or a container whose PIDs are not the host's — the
+    device-wide figure is (``"device"``), which counts packed neighbours too.
+    """
 
     def __init__(self, cuda_index: int = 0, interval_s: float = 0.1) -> None:
         self.cuda_index = cuda_index
         self.interval_s = interval_s
-        self._samples: list[float] = []
+        self._device: list[float] = []
+        self._process: list[float] = []
+        self._seen = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pynvml: Any = None
-        self.scope: str | None = None
+
+    @property
+    def scope(self) -> str | None:
+        """``"process"``, ``"device"``, or ``None`` before any sample."""
+        if self._seen:
+            return "process"
+        return "device" if self._device else None
 
     def start(self) -> UtilizationMonitor:
         self._pynvml = nvml()
@@ -46,37 +62,37 @@ class UtilizationMonitor:
         return self
 
     def _own_process(self, handle: Any, since_us: int) -> float | None:
-        """This process's SM utilisation since ``since_us`` (NVML's clock), or ``None``."""
+        """This process's SM utilisation since ``since_us`` (NVML's clock): 0.0 when NVML
+        has samples of other processes only, or none at all; ``None`` when it cannot say."""
+        pynvml = self._pynvml
         try:
-            samples = self._pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
-        except self._pynvml.NVMLError:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except getattr(pynvml, "NVMLError_NotFound", ()):  # no sample in the interval
+            return 0.0
+        except pynvml.NVMLError:
             return None
         own = [float(x.smUtil) for x in samples if x.pid == os.getpid()]
-        return max(own) if own else None
+        if own:
+            self._seen = True
+        return max(own, default=0.0)
 
     def _run(self, handle: Any) -> None:
         since_us = int(time.time() * 1e6)
         while not self._stop.wait(self.interval_s):
-            if self.scope in (None, "process"):
-                value = self._own_process(handle, since_us)
-                since_us = int(time.time() * 1e6)
-                if value is not None:
-                    self.scope = "process"
-                    self._samples.append(value)
-                    continue
-                if self.scope == "process":  # no sample in this interval: the process idled
-                    self._samples.append(0.0)
-                    continue
+            own = self._own_process(handle, since_us)
+            since_us = int(time.time() * 1e6)
+            if own is not None:
+                self._process.append(own)
             try:
                 rates = self._pynvml.nvmlDeviceGetUtilizationRates(handle)
             except self._pynvml.NVMLError:
                 return
-            self.scope = "device"
-            self._samples.append(float(rates.gpu))
+            self._device.append(float(rates.gpu))
 
     def mean(self) -> float | None:
-        """Mean utilisation in percent so far, or ``None`` when nothing could be sampled."""
-        samples = list(self._samples)
+        """Mean utilisation in percent so far (in :attr:`scope`), or ``None`` when nothing
+        could be sampled."""
+        samples = list(self._process if self._seen else self._device)
         return sum(samples) / len(samples) if samples else None
 
     def stop(self) -> None:
