@@ -61,6 +61,12 @@ class BestConfig:
         return {"config": self.config.to_dict(), "provenance": self.provenance}
 
     @property
+    def grad_clip_norm(self) -> float | None:
+        """The gradient clipping the recipe was measured with (``None``: unclipped)."""
+        value = self.provenance.get("grad_clip_norm")
+        return float(value) if value is not None else None
+
+    @property
     def amp_recorded(self) -> bool:
         """Whether the run recorded the workload's autocast (runs before it did, did not)."""
         return "amp_dtype" in self.provenance
@@ -114,7 +120,7 @@ class BestConfig:
         """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`)."""
         from raybatch.formats import lightning
 
-        return lightning.trainer_kwargs(self.config, self.amp_dtype)
+        return lightning.trainer_kwargs(self.config, self.amp_dtype, self.grad_clip_norm)
 
     def lightning_optimizers(self, params: Iterable[Any]) -> dict[str, Any]:
         """What ``LightningModule.configure_optimizers`` should return for the recipe."""
@@ -201,7 +207,9 @@ class BestConfig:
         renderers = {
             "hf": lambda: hf.snippet(self.config, self.amp_dtype),
             "hf-json": lambda: json.dumps(self.hf_training_args_kwargs(), indent=2) + "\n",
-            "lightning": lambda: lightning.snippet(self.config, self.amp_dtype),
+            "lightning": lambda: lightning.snippet(
+                self.config, self.amp_dtype, self.grad_clip_norm
+            ),
             "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype),
             "torchrun": lambda: launch.torchrun(self.config),
             "accelerate": lambda: launch.accelerate(self.config, self.amp_dtype),

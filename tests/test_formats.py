@@ -114,7 +114,10 @@ def test_lightning_trainer_runs_the_recipe_with_the_exported_optimizers() -> Non
         "accumulate_grad_batches": 2,
         "devices": 1,
         "precision": "bf16-mixed",
+        "gradient_clip_val": None,  # a search's loop does not clip
     }
+    clipped = BestConfig(best.config, {**best.provenance, "grad_clip_norm": 1.0})
+    assert clipped.lightning_trainer_kwargs()["gradient_clip_val"] == 1.0
 
     class Module(L.LightningModule):
         def __init__(self) -> None:

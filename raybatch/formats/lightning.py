@@ -9,10 +9,11 @@ what ``configure_optimizers`` returns.
 | optimizer, LR, weight decay | ``configure_optimizers``: raybatch's own optimizer |
 | warmup, then constant | a ``LambdaLR`` stepped per optimizer step (``interval="step"``) |
 | micro batch | the ``DataLoader``'s ``batch_size`` (``best.dataloader_kwargs()``) |
+| gradient clipping of the measured loop | ``Trainer(gradient_clip_val=...)`` |
 
-Gradient clipping is a loop option, not part of the searched recipe: ``gradient_clip_val`` is
-left to the user. Lightning steps a ``"step"``-interval scheduler once per optimizer step,
-after accumulation, as raybatch's loop does.
+``gradient_clip_val`` is the clipping the recipe was measured with (``None``: a search trains
+with raybatch's default loop, unclipped). Lightning steps a ``"step"``-interval scheduler once
+per optimizer step, after accumulation, as raybatch's loop does.
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ WRITTEN_AGAINST = "lightning 2.6"
 _PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", None: "32-true"}
 
 
-def trainer_kwargs(c: TrialConfig, amp: str | None) -> dict[str, Any]:
-    """Keyword arguments for ``lightning.Trainer``."""
+def trainer_kwargs(
+    c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for ``lightning.Trainer`` (``gradient_clip_val``: the clipping the
+    recipe was measured with; ``None``, no clipping, for a search's default loop)."""
     return {
         "accumulate_grad_batches": c.accumulation_steps,
         "devices": c.world_size,
         "precision": _PRECISION[amp],
+        "gradient_clip_val": grad_clip_norm,
     }
 
 
@@ -53,9 +58,9 @@ def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def snippet(c: TrialConfig, amp: str | None) -> str:
+def snippet(c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None) -> str:
     """A complete Python snippet: the ``Trainer`` and ``configure_optimizers``."""
-    kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer_kwargs(c, amp).items())
+    kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer_kwargs(c, amp, grad_clip_norm).items())
     return (
         f"# raybatch winner for Lightning ({WRITTEN_AGAINST}).\n"
         "import lightning as L\n"

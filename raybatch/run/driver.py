@@ -320,7 +320,9 @@ def _execute(
         path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
     )
     rows += confirm_rows
-    measured_on = {"device": plan.hardware, "amp_dtype": workload.amp_dtype}
+    # What the rows cannot say: the hardware, the workload's autocast, and the loop's gradient
+    # clipping (a search trains with raybatch's default loop: none), which exports carry.
+    measured_on = {"device": plan.hardware, "amp_dtype": workload.amp_dtype, "grad_clip_norm": None}
     best = choose_winner(space, target, rows, options, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
@@ -384,7 +386,8 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     measured_on: dict[str, Any] | None = None
     if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
         stored = load_best(path).provenance
-        measured_on = {k: stored[k] for k in ("device", "amp_dtype") if k in stored}
+        kept = ("device", "amp_dtype", "grad_clip_norm")
+        measured_on = {k: stored[k] for k in kept if k in stored}
     return choose_winner(space, target, stored_rows(path), options, measured_on)
 
 
