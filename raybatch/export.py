@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from raybatch.errors import Issue, OptionError, PresetNotFoundError, RaybatchError, RunDirError
-from raybatch.space.config import TrialConfig, warmup_factor
+from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.workload import build_optimizer
 
 if TYPE_CHECKING:
@@ -89,10 +89,10 @@ class BestConfig:
 
         Step it once per *optimizer* step (after each accumulation window), not per batch.
         """
-        import torch
-
-        steps = self.config.warmup_steps
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_factor(s, steps))
+        scheduler: torch.optim.lr_scheduler.LambdaLR = warmup_scheduler(
+            optimizer, self.config.warmup_steps
+        )
+        return scheduler
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader`` arguments: the per-device micro batch, and ``drop_last`` (seed 004)."""

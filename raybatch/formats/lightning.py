@@ -44,14 +44,11 @@ def trainer_kwargs(
 def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
     """What ``LightningModule.configure_optimizers`` should return for the recipe: its
     optimizer, and its warmup stepped once per optimizer step."""
-    import torch
-
-    from raybatch.space.config import warmup_factor
+    from raybatch.space.config import warmup_scheduler
     from raybatch.workload import build_optimizer
 
     optimizer = build_optimizer(params, c)
-    steps = c.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_factor(s, steps))
+    scheduler = warmup_scheduler(optimizer, c.warmup_steps)
     return {
         "optimizer": optimizer,
         "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},

@@ -32,6 +32,14 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, (step + 1) / warmup_steps)
 
 
+def warmup_scheduler(optimizer: Any, warmup_steps: int) -> Any:
+    """The recipe's schedule as a ``LambdaLR`` (:func:`warmup_factor`), stepped once per
+    optimizer step: what raybatch's loop trains with and every export hands the user."""
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_factor(s, warmup_steps))
+
+
 @dataclass(frozen=True)
 class TrialConfig:
     """One concrete training recipe, derived from raw knobs by a space's rules.

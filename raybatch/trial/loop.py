@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch.memory import autocast_context
 from raybatch.metric import metric_values, target_value
-from raybatch.space.config import TrialConfig, warmup_factor
+from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.trial.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.trial.reporting import TrialReporter
 from raybatch.workload import Workload
@@ -144,9 +144,7 @@ def _build(
 
         ids = [device.index] if device.type == "cuda" else None
         trained = DistributedDataParallel(model, device_ids=ids)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_factor(step, config.warmup_steps)
-    )
+    scheduler = warmup_scheduler(optimizer, config.warmup_steps)
     ema = None
     if options.ema_decay is not None:
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
