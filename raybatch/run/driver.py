@@ -150,9 +150,7 @@ def _plan(
 
     view = read_cluster()
     notes: list[str] = list(view.warnings())
-    gpus = options.gpus_per_trial
-    if gpus is None:
-        gpus = "auto" if view.gpus > 0 else 0
+    gpus = view.gpus_per_trial(options.gpus_per_trial)
     cuda = gpus not in (0, 0.0)
     if cuda and view.gpus == 0:
         raise OptionError(

@@ -26,7 +26,7 @@ from raybatch.memory.budget import (
     parse_size,
     read_all_devices,
 )
-from raybatch.trial.placement import placeable_workers
+from raybatch.trial.placement import whole_units
 
 NVML_TIMEOUT_S = 30.0
 """How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""
@@ -73,8 +73,14 @@ class ClusterView:
 
     def placeable(self, use_gpu: bool) -> int:
         """Workers of one GPU (or one CPU) the cluster can hold at once."""
-        records = [{"Alive": True, "Resources": {"GPU": n.gpus, "CPU": n.cpus}} for n in self.nodes]
-        return placeable_workers(records, use_gpu)
+        return whole_units(n.gpus if use_gpu else n.cpus for n in self.nodes)
+
+    def gpus_per_trial(self, requested: str | float | None) -> str | float:
+        """What each trial asks for: the user's request, else ``auto`` on a cluster with
+        GPUs, else 0 (CPU trials)."""
+        if requested is not None:
+            return requested
+        return "auto" if self.gpus > 0 else 0
 
     def smallest_gpu(self) -> tuple[NodeView, DeviceMemory] | None:
         """The GPU with the least free memory among those NVML answered for."""

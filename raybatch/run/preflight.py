@@ -15,6 +15,7 @@ from typing import Any
 from raybatch.memory.budget import MemoryBudget
 from raybatch.run.hardware import ClusterView
 from raybatch.space.search_space import SearchSpace
+from raybatch.trial.placement import unplaceable_reason
 from raybatch.trial.resources import gpu_fraction
 from raybatch.workload import Workload
 
@@ -51,7 +52,7 @@ def preflight(
     """The search's start-up decisions on ``view``, and per recipe of ``space`` (if given):
     its predicted peak, trials per GPU, and whether its world size can be placed."""
     warnings = list(view.warnings())
-    gpus = gpus_per_trial if gpus_per_trial is not None else ("auto" if view.gpus > 0 else 0)
+    gpus = view.gpus_per_trial(gpus_per_trial)
     cuda = gpus not in (0, 0.0)
     if cuda and view.gpus == 0:
         warnings.append(f"--gpus-per-trial {gpus} asks for GPUs, but no node has one")
@@ -89,10 +90,7 @@ def _recipes(
                 predicted = estimator.predict(recipe)
             except TraceError:
                 predicted = None
-        placement = None
-        if recipe.world_size > 1 and recipe.world_size > room:
-            kind = "GPUs" if use_gpu else "CPUs"
-            placement = f"needs {recipe.world_size} {kind}, the cluster has {room}"
+        placement = unplaceable_reason(recipe.world_size, use_gpu, room)
         per_gpu: int | None = None
         if use_gpu and recipe.world_size == 1:
             if gpus == "auto" and predicted is not None and budget is not None:

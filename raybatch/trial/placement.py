@@ -19,6 +19,7 @@ Three rules, each a defect when broken on a real cluster:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from raybatch.errors import TrialDeviceError
@@ -125,6 +126,11 @@ def limit_packed_memory(device: Any, budget_bytes: int | None) -> float | None:
     return fraction
 
 
+def whole_units(amounts: Iterable[float]) -> int:
+    """How many one-unit workers the per-node ``amounts`` hold: a worker never spans nodes."""
+    return sum(math.floor(float(a) + 1e-9) for a in amounts)
+
+
 def placeable_workers(nodes: list[dict[str, Any]], use_gpu: bool) -> int:
     """How many one-GPU (or one-CPU) workers the alive ``nodes`` can hold at once.
 
@@ -132,11 +138,15 @@ def placeable_workers(nodes: list[dict[str, Any]], use_gpu: bool) -> int:
     the data-parallel trials do (:mod:`raybatch.trial.wrapper`).
     """
     kind = "GPU" if use_gpu else "CPU"
-    return sum(
-        math.floor(float(n.get("Resources", {}).get(kind, 0.0)) + 1e-9)
-        for n in nodes
-        if n.get("Alive", False)
-    )
+    return whole_units(n.get("Resources", {}).get(kind, 0.0) for n in nodes if n.get("Alive"))
+
+
+def unplaceable_reason(world_size: int, use_gpu: bool, room: int) -> str | None:
+    """Why ``world_size`` workers do not fit ``room`` placeable ones, or ``None``."""
+    if world_size <= 1 or world_size <= room:
+        return None
+    kind = "GPUs" if use_gpu else "CPUs"
+    return f"needs {world_size} {kind}, the cluster has {room}"
 
 
 def placement_problem(world_size: int, use_gpu: bool) -> str | None:
@@ -145,11 +155,7 @@ def placement_problem(world_size: int, use_gpu: bool) -> str | None:
 
     if world_size <= 1 or not ray.is_initialized():
         return None
-    room = placeable_workers(ray.nodes(), use_gpu)
-    if world_size <= room:
-        return None
-    kind = "GPUs" if use_gpu else "CPUs"
-    return f"needs {world_size} {kind}, the cluster has {room}"
+    return unplaceable_reason(world_size, use_gpu, placeable_workers(ray.nodes(), use_gpu))
 
 
 __all__ = [
@@ -161,4 +167,6 @@ __all__ = [
     "placeable_workers",
     "placement_problem",
     "trial_device",
+    "unplaceable_reason",
+    "whole_units",
 ]

@@ -320,17 +320,17 @@ def _failures(exc: BaseException) -> list[BaseException]:
     """``exc`` and what it wraps: a Ray Train worker group's per-rank failures, a controller's
     failure, Ray task errors' causes, and ``__cause__`` chains."""
     seen: list[BaseException] = []
-    todo = [exc]
-    while todo:
-        e = todo.pop()
+    unread = [exc]
+    while unread:
+        e = unread.pop()
         if any(e is s for s in seen):
             continue
         seen.append(e)
-        todo.extend(getattr(e, "worker_failures", {}).values())
+        unread.extend(getattr(e, "worker_failures", {}).values())
         for attr in ("controller_failure", "cause", "__cause__"):
             inner = getattr(e, attr, None)
             if isinstance(inner, BaseException):
-                todo.append(inner)
+                unread.append(inner)
     return seen
 
 
