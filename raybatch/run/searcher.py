@@ -252,9 +252,8 @@ class RaybatchSearcher(Searcher):
             return
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
-        config = self.record.config_of(number)
-        self._calibrate(config, result or {})
-        if oom and self._packed(config, result or {}) and number not in self._retried:
+        self._calibrate(number, result or {})
+        if oom and self._packed(result or {}) and number not in self._retried:
             self._completed.add(trial_id)
             self._retry_alone.append(number)
             self._retried.add(number)  # once: a second OOM is the recipe's
@@ -272,17 +271,16 @@ class RaybatchSearcher(Searcher):
             self.out_of_memory.append({**config, "tune_trial_id": trial_id})
 
     @staticmethod
-    def _packed(config: dict[str, Any], result: dict[str, Any]) -> bool:
-        """Whether the trial shared its GPU with others (and was not already a retry)."""
+    def _packed(result: dict[str, Any]) -> bool:
+        """Whether the trial shared its GPU with others."""
         share = result.get(keys.GPU_SHARE)
-        alone = bool(config.get(keys.ALONE, False))
-        return share is not None and 0 < float(share) < 1 and not alone
+        return share is not None and 0 < float(share) < 1
 
-    def _calibrate(self, config: dict[str, Any], result: dict[str, Any]) -> None:
+    def _calibrate(self, number: int, result: dict[str, Any]) -> None:
         measured = result.get(keys.PROBE_RESERVED_BYTES)
         if self.estimator is None or not measured:
             return
-        recipe = self.space.derive_from(config)
+        recipe = self.space.derive_from(self.record.config_of(number))
         try:
             self.estimator.observe(recipe, int(measured))
         except TraceError:  # an untraceable workload has no model to calibrate
