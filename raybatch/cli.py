@@ -335,6 +335,9 @@ def export_command(
     with _user_errors():
         best = load_best(run_dir)
         if world_size is not None:
+            if world_size < 1:
+                message = f"must be an integer >= 1, got {world_size}"
+                raise InputError([Issue("--world-size", message)], _CLI)
             in_run = (Path(run_dir) / RUN_FILE).is_file()  # a run knows its space
             space = read_run(run_dir)[2] if in_run else None
             best = best.retarget(world_size, space)

@@ -229,6 +229,9 @@ def test_export_cli_retargets_and_prints_launch_lines(tmp_path: Path) -> None:
     assert "--mixed_precision bf16 train.py" in accelerate.stdout
     bad = run_cli("export", str(tmp_path), "--format", "keras")
     assert bad.returncode == 2 and "--format: must be one of" in bad.stderr
+    nowhere = run_cli("export", str(tmp_path), "--world-size", "0")
+    assert nowhere.returncode == 2
+    assert "command line: --world-size: must be an integer >= 1, got 0" in nowhere.stderr
 
 
 def test_a_run_that_did_not_record_its_autocast_says_so_instead_of_guessing(
