@@ -82,6 +82,9 @@ PEAK_RESERVED_BYTES: Final = "peak_reserved_bytes"
 :data:`PEAK_MEMORY_BYTES` is the peak *allocated*, comparable with the trace's prediction."""
 PROBE_RESERVED_BYTES: Final = "probe_reserved_bytes"
 """Reserved peak of the trial's real probe step (CUDA): calibrates the search's estimator."""
+PREDICTED_TIME_S: Final = "predicted_time_s"
+"""In ``trials.csv``: the time to target the search's prior (:mod:`raybatch.run.prior`)
+predicts for the row's recipe, scaled by one constant fitted to the search's measured times."""
 GPU_UTILIZATION_SCOPE: Final = "gpu_utilization_scope"
 """``process`` (NVML's per-process utilisation of the trial's own process) or ``device`` (the
 whole GPU's, neighbours included, where NVML does not give per-process figures)."""

@@ -100,7 +100,7 @@ rules:
 search:
   micro_batch_size: [16, 32, 64, 128, 256, 512]
   accumulation_steps: [1, 2, 4]
-  lr_multiplier: {{low: 0.5, high: 4.0}}   # let the search correct the rule
+  lr_multiplier: {{low: 0.25, high: 8.0}}   # the rule is the centre, not a cage: search wide
 warmup:
   samples_per_scale: 2048   # warm up over this many samples per unit of LR scale
 """

@@ -103,24 +103,45 @@ def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Pat
                        out=tmp_path / "s.json")  # fmt: skip
     assert {r["strategy"] for r in rows} == set(module.STRATEGIES)
     required = {"workload", "strategy", "trials", "median_regret", "p90_regret",
-                "compute_median", "oom_median", "oom_p90", "estimator_error"}  # fmt: skip
+                "compute_median", "compute_trainings", "compute_to_regret_105", "oom_median",
+                "oom_p90", "estimator_error"}  # fmt: skip
     assert all(required <= set(r) for r in rows)
     assert all(r["median_regret"] >= 1.0 - 1e-9 for r in rows)  # nothing beats the optimum
     data = json.loads((tmp_path / "s.json").read_text())
     assert data["confirmation_charged"] is True
+    assert {"optuna_tpe", "random", "asha", "hyperband", "max_batch_lr_sweep"} <= set(
+        data["strategies"]
+    )
     assert data["members"]["needs_accumulation"]["best_lr_multiplier"] == 0.8
 
     def cell(strategy: str) -> dict[str, Any]:
         return next(r for r in rows if (r["strategy"], r["budget"]) == (strategy, 10))
 
-    # The confirmation is charged: the same 10 trials cost more once confirmed.
+    # The confirmation is charged to every strategy: the same trials cost more once confirmed.
     member = simulator.MEMBERS[1]
-    trials = module.run("raybatch", member, 0, 10)
+    trials = module.run("optuna_tpe", member, 0, 10)
     optimum = member.optimum()[0]
     confirmed = module.score(member, trials, optimum, module.random.Random(0))
-    assert confirmed["compute"] > module.score(member, trials, optimum)["compute"]
+    assert confirmed["compute"] > sum(t["cost"] for t in trials)
     # The estimate under-predicts by 15% here, yet the pre-screen still avoids most OOMs.
     assert cell("raybatch")["oom_median"] <= cell("raybatch_no_prescreen")["oom_median"]
+
+
+def test_level_capping_stops_trials_early_without_losing_the_optimum() -> None:
+    """Same seeds with and without the intermediate levels: the levels stop trials earlier
+    (less compute), and the pick is as good."""
+    module = _load("search_efficiency")
+    simulator = _load("simulator")
+    member = simulator.MEMBERS[0]
+    optimum = member.optimum()[0]
+    with_levels, without = [], []
+    for seed in range(3):
+        for fidelity, out in ((True, with_levels), (False, without)):
+            rng = module.random.Random(seed)
+            trials = module.run_raybatch(member, rng, 12, seed, fidelity=fidelity)
+            out.append(module.score(member, trials, optimum, module.random.Random(seed)))
+    assert sum(s["compute"] for s in with_levels) < 0.9 * sum(s["compute"] for s in without)
+    assert max(s["regret"] for s in with_levels) <= 1.05
 
 
 def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:

@@ -109,3 +109,64 @@ def test_a_trial_that_keeps_reporting_is_not_hung_however_long_it_runs(
     assert controller.stopped == ["silent"]
     assert set(s.hung) == {"silent"}
     assert silent.run_metadata.last_result[keys.REASON].startswith("hung: no report for")
+
+
+def _report(train_s: float, metric: float) -> dict[str, object]:
+    return {keys.STATUS: "running", keys.TRAIN_S: train_s, keys.METRIC: metric}
+
+
+def _incumbent(s: CappingScheduler) -> None:
+    """A trial that reaches 0.9 at 10 s, through 0.2 at 0.5 s, 0.5 at 2 s and 0.8 at 6 s."""
+    for t, m in ((0.5, 0.2), (2.0, 0.5), (6.0, 0.8)):
+        s.on_trial_result(None, _trial("inc"), _report(t, m))
+    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 10.0,
+                                              keys.TRAIN_S: 10.0, keys.METRIC: 0.9})  # fmt: skip
+
+
+def test_a_trial_behind_the_incumbent_at_an_intermediate_level_is_stopped_early() -> None:
+    """The incumbent had 0.5 at 2 s: a trial still below 0.5 at 3.4 s (> 1.5 x 2 s) cannot win,
+    and is stopped long before the final cap (12 s) would stop it; one at 0.79 at 8.9 s is
+    ahead of the 0.5 the incumbent had at 8.9 / 1.5 s... and behind its 0.8 at 6 s only
+    from 9 s on."""
+    s = CappingScheduler(slack=1.2, level_slack=1.5)
+    _incumbent(s)
+    # Before a third of the incumbent's 10 s, start-up noise rules: only 3x behind is stopped.
+    assert s.on_trial_result(None, _trial("new"), _report(3.2, 0.25)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("dead"), _report(1.6, 0.01)) == TrialScheduler.STOP
+    assert s.on_trial_result(None, _trial("ok"), _report(8.9, 0.79)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("slow"), _report(3.4, 0.4)) == TrialScheduler.STOP
+    assert s.capped_at_level == {"dead": 1.6, "slow": 3.4}
+    # Ahead of the incumbent's level at t / slack: goes on, however slowly it started.
+    assert s.on_trial_result(None, _trial("ok"), _report(9.5, 0.81)) == TrialScheduler.CONTINUE
+
+
+def test_without_level_slack_only_the_final_time_caps() -> None:
+    s = CappingScheduler(slack=1.2, level_slack=None)
+    _incumbent(s)
+    assert s.on_trial_result(None, _trial("slow"), _report(11.0, 0.1)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("slow"), _report(12.5, 0.1)) == TrialScheduler.STOP
+    assert s.capped_at_level == {}
+
+
+def test_level_capping_reads_a_loss_target_as_lower_is_better() -> None:
+    s = CappingScheduler(level_slack=1.5, mode="min")
+    for t, m in ((2.0, 1.0), (6.0, 0.6)):
+        s.on_trial_result(None, _trial("inc"), _report(t, m))
+    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 8.0})
+    assert s.on_trial_result(None, _trial("a"), _report(3.5, 0.9)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("b"), _report(3.5, 1.2)) == TrialScheduler.STOP
+    assert s.on_trial_result(None, _trial("c"), _report(2.5, 1.2)) == TrialScheduler.CONTINUE
+
+
+def test_a_scheduler_pickled_before_level_capping_restores_without_it() -> None:
+    import pickle
+
+    s = CappingScheduler()
+    state = s.__getstate__()
+    for name in ("level_slack", "mode", "capped_at_level", "_trajectories", "_incumbent"):
+        state.pop(name)
+    old = CappingScheduler.__new__(CappingScheduler)
+    old.__setstate__(state)
+    restored = pickle.loads(pickle.dumps(old))
+    assert restored.level_slack is None and restored._trajectories == {}
+    assert restored.on_trial_result(None, _trial("a"), _report(1.0, 0.1)) == "CONTINUE"

@@ -319,3 +319,107 @@ def test_a_world_size_the_cluster_cannot_place_is_prescreened_with_the_count(
         assert rejected, "the sampler proposed no unplaceable world size in 12 trials"
         for world, reason in rejected.items():
             assert reason == f"needs {world} {kind}, the cluster has {0 if gpus else 3}"
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _plan_searcher(tmp_path: Path, model: Any = None, **kw: Any) -> RaybatchSearcher:
+    from raybatch.run.seeding import Ladder, opening_points
+
+    baseline = max_batch_point(SPACE, lambda recipe: True)
+    points = opening_points(SPACE, baseline, reference_point(SPACE))
+    return _searcher(tmp_path, points_to_evaluate=points, ladder=Ladder(SPACE, model=model), **kw)
+
+
+def _knobs(config: dict[str, Any]) -> tuple[int, int, float]:
+    return config["micro_batch_size"], config["accumulation_steps"], config["lr_multiplier"]
+
+
+def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr(
+    tmp_path: Path,
+) -> None:
+    """The largest batch (256) at 1, 2, 4 and 0.5x the rule's LR and the reference run first;
+    4x was fastest, so the ladder runs a quarter and a sixteenth of the batch at 4x, and the
+    first also at 8x and 2x."""
+    searcher = _plan_searcher(tmp_path)
+    times = {1.0: 3.0, 2.0: 2.0, 4.0: 1.5, 0.5: None}
+    opening = []
+    for i in range(5):
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict)
+        opening.append(_knobs(config))
+        t = times.get(config["lr_multiplier"], 2.5) if config["micro_batch_size"] == 256 else 2.5
+        searcher.on_trial_complete(f"o{i}", _result("reached" if t else "censored", t))
+    assert opening == [(256, 1, 1.0), (256, 1, 2.0), (256, 1, 4.0), (256, 1, 0.5), (64, 1, 1.0)]
+    ladder = []
+    for i in range(4):
+        config = searcher.suggest(f"l{i}")
+        assert isinstance(config, dict)
+        ladder.append(_knobs(config))
+        searcher.on_trial_complete(f"l{i}", _result("reached", 2.0))
+    assert ladder == [(64, 1, 4.0), (16, 1, 4.0), (64, 1, 8.0), (64, 1, 2.0)]
+
+
+def test_the_ladder_waits_for_the_opening_to_finish(tmp_path: Path) -> None:
+    """With the whole opening launched and one trial still running, there is nothing to
+    suggest yet (Tune asks again); once it ends, the ladder comes, then TPE."""
+    searcher = _plan_searcher(tmp_path)
+    for i in range(5):
+        assert isinstance(searcher.suggest(f"o{i}"), dict)
+    for i in (0, 1, 2, 4):  # the largest batch at 1x was fastest; 0.5x is still running
+        searcher.on_trial_complete(f"o{i}", _result("reached", 1.0 if i == 0 else 2.0))
+    assert searcher.suggest("early") is None
+    assert not searcher.record.ladder_queued()
+    searcher.on_trial_complete("o3", _result("reached", 2.0))
+    config = searcher.suggest("l0")
+    assert isinstance(config, dict) and config["lr_multiplier"] == 1.0
+    assert searcher.record.ladder_queued()
+
+
+def test_an_opening_point_that_runs_out_of_memory_is_replaced_by_a_smaller_batch(
+    tmp_path: Path,
+) -> None:
+    """The estimate chose 256 and it ran out of memory for real: the rest of the sweep runs at
+    128, which becomes the baseline the search compares with (recorded in the study)."""
+    searcher = _plan_searcher(tmp_path)
+    first = searcher.suggest("o0")
+    assert isinstance(first, dict) and first["micro_batch_size"] == 256
+    searcher.on_trial_complete("o0", _result("infeasible_memory"))
+    batches = []
+    for i in range(1, 9):
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict)
+        batches.append(_knobs(config))
+        searcher.on_trial_complete(f"o{i}", _result("reached", 2.0))
+    # 256 x 2/4/0.5 are rejected as needing the memory that ran out, each replaced at 128.
+    assert batches[:5] == [(64, 1, 1.0), (128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0),
+                           (128, 1, 0.5)]  # fmt: skip
+    assert searcher.record.baseline() == {"micro_batch_size": 128, "accumulation_steps": 1}
+    # 256 was pre-screened out each time the queue offered it again: nothing ran at 256.
+    assert all(p["micro_batch_size"] == 256 for p in searcher.prescreened)
+
+
+def test_a_config_over_the_budget_by_less_than_the_margin_is_launched_for_its_probe(
+    tmp_path: Path,
+) -> None:
+    """The estimate may be off: within the probe margin a config is launched (the trial's real
+    probe decides), beyond it rejected as before."""
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    over = estimator.predict(SPACE.derive(128, 1))
+    budget = int(over / 1.03)  # 128 is predicted 3% over, 256 about 8% over
+    assert estimator.predict(SPACE.derive(256, 1)) > 1.05 * budget
+    points = [{"micro_batch_size": 128, "accumulation_steps": 1, "lr_multiplier": 1.0},
+              {"micro_batch_size": 256, "accumulation_steps": 1, "lr_multiplier": 1.0}]  # fmt: skip
+    with_margin = _searcher(tmp_path, budget=budget, points_to_evaluate=points, probe_margin=0.05)
+    config = with_margin.suggest("a")
+    assert isinstance(config, dict) and config["micro_batch_size"] == 128
+    with_margin.on_trial_complete("a", _result("reached", 1.0))
+    config = with_margin.suggest("b")
+    assert isinstance(config, dict) and config["micro_batch_size"] != 256
+    assert next(p["micro_batch_size"] for p in with_margin.prescreened) == 256
+    (tmp_path / "strict").mkdir()
+    strict = _searcher(tmp_path / "strict", budget=budget, points_to_evaluate=points)
+    config = strict.suggest("a")
+    assert isinstance(config, dict) and config["micro_batch_size"] < 128
+    assert [p["micro_batch_size"] for p in strict.prescreened][:2] == [128, 256]

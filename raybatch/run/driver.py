@@ -2,13 +2,16 @@
 
 ``raybatch.search(...)`` (and ``raybatch search`` on the CLI) runs, in one run directory:
 
-1. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (Optuna TPE,
-   pre-screened for memory, seeded with the reference recipe and the max-batch baseline) and
-   :class:`~raybatch.run.scheduler.CappingScheduler`, over :func:`raybatch.trainable` trials;
-2. confirmation: the ``confirm_top`` fastest candidates, the max-batch baseline and the
+1. the prior: the time model (:mod:`raybatch.run.prior`: gradient noise scale and step
+   times), measured on one trial's resources before the search and charged to it;
+2. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (the plan -- the
+   largest batch at an LR sweep, the reference, then the ladder the prior chooses -- then
+   Optuna TPE, pre-screened for memory) and :class:`~raybatch.run.scheduler.CappingScheduler`
+   (capping at every level of the metric), over :func:`raybatch.trainable` trials;
+3. confirmation: the ``confirm_top`` fastest candidates, the max-batch baseline and the
    reference re-run with fresh seeds; the winner is the recipe, whichever it is, with the
    lowest median time to target among those that reached it every time;
-3. the record: ``trials.csv``, ``best_config.yaml``/``.json`` and the report.
+4. the record: ``trials.csv``, ``best_config.yaml``/``.json`` and the report.
 
 The files it writes are described in :mod:`raybatch.run.rundir`.
 """
@@ -16,7 +19,9 @@ The files it writes are described in :mod:`raybatch.run.rundir`.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,7 @@ from raybatch.metric import Target, resolve_target
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import confirm
 from raybatch.run.options import SearchOptions
+from raybatch.run.prior import TimeModel, spearman
 from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
@@ -50,7 +56,13 @@ from raybatch.run.rundir import (
     write_run_files,
     write_trials_csv,
 )
-from raybatch.run.seeding import budget_check, max_batch_point, reference_point, searched_knobs
+from raybatch.run.seeding import (
+    Ladder,
+    budget_check,
+    max_batch_point,
+    opening_points,
+    reference_point,
+)
 from raybatch.run.selection import candidates as top_candidates
 from raybatch.run.selection import choose_winner, comparison_rows, same_knobs
 from raybatch.run.study import SearchStudy
@@ -135,6 +147,7 @@ class _Plan:
     reference: dict[str, Any] | None
     searcher: Any
     resourced: Any
+    model: TimeModel | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -172,8 +185,13 @@ def _plan(
     else:
         notes.append("no GPU memory budget on this machine: suggestions were not pre-screened")
 
-    baseline = max_batch_point(space, budget_check(estimator, budget))
+    # Only a real probe can overrule the estimate: on CPUs the trial's gate is the estimate.
+    margin = options.probe_margin if cuda and options.prescreen else 0.0
+    baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
+    model = None
+    if options.prior:
+        model = _measure_prior(workload, space, estimator, budget, cuda, options, notes)
     searcher = RaybatchSearcher(
         space,
         storage_url=f"sqlite:///{(path / OPTUNA_DB).resolve()}",
@@ -181,12 +199,12 @@ def _plan(
         penalty=options.penalty,
         estimator=estimator if options.prescreen else None,
         budget_bytes=budget,
-        points_to_evaluate=[
-            searched_knobs(space, p) for p in (reference, baseline) if p is not None
-        ],
+        points_to_evaluate=opening_points(space, baseline, reference),
         seed=options.seed,
         data_parallel_gpus=cuda,
         pack_gpus=cuda and gpus == "auto",
+        ladder=Ladder(space, estimator, budget, model),
+        probe_margin=margin,
     )
     settings = {
         "max_time_s": options.max_time_s,
@@ -202,12 +220,57 @@ def _plan(
     )
     hardware = view.describe(cuda)
     return _Plan(
-        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, notes
+        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, model,
+        notes,
+    )  # fmt: skip
+
+
+def _measure_prior(
+    workload: Workload,
+    space: SearchSpace,
+    estimator: Any,
+    budget: int | None,
+    cuda: bool,
+    options: SearchOptions,
+    notes: list[str],
+) -> TimeModel | None:
+    """The time model, measured on one trial's resources (``None``, and a note, if it fails:
+    the plan then climbs a geometric ladder of batches instead)."""
+    from raybatch.trial.gradient_noise import measure_here, measure_remotely
+
+    fits = budget_check(estimator, budget)
+    micros = [m for m in space.search.micro_batch_size if fits(space.derive(m))]
+    micros = micros or [min(space.search.micro_batch_size)]
+    try:
+        if cuda or options.address is not None:  # the driver may have no GPU, or other CPUs
+            resources = {"num_cpus": options.cpus_per_trial, "num_gpus": 1 if cuda else 0}
+            model = measure_remotely(workload, space, micros, resources)
+        else:
+            model = measure_here(workload, space, micros, options.cpus_per_trial)
+    except Exception as exc:  # the workload's own failure shows again in its first trial
+        notes.append(f"the time model could not be measured ({type(exc).__name__}: {exc});"
+                     " the plan tried a geometric ladder of batches instead")  # fmt: skip
+        return None
+    n = model.noise
+    grid = [space.derive(m, a, w) for m in micros for a in space.search.accumulation_steps
+            for w in space.search.world_size if fits(space.derive(m, a, w))]  # fmt: skip
+    notes.append(
+        f"time model measured in {model.cost_s:.1f} s (charged to the search): gradient noise"
+        f" scale {n.b_simple:.0f} (80% interval {n.low:.0f}-{n.high:.0f}, batches {n.small_batch}"
+        f" and {n.big_batch}); predicted best effective batch"
+        f" {model.best_effective_batch(grid)}"
     )
+    return model
 
 
 def _search_tuner(
-    path: Path, plan: _Plan, options: SearchOptions, resume: bool, verbose: int, watch: Any
+    path: Path,
+    plan: _Plan,
+    options: SearchOptions,
+    resume: bool,
+    verbose: int,
+    watch: Any,
+    mode: str,
 ) -> Any:
     """The search's ``tune.Tuner``: a new one, or the interrupted one restored."""
     import ray
@@ -231,6 +294,8 @@ def _search_tuner(
                 options.slack,
                 enabled=options.capping,
                 hang_after_s=options.max_time_s + options.hang_grace_s,
+                level_slack=options.level_slack,
+                mode=mode,
             ),
             num_samples=options.trials,
             max_concurrent_trials=options.max_concurrent
@@ -285,7 +350,7 @@ def _execute(
     plan = _plan(path, workload, space, target, options)
     notes = plan.notes
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
-    tuner = _search_tuner(path, plan, options, resume, verbose, watch)
+    tuner = _search_tuner(path, plan, options, resume, verbose, watch, target.mode)
     with ray_errors_to(path / LOG_FILE) as diverted:
         results = tuner.fit()
         if watch.tripped is not None:
@@ -308,6 +373,7 @@ def _execute(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
     rows += _prescreened_rows(space, plan.searcher.record)
+    plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     candidates = top_candidates(rows, options.confirm_top)
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
     # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
@@ -320,7 +386,13 @@ def _execute(
     rows += confirm_rows
     # What the rows cannot say: the hardware, the workload's autocast, and the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry.
-    measured_on = {"device": plan.hardware, "amp_dtype": workload.amp_dtype, "grad_clip_norm": None}
+    measured_on: dict[str, Any] = {
+        "device": plan.hardware,
+        "amp_dtype": workload.amp_dtype,
+        "grad_clip_norm": None,
+    }
+    if plan.model is not None:
+        measured_on["prior"] = _predicted_times(space, rows, plan.model, notes)
     best = choose_winner(space, target, rows, options, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
@@ -330,6 +402,33 @@ def _execute(
     result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes)
     write_report(result, space, target, plan.estimator, plan.budget)
     return result
+
+
+def _predicted_times(
+    space: SearchSpace, rows: list[dict[str, Any]], model: TimeModel, notes: list[str]
+) -> dict[str, Any]:
+    """Write each row's predicted time (the model's relative time, scaled by the one constant
+    that best matches the search's measured times) and say how well it ranked them."""
+    relative = [model.predicted_time(space.derive_from(r)) for r in rows]
+    pairs = [
+        (p, float(r[keys.TIME_TO_TARGET_S]))
+        for p, r in zip(relative, rows, strict=True)
+        if r[keys.PHASE] == keys.PHASE_SEARCH and r[keys.STATUS] == TrialStatus.REACHED.value
+    ]
+    scale = statistics.median(t / p for p, t in pairs) if pairs else None
+    for p, r in zip(relative, rows, strict=True):
+        r[keys.PREDICTED_TIME_S] = p * scale if scale is not None and math.isfinite(p) else None
+    rho = spearman([p for p, _ in pairs], [t for _, t in pairs])
+    if rho is not None:
+        notes.append(f"the time model ranked the {len(pairs)} trials that reached the target"
+                     f" with Spearman {rho:.2f} against their measured times")  # fmt: skip
+    grid = {space.derive_from(r).effective_batch_size: space.derive_from(r) for r in rows}
+    return {
+        "noise_scale": model.noise.to_dict(),
+        "predicted_best_effective_batch": model.best_effective_batch(list(grid.values())),
+        "spearman_predicted_vs_measured": rho,
+        "cost_s": model.cost_s,
+    }
 
 
 def _search_rows(space: SearchSpace, results: Any, penalty: float) -> list[dict[str, Any]]:

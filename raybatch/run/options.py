@@ -27,6 +27,13 @@ class SearchOptions:
         prescreen: Screen suggestions for memory before launching them.
         capping: Stop trials that cannot beat the incumbent (slack x best time).
         slack: The capping slack.
+        level_slack: The capping slack at every intermediate level of the metric (a trial
+            that has not reached, by ``level_slack x t``, the level the incumbent had at
+            ``t`` is stopped); ``None``: cap on the final time only.
+        prior: Measure the time model (gradient noise scale, step times) before the search and
+            let it choose the batches the plan tries after the largest batch's LR sweep.
+        probe_margin: On GPUs, launch a config the memory estimate puts over the budget by at
+            most this fraction, for the trial's real probe step to decide.
         confirm_top: Candidates re-run after the search (one at a time when trials run on
             CPUs, which contend for memory bandwidth; side by side on GPUs).
         confirm_seeds: Fresh seeds per candidate.
@@ -49,6 +56,9 @@ class SearchOptions:
     prescreen: bool = True
     capping: bool = True
     slack: float = 1.2
+    level_slack: float | None = 1.5
+    prior: bool = True
+    probe_margin: float = 0.2
     confirm_top: int = 3
     confirm_seeds: int = 3
     eval_every_samples: int | None = None
@@ -100,6 +110,10 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     need("cpus_per_trial", _is_number(o.cpus_per_trial) and o.cpus_per_trial > 0, "> 0")
     need("max_concurrent", _none_or(o.max_concurrent, 1), "an integer >= 1 or None")
     need("slack", _is_number(o.slack) and o.slack >= 1, "a number >= 1")
+    level = o.level_slack
+    need("level_slack", level is None or (_is_number(level) and level >= 1), "None or >= 1")
+    margin = o.probe_margin
+    need("probe_margin", _is_number(margin) and 0 <= margin <= 1, "a number in [0, 1]")
     need("confirm_top", _is_int(o.confirm_top) and o.confirm_top >= 0, "an integer >= 0")
     need("confirm_seeds", _is_int(o.confirm_seeds) and o.confirm_seeds >= 0, "an integer >= 0")
     need("eval_every_samples", _none_or(o.eval_every_samples, 1), "an integer >= 1 or None")

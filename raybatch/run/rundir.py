@@ -119,7 +119,7 @@ CSV_COLUMNS = (
     keys.WEIGHT_DECAY, keys.WARMUP_STEPS, keys.LR_SCALE, keys.TIME_TO_TARGET_S,
     keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S, keys.EVAL_S, keys.ELAPSED_S,
     keys.METRIC, keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT, keys.DATA_WAIT_FRACTION, keys.OBJECTIVE,
-    keys.CANDIDATE, keys.SEED, keys.REASON,
+    keys.CANDIDATE, keys.SEED, keys.PREDICTED_TIME_S, keys.REASON,
 )  # fmt: skip
 """``time_to_target_s`` is the objective (training only); ``elapsed_to_target_s`` is the same
 moment with evaluation counted, as the objective was before, kept for comparison."""

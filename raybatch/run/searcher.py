@@ -25,6 +25,16 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   a neighbour's growth is not the recipe's fault;
 - **one study in SQLite is the record**: every Tune trial is one Optuna trial whose number is
   kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
+- **a plan before TPE** (:mod:`raybatch.run.seeding`): the largest batch that fits at a sweep
+  of LRs and the reference recipe run first; once they have all finished, the LR multiplier
+  that was fastest at the largest batch is carried to a ladder of other batches (the ones the
+  time model predicts fastest, :mod:`raybatch.run.prior`). An opening point that runs out of
+  memory is replaced by the next smaller micro batch, so the largest batch that *really* fits
+  is swept;
+- **the pre-screen's error does not hide the optimum**: with ``probe_margin``, a config the
+  estimate puts over the budget by less than that margin is launched anyway, and the trial's
+  real probe step (one step, before its clock starts) decides; if it runs out of memory it is
+  taught infeasible like any OOM.
 
 TPE runs multivariate (the knobs interact: the LR multiplier that works depends on the batch)
 with the constant liar for trials still running in parallel, after a short random start.
@@ -40,6 +50,7 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.errors import TraceError
 from raybatch.memory import MemoryEstimator, PrescreenResult
+from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
@@ -89,12 +100,20 @@ class RaybatchSearcher(Searcher):
         data_parallel_gpus: Whether data-parallel workers take GPUs (placement is checked
             against GPUs) or CPUs; ``None``: placement is not checked.
         pack_gpus: Decide each trial's GPU share here (``gpus_per_trial="auto"``).
+        ladder: The plan's second stage, queued once ``points_to_evaluate`` have all finished
+            (``None``: TPE goes on alone).
+        probe_margin: Launch a config the estimate puts over the budget by at most this
+            fraction, for its trial's real probe to decide (0: the estimate decides; only
+            meaningful where trials probe on a real device).
     """
 
     # Defaults for a searcher unpickled from a run an older raybatch started (Tune restores the
     # searcher object itself on resume).
     data_parallel_gpus: bool | None = None
     pack_gpus: bool = False
+    ladder: Ladder | None = None
+    probe_margin: float = 0.0
+    opening: list[dict[str, Any]] = []  # noqa: RUF012 (replaced, never mutated, per instance)
 
     def __init__(
         self,
@@ -109,6 +128,8 @@ class RaybatchSearcher(Searcher):
         metric: str = keys.OBJECTIVE,
         data_parallel_gpus: bool | None = None,
         pack_gpus: bool = False,
+        ladder: Ladder | None = None,
+        probe_margin: float = 0.0,
     ) -> None:
         super().__init__(metric=metric, mode="min")
         self.space = space
@@ -126,6 +147,11 @@ class RaybatchSearcher(Searcher):
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
+        self.ladder = ladder
+        self.probe_margin = probe_margin
+        self.opening = [dict(p) for p in points_to_evaluate or []]
+        self._opening_number: dict[int, int] = {}  # Optuna trial number -> opening index
+        self._opening_time: dict[int, float | None] = {}  # opening index -> time to target
 
     @property
     def study(self) -> optuna.Study:
@@ -170,9 +196,12 @@ class RaybatchSearcher(Searcher):
         if self.gave_up is not None:
             return Searcher.FINISHED
         self._queue_first_points()
+        if self._waiting_for_opening():
+            return None  # Tune asks again once a running opening trial has finished
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
             constants = self._define(ot_trial)
+            self._note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
             problem = self._placement(config)
             if problem is not None:
@@ -182,8 +211,11 @@ class RaybatchSearcher(Searcher):
             if verdict is not None and verdict.fits is False:
                 assert verdict.predicted_bytes is not None and self.budget_bytes is not None
                 violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
-                self._reject(ot_trial, config, violation, verdict.reason, verdict.predicted_bytes)
-                continue
+                if violation > self.probe_margin:
+                    self._reject(
+                        ot_trial, config, violation, verdict.reason, verdict.predicted_bytes
+                    )
+                    continue
             failed = next((o for o in self.out_of_memory if needs_at_least(config, o)), None)
             if failed is not None:
                 reason = (
@@ -208,6 +240,74 @@ class RaybatchSearcher(Searcher):
         )
         return Searcher.FINISHED
 
+    # ------------------------------------------------------------------ the plan
+
+    def _note_opening(self, ot_trial: optuna.Trial) -> None:
+        """Remember which opening point an asked trial runs (enqueued params come back as
+        given)."""
+        for i, point in enumerate(self.opening):
+            if i in self._opening_time or i in self._opening_number.values():
+                continue
+            if all(ot_trial.params.get(k) == v for k, v in point.items()):
+                self._opening_number[ot_trial.number] = i
+                return
+
+    def _waiting_for_opening(self) -> bool:
+        """Whether the ladder must wait: every opening point is launched, not all finished.
+
+        Once they have, the ladder is queued (once: the study remembers it across a resume).
+        """
+        if self.ladder is None or self.record.ladder_queued():
+            return False
+        if len(self._opening_time) < len(self.opening):
+            launched = len(self._opening_time) + len(self._opening_number)
+            return launched >= len(self.opening)
+        self.record.queue_ladder(self.ladder.points(self._best_multiplier(), self.baseline))
+        return False
+
+    @property
+    def baseline(self) -> dict[str, Any]:
+        """The largest batch that fits (its integer knobs): the opening's first point, or the
+        smaller one that replaced it after it ran out of memory."""
+        stored = self.record.baseline()
+        if stored is not None:
+            return stored
+        first = self.opening[0] if self.opening else {}
+        return {k: v for k, v in first.items() if k in keys.RAW_KNOBS[:3]}
+
+    def _at_baseline(self, point: dict[str, Any]) -> bool:
+        return all(point.get(k) == v for k, v in self.baseline.items())
+
+    def _best_multiplier(self) -> float:
+        """The LR multiplier that reached the target fastest at the largest batch (1.0 when
+        none did)."""
+        times = [
+            (t, self.opening[i].get(keys.LR_MULTIPLIER, 1.0))
+            for i, t in self._opening_time.items()
+            if t is not None and self._at_baseline(self.opening[i])
+        ]
+        return min(times)[1] if times else 1.0
+
+    def _opening_done(self, number: int, time_to_target: float | None, memory: bool) -> None:
+        """An opening trial ended; one that did not fit is replaced by a smaller micro batch."""
+        i = self._opening_number.pop(number, None)
+        if i is None:
+            return
+        smaller = self._smaller(self.opening[i]) if memory else None
+        if smaller is None:
+            self._opening_time[i] = time_to_target
+            return
+        if self._at_baseline(self.opening[i]):
+            self.record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: smaller[
+                keys.MICRO_BATCH_SIZE]})  # fmt: skip
+        self.opening = [*self.opening[:i], smaller, *self.opening[i + 1 :]]
+        self.record.study.enqueue_trial(smaller, skip_if_exists=True)
+
+    def _smaller(self, point: dict[str, Any]) -> dict[str, Any] | None:
+        micro = point.get(keys.MICRO_BATCH_SIZE)
+        below = [m for m in self.space.search.micro_batch_size if micro is not None and m < micro]
+        return {**point, keys.MICRO_BATCH_SIZE: max(below)} if below else None
+
     def _placement(self, config: dict[str, Any]) -> str | None:
         if self.data_parallel_gpus is None:
             return None
@@ -227,6 +327,7 @@ class RaybatchSearcher(Searcher):
         predicted_bytes: int | None,
     ) -> None:
         self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes)
+        self._opening_done(ot_trial.number, None, memory=violation > 0)
         self.prescreened.append(
             {
                 **config,
@@ -263,6 +364,7 @@ class RaybatchSearcher(Searcher):
             number, status, value, OOM_VIOLATION if oom else 0.0, time_to_target
         )
         self._completed.add(trial_id)
+        self._opening_done(number, time_to_target if status is TrialStatus.REACHED else None, oom)
         if told is None:
             return  # told before an interruption that Tune's saved state predates
         self._trial_numbers[trial_id] = told
@@ -298,6 +400,9 @@ class RaybatchSearcher(Searcher):
                     "out_of_memory": self.out_of_memory,
                     "retry_alone": self._retry_alone,
                     "retried": self._retried,
+                    "opening": self.opening,
+                    "opening_number": self._opening_number,
+                    "opening_time": self._opening_time,
                 },
                 f,
             )
@@ -311,4 +416,7 @@ class RaybatchSearcher(Searcher):
         self.out_of_memory = state.get("out_of_memory", [])
         self._retry_alone = state.get("retry_alone", [])
         self._retried = state.get("retried", set())
+        self.opening = state.get("opening", self.opening)
+        self._opening_number = state.get("opening_number", {})
+        self._opening_time = state.get("opening_time", {})
         self._pending_points = []

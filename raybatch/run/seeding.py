@@ -1,15 +1,22 @@
-"""The study's seeds: the reference recipe and the "largest batch that fits" baseline.
+"""The search's plan before TPE takes over: the largest batch at a sweep of LRs, the reference
+recipe, then a ladder of other batches at the LR that worked best.
 
-Every search starts from these two points, so every search shows how its optimum compares
-with what a user would otherwise run: the published recipe, and the largest batch that fits.
+Every search starts from the strong simple baseline a user would otherwise run -- the largest
+batch that fits, at its best of a few LRs -- and from the published recipe, so every search
+shows how its optimum compares with both, and cannot lose to the baseline for want of trying
+it. The second stage (:class:`Ladder`) carries the best LR to the batches the time model
+(:mod:`raybatch.run.prior`) predicts fastest.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 from raybatch import keys
+from raybatch.errors import RaybatchError
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 
@@ -45,11 +52,17 @@ def reference_point(space: SearchSpace) -> dict[str, Any] | None:
     return None
 
 
-def budget_check(estimator: Any, budget: int | None) -> Callable[[TrialConfig], bool]:
-    """Whether a recipe's predicted peak fits the budget (everything fits without one)."""
+def budget_check(
+    estimator: Any, budget: int | None, margin: float = 0.0
+) -> Callable[[TrialConfig], bool]:
+    """Whether a recipe's predicted peak fits the budget (everything fits without one);
+    with ``margin``, also one predicted over it by at most that fraction (for a real probe
+    to decide, see :class:`raybatch.run.searcher.RaybatchSearcher`'s ``probe_margin``)."""
 
     def fits(recipe: TrialConfig) -> bool:
-        return estimator is None or budget is None or estimator.predict(recipe) <= budget
+        if estimator is None or budget is None:
+            return True
+        return bool(estimator.predict(recipe) <= budget * (1 + margin))
 
     return fits
 
@@ -66,3 +79,129 @@ def max_batch_point(space: SearchSpace, fits: Callable[[TrialConfig], bool]) -> 
             return knobs
     return {keys.MICRO_BATCH_SIZE: min(s.micro_batch_size), keys.ACCUMULATION_STEPS: accumulation,
             keys.WORLD_SIZE: world}  # fmt: skip
+
+
+LR_SWEEP = (1.0, 2.0, 4.0, 0.5)
+"""The LR multipliers the largest batch is tried at first, in this order: the rule's own LR
+(the comparison baseline), then upwards (on our real tasks the largest batch's best LR was 2x
+and 4x the rule's), then below. The strong simple baseline -- the largest batch at its best of
+four LRs -- is thereby part of every search's plan, charged like any trial."""
+
+
+def lr_sweep(space: SearchSpace) -> list[float]:
+    """:data:`LR_SWEEP` within the space's LR range (clamped, duplicates dropped)."""
+    rng = space.search.lr_multiplier
+    if rng is None or rng.low >= rng.high:
+        return [1.0 if rng is None else rng.low]
+    out: list[float] = []
+    for m in LR_SWEEP:
+        clamped = min(max(m, rng.low), rng.high)
+        if clamped not in out:
+            out.append(clamped)
+    return out
+
+
+def opening_points(
+    space: SearchSpace, baseline: dict[str, Any], reference: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """What every search runs first: the largest batch at each LR of :func:`lr_sweep`, then the
+    reference recipe, as the searched knobs Optuna is given."""
+    points = [{**baseline, keys.LR_MULTIPLIER: m} for m in lr_sweep(space)]
+    if reference is not None:
+        points.append(reference)
+    out: list[dict[str, Any]] = []
+    for p in points:
+        knobs = searched_knobs(space, p)
+        if knobs not in out:
+            out.append(knobs)
+    return out
+
+
+def _distance(recipe: TrialConfig, goal: float) -> tuple[float, int]:
+    """How far a recipe's effective batch is from ``goal`` (log scale); larger micro first."""
+    return abs(math.log(recipe.effective_batch_size / goal)), -recipe.micro_batch_size
+
+
+class Ladder:
+    """The search's second stage: other effective batches at the LR the first stage found best.
+
+    Once the largest batch has been tried at each LR of the sweep, its best multiplier ``m``
+    is carried (by the space's rule) to the recipes the time model predicts fastest -- or,
+    without a model, to a geometric ladder of effective batches a quarter and a sixteenth of
+    the largest -- at ``m``, and the predicted best also at ``2m`` and ``m/2``, since the best
+    LR need not follow the rule exactly.
+
+    Args:
+        space: The coupled space.
+        estimator: The memory estimator (``None``: every recipe fits).
+        budget_bytes: The per-GPU budget the recipes must fit.
+        model: Predicts a recipe's relative time to target (:class:`~raybatch.run.prior.TimeModel`);
+            ``None``: the geometric ladder.
+        size: Recipes on the ladder (each at ``m``; the first also at ``2m`` and ``m/2``).
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        estimator: Any = None,
+        budget_bytes: int | None = None,
+        model: Any = None,
+        size: int = 2,
+    ) -> None:
+        self.space = space
+        self.estimator = estimator
+        self.budget_bytes = budget_bytes
+        self.model = model
+        self.size = size
+
+    def fits(self, recipe: TrialConfig) -> bool:
+        return budget_check(self.estimator, self.budget_bytes)(recipe)
+
+    def recipes(self, baseline: dict[str, Any]) -> list[TrialConfig]:
+        """The ladder's recipes at the rule's LR, best first, one per effective batch, none at
+        the ``baseline``'s (the largest batch, already swept)."""
+        s = self.space.search
+        top = self.space.derive_from({**baseline, keys.LR_MULTIPLIER: 1.0})
+        grid = []
+        for micro in s.micro_batch_size:
+            for accumulation in s.accumulation_steps:
+                for world in s.world_size:
+                    try:
+                        recipe = self.space.derive(micro, accumulation, world)
+                    except RaybatchError:  # outside the space's limits
+                        continue
+                    if recipe.effective_batch_size != top.effective_batch_size and self.fits(
+                        recipe
+                    ):
+                        grid.append(recipe)
+        if self.model is not None:
+            ranked = sorted(grid, key=self.model.predicted_time)
+        else:
+            goals = [top.effective_batch_size / 4**i for i in range(1, self.size + 1)]
+            ranked = [min(grid, key=functools.partial(_distance, goal=g)) for g in goals if grid]
+        out: list[TrialConfig] = []
+        for r in ranked:
+            if all(o.effective_batch_size != r.effective_batch_size for o in out):
+                out.append(r)
+            if len(out) == self.size:
+                break
+        return out
+
+    def points(self, multiplier: float, baseline: dict[str, Any]) -> list[dict[str, Any]]:
+        """The second stage's searched knobs, at the first stage's best ``multiplier``."""
+        rng = self.space.search.lr_multiplier
+        low, high = (rng.low, rng.high) if rng is not None else (1.0, 1.0)
+        recipes = self.recipes(baseline)
+        chosen = [(r, multiplier) for r in recipes]
+        if recipes:
+            chosen += [(recipes[0], multiplier * 2), (recipes[0], multiplier / 2)]
+        out: list[dict[str, Any]] = []
+        for r, m in chosen:
+            knobs = {keys.MICRO_BATCH_SIZE: r.micro_batch_size,
+                     keys.ACCUMULATION_STEPS: r.accumulation_steps,
+                     keys.WORLD_SIZE: r.world_size,
+                     keys.LR_MULTIPLIER: min(max(m, low), high)}  # fmt: skip
+            point = searched_knobs(self.space, knobs)
+            if point not in out:
+                out.append(point)
+        return out

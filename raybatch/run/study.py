@@ -36,6 +36,12 @@ TUNE_TRIAL_ID_ATTR = "tune_trial_id"
 TIME_TO_TARGET_ATTR = "time_to_target_s"
 """The measured time to target of a trial that reached it."""
 
+LADDER_ATTR = "ladder_queued"
+"""Study attribute: the plan's second stage (:class:`raybatch.run.seeding.Ladder`) is queued."""
+BASELINE_ATTR = "baseline"
+"""Study attribute: the largest batch that fits, when the opening had to go below the one the
+estimate chose (that one ran out of memory)."""
+
 GAVE_UP_ATTR = "gave_up"
 """Study attribute: why the searcher stopped suggesting (every suggestion was pre-screened out)."""
 
@@ -195,6 +201,23 @@ class SearchStudy:
         """Record that the searcher ended the search early, and why."""
         self.study.set_user_attr(GAVE_UP_ATTR, reason)
         self._gave_up, self._gave_up_read = reason, True
+
+    def ladder_queued(self) -> bool:
+        return bool(self.study.user_attrs.get(LADDER_ATTR, False))
+
+    def queue_ladder(self, points: list[dict[str, Any]]) -> None:
+        """Queue the plan's second stage, once."""
+        for point in points:
+            self.study.enqueue_trial(point, skip_if_exists=True)
+        self.study.set_user_attr(LADDER_ATTR, True)
+
+    def set_baseline(self, knobs: dict[str, Any]) -> None:
+        self.study.set_user_attr(BASELINE_ATTR, knobs)
+
+    def baseline(self) -> dict[str, Any] | None:
+        """The largest batch that fits, as the search found it (``None``: as planned)."""
+        stored = self.study.user_attrs.get(BASELINE_ATTR)
+        return dict(stored) if stored is not None else None
 
     # ------------------------------------------------------------------ the driver's side
 

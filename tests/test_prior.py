@@ -1,0 +1,85 @@
+"""The time model: the noise-scale estimator on gradients of known statistics, predictions,
+and the measurement on a real workload."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import raybatch
+from raybatch.run.prior import NoiseScale, TimeModel, noise_scale, spearman
+
+
+def _norms(g: torch.Tensor, sigma: float, small: int, big: int, batches: int, seed: int
+           ) -> tuple[list[float], list[float]]:  # fmt: skip
+    """Squared norms of mean gradients whose per-sample noise has covariance sigma^2 I."""
+    gen = torch.Generator().manual_seed(seed)
+    small_sq, big_sq = [], []
+    k = big // small
+    for _ in range(batches):
+        per_sample = g + sigma * torch.randn(big, g.numel(), generator=gen)
+        parts = per_sample.view(k, small, -1).mean(dim=1)
+        small_sq.append(float((parts**2).sum(dim=1).mean()))
+        big_sq.append(float((per_sample.mean(dim=0) ** 2).sum()))
+    return small_sq, big_sq
+
+
+def test_the_estimator_recovers_a_known_noise_scale_within_its_spread() -> None:
+    """B_simple = tr(Sigma) / |G|^2 = 200 x 0.5^2 / 0.25 = 200 (McCandlish, appendix A)."""
+    g = torch.full((200,), 0.5 / math.sqrt(200) * math.sqrt(0.25 * 4))  # |G|^2 = 0.25
+    g = g * (0.5 / float(g.norm()))
+    small_sq, big_sq = _norms(g, 0.5, 16, 128, 200, seed=0)
+    measured = noise_scale(small_sq, big_sq, 16, 128)
+    assert measured.low <= measured.b_simple <= measured.high
+    assert measured.low < 200 < measured.high
+    assert measured.b_simple == pytest.approx(200, rel=0.25)
+    assert measured.batches == 200
+
+
+def test_the_estimator_refuses_what_it_cannot_use() -> None:
+    with pytest.raises(ValueError, match="must exceed"):
+        noise_scale([1.0, 1.0], [0.5, 0.5], 16, 16)
+    with pytest.raises(ValueError, match=">= 2"):
+        noise_scale([1.0], [0.5], 16, 128)
+
+
+def test_the_model_trades_steps_for_step_time() -> None:
+    """With B_noise = 256 and a step time that doubles with the batch past 64, the model's
+    fastest effective batch sits between the two pulls, not at either end."""
+    space = raybatch.load_space("tabular_mlp_adamw")
+    micro_s = {m: 1e-3 * max(1.0, m / 64) for m in space.search.micro_batch_size}
+    model = TimeModel(NoiseScale(256.0, 200.0, 300.0, 16, 128, 40), micro_s, 0.0)
+    grid = [space.derive(m) for m in space.search.micro_batch_size]
+    best = model.best_effective_batch(grid)
+    assert 64 <= best <= 256
+    assert model.predicted_time(space.derive(1024)) > model.predicted_time(space.derive(best))
+    assert model.predicted_time(space.derive(16)) > model.predicted_time(space.derive(best))
+    # Accumulation pays each micro step's fixed floor: 16 x 4 is slower than 64 x 1.
+    assert model.predicted_time(space.derive(16, 4)) > model.predicted_time(space.derive(64))
+    # A micro batch not timed is interpolated between its neighbours.
+    assert micro_s[64] < model.micro_time(96) < micro_s[128]
+
+
+def test_spearman_matches_scipy() -> None:
+    from scipy.stats import spearmanr
+
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0, 5.0], [2.0, 1.0, 4.0, 3.0, 6.0, 5.0]
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)
+    assert spearman([1.0, 2.0], [1.0, 2.0]) is None
+
+
+@pytest.mark.slow
+def test_the_measurement_on_a_real_workload_gives_a_usable_model() -> None:
+    from raybatch.examples.tabular import TabularWorkload
+    from raybatch.trial.gradient_noise import measure_here
+
+    space = raybatch.load_space("tabular_mlp_adamw")
+    model = measure_here(TabularWorkload(), space, space.search.micro_batch_size, cpus=1)
+    noise = model.noise
+    assert 0 < noise.low <= noise.b_simple <= noise.high < math.inf
+    assert (noise.small_batch, noise.big_batch) == (16, 128)
+    times = [model.micro_step_s[m] for m in sorted(model.micro_step_s)]
+    assert times[-1] > times[0] > 0  # 1024 samples cost more than 16
+    assert model.cost_s > 0
