@@ -1,24 +1,31 @@
 """Real training on this machine: raybatch's confirmed winners vs the max-batch heuristic (at
 the rule's LR and at its best LR from a sweep) vs the reference recipe, time to target
-re-measured side by side, with intervals.
+re-measured side by side, with intervals; and the time model's prediction against a grid.
 
-For each case (digits CNN with momentum SGD; an MLP on generated tabular data with AdamW; the
-same MLP searched over a wide LR range, where the scaling rule's LR is far from the best):
+For each case (digits CNN with momentum SGD; an MLP on generated tabular data with AdamW; a
+wide MLP on generated data whose optimum is not the largest batch), every space searching the
+LR over 1/4-8x the rule's:
 
 1. ``searches`` (>= 3) independent raybatch searches (``raybatch.search``: local Ray, Optuna in
-   SQLite, capping, confirmation), seeds 0, 1, 2..., each giving its winner;
+   SQLite, the plan, level capping, confirmation and race), seeds 0, 1, 2..., each giving its
+   winner, its compute (training seconds of every search and confirmation run and the time
+   model's measurement, in units of the winner's median time to target) and how its time
+   model ranked its trials (Spearman);
 2. the max batch's LR is swept (multipliers 0.5, 1, 2, 4 of the rule's LR, ``sweep_runs`` runs
-   each): the best one is the ``max_batch_tuned`` baseline — a fair heuristic tunes its LR too;
-3. every recipe (each search's winner, ``max_batch`` at the rule's LR, ``max_batch_tuned``,
-   ``reference``) is re-run ``reruns`` times, *interleaved* (the order rotated each round), with
-   fresh seeds, on one torch thread.
+   each): the best one is the ``max_batch_tuned`` baseline -- a fair heuristic tunes its LR too;
+3. a grid: every micro batch of the space (accumulation 1) at LR multipliers 1, 2 and 4,
+   ``grid_runs`` runs each -- the measured best effective batch, against the time model's;
+4. every recipe (each search's winner, ``max_batch`` at the rule's LR, ``max_batch_tuned``,
+   ``reference``, and the grid's best) is re-run ``reruns`` times, *interleaved* (the order
+   rotated each round), with fresh seeds, on one torch thread.
 
 Ratios: for each compared recipe, median training time to target over its runs / median over
 the winners' runs (> 1: the winners are faster), with a bootstrap 95% interval over the
 (round, search) pairs; a run that missed the target counts as 10 x the cap (PAR-10). An
 interval that contains 1 means the difference is within run-to-run noise, and is said so.
 
-Run: .venv/bin/python bench/real_training.py  (writes bench/results/real_training.json)
+Run: .venv/bin/python bench/real_training.py  (writes bench/results/real_training.json and
+bench/results/noise_scale.json)
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload
+from raybatch.examples.wide import WideWorkload
 from raybatch.run.options import SearchOptions
+from raybatch.run.prior import spearman
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.wrapper import TrialSettings, run_trial
 from raybatch.workload import Workload
@@ -47,23 +56,16 @@ from raybatch.workload import Workload
 RESULTS = Path(__file__).parent / "results" / "real_training.json"
 
 
-def _wide_lr_space() -> SearchSpace:
-    """The tabular space with the LR multiplier searched over 0.25-8x the sqrt rule's LR."""
-    data = raybatch.load_space("tabular_mlp_adamw").model_dump()
-    data["name"] = "tabular_mlp_adamw_wide_lr"
-    data["search"]["lr_multiplier"] = {"low": 0.25, "high": 8.0}
-    return SearchSpace.from_dict(data)
-
-
 Case = tuple[str, Workload, str, float, SearchSpace | None]
 CASES: list[Case] = [
     ("digits_cnn", DigitsWorkload(), "raybatch.examples.digits:workload", 0.97, None),
     ("tabular_mlp", TabularWorkload(), "raybatch.examples.tabular:workload", 0.87, None),
-    ("tabular_mlp_wide_lr", TabularWorkload(), "raybatch.examples.tabular:workload", 0.87,
-     _wide_lr_space()),
+    ("wide_mlp", WideWorkload(), "raybatch.examples.wide:workload", 0.82, None),
 ]  # fmt: skip
 SWEEP = (0.5, 1.0, 2.0, 4.0)
+GRID_LRS = (1.0, 2.0, 4.0)
 PAR = 10.0
+NOISE_RESULTS = Path(__file__).parent / "results" / "noise_scale.json"
 
 
 def _median(times: list[float | None]) -> float | None:
@@ -85,12 +87,31 @@ def _search(name: str, workload: Workload, ref: str, target: float, space: Searc
         raise RuntimeError(f"{name}: no recipe reached {target} in every confirmation run")
     best = result.best.config
     points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
+    median = result.best.provenance["median_time_to_target_s"]
+    prior = result.best.provenance.get("prior") or {}
+    trained = sum(float(r.get(keys.TRAIN_S) or 0.0) for r in result.rows)
+    reached = [
+        r
+        for r in result.rows
+        if r[keys.PHASE] == keys.PHASE_SEARCH
+        and r[keys.STATUS] == "reached"
+        and r.get(keys.PREDICTED_TIME_S) is not None
+    ]
     summary = {
         "seed": seed,
         "search_wall_s": wall,
         "winner": {k: getattr(best, k) for k in keys.RAW_KNOBS},
-        "confirmed_median_s": result.best.provenance["median_time_to_target_s"],
-    }
+        "winner_effective_batch": best.effective_batch_size,
+        "confirmed_median_s": median,
+        "within_noise_of_runner_up": (result.best.provenance.get("runner_up") or {}).get(
+            "within_noise"),
+        "compute_trainings": (trained + float(prior.get("cost_s") or 0.0)) / median,
+        "runs": sum(1 for r in result.rows if r[keys.PHASE] != keys.PHASE_PRESCREEN),
+        "noise_scale": prior.get("noise_scale"),
+        "predicted_best_effective_batch": prior.get("predicted_best_effective_batch"),
+        "spearman": spearman([float(r[keys.PREDICTED_TIME_S]) for r in reached],
+                             [float(r[keys.TIME_TO_TARGET_S]) for r in reached]),
+    }  # fmt: skip
     return summary["winner"], points, summary
 
 
@@ -133,6 +154,19 @@ def _tuned_max_batch(workload: Workload, space: SearchSpace, target: float,
     return best, {str(m): medians[m] for m in SWEEP}
 
 
+def _grid(workload: Workload, space: SearchSpace, target: float, runs: int, max_time_s: float,
+          lrs: tuple[float, ...] = GRID_LRS) -> dict[str, Any]:  # fmt: skip
+    """Every micro batch (accumulation 1) at each of ``lrs``: the measured best."""
+    recipes = {f"{m}@{lr:g}": {keys.MICRO_BATCH_SIZE: m, keys.ACCUMULATION_STEPS: 1,
+                               keys.LR_MULTIPLIER: lr}
+               for m in space.search.micro_batch_size for lr in lrs}  # fmt: skip
+    measured = _rerun(workload, space, target, recipes, runs, max_time_s, first_seed=700)
+    medians = {name: _median([r["time_to_target_s"] for r in measured[name]]) for name in recipes}
+    best = min(medians, key=lambda n: math.inf if medians[n] is None else medians[n])
+    return {"medians": medians, "best": best, "best_recipe": recipes[best],
+            "best_effective_batch": recipes[best][keys.MICRO_BATCH_SIZE]}  # fmt: skip
+
+
 def _scored(t: float | None, max_time_s: float) -> float:
     return PAR * max_time_s if t is None else t
 
@@ -156,7 +190,8 @@ def _compare(runs: dict[str, list[dict[str, Any]]], winners: list[str], max_time
 
 
 def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
-          max_time_s: float, confirm_seeds: int) -> dict[str, Any]:  # fmt: skip
+          max_time_s: float, confirm_seeds: int, grid_runs: int, grid_lrs: tuple[float, ...]
+          ) -> dict[str, Any]:  # fmt: skip
     name, workload, ref, target, given = case
     space = given or raybatch.load_space(workload.space or "")
     torch.set_num_threads(2)
@@ -167,10 +202,12 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
     max_batch = {**points["max_batch"], keys.LR_MULTIPLIER: 1.0}
     best_multiplier, sweep = _tuned_max_batch(workload, space, target, max_batch, sweep_runs,
                                               max_time_s)  # fmt: skip
+    grid = _grid(workload, space, target, grid_runs, max_time_s, grid_lrs)
     recipes = {f"raybatch_seed{s['seed']}": knobs for knobs, _, s in found}
     recipes["max_batch"] = max_batch
     recipes["max_batch_tuned"] = {**max_batch, keys.LR_MULTIPLIER: best_multiplier}
     recipes["reference"] = {**points["reference"], keys.LR_MULTIPLIER: 1.0}
+    recipes["grid_best"] = grid["best_recipe"]
     runs = _rerun(workload, space, target, recipes, reruns, max_time_s)
     winners = [n for n in recipes if n.startswith("raybatch")]
     out_recipes = {}
@@ -195,9 +232,30 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
         "space": space.name,
         "searches": [s for _, _, s in found],
         "max_batch_lr_sweep": {"medians": sweep, "best_multiplier": best_multiplier},
+        "grid": {k: v for k, v in grid.items() if k != "best_recipe"},
         "recipes": out_recipes,
         "compared": _compare(runs, winners, max_time_s),
     }
+
+
+def _noise_scale(workloads: dict[str, Any]) -> dict[str, Any]:
+    """Per case: the measured noise scale (each search's, with its bootstrap interval), the
+    predicted and the measured best effective batch, and the Spearman figures."""
+    out = {}
+    for name, w in workloads.items():
+        searches = w["searches"]
+        predicted = [s["predicted_best_effective_batch"] for s in searches]
+        measured = w["grid"]["best_effective_batch"]
+        within = [p is not None and measured / 2 <= p <= measured * 2 for p in predicted]
+        out[name] = {
+            "noise_scale": [s["noise_scale"] for s in searches],
+            "predicted_best_effective_batch": predicted,
+            "measured_best_effective_batch": measured,
+            "measured_best": w["grid"]["best"],
+            "predicted_within_2x": within,
+            "spearman": [s["spearman"] for s in searches],
+        }
+    return out
 
 
 def main(
@@ -209,9 +267,12 @@ def main(
     max_time_s: float = 20.0,
     out: Path = RESULTS,
     confirm_seeds: int = 3,
+    grid_runs: int = 2,
+    noise_out: Path = NOISE_RESULTS,
+    grid_lrs: tuple[float, ...] = GRID_LRS,
 ) -> dict[str, Any]:
     workloads = {case[0]: _case(case, searches, trials, reruns, sweep_runs, max_time_s,
-                                confirm_seeds) for case in cases}  # fmt: skip
+                                confirm_seeds, grid_runs, grid_lrs) for case in cases}  # fmt: skip
     data = {
         "benchmark": "real_training",
         "machine": f"{platform.machine()}, 1 torch thread per rerun",
@@ -223,6 +284,10 @@ def main(
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
+    noise = {"benchmark": "noise_scale", "machine": data["machine"], "torch": data["torch"],
+             "grid_lrs": list(grid_lrs), "grid_runs": grid_runs,
+             "workloads": _noise_scale(workloads)}  # fmt: skip
+    noise_out.write_text(json.dumps(noise, indent=2) + "\n")
     return data
 
 

@@ -82,7 +82,7 @@ from raybatch.run.seeding import (
 )
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
-BUDGETS = (10, 20, 40, 80)
+BUDGETS = (5, 10, 20, 40, 80)
 PREFIXES = (5, 8, 10, 12, 15, 20, 25, 30, 40, 60, 80)
 STRATEGIES = ("max_batch", "max_batch_lr_sweep", "random", "optuna_tpe", "asha", "asha_tpe",
               "hyperband", "raybatch", "raybatch_no_model", "raybatch_no_fidelity",
@@ -391,5 +391,38 @@ def main(
     return rows
 
 
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    """Median regret against median compute (trainings), one panel per member, one line per
+    strategy through its budgets: the peers compared at equal compute."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    members = list(dict.fromkeys(r["workload"] for r in rows))
+    cols = 4
+    fig, axes = plt.subplots(math.ceil(len(members) / cols), cols, figsize=(14, 3.2 * math.ceil(
+        len(members) / cols)), squeeze=False)  # fmt: skip
+    for ax, member in zip(axes.flat, members, strict=False):
+        for strategy in dict.fromkeys(r["strategy"] for r in rows):
+            mine = sorted((r for r in rows if (r["workload"], r["strategy"]) == (member, strategy)),
+                          key=lambda r: r["budget"])  # fmt: skip
+            style = "-o" if strategy == "raybatch" else ("--" if "raybatch" in strategy else ":.")
+            ax.plot([r["compute_trainings"] for r in mine], [r["median_regret"] for r in mine],
+                    style, label=strategy, linewidth=2.2 if strategy == "raybatch" else 1.0,
+                    markersize=3)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(member, fontsize=9)
+        ax.set_xlabel("compute (trainings of the optimum)", fontsize=8)
+        ax.set_ylabel("median regret", fontsize=8)
+    for ax in list(axes.flat)[len(members) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
-    main()
+    plot(main(), Path(__file__).parent.parent / "docs" / "search_efficiency.png")

@@ -200,6 +200,19 @@ def estimate_command(
 
 
 _EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
+RaceSeedsOpt = Annotated[
+    int,
+    typer.Option("--race-seeds", help="More paired seeds for the two best while within noise."),
+]
+NoPriorOpt = Annotated[
+    bool, typer.Option("--no-prior", help="Do not measure the time model before searching.")
+]
+LevelSlackOpt = Annotated[
+    float,
+    typer.Option(
+        "--level-slack", help="Capping slack at intermediate levels of the metric (0: off)."
+    ),
+]
 
 
 @app.command("search")
@@ -230,6 +243,9 @@ def search_command(
     no_capping: Annotated[bool, typer.Option("--no-capping")] = False,
     confirm_top: Annotated[int, typer.Option("--confirm-top")] = 3,
     confirm_seeds: Annotated[int, typer.Option("--confirm-seeds")] = 3,
+    race_seeds: RaceSeedsOpt = 4,
+    no_prior: NoPriorOpt = False,
+    level_slack: LevelSlackOpt = 1.5,
     hang_grace: Annotated[
         float,
         typer.Option(
@@ -262,6 +278,9 @@ def search_command(
                 capping=not no_capping,
                 confirm_top=confirm_top,
                 confirm_seeds=confirm_seeds,
+                race_seeds=race_seeds,
+                prior=not no_prior,
+                level_slack=level_slack or None,
                 hang_grace_s=hang_grace,
                 eval_every_samples=eval_every,
             )
@@ -424,6 +443,8 @@ _SEARCH_FLAGS = {
     "max_concurrent": "--max-concurrent",
     "confirm_top": "--confirm-top",
     "confirm_seeds": "--confirm-seeds",
+    "race_seeds": "--race-seeds",
+    "level_slack": "--level-slack",
     "hang_grace_s": "--hang-grace",
     "eval_every_samples": "--eval-every",
 }

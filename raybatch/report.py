@@ -2,6 +2,7 @@
 
 Plots: time to target vs effective batch (coloured by accumulation, marker by status);
 predicted memory vs micro batch with the budget line; the optimisation history (best so far);
+the time model's predicted time to target against the measured one;
 and the winner against the max-batch baseline and the reference recipe (medians as bars, every
 confirmation run as a dot, so overlapping runs show). A one-line verdict
 says what was found in plain language.
@@ -120,6 +121,33 @@ def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
+def _plot_predicted(rows: list[dict[str, Any]], out: Path) -> bool:
+    """The time model's prediction against the measured time to target, one dot per search
+    trial that reached the target (the diagonal: a perfect prior)."""
+    pts = [
+        (p, t)
+        for r in rows
+        if r[keys.PHASE] == keys.PHASE_SEARCH
+        and (p := _float(r.get(keys.PREDICTED_TIME_S))) is not None
+        and (t := _float(r[keys.TIME_TO_TARGET_S])) is not None
+    ]
+    if len(pts) < 2:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.8, 4.0))
+    ax.scatter([p for p, _ in pts], [t for _, t in pts], color="tab:blue")
+    low = min(min(p, t) for p, t in pts)
+    high = max(max(p, t) for p, t in pts)
+    ax.plot([low, high], [low, high], color="grey", linestyle="--", label="prediction = measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted time to target (s, time model)")
+    ax.set_ylabel("measured training time to target (s)")
+    ax.legend(fontsize=8)
+    _save(fig, out)
+    return True
+
+
 def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[dict[str, Any]]:
     if knobs is None:
         return []
@@ -236,6 +264,7 @@ def write_report(
     )
     has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
     _plot_history(rows, run_dir / "history.png")
+    has_prior = _plot_predicted(rows, run_dir / "predicted.png")
     entries: dict[str, dict[str, Any]] = {}
     confirmed = any(r[keys.PHASE] == keys.PHASE_CONFIRMATION for r in rows)
     winner = select_winner(rows, confirmed) if result.best is not None else None
@@ -255,6 +284,7 @@ def write_report(
         for n, e in entries.items()
     )
     images = ["time_vs_batch.png", *(["memory.png"] if has_memory else []), "history.png",
+              *(["predicted.png"] if has_prior else []),
               *(["comparison.png"] if entries else [])]  # fmt: skip
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in result.notes)
     page = f"""<!doctype html>

@@ -285,13 +285,20 @@ def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_p
     module = _load("real_training")
     case = [c for c in module.CASES if c[0] == "digits_cnn"]
     data = module.main(cases=case, searches=1, trials=2, reruns=1, sweep_runs=1, max_time_s=3.0,
-                       out=tmp_path / "r.json", confirm_seeds=1)  # fmt: skip
+                       out=tmp_path / "r.json", confirm_seeds=1, grid_runs=1, grid_lrs=(1.0,),
+                       noise_out=tmp_path / "n.json")  # fmt: skip
     w = data["workloads"]["digits_cnn"]
-    assert list(w["recipes"]) == ["raybatch_seed0", "max_batch", "max_batch_tuned", "reference"]
+    assert list(w["recipes"]) == ["raybatch_seed0", "max_batch", "max_batch_tuned", "reference",
+                                  "grid_best"]  # fmt: skip
     assert w["recipes"]["max_batch"]["micro_batch_size"] == 256  # nothing limits it on a CPU
     assert w["max_batch_lr_sweep"]["best_multiplier"] in module.SWEEP
-    assert set(w["compared"]) == {"max_batch", "max_batch_tuned", "reference"}
+    assert set(w["compared"]) == {"max_batch", "max_batch_tuned", "reference", "grid_best"}
     assert all(len(c["ratio_ci95"]) == 2 for c in w["compared"].values())
+    search = w["searches"][0]
+    assert search["compute_trainings"] > 1 and search["noise_scale"]["b_simple"] > 0
+    noise = json.loads((tmp_path / "n.json").read_text())["workloads"]["digits_cnn"]
+    assert noise["measured_best_effective_batch"] in (16, 32, 64, 128, 256)
+    assert noise["predicted_best_effective_batch"] == [search["predicted_best_effective_batch"]]
 
 
 def test_gpu_check_says_it_needs_a_gpu_and_writes_nothing_without_one(

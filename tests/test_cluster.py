@@ -123,6 +123,27 @@ PACKED = textwrap.dedent(
 )
 
 
+SUGGEST = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    import raybatch
+    from raybatch.run.searcher import RaybatchSearcher
+
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    space = raybatch.SearchSpace.from_yaml(sys.argv[2])
+    points = [{"micro_batch_size": 64, "world_size": w, "lr_multiplier": 1.0} for w in (8, 1)]
+    searcher = RaybatchSearcher(space, f"sqlite:///{sys.argv[3]}/suggest.db", "s", 60.0,
+                                points_to_evaluate=points, data_parallel_gpus=True)
+    config = searcher.suggest("t0")
+    print("OUT " + json.dumps({
+        "launched_world_size": config["world_size"],
+        "reasons": {str(p["world_size"]): p["reason"] for p in searcher.prescreened},
+    }))
+    """
+)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = tmp_path_factory.mktemp("cluster") / "cluster.py"
@@ -233,8 +254,16 @@ def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_r
     assert "TrialDeviceError: Ray assigned GPU" in proc.stderr
     assert "torch.cuda is not available in its process" in proc.stderr
     study = SearchStudy(f"sqlite:///{run / OPTUNA_DB}", STUDY_NAME)
-    reasons = {p.params.get("world_size"): p.reason for p in study.prescreened()}
-    assert reasons.get(8) == "needs 8 GPUs, the cluster has 4", reasons
+    assert {t.params.get("world_size", 1) for t in study.study.trials} == {1}  # the opening
+    # The search stopped before TPE proposed world size 8; the same searcher, on this cluster,
+    # given it first, pre-screens it with the count and launches the next point.
+    script = elsewhere / "suggest.py"
+    script.write_text(SUGGEST)
+    out = subprocess.run([sys.executable, str(script), cluster, str(space), str(elsewhere)],
+                         capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    result = json.loads(out.stdout.split("OUT ", 1)[1])
+    assert result["launched_world_size"] == 1
+    assert result["reasons"] == {"8": "needs 8 GPUs, the cluster has 4"}
 
 
 def test_a_trial_that_runs_out_of_memory_while_packed_is_retried_alone_once(

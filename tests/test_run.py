@@ -32,7 +32,12 @@ def finished_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) ->
     run_dir = tmp_path_factory.mktemp("run") / "digits"
     options = SearchOptions(trials=6, max_time_s=5.0, memory_budget=budget, gpus_per_trial=0,
                             confirm_top=1, confirm_seeds=2, seed=0)  # fmt: skip
-    result = raybatch.search(DigitsWorkload(), SPACE, 0.97, run_dir, options, DIGITS, verbose=0)
+    # The LR fixed, so the plan is short (the max batch, a ladder point) and TPE suggests the
+    # rest, some of them over the budget.
+    data = SPACE.model_dump()
+    data["search"]["lr_multiplier"] = None
+    space = raybatch.SearchSpace.from_dict(data)
+    result = raybatch.search(DigitsWorkload(), space, 0.97, run_dir, options, DIGITS, verbose=0)
     return {"result": result, "budget": budget, "run_dir": run_dir}
 
 
@@ -59,9 +64,11 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
     assert len(search_rows) == 6
     assert all(r["status"] == "prescreened_out" for r in prescreened)
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
-    assert len(study.trials) == len(search_rows) + len(prescreened)
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    by_tune_id = {t.user_attrs.get("tune_trial_id"): t for t in study.trials}
+    waiting = optuna.trial.TrialState.WAITING  # plan points queued that no trial reached
+    asked = [t for t in study.trials if t.state != waiting]
+    assert len(asked) == len(search_rows) + len(prescreened)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in asked)
+    by_tune_id = {t.user_attrs.get("tune_trial_id"): t for t in asked}
     for row in search_rows:
         trial = by_tune_id[row["trial_id"]]
         assert trial.user_attrs[STATUS_ATTR] == row["status"]
@@ -86,8 +93,7 @@ def test_no_launched_trial_exceeds_the_budget_and_rejections_are_listed(
     launched = [r for r in rows if r["phase"] in ("search", "confirmation")]
     assert all(int(r["micro_batch_size"]) <= 64 for r in launched)
     prescreened = [r for r in rows if r["phase"] == "prescreen"]
-    # Not vacuous: with this seed the third suggestion (during TPE's random start, before any
-    # result is told, so deterministic) is 128 or 256, over the budget.
+    # Not vacuous: with this seed TPE's random start suggests 128 or 256, over the budget.
     assert prescreened
     assert all(int(r["micro_batch_size"]) > 64 for r in prescreened)
     assert all(int(r["peak_memory_bytes"]) > finished_run["budget"] for r in prescreened)
@@ -147,8 +153,10 @@ def test_capped_trials_stop_near_slack_times_the_incumbent(finished_run: dict[st
     for row in rows:
         if row["status"] == "capped":
             # Stopped at the first report past the cap, on the objective's clock (training
-            # only): within one evaluation interval of it.
-            assert row[keys.TRAIN_S] > 1.2 * min(reached) * 0.999
+            # only): within one evaluation interval of it -- or earlier, behind the incumbent
+            # at an intermediate level, which its reason says.
+            if "intermediate level" not in row[keys.REASON]:
+                assert row[keys.TRAIN_S] > 1.2 * min(reached) * 0.999
             assert row[keys.TRAIN_S] < 1.2 * max(reached) + 5.0
             assert row[keys.ELAPSED_S] > row[keys.TRAIN_S]
 

@@ -361,19 +361,23 @@ def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr
     assert ladder == [(64, 1, 4.0), (16, 1, 4.0), (64, 1, 8.0), (64, 1, 2.0)]
 
 
-def test_the_ladder_waits_for_the_opening_to_finish(tmp_path: Path) -> None:
-    """With the whole opening launched and one trial still running, there is nothing to
-    suggest yet (Tune asks again); once it ends, the ladder comes, then TPE."""
+def test_the_ladder_comes_once_the_opening_has_finished_and_tpe_fills_in_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """With the whole opening launched and one trial still running, a free slot gets TPE's
+    suggestion (no slot idles); once the opening has finished, the ladder comes next."""
     searcher = _plan_searcher(tmp_path)
     for i in range(5):
         assert isinstance(searcher.suggest(f"o{i}"), dict)
     for i in (0, 1, 2, 4):  # the largest batch at 1x was fastest; 0.5x is still running
         searcher.on_trial_complete(f"o{i}", _result("reached", 1.0 if i == 0 else 2.0))
-    assert searcher.suggest("early") is None
+    meanwhile = searcher.suggest("tpe")
+    assert isinstance(meanwhile, dict)
     assert not searcher.record.ladder_queued()
     searcher.on_trial_complete("o3", _result("reached", 2.0))
     config = searcher.suggest("l0")
-    assert isinstance(config, dict) and config["lr_multiplier"] == 1.0
+    # The ladder at 1x: 64 (a quarter of 256) is the reference, already run, so 16 comes.
+    assert isinstance(config, dict) and _knobs(config) == (16, 1, 1.0)
     assert searcher.record.ladder_queued()
 
 

@@ -103,3 +103,69 @@ def test_search_rows_never_judge_a_confirmed_recipe() -> None:
     rows = _searched((CANDIDATE, 0.1)) + _confirmed(CANDIDATE, 2.0) + _confirmed(BASELINE, 1.0)
     winner = select_winner(rows, confirmed=True)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
+
+
+def _seeded(knobs: tuple[int, int, float], *times: float, first_seed: int = 1
+            ) -> list[dict[str, Any]]:  # fmt: skip
+    rows = _confirmed(knobs, *times)
+    for i, row in enumerate(rows):
+        row[keys.SEED] = first_seed + i
+    return rows
+
+
+def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> None:
+    """Medians say the baseline (1.25 against 1.30); seed by seed the candidate won 2 of 3
+    pairs, and the median of the paired ratios says it is about 7% faster."""
+    rows = _seeded(CANDIDATE, 1.0, 1.30, 1.31) + _seeded(BASELINE, 1.1, 1.25, 1.4)
+    winner = select_winner(rows, confirmed=True)
+    assert winner is not None and _knobs_of(winner.runs) == CANDIDATE
+    best = choose_winner(SPACE, Target(0.97), rows, SearchOptions())
+    assert best is not None
+    runner_up = best.provenance["runner_up"]
+    assert runner_up["micro_batch_size"] == 256
+    assert (runner_up["wins"], runner_up["pairs"]) == (2, 3)
+    assert runner_up["paired_ratio"] == pytest.approx(1.4 / 1.31)  # the median pair
+    assert runner_up["within_noise"] is True  # 2 of 3 is no verdict
+
+
+def test_pairs_follow_seeds_not_row_order() -> None:
+    rows = _seeded(CANDIDATE, 1.0, 2.0, first_seed=1) + _seeded(BASELINE, 2.2, 1.1, first_seed=2)
+    # Seed 2 is the one pair: 2.0 against 2.2.
+    from raybatch.run.selection import compare_paired, measured_recipes
+
+    a, b = measured_recipes(rows, confirmed=True)
+    paired = compare_paired(a, b)
+    assert paired is not None and (paired.wins, paired.pairs) == (1, 1)
+    assert paired.ratio == pytest.approx(1.1)
+
+
+def test_the_race_adds_seeds_to_the_two_best_until_one_is_three_pairs_ahead(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stands in for the runs only (Ray Tune runs them in the search's own tests): seed by seed
+    the candidate wins from the fourth seed on, so the race stops after two more seeds, at 4-1."""
+    from raybatch.run import confirmation
+
+    times = {CANDIDATE: {4: 1.0, 5: 1.0, 6: 1.0}, BASELINE: {4: 1.2, 5: 1.2, 6: 1.2}}
+    asked: list[list[int]] = []
+
+    def runs(path, resourced, space, candidates, options, verbose, concurrent, whole_gpus=False,
+             seeds=None):  # type: ignore[no-untyped-def]  # fmt: skip
+        asked.append(list(seeds))
+        out = []
+        for c in candidates:
+            knobs = _knobs_of([c])
+            out += _seeded(knobs, times[knobs][seeds[0]], first_seed=seeds[0])
+        return out
+
+    monkeypatch.setattr(confirmation, "confirm", runs)
+    rows = _seeded(CANDIDATE, 1.0, 1.3, 1.31) + _seeded(BASELINE, 1.1, 1.25, 1.4)
+    rows += _seeded(REFERENCE, 3.0, 3.0, 3.0)
+    extra = confirmation.race(tmp_path, None, SPACE, rows, SearchOptions(), 0, 1)
+    assert asked == [[4], [5]]
+    assert {_knobs_of([r]) for r in extra} == {CANDIDATE, BASELINE}
+    best = choose_winner(SPACE, Target(0.97), rows + extra, SearchOptions())
+    assert best is not None and best.config.micro_batch_size == 32
+    assert best.provenance["runner_up"]["within_noise"] is False
+    # Without a race budget nothing more runs.
+    assert confirmation.race(tmp_path, None, SPACE, rows, SearchOptions(race_seeds=0), 0, 1) == []

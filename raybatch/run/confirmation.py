@@ -1,9 +1,13 @@
-"""The confirmation: the best candidates (and the baselines) re-run with fresh seeds.
+"""The confirmation: the best candidates (and the baselines) re-run with fresh seeds, paired.
 
 A search ranks candidates on one run each, on a shared machine; the confirmation re-measures
-them, uncapped, so the winner is the recipe that reached the target every time, fastest. On
-GPUs every confirmation run holds a whole GPU (``alone`` in its config), never packed with
-neighbours: it is a measurement.
+them, uncapped, so the winner is the recipe that reached the target every time, fastest. Every
+recipe runs on the same seeds, so two recipes compare seed by seed
+(:func:`raybatch.run.selection.compare_paired`); when the two best still disagree from pair
+to pair, they *race* (F-race, Birattari et al. 2002; irace): one more seed each, until one is
+ahead by three pairs or ``race_seeds`` more seeds are spent, and the winner's provenance says
+"within noise" when they never separate. On GPUs every confirmation run holds a whole GPU
+(``alone`` in its config), never packed with neighbours: it is a measurement.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 from raybatch import keys
 from raybatch.run.options import SearchOptions
 from raybatch.run.rundir import row_of
+from raybatch.run.selection import compare_paired, ranked
 from raybatch.space.search_space import SearchSpace
 
 
@@ -38,10 +43,12 @@ def confirm(
     verbose: int,
     max_concurrent: int | None,
     whole_gpus: bool = False,
+    seeds: list[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Re-run each candidate with fresh seeds (no capping: every run must finish honestly);
-    with ``whole_gpus``, each run alone on its GPU."""
-    if not candidates or options.confirm_seeds <= 0:
+    """Re-run each candidate on the same fresh seeds (default: ``confirm_seeds`` of them; no
+    capping: every run must finish honestly); with ``whole_gpus``, each run alone on its GPU."""
+    seeds = seeds if seeds is not None else confirmation_seeds(options)
+    if not candidates or not seeds:
         return []
     from ray import tune
 
@@ -49,7 +56,7 @@ def confirm(
 
     param_space: dict[str, Any] = {
         keys.CANDIDATE: tune.grid_search(list(range(len(candidates)))),
-        keys.SEED: tune.grid_search([options.seed + 1 + i for i in range(options.confirm_seeds)]),
+        keys.SEED: tune.grid_search(seeds),
     }
     for key in keys.RAW_KNOBS:
         param_space[key] = tune.sample_from(_Pick(candidates, key))
@@ -81,3 +88,38 @@ def confirm(
         row[keys.SEED] = result.config[keys.SEED]
         rows.append(row)
     return rows
+
+
+def confirmation_seeds(options: SearchOptions) -> list[int]:
+    """The seeds every confirmed recipe runs on (fresh: the search's trials use ``seed``)."""
+    return [options.seed + 1 + i for i in range(options.confirm_seeds)]
+
+
+def race(
+    path: Path,
+    resourced: Any,
+    space: SearchSpace,
+    rows: list[dict[str, Any]],
+    options: SearchOptions,
+    verbose: int,
+    max_concurrent: int | None,
+    whole_gpus: bool = False,
+) -> list[dict[str, Any]]:
+    """More paired seeds for the two best recipes while their pairs disagree; the new rows.
+
+    Each round runs both on one more seed. It stops when one is ahead by three pairs (or won
+    every pair), when another recipe moves into the top two and the pair is decided, or after
+    ``race_seeds`` rounds; then the winner's provenance says whether the two stayed within
+    noise. A confirmation of one seed asked for no repeated measurement: no race then.
+    """
+    extra: list[dict[str, Any]] = []
+    first = options.seed + 1 + options.confirm_seeds
+    for round_ in range(options.race_seeds if options.confirm_seeds >= 2 else 0):
+        order = ranked(rows + extra, confirmed=True)
+        paired = compare_paired(order[0], order[1]) if len(order) >= 2 else None
+        if paired is None or paired.decisive:
+            break
+        two = [order[0].runs[0], order[1].runs[0]]
+        extra += confirm(path, resourced, space, two, options, verbose, max_concurrent,
+                         whole_gpus, seeds=[first + round_])  # fmt: skip
+    return extra

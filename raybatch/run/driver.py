@@ -19,9 +19,7 @@ The files it writes are described in :mod:`raybatch.run.rundir`.
 from __future__ import annotations
 
 import logging
-import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +37,10 @@ from raybatch.export import BestConfig, write_best
 from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target, resolve_target
 from raybatch.run.cluster import init_ray
-from raybatch.run.confirmation import confirm
+from raybatch.run.confirmation import confirm, race
 from raybatch.run.options import SearchOptions
-from raybatch.run.prior import TimeModel, spearman
+from raybatch.run.prediction import measure_prior, write_predictions
+from raybatch.run.prior import TimeModel
 from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
@@ -191,7 +190,7 @@ def _plan(
     reference = reference_point(space)
     model = None
     if options.prior:
-        model = _measure_prior(workload, space, estimator, budget, cuda, options, notes)
+        model = measure_prior(workload, space, estimator, budget, cuda, options, notes)
     searcher = RaybatchSearcher(
         space,
         storage_url=f"sqlite:///{(path / OPTUNA_DB).resolve()}",
@@ -225,44 +224,6 @@ def _plan(
     )  # fmt: skip
 
 
-def _measure_prior(
-    workload: Workload,
-    space: SearchSpace,
-    estimator: Any,
-    budget: int | None,
-    cuda: bool,
-    options: SearchOptions,
-    notes: list[str],
-) -> TimeModel | None:
-    """The time model, measured on one trial's resources (``None``, and a note, if it fails:
-    the plan then climbs a geometric ladder of batches instead)."""
-    from raybatch.trial.gradient_noise import measure_here, measure_remotely
-
-    fits = budget_check(estimator, budget)
-    micros = [m for m in space.search.micro_batch_size if fits(space.derive(m))]
-    micros = micros or [min(space.search.micro_batch_size)]
-    try:
-        if cuda or options.address is not None:  # the driver may have no GPU, or other CPUs
-            resources = {"num_cpus": options.cpus_per_trial, "num_gpus": 1 if cuda else 0}
-            model = measure_remotely(workload, space, micros, resources)
-        else:
-            model = measure_here(workload, space, micros, options.cpus_per_trial)
-    except Exception as exc:  # the workload's own failure shows again in its first trial
-        notes.append(f"the time model could not be measured ({type(exc).__name__}: {exc});"
-                     " the plan tried a geometric ladder of batches instead")  # fmt: skip
-        return None
-    n = model.noise
-    grid = [space.derive(m, a, w) for m in micros for a in space.search.accumulation_steps
-            for w in space.search.world_size if fits(space.derive(m, a, w))]  # fmt: skip
-    notes.append(
-        f"time model measured in {model.cost_s:.1f} s (charged to the search): gradient noise"
-        f" scale {n.b_simple:.0f} (80% interval {n.low:.0f}-{n.high:.0f}, batches {n.small_batch}"
-        f" and {n.big_batch}); predicted best effective batch"
-        f" {model.best_effective_batch(grid)}"
-    )
-    return model
-
-
 def _search_tuner(
     path: Path,
     plan: _Plan,
@@ -270,13 +231,12 @@ def _search_tuner(
     resume: bool,
     verbose: int,
     watch: Any,
-    mode: str,
+    scheduler: Any,
 ) -> Any:
     """The search's ``tune.Tuner``: a new one, or the interrupted one restored."""
     import ray
     from ray import tune
 
-    from raybatch.run.scheduler import CappingScheduler
     from raybatch.trial.resources import trials_in_flight
 
     experiment = path.resolve() / "tune" / "search"
@@ -290,13 +250,7 @@ def _search_tuner(
         plan.resourced,
         tune_config=tune.TuneConfig(
             search_alg=plan.searcher,
-            scheduler=CappingScheduler(
-                options.slack,
-                enabled=options.capping,
-                hang_after_s=options.max_time_s + options.hang_grace_s,
-                level_slack=options.level_slack,
-                mode=mode,
-            ),
+            scheduler=scheduler,
             num_samples=options.trials,
             max_concurrent_trials=options.max_concurrent
             or trials_in_flight(ray.cluster_resources(), plan.gpus, options.cpus_per_trial),
@@ -350,7 +304,16 @@ def _execute(
     plan = _plan(path, workload, space, target, options)
     notes = plan.notes
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
-    tuner = _search_tuner(path, plan, options, resume, verbose, watch, target.mode)
+    from raybatch.run.scheduler import CappingScheduler
+
+    scheduler = CappingScheduler(
+        options.slack,
+        enabled=options.capping,
+        hang_after_s=options.max_time_s + options.hang_grace_s,
+        level_slack=options.level_slack,
+        mode=target.mode,
+    )
+    tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
     with ray_errors_to(path / LOG_FILE) as diverted:
         results = tuner.fit()
         if watch.tripped is not None:
@@ -366,7 +329,8 @@ def _execute(
             f"search interrupted after {finished} of {options.trials} trials; the state is saved:"
             f" continue with `raybatch resume {path}`"
         )
-    rows = _search_rows(space, results, options.penalty)
+    # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
+    rows = _search_rows(space, results, options.penalty, scheduler.capped_at_level)
     closed = plan.searcher.record.close_orphans({r[keys.TRIAL_ID] for r in rows})
     if closed:
         notes.append(
@@ -384,6 +348,7 @@ def _execute(
         path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
     )
     rows += confirm_rows
+    rows += race(path, plan.resourced, space, rows, options, verbose, alone, whole_gpus=plan.cuda)
     # What the rows cannot say: the hardware, the workload's autocast, and the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry.
     measured_on: dict[str, Any] = {
@@ -392,7 +357,7 @@ def _execute(
         "grad_clip_norm": None,
     }
     if plan.model is not None:
-        measured_on["prior"] = _predicted_times(space, rows, plan.model, notes)
+        measured_on["prior"] = write_predictions(space, rows, plan.model, notes)
     best = choose_winner(space, target, rows, options, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
@@ -404,42 +369,21 @@ def _execute(
     return result
 
 
-def _predicted_times(
-    space: SearchSpace, rows: list[dict[str, Any]], model: TimeModel, notes: list[str]
-) -> dict[str, Any]:
-    """Write each row's predicted time (the model's relative time, scaled by the one constant
-    that best matches the search's measured times) and say how well it ranked them."""
-    relative = [model.predicted_time(space.derive_from(r)) for r in rows]
-    pairs = [
-        (p, float(r[keys.TIME_TO_TARGET_S]))
-        for p, r in zip(relative, rows, strict=True)
-        if r[keys.PHASE] == keys.PHASE_SEARCH and r[keys.STATUS] == TrialStatus.REACHED.value
-    ]
-    scale = statistics.median(t / p for p, t in pairs) if pairs else None
-    for p, r in zip(relative, rows, strict=True):
-        r[keys.PREDICTED_TIME_S] = p * scale if scale is not None and math.isfinite(p) else None
-    rho = spearman([p for p, _ in pairs], [t for _, t in pairs])
-    if rho is not None:
-        notes.append(f"the time model ranked the {len(pairs)} trials that reached the target"
-                     f" with Spearman {rho:.2f} against their measured times")  # fmt: skip
-    grid = {space.derive_from(r).effective_batch_size: space.derive_from(r) for r in rows}
-    return {
-        "noise_scale": model.noise.to_dict(),
-        "predicted_best_effective_batch": model.best_effective_batch(list(grid.values())),
-        "spearman_predicted_vs_measured": rho,
-        "cost_s": model.cost_s,
-    }
-
-
-def _search_rows(space: SearchSpace, results: Any, penalty: float) -> list[dict[str, Any]]:
+def _search_rows(
+    space: SearchSpace, results: Any, penalty: float, at_level: dict[str, float]
+) -> list[dict[str, Any]]:
     rows = []
     for result in results:
         metrics = dict(result.metrics or {})
         status, value = final_status(metrics, result.error is not None, penalty)
         if status is TrialStatus.CAPPED:
+            why = (
+                "behind the incumbent at an intermediate level of the metric (level slack)"
+                if metrics.get(keys.TRIAL_ID) in at_level
+                else "slower than the best time to target x slack"
+            )
             metrics[keys.REASON] = (
-                f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: slower than the best"
-                " time to target x slack"
+                f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: {why}"
             )
         if result.error is not None:
             metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"
@@ -483,7 +427,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     measured_on: dict[str, Any] | None = None
     if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
         stored = load_best(path).provenance
-        kept = ("device", "amp_dtype", "grad_clip_norm")
+        kept = ("device", "amp_dtype", "grad_clip_norm", "prior")
         measured_on = {k: stored[k] for k in kept if k in stored}
     return choose_winner(space, target, stored_rows(path), options, measured_on)
 

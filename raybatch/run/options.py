@@ -36,7 +36,9 @@ class SearchOptions:
             most this fraction, for the trial's real probe step to decide.
         confirm_top: Candidates re-run after the search (one at a time when trials run on
             CPUs, which contend for memory bandwidth; side by side on GPUs).
-        confirm_seeds: Fresh seeds per candidate.
+        confirm_seeds: Fresh seeds per candidate (the same for every candidate: paired).
+        race_seeds: At most this many more seeds for the two best confirmed recipes while
+            their paired runs disagree (0: no race; none either with ``confirm_seeds`` < 2).
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
         hang_grace_s: Seconds past ``max_time_s`` without a report after which a running
@@ -61,6 +63,7 @@ class SearchOptions:
     probe_margin: float = 0.2
     confirm_top: int = 3
     confirm_seeds: int = 3
+    race_seeds: int = 4
     eval_every_samples: int | None = None
     max_failures: int = 2
     hang_grace_s: float = 300.0
@@ -116,6 +119,7 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     need("probe_margin", _is_number(margin) and 0 <= margin <= 1, "a number in [0, 1]")
     need("confirm_top", _is_int(o.confirm_top) and o.confirm_top >= 0, "an integer >= 0")
     need("confirm_seeds", _is_int(o.confirm_seeds) and o.confirm_seeds >= 0, "an integer >= 0")
+    need("race_seeds", _is_int(o.race_seeds) and o.race_seeds >= 0, "an integer >= 0")
     need("eval_every_samples", _none_or(o.eval_every_samples, 1), "an integer >= 1 or None")
     need(
         "max_failures",

@@ -196,8 +196,7 @@ class RaybatchSearcher(Searcher):
         if self.gave_up is not None:
             return Searcher.FINISHED
         self._queue_first_points()
-        if self._waiting_for_opening():
-            return None  # Tune asks again once a running opening trial has finished
+        self._queue_ladder()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
             constants = self._define(ot_trial)
@@ -205,7 +204,7 @@ class RaybatchSearcher(Searcher):
             config = {**ot_trial.params, **constants}
             problem = self._placement(config)
             if problem is not None:
-                self._reject(ot_trial, config, OOM_VIOLATION, problem, None)
+                self._reject(ot_trial, config, OOM_VIOLATION, problem, None, memory=False)
                 continue
             verdict = self._screen(config)
             if verdict is not None and verdict.fits is False:
@@ -252,18 +251,14 @@ class RaybatchSearcher(Searcher):
                 self._opening_number[ot_trial.number] = i
                 return
 
-    def _waiting_for_opening(self) -> bool:
-        """Whether the ladder must wait: every opening point is launched, not all finished.
-
-        Once they have, the ladder is queued (once: the study remembers it across a resume).
-        """
+    def _queue_ladder(self) -> None:
+        """Queue the ladder once every opening point has finished (once: the study remembers
+        it across a resume). Until then a free slot gets TPE's suggestion rather than idling:
+        on a cluster the last opening trial may run long while other GPUs wait."""
         if self.ladder is None or self.record.ladder_queued():
-            return False
-        if len(self._opening_time) < len(self.opening):
-            launched = len(self._opening_time) + len(self._opening_number)
-            return launched >= len(self.opening)
-        self.record.queue_ladder(self.ladder.points(self._best_multiplier(), self.baseline))
-        return False
+            return
+        if len(self._opening_time) >= len(self.opening):
+            self.record.queue_ladder(self.ladder.points(self._best_multiplier(), self.baseline))
 
     @property
     def baseline(self) -> dict[str, Any]:
@@ -325,9 +320,10 @@ class RaybatchSearcher(Searcher):
         violation: float,
         reason: str,
         predicted_bytes: int | None,
+        memory: bool = True,
     ) -> None:
         self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes)
-        self._opening_done(ot_trial.number, None, memory=violation > 0)
+        self._opening_done(ot_trial.number, None, memory=memory)
         self.prescreened.append(
             {
                 **config,

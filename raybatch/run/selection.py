@@ -134,16 +134,81 @@ def measured_recipes(rows: list[dict[str, Any]], confirmed: bool) -> list[Measur
     ]
 
 
+def paired_times(a: Measured, b: Measured) -> list[tuple[float, float]]:
+    """The two recipes' times on the same seeds (confirmation runs carry their seed; rows
+    without one pair in order). Same seed, same data order and initialisation: the pair's
+    ratio cancels what the seed does to both."""
+    if all(r.get(keys.SEED) not in (None, "") for r in a.runs + b.runs):
+        times_b = {
+            int(r[keys.SEED]): float(r[keys.TIME_TO_TARGET_S])
+            for r in b.runs
+            if r[keys.STATUS] == TrialStatus.REACHED.value
+        }
+        return [
+            (float(r[keys.TIME_TO_TARGET_S]), times_b[int(r[keys.SEED])])
+            for r in a.runs
+            if r[keys.STATUS] == TrialStatus.REACHED.value and int(r[keys.SEED]) in times_b
+        ]
+    return list(zip(a.times, b.times, strict=False))
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The winner against the runner-up, seed by seed.
+
+    Attributes:
+        ratio: Median over pairs of runner-up time / winner time (> 1: the winner is faster).
+        wins: Pairs the winner won.
+        pairs: Pairs compared.
+    """
+
+    ratio: float
+    wins: int
+    pairs: int
+
+    @property
+    def decisive(self) -> bool:
+        """Whether the pairs agree enough to call it: every pair the same way (at least two),
+        or one side ahead by three pairs or more (a sequential sign test's stopping rule)."""
+        losses = self.pairs - self.wins
+        unanimous = self.pairs >= 2 and (self.wins == self.pairs or losses == self.pairs)
+        return unanimous or abs(self.wins - losses) >= 3
+
+
+def compare_paired(winner: Measured, runner_up: Measured) -> Paired | None:
+    pairs = paired_times(winner, runner_up)
+    if not pairs:
+        return None
+    ratio = statistics.median(b / a for a, b in pairs)
+    return Paired(ratio, sum(1 for a, b in pairs if a < b), len(pairs))
+
+
+def ranked(rows: list[dict[str, Any]], confirmed: bool) -> list[Measured]:
+    """The recipes that reached the target in every run that judges them, best first: by
+    median, except that the top two are ordered by their paired runs when they share seeds."""
+    eligible = sorted(
+        (m for m in measured_recipes(rows, confirmed) if m.always_reached), key=lambda m: m.median
+    )
+    if len(eligible) >= 2:
+        paired = compare_paired(eligible[0], eligible[1])
+        if paired is not None and paired.ratio < 1:
+            eligible[0], eligible[1] = eligible[1], eligible[0]
+    return eligible
+
+
 def select_winner(rows: list[dict[str, Any]], confirmed: bool) -> Measured | None:
     """The fastest recipe that reached the target in every run that judges it, whichever it is.
 
-    The one rule the search, :func:`raybatch.analyze_run` and the report share: the lowest
-    median training time to target among recipes that never missed. A search candidate, the
-    max-batch baseline or the reference may win; when the largest batch that fits wins, that
-    is the answer (the verdict says so), not a failure. Ties go to the recipe seen first.
+    The one rule the search, :func:`raybatch.analyze_run` and the report share: among recipes
+    that never missed, the lowest median training time to target -- and between the two best,
+    the one faster seed by seed (the median of their paired ratios), since a median of
+    independent runs on a noisy machine can pick the slower of two close recipes. A search
+    candidate, the max-batch baseline or the reference may win; when the largest batch that
+    fits wins, that is the answer (the verdict says so), not a failure. Ties go to the recipe
+    seen first.
     """
-    eligible = [m for m in measured_recipes(rows, confirmed) if m.always_reached]
-    return min(eligible, key=lambda m: m.median, default=None)
+    order = ranked(rows, confirmed)
+    return order[0] if order else None
 
 
 def choose_winner(
@@ -159,9 +224,10 @@ def choose_winner(
     on, as the search saw the cluster) and ``amp_dtype`` (the workload's autocast, which the
     framework exports need); without it, ``device`` is this machine's.
     """
-    winner = select_winner(rows, confirmed=options.confirm_seeds > 0)
-    if winner is None:
+    order = ranked(rows, confirmed=options.confirm_seeds > 0)
+    if not order:
         return None
+    winner = order[0]
     first = winner.runs[0]
     searched = [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH and same_knobs(r, [first])]
     recipe = space.derive_from(first)
@@ -182,5 +248,16 @@ def choose_winner(
         "search_trials": sum(1 for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    if len(order) > 1:
+        paired = compare_paired(winner, order[1])
+        if paired is not None:
+            second = order[1].runs[0]
+            provenance["runner_up"] = {
+                **{k: second[k] for k in keys.RAW_KNOBS},
+                "paired_ratio": paired.ratio,
+                "wins": paired.wins,
+                "pairs": paired.pairs,
+                "within_noise": not paired.decisive,
+            }
     provenance.update(measured_on or {})
     return BestConfig(recipe, provenance)

@@ -7,7 +7,9 @@
   target check and statuses, reported to Ray Tune;
 - ``status``: how a trial ended and the objective the searcher sees for it;
 - ``resources``: what a trial asks Ray for (GPU fraction from the memory estimate);
-- ``gpu_monitor``: GPU utilisation sampled during a trial (NVML).
+- ``gpu_monitor``: GPU utilisation sampled during a trial (NVML);
+- ``gradient_noise``: the search's time model measured on a trial's device (gradient noise
+  scale, step times).
 """
 
 from raybatch._lazy import lazy_exports

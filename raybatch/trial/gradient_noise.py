@@ -187,11 +187,17 @@ def measure_remotely(
     space: SearchSpace,
     micros: Sequence[int],
     resources: dict[str, Any],
+    timeout_s: float,
     batches: int = 48,
 ) -> TimeModel:
     """:func:`measure_time_model` in a Ray task holding one trial's resources (the driver of a
     cluster often has no GPU), on the device Ray assigns it, with the workload shipped as the
-    trials' is (:mod:`raybatch.shipping`)."""
+    trials' is (:mod:`raybatch.shipping`).
+
+    Raises:
+        TimeoutError: Not measured within ``timeout_s`` (the task is cancelled): a workload
+            that hangs must not hang the search.
+    """
     import ray
 
     from raybatch.shipping import ship_by_value
@@ -205,5 +211,10 @@ def measure_remotely(
         torch.set_num_threads(max(1, int(resources.get("num_cpus", 1))))
         return measure_time_model(workload, space, trial_device("auto"), micros, batches)
 
-    task = ray.remote(**resources)(run)
-    return ray.get(task.remote())
+    task = ray.remote(max_retries=0, **resources)(run)  # a crash is a note, not a retry
+    ref = task.remote()
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise TimeoutError(f"not measured within {timeout_s:g} s (one trial's time cap)") from None

@@ -1,0 +1,85 @@
+"""The time model in a search: measured before its first trial, written into its rows after.
+
+:mod:`raybatch.run.prior` holds the model; :mod:`raybatch.trial.gradient_noise` measures it on
+a trial's device. Here the driver's two uses: :func:`measure_prior` (on one trial's resources,
+with a note saying what it found and what it cost) and :func:`write_predictions` (each row's
+``predicted_time_s``, and how well the model ranked the search's trials).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from raybatch import keys
+from raybatch.run.options import SearchOptions
+from raybatch.run.prior import TimeModel, spearman
+from raybatch.run.seeding import budget_check
+from raybatch.space.search_space import SearchSpace
+from raybatch.trial.status import TrialStatus
+from raybatch.workload import Workload
+
+
+def measure_prior(
+    workload: Workload,
+    space: SearchSpace,
+    estimator: Any,
+    budget: int | None,
+    cuda: bool,
+    options: SearchOptions,
+    notes: list[str],
+) -> TimeModel | None:
+    """The time model, measured on one trial's resources (``None``, and a note, if it fails:
+    the plan then climbs a geometric ladder of batches instead)."""
+    from raybatch.trial.gradient_noise import measure_remotely
+
+    fits = budget_check(estimator, budget)
+    micros = [m for m in space.search.micro_batch_size if fits(space.derive(m))]
+    micros = micros or [min(space.search.micro_batch_size)]
+    try:
+        # In a Ray task, never in the driver: the driver of a cluster may have no GPU, and a
+        # workload that crashes its process (a segfault, a kill) must not take the search down.
+        resources = {"num_cpus": options.cpus_per_trial, "num_gpus": 1 if cuda else 0}
+        model = measure_remotely(workload, space, micros, resources, options.max_time_s)
+    except Exception as exc:  # the workload's own failure shows again in its first trial
+        notes.append(f"the time model could not be measured ({type(exc).__name__}: {exc});"
+                     " the plan tried a geometric ladder of batches instead")  # fmt: skip
+        return None
+    n = model.noise
+    grid = [space.derive(m, a, w) for m in micros for a in space.search.accumulation_steps
+            for w in space.search.world_size if fits(space.derive(m, a, w))]  # fmt: skip
+    notes.append(
+        f"time model measured in {model.cost_s:.1f} s (charged to the search): gradient noise"
+        f" scale {n.b_simple:.0f} (80% interval {n.low:.0f}-{n.high:.0f}, batches {n.small_batch}"
+        f" and {n.big_batch}); predicted best effective batch"
+        f" {model.best_effective_batch(grid)}"
+    )
+    return model
+
+
+def write_predictions(
+    space: SearchSpace, rows: list[dict[str, Any]], model: TimeModel, notes: list[str]
+) -> dict[str, Any]:
+    """Write each row's predicted time (the model's relative time, scaled by the one constant
+    that best matches the search's measured times) and say how well it ranked them."""
+    relative = [model.predicted_time(space.derive_from(r)) for r in rows]
+    pairs = [
+        (p, float(r[keys.TIME_TO_TARGET_S]))
+        for p, r in zip(relative, rows, strict=True)
+        if r[keys.PHASE] == keys.PHASE_SEARCH and r[keys.STATUS] == TrialStatus.REACHED.value
+    ]
+    scale = statistics.median(t / p for p, t in pairs) if pairs else None
+    for p, r in zip(relative, rows, strict=True):
+        r[keys.PREDICTED_TIME_S] = p * scale if scale is not None and math.isfinite(p) else None
+    rho = spearman([p for p, _ in pairs], [t for _, t in pairs])
+    if rho is not None:
+        notes.append(f"the time model ranked the {len(pairs)} trials that reached the target"
+                     f" with Spearman {rho:.2f} against their measured times")  # fmt: skip
+    grid = {space.derive_from(r).effective_batch_size: space.derive_from(r) for r in rows}
+    return {
+        "noise_scale": model.noise.to_dict(),
+        "predicted_best_effective_batch": model.best_effective_batch(list(grid.values())),
+        "spearman_predicted_vs_measured": rho,
+        "cost_s": model.cost_s,
+    }
