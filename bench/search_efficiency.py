@@ -207,7 +207,7 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
         study_name=f"sim-{member.name}-{seed}", penalty=10 * member.max_time_s,
         estimator=estimator if prescreen else None, budget_bytes=int(member.budget),
         points_to_evaluate=points, seed=seed, ladder=ladder,
-        probe_margin=PROBE_MARGIN if prescreen else 0.0,
+        probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline if plan else None,
     )  # fmt: skip
     return searcher, prior.cost_s if prior is not None else 0.0
 

@@ -196,10 +196,11 @@ class Member:
         return self.b_noise * self.noise_scale_error
 
     def prior_cost_s(self) -> float:
-        """What measuring the prior costs: 48 big batches of 8 small ones, and 6 timed passes
-        per micro batch that fits (as :mod:`raybatch.trial.gradient_noise` does)."""
-        noise = 48 * 8 * self.step_time(MICRO[0], 1)
-        timing = sum(6 * self.step_time(m, 1) for m in MICRO if self.fits(m))
+        """What measuring the prior costs: 32 big batches of 8 small ones, and 4 passes (one to
+        warm up, 3 timed) per micro batch that fits (as :mod:`raybatch.trial.gradient_noise`
+        does)."""
+        noise = 32 * 8 * self.step_time(MICRO[0], 1)
+        timing = sum(4 * self.step_time(m, 1) for m in MICRO if self.fits(m))
         return noise + timing
 
     def optimum(self) -> tuple[float, tuple[int, int, float]]:
@@ -306,6 +307,6 @@ def simulated_time_model(member: Member) -> TimeModel:
     """The prior raybatch would measure on this member: the noise scale off by the member's
     ``noise_scale_error``, step times as the simulated GPU runs them."""
     b = member.measured_noise_scale()
-    noise = NoiseScale(b, b, b, MICRO[0], 8 * MICRO[0], 48)
+    noise = NoiseScale(b, b, b, MICRO[0], 8 * MICRO[0], 32)
     micro_s = {m: member.step_time(m, 1) - member.t_opt for m in MICRO if member.fits(m)}
     return TimeModel(noise, micro_s, member.t_opt, cost_s=member.prior_cost_s())

@@ -254,9 +254,11 @@ def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_r
     assert "TrialDeviceError: Ray assigned GPU" in proc.stderr
     assert "torch.cuda is not available in its process" in proc.stderr
     study = SearchStudy(f"sqlite:///{run / OPTUNA_DB}", STUDY_NAME)
-    assert {t.params.get("world_size", 1) for t in study.study.trials} == {1}  # the opening
-    # The search stopped before TPE proposed world size 8; the same searcher, on this cluster,
-    # given it first, pre-screens it with the count and launches the next point.
+    assert not [t for t in study.study.trials if t.params.get("world_size") == 8
+                and t.user_attrs.get("status") != "prescreened_out"]  # fmt: skip
+    # Whether TPE proposed world size 8 before the search stopped depends on timing; the same
+    # searcher, on this cluster, given it first, pre-screens it with the count and launches
+    # the next point.
     script = elsewhere / "suggest.py"
     script.write_text(SUGGEST)
     out = subprocess.run([sys.executable, str(script), cluster, str(space), str(elsewhere)],

@@ -66,6 +66,7 @@ def test_resume_after_the_driver_is_killed_keeps_every_trial_once(how: str, tmp_
         "search", "raybatch.examples.digits:workload", "--target", "0.97",
         "--trials", str(TRIALS), "--run-dir", str(run_dir), "--max-time-per-trial", "6",
         "--max-concurrent", "1", "--confirm-top", "1", "--confirm-seeds", "1", "--quiet",
+        "--no-prior",  # the sigkill test below resumes with the stored time model
         start_new_session=True,  # its own process group: SIGKILL takes its local Ray too
     )  # fmt: skip
     deadline = time.time() + 180
@@ -87,6 +88,10 @@ def test_resume_after_the_driver_is_killed_keeps_every_trial_once(how: str, tmp_
     out, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err[-3000:]
     assert "best config:" in out
+    # The time model was measured once, when the search started, and read back on resume.
+    assert "time model read from prior.json" in out
+    stored_prior = json.loads((run_dir / "prior.json").read_text())
+    assert load_best(run_dir).provenance["prior"]["noise_scale"] == stored_prior["noise_scale"]
 
     rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == TRIALS  # the total asked for
@@ -188,6 +193,10 @@ def test_sigkill_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> No
     out, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err[-3000:]
     assert "best config:" in out
+    # The time model was measured once, when the search started, and read back on resume.
+    assert "time model read from prior.json" in out
+    stored_prior = json.loads((run_dir / "prior.json").read_text())
+    assert load_best(run_dir).provenance["prior"]["noise_scale"] == stored_prior["noise_scale"]
 
     rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
     assert sorted(r["trial_id"] for r in rows) == sorted(finished_before_kills)

@@ -427,3 +427,41 @@ def test_a_config_over_the_budget_by_less_than_the_margin_is_launched_for_its_pr
     config = strict.suggest("a")
     assert isinstance(config, dict) and config["micro_batch_size"] < 128
     assert [p["micro_batch_size"] for p in strict.prescreened][:2] == [128, 256]
+
+
+def test_a_replacement_that_is_already_planned_does_not_stall_the_ladder(tmp_path: Path) -> None:
+    """256 runs out of memory; 128 at the rule's LR is the reference, already planned, so the
+    sweep's point is not replaced (Optuna would not queue it twice) and the ladder still comes."""
+    from raybatch.run.seeding import Ladder, opening_points
+
+    data = SPACE.model_dump()
+    data["reference"]["batch_size"] = 128
+    space = raybatch.SearchSpace.from_dict(data)
+    baseline = max_batch_point(space, lambda recipe: True)
+    points = opening_points(space, baseline, reference_point(space))
+    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
+                                points_to_evaluate=points, ladder=Ladder(space),
+                                baseline=baseline)  # fmt: skip
+    for i in range(9):
+        config = searcher.suggest(f"t{i}")
+        assert isinstance(config, dict)
+        oom = config["micro_batch_size"] == 256
+        searcher.on_trial_complete(f"t{i}", _result("infeasible_memory" if oom else "reached", 1.0))
+    assert searcher.record.ladder_queued()
+
+
+def test_the_ladder_works_when_the_micro_batch_is_not_searched(tmp_path: Path) -> None:
+    from raybatch.run.seeding import Ladder, opening_points
+
+    data = SPACE.model_dump()
+    data["search"]["micro_batch_size"] = [64]
+    space = raybatch.SearchSpace.from_dict(data)
+    baseline = max_batch_point(space, lambda recipe: True)
+    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
+                                points_to_evaluate=opening_points(space, baseline, None),
+                                ladder=Ladder(space), baseline=baseline)  # fmt: skip
+    for i in range(6):
+        config = searcher.suggest(f"t{i}")
+        assert isinstance(config, dict) and config["micro_batch_size"] == 64
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0 + i))
+    assert searcher.record.ladder_queued()

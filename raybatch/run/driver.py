@@ -190,7 +190,7 @@ def _plan(
     reference = reference_point(space)
     model = None
     if options.prior:
-        model = measure_prior(workload, space, estimator, budget, cuda, options, notes)
+        model = measure_prior(workload, space, estimator, budget, cuda, options, notes, path)
     searcher = RaybatchSearcher(
         space,
         storage_url=f"sqlite:///{(path / OPTUNA_DB).resolve()}",
@@ -204,6 +204,7 @@ def _plan(
         pack_gpus=cuda and gpus == "auto",
         ladder=Ladder(space, estimator, budget, model),
         probe_margin=margin,
+        baseline=baseline,
     )
     settings = {
         "max_time_s": options.max_time_s,

@@ -8,8 +8,10 @@ with a note saying what it found and what it cost) and :func:`write_predictions`
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 from raybatch import keys
@@ -20,6 +22,12 @@ from raybatch.space.search_space import SearchSpace
 from raybatch.trial.status import TrialStatus
 from raybatch.workload import Workload
 
+PRIOR_FILE = "prior.json"
+"""The time model a search measured, in its run directory: a resumed search reads it back."""
+MEASURE_TIMEOUT_FLOOR_S = 30.0
+"""The measurement is given up after one trial's time cap, but never sooner than this: a Ray
+worker's start and torch's import alone take seconds on a busy machine."""
+
 
 def measure_prior(
     workload: Workload,
@@ -29,10 +37,18 @@ def measure_prior(
     cuda: bool,
     options: SearchOptions,
     notes: list[str],
+    run_dir: Path | None = None,
 ) -> TimeModel | None:
     """The time model, measured on one trial's resources (``None``, and a note, if it fails:
-    the plan then climbs a geometric ladder of batches instead)."""
+    the plan then climbs a geometric ladder of batches instead); kept in ``run_dir`` and read
+    back from there when the search resumes."""
     from raybatch.trial.gradient_noise import measure_remotely
+
+    stored = run_dir / PRIOR_FILE if run_dir is not None else None
+    if stored is not None and stored.is_file():
+        model = TimeModel.from_dict(json.loads(stored.read_text()))
+        notes.append(f"time model read from {PRIOR_FILE} (measured when the search started)")
+        return model
 
     fits = budget_check(estimator, budget)
     micros = [m for m in space.search.micro_batch_size if fits(space.derive(m))]
@@ -41,11 +57,14 @@ def measure_prior(
         # In a Ray task, never in the driver: the driver of a cluster may have no GPU, and a
         # workload that crashes its process (a segfault, a kill) must not take the search down.
         resources = {"num_cpus": options.cpus_per_trial, "num_gpus": 1 if cuda else 0}
-        model = measure_remotely(workload, space, micros, resources, options.max_time_s)
+        timeout = max(options.max_time_s, MEASURE_TIMEOUT_FLOOR_S)
+        model = measure_remotely(workload, space, micros, resources, timeout)
     except Exception as exc:  # the workload's own failure shows again in its first trial
         notes.append(f"the time model could not be measured ({type(exc).__name__}: {exc});"
                      " the plan tried a geometric ladder of batches instead")  # fmt: skip
         return None
+    if stored is not None:
+        stored.write_text(json.dumps(model.to_dict(), indent=2) + "\n")
     n = model.noise
     grid = [space.derive(m, a, w) for m in micros for a in space.search.accumulation_steps
             for w in space.search.world_size if fits(space.derive(m, a, w))]  # fmt: skip

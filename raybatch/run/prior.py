@@ -159,6 +159,17 @@ class TimeModel:
         """The effective batch of the recipe predicted fastest among ``recipes``."""
         return min(recipes, key=self.predicted_time).effective_batch_size
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TimeModel:
+        """The model :meth:`to_dict` wrote (a resumed search reads it instead of measuring)."""
+        return cls(
+            NoiseScale(**data["noise_scale"]),
+            {int(k): float(v) for k, v in data["micro_step_s"].items()},
+            float(data["optimizer_step_s"]),
+            float(data["cost_s"]),
+            list(data.get("notes", [])),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "noise_scale": self.noise.to_dict(),

@@ -69,6 +69,8 @@ class Trajectory:
         value = self.sign * float(metric)
         if value != value:  # NaN: no progress
             return
+        if self.times and train_s < self.times[-1]:  # a retried trial starts its clock again
+            self.times, self.best = [], []
         if self.best and value < self.best[-1]:
             value = self.best[-1]
         self.times.append(float(train_s))
@@ -228,6 +230,10 @@ class CappingScheduler(FIFOScheduler):
                 " stopped by the driver",
             }
             tune_controller.stop_trial(trial)
+
+    def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+        self._trajectories.pop(trial.trial_id, None)
+        super().on_trial_error(tune_controller, trial)
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
         trajectory = self._trajectories.pop(trial.trial_id, None)

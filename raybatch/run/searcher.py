@@ -105,6 +105,8 @@ class RaybatchSearcher(Searcher):
         probe_margin: Launch a config the estimate puts over the budget by at most this
             fraction, for its trial's real probe to decide (0: the estimate decides; only
             meaningful where trials probe on a real device).
+        baseline: The largest batch's integer knobs, all of them (a knob with one choice is
+            not among the searched ones); default: read from the first opening point.
     """
 
     # Defaults for a searcher unpickled from a run an older raybatch started (Tune restores the
@@ -114,6 +116,8 @@ class RaybatchSearcher(Searcher):
     ladder: Ladder | None = None
     probe_margin: float = 0.0
     opening: list[dict[str, Any]] = []  # noqa: RUF012 (replaced, never mutated, per instance)
+    _baseline: dict[str, Any] | None = None
+    _sweep_indices: set[int] | None = None
 
     def __init__(
         self,
@@ -130,6 +134,7 @@ class RaybatchSearcher(Searcher):
         pack_gpus: bool = False,
         ladder: Ladder | None = None,
         probe_margin: float = 0.0,
+        baseline: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(metric=metric, mode="min")
         self.space = space
@@ -150,6 +155,8 @@ class RaybatchSearcher(Searcher):
         self.ladder = ladder
         self.probe_margin = probe_margin
         self.opening = [dict(p) for p in points_to_evaluate or []]
+        self._baseline = dict(baseline) if baseline is not None else None
+        self._sweep_indices: set[int] | None = None
         self._opening_number: dict[int, int] = {}  # Optuna trial number -> opening index
         self._opening_time: dict[int, float | None] = {}  # opening index -> time to target
 
@@ -257,7 +264,10 @@ class RaybatchSearcher(Searcher):
         on a cluster the last opening trial may run long while other GPUs wait."""
         if self.ladder is None or self.record.ladder_queued():
             return
-        if len(self._opening_time) >= len(self.opening):
+        done = len(self._opening_time) >= len(self.opening)
+        if done or (not self._opening_number and not self.record.queued()):
+            # Every opening point has ended, or none is running or waiting any more (one was
+            # lost at an interruption): the ladder goes on with what is known.
             self.record.queue_ladder(self.ladder.points(self._best_multiplier(), self.baseline))
 
     @property
@@ -266,9 +276,18 @@ class RaybatchSearcher(Searcher):
         smaller one that replaced it after it ran out of memory."""
         stored = self.record.baseline()
         if stored is not None:
-            return stored
+            return {**(self._baseline or {}), **stored}
+        if self._baseline is not None:
+            return dict(self._baseline)
         first = self.opening[0] if self.opening else {}
         return {k: v for k, v in first.items() if k in keys.RAW_KNOBS[:3]}
+
+    def _sweep(self) -> set[int]:
+        """The opening's indices of the largest batch's LR sweep (fixed when first asked, so a
+        point replaced by a smaller batch stays one of them)."""
+        if self._sweep_indices is None:
+            self._sweep_indices = {i for i, p in enumerate(self.opening) if self._at_baseline(p)}
+        return self._sweep_indices
 
     def _at_baseline(self, point: dict[str, Any]) -> bool:
         return all(point.get(k) == v for k, v in self.baseline.items())
@@ -288,15 +307,18 @@ class RaybatchSearcher(Searcher):
         i = self._opening_number.pop(number, None)
         if i is None:
             return
-        smaller = self._smaller(self.opening[i]) if memory else None
-        if smaller is None:
+        # Only the largest batch's sweep follows the batch down (the reference is a recipe of
+        # its own), and only to a point not already planned or run (Optuna would not queue it
+        # twice, and the ladder would wait for it forever).
+        at_baseline = i in self._sweep()
+        smaller = self._smaller(self.opening[i]) if memory and at_baseline else None
+        if smaller is None or smaller in self.opening or self.record.has_run(smaller):
             self._opening_time[i] = time_to_target
             return
-        if self._at_baseline(self.opening[i]):
-            self.record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: smaller[
-                keys.MICRO_BATCH_SIZE]})  # fmt: skip
+        self.record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: smaller[
+            keys.MICRO_BATCH_SIZE]})  # fmt: skip
         self.opening = [*self.opening[:i], smaller, *self.opening[i + 1 :]]
-        self.record.study.enqueue_trial(smaller, skip_if_exists=True)
+        self.record.study.enqueue_trial(smaller)
 
     def _smaller(self, point: dict[str, Any]) -> dict[str, Any] | None:
         micro = point.get(keys.MICRO_BATCH_SIZE)
@@ -399,6 +421,7 @@ class RaybatchSearcher(Searcher):
                     "opening": self.opening,
                     "opening_number": self._opening_number,
                     "opening_time": self._opening_time,
+                    "sweep": self._sweep(),
                 },
                 f,
             )
@@ -415,4 +438,5 @@ class RaybatchSearcher(Searcher):
         self.opening = state.get("opening", self.opening)
         self._opening_number = state.get("opening_number", {})
         self._opening_time = state.get("opening_time", {})
+        self._sweep_indices = state.get("sweep")
         self._pending_points = []

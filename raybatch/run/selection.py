@@ -139,17 +139,18 @@ def paired_times(a: Measured, b: Measured) -> list[tuple[float, float]]:
     without one pair in order). Same seed, same data order and initialisation: the pair's
     ratio cancels what the seed does to both."""
     if all(r.get(keys.SEED) not in (None, "") for r in a.runs + b.runs):
-        times_b = {
-            int(r[keys.SEED]): float(r[keys.TIME_TO_TARGET_S])
-            for r in b.runs
-            if r[keys.STATUS] == TrialStatus.REACHED.value
-        }
-        return [
-            (float(r[keys.TIME_TO_TARGET_S]), times_b[int(r[keys.SEED])])
-            for r in a.runs
-            if r[keys.STATUS] == TrialStatus.REACHED.value and int(r[keys.SEED]) in times_b
-        ]
+        # A run that missed the target lost its pair (its time counts as infinite).
+        times_b = {int(r[keys.SEED]): _time(r) for r in b.runs}
+        pairs = [(_time(r), times_b[int(r[keys.SEED])]) for r in a.runs
+                 if int(r[keys.SEED]) in times_b]  # fmt: skip
+        return [(x, y) for x, y in pairs if math.isfinite(x) or math.isfinite(y)]
     return list(zip(a.times, b.times, strict=False))
+
+
+def _time(row: dict[str, Any]) -> float:
+    if row[keys.STATUS] != TrialStatus.REACHED.value:
+        return math.inf
+    return float(row[keys.TIME_TO_TARGET_S])
 
 
 @dataclass(frozen=True)
@@ -179,21 +180,39 @@ def compare_paired(winner: Measured, runner_up: Measured) -> Paired | None:
     pairs = paired_times(winner, runner_up)
     if not pairs:
         return None
-    ratio = statistics.median(b / a for a, b in pairs)
+    ratio = statistics.median(b / a if math.isfinite(a) else 0.0 for a, b in pairs)
     return Paired(ratio, sum(1 for a, b in pairs if a < b), len(pairs))
 
 
 def ranked(rows: list[dict[str, Any]], confirmed: bool) -> list[Measured]:
     """The recipes that reached the target in every run that judges them, best first: by
     median, except that the top two are ordered by their paired runs when they share seeds."""
-    eligible = sorted(
-        (m for m in measured_recipes(rows, confirmed) if m.always_reached), key=lambda m: m.median
-    )
+    measured = measured_recipes(rows, confirmed)
+    shared = _shared_seeds(measured)
+    # Eligible: reached the target on every seed all recipes ran. The race's extra seeds are
+    # run by the two best alone: a miss there loses a pair, it does not hand a third the win.
+    eligible = sorted((m for m in measured if _reached_on(m, shared)), key=lambda m: m.median)
     if len(eligible) >= 2:
         paired = compare_paired(eligible[0], eligible[1])
         if paired is not None and paired.ratio < 1:
             eligible[0], eligible[1] = eligible[1], eligible[0]
     return eligible
+
+
+def _shared_seeds(measured: list[Measured]) -> set[int] | None:
+    """The seeds every recipe ran on (``None``: rows without seeds, judge every run)."""
+    runs = [r for m in measured for r in m.runs]
+    if not runs or any(r.get(keys.SEED) in (None, "") for r in runs):
+        return None
+    seeds = [{int(r[keys.SEED]) for r in m.runs} for m in measured]
+    return set.intersection(*seeds)
+
+
+def _reached_on(m: Measured, seeds: set[int] | None) -> bool:
+    if not seeds:
+        return m.always_reached
+    judged = [r for r in m.runs if int(r[keys.SEED]) in seeds]
+    return bool(judged) and all(r[keys.STATUS] == TrialStatus.REACHED.value for r in judged)
 
 
 def select_winner(rows: list[dict[str, Any]], confirmed: bool) -> Measured | None:
@@ -257,7 +276,7 @@ def choose_winner(
                 "paired_ratio": paired.ratio,
                 "wins": paired.wins,
                 "pairs": paired.pairs,
-                "within_noise": not paired.decisive,
+                "within_noise": None if paired.pairs < 2 else not paired.decisive,
             }
     provenance.update(measured_on or {})
     return BestConfig(recipe, provenance)

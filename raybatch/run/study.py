@@ -211,6 +211,21 @@ class SearchStudy:
             self.study.enqueue_trial(point, skip_if_exists=True)
         self.study.set_user_attr(LADDER_ATTR, True)
 
+    def queued(self) -> bool:
+        """Whether points wait in the queue (enqueued, not yet asked)."""
+        import optuna
+
+        waiting = (optuna.trial.TrialState.WAITING,)
+        return bool(self.study.get_trials(deepcopy=False, states=waiting))
+
+    def has_run(self, params: dict[str, Any]) -> bool:
+        """Whether a trial with exactly these parameters was asked already."""
+        return any(
+            all(t.params.get(k) == v for k, v in params.items())
+            for t in self.study.get_trials(deepcopy=False)
+            if t.params
+        )
+
     def set_baseline(self, knobs: dict[str, Any]) -> None:
         self.study.set_user_attr(BASELINE_ATTR, knobs)
 

@@ -18,6 +18,7 @@ Every second spent is returned as ``cost_s`` and charged to the search.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -138,8 +139,8 @@ def measure_time_model(
     space: SearchSpace,
     device: torch.device,
     micros: Sequence[int],
-    batches: int = 48,
-    timed: int = 5,
+    batches: int = 32,
+    timed: int = 3,
 ) -> TimeModel:
     """The prior for ``workload`` on ``device``: its noise scale and step times.
 
@@ -161,14 +162,18 @@ def measure_time_model(
     small = min(space.search.micro_batch_size)
     small_sq, big_sq = _noise_batches(workload, space, device, small, batches)
     skip = batches // 4
+    if not all(math.isfinite(v) for v in small_sq + big_sq):
+        raise ValueError("the gradient norms were not finite (the measurement steps diverged)")
     noise = noise_scale(small_sq[skip:], big_sq[skip:], small, small * SMALL_BATCHES_PER_BIG)
+    if math.isnan(noise.b_simple):
+        raise ValueError("the noise scale came out NaN")
     micro_s = _step_times(workload, device, sorted(micros), sync, timed)
     opt_s = _optimizer_time(workload, space, device, sync)
     return TimeModel(noise, micro_s, opt_s, cost_s=time.perf_counter() - start)
 
 
 def measure_here(
-    workload: Workload, space: SearchSpace, micros: Sequence[int], cpus: float, batches: int = 48
+    workload: Workload, space: SearchSpace, micros: Sequence[int], cpus: float, batches: int = 32
 ) -> TimeModel:
     """:func:`measure_time_model` in this process on its CPU, with the threads one trial has
     (a local CPU search: no Ray worker to start)."""
@@ -188,7 +193,7 @@ def measure_remotely(
     micros: Sequence[int],
     resources: dict[str, Any],
     timeout_s: float,
-    batches: int = 48,
+    batches: int = 32,
 ) -> TimeModel:
     """:func:`measure_time_model` in a Ray task holding one trial's resources (the driver of a
     cluster often has no GPU), on the device Ray assigns it, with the workload shipped as the
