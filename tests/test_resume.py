@@ -88,10 +88,6 @@ def test_resume_after_the_driver_is_killed_keeps_every_trial_once(how: str, tmp_
     out, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err[-3000:]
     assert "best config:" in out
-    # The time model was measured once, when the search started, and read back on resume.
-    assert "time model read from prior.json" in out
-    stored_prior = json.loads((run_dir / "prior.json").read_text())
-    assert load_best(run_dir).provenance["prior"]["noise_scale"] == stored_prior["noise_scale"]
 
     rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == TRIALS  # the total asked for
