@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import measured_at, write_result
+
 from raybatch import keys
 from raybatch.run.rundir import read_trials_csv
 
@@ -45,6 +47,7 @@ def _first_status_line(lines: list[str]) -> int:
 
 
 def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
+    at = measured_at()
     run_dir = Path(tempfile.mkdtemp(prefix="demo-")) / "run"
     start = time.perf_counter()
     proc = subprocess.run(
@@ -73,8 +76,7 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
         "winner": {"knobs": winner, "runs": _runs(rows, winner)},
         "largest_batch": {"knobs": baseline, "runs": _runs(rows, baseline)},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(out, data, at)
     print("\n".join(data["output"]))
     return data
 

@@ -9,13 +9,13 @@ Run: .venv/bin/python bench/digits_batch_sweep.py   (writes bench/results/digits
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import measured_at, write_result
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
@@ -34,6 +34,7 @@ def main(
     torch.set_num_threads(1)
     space = raybatch.load_space("digits_cnn_sgd")
     workload = DigitsWorkload()
+    at = measured_at()
     settings = TrialSettings(raybatch.Target(0.97), max_time_s=max_time_s)
     rows = []
     for micro, accumulation in grid:
@@ -58,20 +59,17 @@ def main(
         )
         print(f"micro {micro:>3} x accum {accumulation}: {rows[-1]['reached']} reached,"
               f" median {rows[-1]['median_time_to_target_s']}")  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "digits_batch_sweep",
-                "machine": f"{platform.machine()}, 1 torch thread",
-                "torch": torch.__version__,
-                "target": 0.97,
-                "max_time_s": max_time_s,
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        out,
+        {
+            "benchmark": "digits_batch_sweep",
+            "machine": f"{platform.machine()}, 1 torch thread",
+            "torch": torch.__version__,
+            "target": 0.97,
+            "max_time_s": max_time_s,
+            "rows": rows,
+        },
+        at,
     )
     return rows
 

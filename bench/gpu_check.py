@@ -29,6 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from provenance import write_result
+
 import raybatch
 from raybatch.memory.budget import (
     CUDA_CONTEXT_OVERHEAD_BYTES,
@@ -159,8 +161,7 @@ def main() -> None:
         "packed_pair": packed_pair(),
     }
     data["wall_s"] = time.time() - start
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(RESULTS, data)
     print(json.dumps(data, indent=2))
 
 

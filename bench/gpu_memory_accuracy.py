@@ -21,7 +21,6 @@ Run on a GPU machine: .venv/bin/python bench/gpu_memory_accuracy.py
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from models import WORKLOADS
+from provenance import write_result
 
 import raybatch
 from raybatch.memory import MemoryEstimator
@@ -191,8 +191,7 @@ def main() -> None:
         "peaks": rows,
         "boundaries": boundaries,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    write_result(RESULTS.with_suffix(".json"), data)
     RESULTS.with_suffix(".md").write_text(markdown(data))
     print(markdown(data))
 

@@ -27,6 +27,7 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).parent))
 
 from models import ResNet18
+from provenance import write_result
 
 import raybatch
 from raybatch import keys
@@ -116,8 +117,7 @@ def main() -> None:
             "allocated_after": torch.cuda.memory_allocated(device),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(RESULTS, data)
     print(json.dumps(data, indent=2))
 
 

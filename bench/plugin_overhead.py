@@ -1,6 +1,7 @@
 """Wall-clock overhead of the plugin: plain ``tune.Tuner`` vs raybatch's searcher + scheduler.
 
-The same trivial trainable (it reports once and ends) runs 50 trials through:
+The same trivial trainable (it reports once and ends) runs the same number of trials (30 by
+default, ``trials`` in the result) through:
 
 - ``plain``: ``tune.Tuner`` with Ray Tune's random search over the coupled space's
   ``param_space`` and the default FIFO scheduler;
@@ -8,9 +9,10 @@ The same trivial trainable (it reports once and ends) runs 50 trials through:
   pre-screen on) and :class:`CappingScheduler`, the trainable reporting through
   :class:`raybatch.TrialReporter`.
 
-Runs alternate (plain, raybatch, plain, raybatch) on one local Ray, so drift on a shared
-machine hits both; the figure is the ratio of median wall-clock over five or more repeats, with
-a paired bootstrap 95% interval so that one noisy run cannot decide it (target <= 1.10).
+Runs alternate on one local Ray (plain first in even repeats, raybatch first in odd ones), so
+drift on a shared machine hits both; a repeat is a pair, and the figure is the median over five
+or more pairs of raybatch / plain, with a 95% bootstrap interval over pairs so that one noisy
+run cannot decide it (target <= 1.10).
 
 raybatch sets ``max_concurrent_trials`` to the trials the cluster can run at once
 (:func:`raybatch.trial.resources.trials_in_flight`), as ``raybatch.search`` does: without a
@@ -23,7 +25,6 @@ Run: .venv/bin/python bench/plugin_overhead.py  (writes bench/results/plugin_ove
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -31,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from provenance import measured_at, write_result
 from ray import tune
-from stats import ratio_ci95
+from stats import paired_ratio
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
@@ -95,14 +97,18 @@ def main(trials: int = 30, repeats: int = 5, out: Path = RESULTS) -> dict[str, A
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     estimator.model_for()  # trace once up front, as a search does before its first trial
+    at = measured_at()
     times: dict[str, list[float]] = {"plain": [], "raybatch": []}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            times["plain"].append(run_plain(trials, a))
-            times["raybatch"].append(run_raybatch(trials, b, estimator))
+            for which in ("plain", "raybatch") if repeat % 2 == 0 else ("raybatch", "plain"):
+                times[which].append(
+                    run_plain(trials, a) if which == "plain" else run_raybatch(trials, b, estimator)
+                )
     if started_here:
         ray.shutdown()
     plain, ours = statistics.median(times["plain"]), statistics.median(times["raybatch"])
+    paired = paired_ratio(list(zip(times["raybatch"], times["plain"], strict=True)))
     data = {
         "benchmark": "plugin_overhead",
         "trials": trials,
@@ -111,14 +117,15 @@ def main(trials: int = 30, repeats: int = 5, out: Path = RESULTS) -> dict[str, A
         "raybatch_s": times["raybatch"],
         "plain_median_s": plain,
         "raybatch_median_s": ours,
-        "ratio": ours / plain,
-        "ratio_ci95": ratio_ci95(list(zip(times["raybatch"], times["plain"], strict=True))),
+        "ratio": paired["ratio"],
+        "ratio_ci95": paired["ratio_ci95"],
         "target_ratio": TARGET_RATIO,
-        "target_met": ours / plain <= TARGET_RATIO,
+        "target_met": paired["ratio"] <= TARGET_RATIO,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"{trials} trials: plain {plain:.1f} s, raybatch {ours:.1f} s, ratio {ours / plain:.2f}")
+    write_result(out, data, at)
+    print(
+        f"{trials} trials: plain {plain:.1f} s, raybatch {ours:.1f} s, ratio {paired['ratio']:.2f}"
+    )
     return data
 
 

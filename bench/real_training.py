@@ -30,7 +30,6 @@ bench/results/noise_scale.json)
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import statistics
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import measured_at, write_result
 from stats import ratio_ci95
 
 import raybatch
@@ -271,6 +271,7 @@ def main(
     noise_out: Path = NOISE_RESULTS,
     grid_lrs: tuple[float, ...] = GRID_LRS,
 ) -> dict[str, Any]:
+    at = measured_at()
     workloads = {case[0]: _case(case, searches, trials, reruns, sweep_runs, max_time_s,
                                 confirm_seeds, grid_runs, grid_lrs) for case in cases}  # fmt: skip
     data = {
@@ -282,12 +283,11 @@ def main(
         "max_time_s": max_time_s,
         "workloads": workloads,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(out, data, at)
     noise = {"benchmark": "noise_scale", "machine": data["machine"], "torch": data["torch"],
              "grid_lrs": list(grid_lrs), "grid_runs": grid_runs,
              "workloads": _noise_scale(workloads)}  # fmt: skip
-    noise_out.write_text(json.dumps(noise, indent=2) + "\n")
+    write_result(noise_out, noise, at)
     return data
 
 

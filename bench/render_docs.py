@@ -23,6 +23,24 @@ def _load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def measured(data: dict[str, Any]) -> str:
+    """What code a result describes: its commit and whether the tree was clean, or that the
+    file predates that record."""
+    at = data.get("measured_at")
+    if not at or not at.get("commit"):
+        return "Code measured: not recorded (the result predates the commit record)."
+    tree = {True: "clean tree", False: "uncommitted changes in the tree", None: "tree unknown"}
+    return f"Code measured: commit `{at['commit'][:10]}` ({tree[at.get('clean')]}), {at['date']}."
+
+
+def _short(data: dict[str, Any] | None) -> str:
+    """A README bullet's tag: the commit its figures were measured at."""
+    at = (data or {}).get("measured_at") or {}
+    if not at.get("commit"):
+        return " [commit not recorded]"
+    return f" [`{at['commit'][:7]}`{'' if at.get('clean') else ', dirty tree'}]"
+
+
 def _search_efficiency(data: dict[str, Any]) -> list[str]:
     rows = data["rows"]
     out = [
@@ -207,7 +225,8 @@ def _plugin_overhead(data: dict[str, Any]) -> list[str]:
         f" alternating, {data['repeats']} runs each.",
         "",
         f"Median wall-clock: plain {data['plain_median_s']:.1f} s, raybatch"
-        f" {data['raybatch_median_s']:.1f} s, ratio {data['ratio']:.2f} (95% interval"
+        f" {data['raybatch_median_s']:.1f} s; ratio {data['ratio']:.2f}, the median over the"
+        f" {data['repeats']} alternating pairs of raybatch / plain (95% interval over pairs"
         f" {low:.2f}-{high:.2f}; target <= {data['target_ratio']:.2f}: {verdict}).",
         "",
     ]
@@ -221,23 +240,52 @@ def _loop_overhead(data: dict[str, Any]) -> list[str]:
         " hand-written PyTorch loop (shuffled index into the tensors, whole validation set in one"
         " batch at the same sample marks), from the same initial weights and data order,"
         f" interleaved, {data['seeds']} seeds per recipe, {data['threads']} torch thread, torch"
-        f" {data['torch']}. Training time to target, evaluation excluded (the search's objective).",
+        f" {data['torch']}. Training time to target, evaluation excluded (the search's objective)."
+        " A pair is one recipe on one seed run both ways; the ratio is the median over pairs of"
+        " ours / plain, with a 95% bootstrap interval over pairs.",
         "",
-        "| workload | recipes (micro x accumulation, LR x) | same samples to target | ours (s)"
-        " | plain (s) | ratio | 95% interval | <= " + f"{data['target_ratio']:.2f}" + " |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| workload | recipe (micro x accumulation @ LR x) | same samples to target | pairs"
+        " | ratio | 95% interval | <= " + f"{data['target_ratio']:.2f}" + " |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- |",
     ]
     for name, w in data["workloads"].items():
-        recipes = sorted({(r["micro_batch_size"], r["accumulation_steps"], r["lr_multiplier"])
-                          for r in w["runs"]})  # fmt: skip
-        shown = ", ".join(f"{m}x{a}, {x:g}" for m, a, x in recipes)
-        low, high = w["ratio_ci95"]
+        same = f"{w['same_samples_to_target']} of {len(w['runs'])}"
+        per = w.get("recipes", {})
+        for recipe, r in [*per.items(), ("all", w)]:
+            low, high = r["ratio_ci95"]
+            pairs = r.get("pairs", w["reached_by_both"])
+            out.append(
+                f"| {name} | {recipe} | {same if recipe == 'all' else ''} | {pairs}"
+                f" | {r['ratio']:.3f} | {low:.3f}-{high:.3f} |"
+                f" {'met' if r['ratio'] <= data['target_ratio'] else 'not met'} |"
+            )
+    if "overall" in data:
+        o = data["overall"]
         out.append(
-            f"| {name} | {shown} | {w['same_samples_to_target']} of {len(w['runs'])}"
-            f" | {w['ours_median_s']:.3f} | {w['plain_median_s']:.3f} | {w['ratio']:.3f}"
-            f" | {low:.3f}-{high:.3f} | {'met' if w['target_met'] else 'not met'} |"
+            f"| every workload | all | | {o['pairs']} | {o['ratio']:.3f} |"
+            f" {o['ratio_ci95'][0]:.3f}-{o['ratio_ci95'][1]:.3f} |"
+            f" {'met' if o['ratio'] <= data['target_ratio'] else 'not met'} |"
         )
     return [*out, ""]
+
+
+def loop_sentence(data: dict[str, Any]) -> str:
+    """The README's loop figure: the median per-pair ratio, overall and per workload."""
+    o = data.get("overall")
+    per = ", ".join(
+        f"{name} {w['ratio']:.3f}x ({w['ratio_ci95'][0]:.3f}-{w['ratio_ci95'][1]:.3f})"
+        for name, w in data["workloads"].items()
+    )
+    if o is None:
+        return f"- **Training loop**: raybatch's trial loop vs a plain PyTorch loop: {per}."
+    low, high = o["ratio_ci95"]
+    slower = "slower than" if low > 1 else "faster than" if high < 1 else "within noise of"
+    return (
+        f"- **Training loop**: raybatch's trial loop is {slower} a plain hand-written PyTorch"
+        f" loop, training time to target: {o['ratio']:.3f}x the plain loop's time (median of"
+        f" {o['pairs']} same-recipe same-seed pairs, 95% interval {low:.3f}-{high:.3f}); per"
+        f" workload {per}."
+    )
 
 
 def _digits_sweep(data: dict[str, Any]) -> list[str]:
@@ -388,31 +436,86 @@ def _noise_scale(data: dict[str, Any]) -> list[str]:
 
 
 def _prescreen_cost(data: dict[str, Any]) -> list[str]:
-    steps = max(r["device_steps"] for r in data["rows"] if r["strategy"] == "trace")
     out = [
-        "## Pre-screen cost: finding the largest batch that fits",
+        "## Pre-screen cost: landing on the largest batch that fits",
         "",
-        f"`bench/prescreen_cost.py`: raybatch's trace ({steps} device steps) vs Lightning's"
-        f" power/binsearch finder ({data['steps_per_try']} steps per try, an OOM try fails on"
-        f" its first step) vs accelerate's x{data['shrink']} shrink-and-restart loop (from 4x"
-        " what fits). Simulated members: device seconds from the simulator's step time and OOM"
-        " cost. Digits: real steps and restarts timed on this CPU against a budget emulated"
-        " from the traced model (a restart there rebuilds model and optimizer in-process; a"
-        " restarted trial on a GPU also pays process and CUDA start-up, the simulator's"
-        " OOM cost).",
+        "`bench/prescreen_cost.py`, on each simulated member with its own memory-estimate error"
+        " (`estimate_error`): the trace's answer used alone; raybatch's procedure (the largest"
+        " micro batch of the space the estimate admits within the probe margin of"
+        f" {data.get('probe_margin', 0.2):.0%}, confirmed by the trial's one-step probe, the next"
+        " smaller micro batch after an OOM); Lightning's finder in power and binsearch modes"
+        f" ({data['steps_per_try']} steps per try, an OOM try fails on its first step);"
+        f" accelerate's x{data['shrink']} shrink-and-restart loop (from 4x what fits). Device"
+        " seconds from the simulator's step time and OOM cost (a restart: process and CUDA"
+        " start-up). `exact` is the true largest micro batch, `grid` the largest of the space's"
+        " micro batches (powers of two up to 512) that fits: the best a search over that space"
+        " can land on.",
         "",
-        "| workload | strategy | found | exact | device steps | OOMs | restarts |"
-        " device seconds | CPU trace s |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | estimate error | strategy | found | exact | grid | found / exact |"
+        " fits | device steps | OOMs | restarts | device seconds |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in data["rows"]:
-        trace_s = r.get("cpu_trace_s")
+        if r.get("circular"):
+            continue
         out.append(
-            f"| {r['workload']} | {r['strategy']} | {r['found']} | {r['exact']} |"
-            f" {r['device_steps']} | {r['ooms']} | {r['restarts']} |"
-            f" {r['device_seconds']:.3f} | {'-' if trace_s is None else f'{trace_s:.3f}'} |"
+            f"| {r['workload']} | {r['estimate_error']:+.0%} | {r['strategy']} | {r['found']}"
+            f" | {r['exact']} | {r['exact_on_grid']} | {r['found_fraction']:.2f} |"
+            f" {'yes' if r['lands_fitting'] else '**OOM**'} | {r['device_steps']} |"
+            f" {r['ooms']} | {r['restarts']} | {r['device_seconds']:.2f} |"
         )
+    cpu = [r for r in data["rows"] if "CPU" in r["workload"]]
+    if cpu:
+        out += [
+            "",
+            "On this CPU, digits (real steps and restarts timed, a restart rebuilding model and"
+            " optimizer in-process). A CPU cannot run out of memory the way a GPU does, so the"
+            " budget is emulated from the traced model: the trace is measured against itself"
+            " here, and its `found` and OOMs are true by construction; only the seconds are"
+            " measurements.",
+            "",
+            "| strategy | found | device steps | OOMs | restarts | device seconds | CPU trace s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in cpu:
+            trace_s = r.get("cpu_trace_s")
+            out.append(
+                f"| {r['strategy']} | {r['found']} | {r['device_steps']} | {r['ooms']} |"
+                f" {r['restarts']} | {r['device_seconds']:.3f} |"
+                f" {'-' if trace_s is None else f'{trace_s:.3f}'} |"
+            )
     return [*out, ""]
+
+
+def prescreen_sentence(data: dict[str, Any]) -> str:
+    """The README's pre-screen figures, every one computed from the simulated rows."""
+    sim = [r for r in data["rows"] if not r.get("circular") and "CPU" not in r["workload"]]
+
+    def of(strategy: str, key: str) -> str:
+        values = [r[key] for r in sim if r["strategy"] == strategy]
+        low, high = min(values), max(values)
+        return f"{low:.2f}-{high:.2f}" if isinstance(low, float) else f"{low}-{high}"
+
+    ours = [r for r in sim if r["strategy"] == "raybatch"]
+    alone = [r for r in sim if r["strategy"] == "trace_alone"]
+    errors = [r["estimate_error"] for r in alone]
+    on_grid = sum(r["found"] == r["exact_on_grid"] for r in ours)
+    return (
+        f"- **Pre-screen** (simulated members, memory estimate off by {min(errors):+.0%} to"
+        f" {max(errors):+.0%}): the trace alone answers batches that would run out of memory"
+        f" on {sum(not r['lands_fitting'] for r in alone)} of {len(alone)} members; with the"
+        f" trial's one-step probe, raybatch lands on a batch that fits in"
+        f" {of('raybatch', 'device_steps')} device steps and {of('raybatch', 'ooms')} OOMs,"
+        f" the largest of its space that fits on {on_grid} of {len(ours)}"
+        f" ({of('raybatch', 'found_fraction')} of the true largest batch, its space being"
+        " powers of two). Lightning's finder: power mode"
+        f" {of('power', 'device_steps')} steps and {of('power', 'ooms')} OOMs"
+        f" ({of('power', 'found_fraction')} of the largest), binsearch"
+        f" {of('power_binsearch', 'device_steps')} steps and {of('power_binsearch', 'ooms')}"
+        f" OOMs (exact); accelerate's x{data['shrink']} shrink-and-retry"
+        f" {of('shrink_0.9', 'restarts')}"
+        " restarts."
+    )
 
 
 def render() -> str:
@@ -435,12 +538,14 @@ def render() -> str:
     ):
         data = _load(name)
         if data is not None:
-            lines += section(data)
+            body = section(data)
+            lines += [*body[:2], measured(data), "", *body[2:]]
     gpu_files = ("gpu_memory_accuracy", "gpu_trial_timing", "gpu_check")
     for name in gpu_files:
         data = _load(name)
         if data is not None:
-            lines += _gpu_section(name, data)
+            body = _gpu_section(name, data)
+            lines += [*body[:2], measured(data), "", *body[2:]]
     missing = [n for n in gpu_files if _load(n) is None]
     if missing:
         lines += [
@@ -499,6 +604,7 @@ def headline() -> str:
             " confirmation included;"
             + (" no peer does better at equal compute." if not worse
                else f" a peer does better at equal compute in {len(worse)} cell(s).")
+            + _short(search)
         )  # fmt: skip
     real = _load("real_training")
     if real is not None:
@@ -516,39 +622,21 @@ def headline() -> str:
             + "; ".join(parts)
             + ". "
             + " ".join(f"{name}: {verdicts(name, w)}" for name, w in real["workloads"].items())
+            + _short(real)
         )
     cost = _load("prescreen_cost")
     if cost is not None:
-        sim = [r for r in cost["rows"] if "CPU" not in r["workload"]]
-        finder = [r for r in sim if r["strategy"] == "power_binsearch"]
-        shrink = [r for r in sim if r["strategy"] == "shrink_0.9"]
-        trace = [r for r in sim if r["strategy"] == "trace"]
-        lines.append(
-            f"- **Pre-screen**: {max(r['device_steps'] for r in trace)} device steps and"
-            f" {max(r['ooms'] for r in trace)} OOMs to find the largest batch that fits,"
-            f" vs {min(r['device_steps'] for r in finder)}-{max(r['device_steps'] for r in finder)}"
-            f" steps and {min(r['ooms'] for r in finder)}-{max(r['ooms'] for r in finder)} OOMs"
-            " for a power/binsearch finder and"
-            f" {min(r['restarts'] for r in shrink)}-{max(r['restarts'] for r in shrink)} restarts"
-            " for a x0.9 shrink-and-retry loop."
-        )
+        lines.append(prescreen_sentence(cost) + _short(cost))
     loop = _load("loop_overhead")
     if loop is not None:
-        lines.append(
-            "- **Training loop**: raybatch's trial loop vs a plain hand-written PyTorch loop,"
-            " training time to target: "
-            + ", ".join(
-                f"{name} {w['ratio']:.2f}x ({w['ratio_ci95'][0]:.2f}-{w['ratio_ci95'][1]:.2f})"
-                for name, w in loop["workloads"].items()
-            )
-            + "."
-        )
+        lines.append(loop_sentence(loop) + _short(loop))
     overhead = _load("plugin_overhead")
     if overhead is not None:
         lines.append(
             f"- **Overhead** in Ray Tune: {overhead['ratio']:.2f}x plain `tune.Tuner` wall-clock"
             f" ({overhead['ratio_ci95'][0]:.2f}-{overhead['ratio_ci95'][1]:.2f}, 95%) over"
-            f" {overhead['trials']} trivial trials, {overhead['repeats']} alternating runs."
+            f" {overhead['trials']} trivial trials, median of {overhead['repeats']} alternating"
+            " pairs." + _short(overhead)
         )
     return "\n".join(lines)
 

@@ -43,7 +43,6 @@ Run: .venv/bin/python bench/search_efficiency.py   (writes bench/results/search_
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
@@ -58,6 +57,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from provenance import measured_at, write_result
 from simulator import (
     ACCUMULATION,
     LR_MULTIPLIER,
@@ -191,7 +191,9 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
               ) -> tuple[RaybatchSearcher, float]:  # fmt: skip
     """raybatch's searcher for ``member`` as the driver builds it, and the prior's cost."""
     space = sim_space()
-    estimator = SimulatedEstimator(member)
+    # Without the pre-screen there is no estimate anywhere: the opening's "largest batch" is
+    # the space's largest, and only OOMs (remembered, replaced) teach the search what fits.
+    estimator = SimulatedEstimator(member) if prescreen else None
     fits = budget_check(estimator, int(member.budget), PROBE_MARGIN)
     baseline = max_batch_point(space, fits)
     reference = reference_point(space)
@@ -205,7 +207,7 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
     searcher = RaybatchSearcher(
         space, storage_url=None,  # type: ignore[arg-type]
         study_name=f"sim-{member.name}-{seed}", penalty=10 * member.max_time_s,
-        estimator=estimator if prescreen else None, budget_bytes=int(member.budget),
+        estimator=estimator, budget_bytes=int(member.budget),
         points_to_evaluate=points, seed=seed, ladder=ladder,
         probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline if plan else None,
     )  # fmt: skip
@@ -366,6 +368,7 @@ def main(
 ) -> list[dict[str, Any]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     rows: list[dict[str, Any]] = []
+    at = measured_at()
     start = time.perf_counter()
     for member in members or MEMBERS:
         for strategy in strategies:
@@ -382,12 +385,12 @@ def main(
                  "follows_model": m.steps_rise_past is None and m.lr_batch_exponent == 0}
         for m in members or MEMBERS
     }  # fmt: skip
-    out.write_text(json.dumps({"benchmark": "search_efficiency", "seeds": seeds,
+    write_result(out, {"benchmark": "search_efficiency", "seeds": seeds,
                                "strategies": list(strategies), "confirmation": "race of the top 2,"
                                " paired seeds, 2-5 rounds, every strategy",
                                "confirmation_charged": True, "members": members_info,
                                "elapsed_s": time.perf_counter() - start, "rows": rows},
-                              indent=2) + "\n")  # fmt: skip
+                 at)  # fmt: skip
     return rows
 
 

@@ -12,7 +12,6 @@ Run: .venv/bin/python bench/space_overhead.py   (writes bench/results/space_over
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from provenance import measured_at, write_result
 from ray.tune.search.optuna import OptunaSearch
 
 import raybatch
@@ -68,6 +68,7 @@ def main(trials: int = TRIALS, repeats: int = REPEATS, out: Path = RESULTS) -> l
     """Run the comparison, write ``out`` and return its rows."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = raybatch.load_space("digits_cnn_sgd")
+    at = measured_at()
     rows = []
     for storage_kind in ("memory", "sqlite"):
         times: dict[str, list[float]] = {"plain_optuna": [], "raybatch_space": []}
@@ -91,19 +92,16 @@ def main(trials: int = TRIALS, repeats: int = REPEATS, out: Path = RESULTS) -> l
                 "ratio": ours / plain,
             }
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "space_overhead",
-                "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-                "python": platform.python_version(),
-                "optuna": optuna.__version__,
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        out,
+        {
+            "benchmark": "space_overhead",
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "python": platform.python_version(),
+            "optuna": optuna.__version__,
+            "rows": rows,
+        },
+        at,
     )
     for r in rows:
         print(

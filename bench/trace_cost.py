@@ -11,7 +11,6 @@ Run: .venv/bin/python bench/trace_cost.py   (writes bench/results/trace_cost.jso
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import sys
@@ -24,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from models import ResNet18
+from provenance import measured_at, write_result
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
@@ -79,6 +79,7 @@ def main(
     repeats: int = 3, out: Path = RESULTS, cases: list[tuple[str, Any, str]] = CASES
 ) -> dict[str, Any]:
     torch.set_num_threads(1)
+    at = measured_at()
     results: dict[str, Any] = {
         "benchmark": "trace_cost",
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
@@ -90,8 +91,7 @@ def main(
         results["workloads"][name] = {"space": space_name} | time_case(
             cls(), raybatch.load_space(space_name), repeats
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(out, results, at)
     for name, r in results["workloads"].items():
         print(
             f"{name:>14}: {r['median_s_per_trace']:.3f} s per trace"
