@@ -280,6 +280,7 @@ def main(
         "steps_per_try": STEPS_PER_TRY,
         "shrink": SHRINK,
         "probe_margin": PROBE_MARGIN,
+        "space_micro_batches": MICRO,
         "rows": rows,
     }
     write_result(out, data, at)

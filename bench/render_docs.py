@@ -448,15 +448,15 @@ def _prescreen_cost(data: dict[str, Any]) -> list[str]:
         f" accelerate's x{data['shrink']} shrink-and-restart loop (from 4x what fits). Device"
         " seconds from the simulator's step time and OOM cost (a restart: process and CUDA"
         " start-up). `exact` is the true largest micro batch, `grid` the largest of the space's"
-        " micro batches (powers of two up to 512) that fits: the best a search over that space"
-        " can land on.",
+        f" micro batches ({', '.join(map(str, data.get('space_micro_batches', [])))}) that fits:"
+        " the best a search over that space can land on.",
         "",
         "| workload | estimate error | strategy | found | exact | grid | found / exact |"
         " fits | device steps | OOMs | restarts | device seconds |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in data["rows"]:
-        if r.get("circular"):
+        if "exact_on_grid" not in r:  # the CPU case, below
             continue
         out.append(
             f"| {r['workload']} | {r['estimate_error']:+.0%} | {r['strategy']} | {r['found']}"
@@ -464,7 +464,7 @@ def _prescreen_cost(data: dict[str, Any]) -> list[str]:
             f" {'yes' if r['lands_fitting'] else '**OOM**'} | {r['device_steps']} |"
             f" {r['ooms']} | {r['restarts']} | {r['device_seconds']:.2f} |"
         )
-    cpu = [r for r in data["rows"] if "CPU" in r["workload"]]
+    cpu = [r for r in data["rows"] if "exact_on_grid" not in r]
     if cpu:
         out += [
             "",
@@ -489,7 +489,7 @@ def _prescreen_cost(data: dict[str, Any]) -> list[str]:
 
 def prescreen_sentence(data: dict[str, Any]) -> str:
     """The README's pre-screen figures, every one computed from the simulated rows."""
-    sim = [r for r in data["rows"] if not r.get("circular") and "CPU" not in r["workload"]]
+    sim = [r for r in data["rows"] if "exact_on_grid" in r]
 
     def of(strategy: str, key: str) -> str:
         values = [r[key] for r in sim if r["strategy"] == strategy]
@@ -507,8 +507,9 @@ def prescreen_sentence(data: dict[str, Any]) -> str:
         f" trial's one-step probe, raybatch lands on a batch that fits in"
         f" {of('raybatch', 'device_steps')} device steps and {of('raybatch', 'ooms')} OOMs,"
         f" the largest of its space that fits on {on_grid} of {len(ours)}"
-        f" ({of('raybatch', 'found_fraction')} of the true largest batch, its space being"
-        " powers of two). Lightning's finder: power mode"
+        f" ({of('raybatch', 'found_fraction')} of the true largest batch, its space's micro"
+        f" batches being {', '.join(map(str, data.get('space_micro_batches', [])))})."
+        " Lightning's finder: power mode"
         f" {of('power', 'device_steps')} steps and {of('power', 'ooms')} OOMs"
         f" ({of('power', 'found_fraction')} of the largest), binsearch"
         f" {of('power_binsearch', 'device_steps')} steps and {of('power_binsearch', 'ooms')}"
