@@ -494,7 +494,9 @@ def prescreen_sentence(data: dict[str, Any]) -> str:
     def of(strategy: str, key: str) -> str:
         values = [r[key] for r in sim if r["strategy"] == strategy]
         low, high = min(values), max(values)
-        return f"{low:.2f}-{high:.2f}" if isinstance(low, float) else f"{low}-{high}"
+        if isinstance(low, float):
+            return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+        return f"{low}" if low == high else f"{low}-{high}"
 
     ours = [r for r in sim if r["strategy"] == "raybatch"]
     alone = [r for r in sim if r["strategy"] == "trace_alone"]
@@ -579,9 +581,38 @@ def _gpu_section(name: str, data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _tally(workloads: dict[str, Any], recipe: str) -> str:
+    """``beat in N, within noise in M, lost in K`` of the cases against ``recipe``."""
+    counts = {"beat": [], "within noise of": [], "lost to": []}
+    for name, w in workloads.items():
+        c = w["compared"].get(recipe)
+        if c is not None:
+            verdict = (
+                "within noise of" if c["within_noise"] else "beat" if c["ratio"] > 1 else "lost to"
+            )
+            counts[verdict].append(name)
+    return ", ".join(f"{verdict} it in {len(names)} ({', '.join(names)})"
+                     for verdict, names in counts.items() if names)  # fmt: skip
+
+
+def promise_kept(real: dict[str, Any]) -> str:
+    """The README's first result: whether real training keeps the product's promise."""
+    w = real["workloads"]
+    return (
+        f"- **Does it find a faster recipe than the largest batch?** On real training here"
+        f" ({len(w)} cases, {real['searches']} searches each), the winners"
+        f" {_tally(w, 'max_batch')} against the largest batch at the rule's LR, and"
+        f" {_tally(w, 'max_batch_tuned')} against the largest batch at its best of"
+        f" {len(next(iter(w.values()))['max_batch_lr_sweep']['medians'])} swept LRs."
+    )
+
+
 def headline() -> str:
     """The README's headline figures, from the same result files as the page."""
     lines = []
+    real = _load("real_training")
+    if real is not None:
+        lines.append(promise_kept(real) + _short(real))
     search = _load("search_efficiency")
     if search is not None:
         rows = search["rows"]
