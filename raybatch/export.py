@@ -22,13 +22,15 @@ still the measured one.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from raybatch import keys
 from raybatch.errors import Issue, OptionError, PresetNotFoundError, RaybatchError, RunDirError
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.workload import build_optimizer
@@ -52,10 +54,15 @@ FORMATS = (
 
 @dataclass(frozen=True)
 class BestConfig:
-    """A searched recipe and its provenance, with helpers to use it."""
+    """A searched recipe and its provenance, with helpers to use it.
+
+    ``source`` is the file it was loaded from (``None``: built in memory); every export names
+    it, with whether the recipe is the measured one, so a file found later says what it is.
+    """
 
     config: TrialConfig
     provenance: dict[str, Any]
+    source: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "provenance": self.provenance}
@@ -77,6 +84,35 @@ class BestConfig:
         before raybatch recorded it)."""
         value = self.provenance.get("amp_dtype")
         return str(value) if value else None
+
+    @property
+    def measured(self) -> bool:
+        """Whether this is the recipe the search measured (a retarget may have re-derived it)."""
+        moved = self.provenance.get("retargeted")
+        return not moved or bool(moved.get("measured"))
+
+    def origin(self) -> dict[str, Any]:
+        """Where the recipe came from and whether it was measured, as every export records it."""
+        out: dict[str, Any] = {
+            "from": self.source or "(in memory)",
+            "trial_id": self.provenance.get(keys.TRIAL_ID),
+            "measured": self.measured,
+        }
+        note = (self.provenance.get("retargeted") or {}).get("note")
+        if note:
+            out["retargeted"] = note
+        return out
+
+    def origin_comment(self) -> str:
+        """:meth:`origin` as comment lines (``#``) for the text formats."""
+        o = self.origin()
+        trial = f", trial {o['trial_id']}" if o["trial_id"] else ""
+        head = f"# raybatch recipe from {o['from']}{trial}:"
+        if o["measured"]:
+            lines = [f"{head} the measured recipe"]
+        else:
+            lines = [f"{head} NOT MEASURED", f"# {o.get('retargeted', 'NOT MEASURED')}"]
+        return "\n".join(lines) + "\n"
 
     def build_optimizer(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         """The optimizer of the space's family with the recipe's lr and weight decay."""
@@ -108,13 +144,13 @@ class BestConfig:
         """
         from raybatch.formats import hf
 
-        return hf.training_args_kwargs(self.config, self.amp_dtype)
+        return hf.training_args_kwargs(self.config, self.amp_dtype, self.grad_clip_norm)
 
     def to_hf_training_args(self, **overrides: Any) -> Any:
         """A real ``transformers.TrainingArguments`` for the recipe (``overrides`` win)."""
         from raybatch.formats import hf
 
-        return hf.training_args(self.config, self.amp_dtype, **overrides)
+        return hf.training_args(self.config, self.amp_dtype, self.grad_clip_norm, **overrides)
 
     def lightning_trainer_kwargs(self) -> dict[str, Any]:
         """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`)."""
@@ -132,7 +168,7 @@ class BestConfig:
         """A DeepSpeed config dict (:mod:`raybatch.formats.deepspeed`)."""
         from raybatch.formats import deepspeed
 
-        return deepspeed.ds_config(self.config, self.amp_dtype)
+        return deepspeed.ds_config(self.config, self.amp_dtype, self.grad_clip_norm, self.origin())
 
     def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
         """The recipe on ``world_size`` GPUs (:mod:`raybatch.formats.retarget`); its
@@ -165,7 +201,7 @@ class BestConfig:
             "note": moved.note,
             "measured_recipe": measured,
         }
-        return BestConfig(moved.config, {**self.provenance, "retargeted": retargeted})
+        return BestConfig(moved.config, {**self.provenance, "retargeted": retargeted}, self.source)
 
     def _space(self) -> SearchSpace | None:
         from raybatch.space.presets import load_space
@@ -199,27 +235,35 @@ class BestConfig:
             return yaml.safe_dump(self.to_dict(), sort_keys=False)
         if fmt == "json":
             return json.dumps(self.to_dict(), indent=2) + "\n"
-        scalars = {k: v for k, v in self.config.to_dict().items() if not isinstance(v, dict)}
         if fmt == "env":
-            return "".join(f"RAYBATCH_{k.upper()}={v}\n" for k, v in scalars.items())
-        if fmt == "args":
+            values = {
+                k: json.dumps(v) if isinstance(v, dict) else str(v)
+                for k, v in self.config.to_dict().items()
+            }
+            body = "".join(f"RAYBATCH_{k.upper()}={shlex.quote(v)}\n" for k, v in values.items())
+            return self.origin_comment() + body
+        if fmt == "args":  # one line for $(...): a comment would become arguments
             return launch.script_args(self.config) + "\n"
+        clip = self.grad_clip_norm
         renderers = {
-            "hf": lambda: hf.snippet(self.config, self.amp_dtype),
-            "hf-json": lambda: json.dumps(self.hf_training_args_kwargs(), indent=2) + "\n",
-            "lightning": lambda: lightning.snippet(
-                self.config, self.amp_dtype, self.grad_clip_norm
-            ),
-            "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype),
+            "hf": lambda: hf.snippet(self.config, self.amp_dtype, clip),
+            "hf-json": lambda: json.dumps(
+                {**self.hf_training_args_kwargs(), "raybatch": self.origin()}, indent=2
+            ) + "\n",
+            "lightning": lambda: lightning.snippet(self.config, self.amp_dtype, clip),
+            "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype, clip, self.origin()),
             "torchrun": lambda: launch.torchrun(self.config),
             "accelerate": lambda: launch.accelerate(self.config, self.amp_dtype),
-        }
-        if fmt in renderers:
-            text = renderers[fmt]()
-            if fmt in ("hf", "lightning", "accelerate") and not self.amp_recorded:
-                text = f"# {AMP_NOT_RECORDED}\n{text}"
+        }  # fmt: skip
+        if fmt not in renderers:
+            message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"
+            raise OptionError([Issue("--format", message)])
+        text = renderers[fmt]()
+        if fmt in ("hf-json", "deepspeed"):  # JSON: the origin is a field, not a comment
             return text
-        raise OptionError([Issue("--format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")])
+        if fmt in ("hf", "lightning", "accelerate") and not self.amp_recorded:
+            text = f"# {AMP_NOT_RECORDED}\n{text}"
+        return self.origin_comment() + text
 
 
 def write_best(run_dir: Path, best: BestConfig) -> None:
@@ -248,4 +292,4 @@ def load_best(path: str | Path) -> BestConfig:
     if not isinstance(data, dict) or "config" not in data:
         raise RunDirError([Issue("config", "missing: not a raybatch best config")], str(path))
     config = TrialConfig.from_dict(data["config"], source=str(path))
-    return BestConfig(config, dict(data.get("provenance") or {}))
+    return BestConfig(config, dict(data.get("provenance") or {}), str(path))

@@ -80,6 +80,7 @@ def test_hf_sgd_keeps_its_momentum_and_the_json_form_builds_the_same_args(
 
     best = _best(SGD, 64, 1)
     kwargs = json.loads(best.render("hf-json"))
+    assert kwargs.pop("raybatch")["measured"] is True  # where it came from, not an argument
     assert kwargs["optim"] == "sgd" and kwargs["optim_args"] == "momentum=0.9"
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, **kwargs)
     trainer = Trainer(model=Tiny(), args=args, train_dataset=_rows(8))
@@ -170,18 +171,20 @@ def test_deepspeed_config_passes_deepspeeds_own_validation(
     from deepspeed.runtime.config import DeepSpeedConfig
 
     monkeypatch.setattr(deepspeed.comm, "get_rank", lambda *a, **k: 0)
-    best = _best(ADAMW, 16, 4, amp="bf16").retarget(world)
+    best = _best(ADAMW, 64, 4, amp="bf16").retarget(world)  # 1415 warmup steps
     config = best.deepspeed_config()
     parsed = DeepSpeedConfig(config, mpu=_World(world))
-    assert parsed.train_batch_size == best.config.effective_batch_size == 64
+    assert parsed.train_batch_size == best.config.effective_batch_size == 256
     assert (parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == (
         best.config.micro_batch_size,
         best.config.accumulation_steps,
     )
     assert (parsed.optimizer_name, parsed.scheduler_name) == ("adamw", "WarmupLR")
     assert parsed.optimizer_params["lr"] == pytest.approx(best.config.lr)
-    assert parsed.scheduler_params["warmup_num_steps"] == best.config.warmup_steps
-    assert parsed.bfloat16_config.enabled
+    assert parsed.scheduler_params["warmup_num_steps"] == best.config.warmup_steps - 2
+    assert parsed.gradient_clipping == 0.0  # DeepSpeed's default would be 1.0
+    # Measured under autocast with fp32 weights: DeepSpeed's autocast, not its bf16 weights.
+    assert parsed.torch_autocast_enabled and not parsed.bfloat16_config.enabled
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         DeepSpeedConfig({**config, "train_batch_size": 65}, mpu=_World(world))
 
@@ -223,10 +226,10 @@ def test_export_cli_retargets_and_prints_launch_lines(tmp_path: Path) -> None:
     assert "--micro-batch-size 16 --accumulation-steps 2 --world-size 2" in torchrun.stdout
     assert "LR, weight decay and warmup are the measured ones" in torchrun.stderr
     accelerate = run_cli("export", str(tmp_path), "--format", "accelerate")
-    assert "accelerate launch --num_processes 1 --gradient_accumulation_steps 4" in (
+    assert "accelerate launch --num_processes 1 --mixed_precision bf16 train.py" in (
         accelerate.stdout
     )
-    assert "--mixed_precision bf16 train.py" in accelerate.stdout
+    assert "Accelerator(gradient_accumulation_steps=args.accumulation_steps)" in accelerate.stdout
     bad = run_cli("export", str(tmp_path), "--format", "keras")
     assert bad.returncode == 2 and "--format: must be one of" in bad.stderr
     nowhere = run_cli("export", str(tmp_path), "--world-size", "0")
@@ -240,8 +243,8 @@ def test_a_run_that_did_not_record_its_autocast_says_so_instead_of_guessing(
     old = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name})  # before amp_dtype was kept
     assert not old.amp_recorded and old.hf_training_args_kwargs()["bf16"] is False
     for fmt in ("hf", "lightning", "accelerate"):
-        assert old.render(fmt).startswith("# this run did not record the workload's autocast")
-    assert not _best(ADAMW, 16, 4).render("hf").startswith("# this run did not record")
+        assert "\n# this run did not record the workload's autocast" in old.render(fmt)
+    assert "# this run did not record" not in _best(ADAMW, 16, 4).render("hf")
     (tmp_path / "best_config.yaml").write_text(old.render("yaml"))
     proc = run_cli("export", str(tmp_path), "--format", "deepspeed")
     assert proc.returncode == 0, proc.stderr

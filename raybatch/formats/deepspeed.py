@@ -4,8 +4,27 @@
 train_batch_size`` holds by construction (DeepSpeed asserts it at start-up). The optimizer block
 is the recipe's: ``AdamW``; ``Adam`` with ``adam_w_mode: false`` (DeepSpeed's ``Adam`` means
 AdamW unless told otherwise — raybatch's ``adam`` is the L2 one); ``SGD`` (DeepSpeed builds any
-``torch.optim`` class it does not implement itself). The scheduler is ``WarmupLR``, linear from
-0 to the recipe's LR over its warmup steps, then constant — the recipe's schedule.
+``torch.optim`` class it does not implement itself).
+
+What would otherwise change behind the recipe's back, and is set instead:
+
+- **clipping**: DeepSpeed clips at 1.0 unless told; ``gradient_clipping`` is the recipe's
+  (0.0, none, for a search's default loop);
+- **precision**: the recipe was measured under ``torch.autocast`` with fp32 weights, so the
+  block is ``torch_autocast`` (fp16 gets DeepSpeed's GradScaler there, as raybatch's loop has
+  one); DeepSpeed's ``bf16``/``fp16`` blocks would cast the weights themselves;
+- **warmup**: the recipe's LR at optimizer step ``k`` is ``(k + 1) / W`` of the LR. DeepSpeed's
+  ``WarmupLR`` gives ``min + (max - min) x (k - 1) / n`` (its first step runs at ``min``, and it
+  counts from -1), two steps behind; starting it at ``2 / W`` of the LR over ``n = W - 2`` steps
+  gives exactly the recipe's LR from the second optimizer step on, the first running at ``2/W``
+  instead of ``1/W`` (:func:`warmup_deviations` lists such steps, and the config's ``raybatch``
+  block says so). ``WarmupLR`` rejects zero steps, so a recipe without warmup (``W <= 1``:
+  the full LR from the first step) has no scheduler block at all, the optimizer's LR being the
+  recipe's. For the exact schedule, pass ``lr_scheduler=best.build_scheduler`` to
+  ``deepspeed.initialize`` and drop the block.
+
+The ``raybatch`` block (which DeepSpeed ignores) says where the recipe came from and whether it
+is the measured one.
 """
 
 from __future__ import annotations
@@ -19,6 +38,7 @@ if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig
 
 WRITTEN_AGAINST = "deepspeed 0.19"
+_AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def _optimizer(c: TrialConfig) -> dict[str, Any]:
@@ -32,32 +52,89 @@ def _optimizer(c: TrialConfig) -> dict[str, Any]:
     return {"type": "SGD", "params": params}
 
 
-def ds_config(c: TrialConfig, amp: str | None) -> dict[str, Any]:
-    """The DeepSpeed config dict for the recipe (``amp``: the workload's autocast dtype)."""
+def warmup_params(c: TrialConfig) -> dict[str, Any] | None:
+    """``WarmupLR``'s params matching the recipe's warmup from the second step (None: none
+    needed, or none DeepSpeed accepts: the optimizer's own LR is the recipe's after step 0)."""
+    steps = c.warmup_steps
+    if steps <= 2:  # W = 2 would start at 2/W = the full LR: no ramp left to configure
+        return None
+    return {
+        "warmup_min_lr": c.lr * 2 / steps,
+        "warmup_max_lr": c.lr,
+        "warmup_num_steps": steps - 2,
+        "warmup_type": "linear",
+    }
+
+
+def deepspeed_lr_factors(c: TrialConfig, steps: int) -> list[float]:
+    """The LR / recipe LR at each of the first ``steps`` optimizer steps under this config,
+    by ``WarmupLR``'s formula of deepspeed 0.19 (its ``warmup_num_steps`` is at least 2)."""
+    params = warmup_params(c)
+    if params is None:
+        return [1.0] * steps
+    low, high = params["warmup_min_lr"], params["warmup_max_lr"]
+    n = max(2, params["warmup_num_steps"])
+    out = []
+    for k in range(steps):
+        iteration = k - 1  # -1 at the first step: the scheduler starts there, at its minimum
+        gamma = 0.0 if iteration < 0 else min(iteration / n, 1.0)
+        out.append((low + (high - low) * gamma) / c.lr)
+    return out
+
+
+def warmup_deviations(c: TrialConfig) -> list[int]:
+    """Optimizer steps whose LR under DeepSpeed differs from the recipe's."""
+    from raybatch.space.config import warmup_factor
+
+    horizon = c.warmup_steps + 3
+    ours = deepspeed_lr_factors(c, horizon)
+    return [k for k in range(horizon) if abs(ours[k] - warmup_factor(k, c.warmup_steps)) > 1e-9]
+
+
+def ds_config(
+    c: TrialConfig,
+    amp: str | None,
+    grad_clip_norm: float | None = None,
+    origin: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The DeepSpeed config dict for the recipe (``amp``: the workload's autocast dtype;
+    ``grad_clip_norm``: the clipping it was measured with; ``origin``: the ``raybatch`` block's
+    run and measured fields)."""
     config: dict[str, Any] = {
         "train_batch_size": c.effective_batch_size,
         "train_micro_batch_size_per_gpu": c.micro_batch_size,
         "gradient_accumulation_steps": c.accumulation_steps,
+        "gradient_clipping": float(grad_clip_norm or 0.0),
         "optimizer": _optimizer(c),
-        "scheduler": {
-            "type": "WarmupLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": c.lr,
-                "warmup_num_steps": c.warmup_steps,
-                "warmup_type": "linear",
-            },
-        },
     }
-    if amp == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif amp == "fp16":
-        config["fp16"] = {"enabled": True}
+    params = warmup_params(c)
+    if params is not None:
+        config["scheduler"] = {"type": "WarmupLR", "params": params}
+    if amp in _AUTOCAST:
+        config["torch_autocast"] = {"enabled": True, "dtype": _AUTOCAST[amp]}
+    deviations = warmup_deviations(c)
+    notes = []
+    if deviations:
+        factors = deepspeed_lr_factors(c, max(deviations) + 1)
+        notes.append(
+            f"optimizer step(s) {deviations} run at {[round(factors[k], 4) for k in deviations]}"
+            " x the LR instead of the recipe's warmup; pass lr_scheduler=best.build_scheduler"
+            " to deepspeed.initialize (and drop 'scheduler') for the exact schedule"
+        )
+    config["raybatch"] = {**(origin or {}), "notes": notes}
     return config
 
 
-def render(c: TrialConfig, amp: str | None) -> str:
-    return json.dumps(ds_config(c, amp), indent=2) + "\n"
+def render(
+    c: TrialConfig,
+    amp: str | None,
+    grad_clip_norm: float | None = None,
+    origin: dict[str, Any] | None = None,
+) -> str:
+    return json.dumps(ds_config(c, amp, grad_clip_norm, origin), indent=2) + "\n"
 
 
-__all__ = ["WRITTEN_AGAINST", "ds_config", "render"]
+__all__ = [
+    "WRITTEN_AGAINST", "deepspeed_lr_factors", "ds_config", "render", "warmup_deviations",
+    "warmup_params",
+]  # fmt: skip

@@ -10,6 +10,7 @@
 | SGD, momentum, nesterov, dampening | ``optim="sgd"``, ``optim_args="momentum=...,..."`` |
 | drop the last partial batch | ``dataloader_drop_last=True`` |
 | the workload's autocast | ``bf16`` / ``fp16`` |
+| the clipping it was measured with | ``max_grad_norm`` (0.0: none; the Trainer's default is 1.0) |
 
 Not mapped, and said so: plain Adam with weight decay (an L2 penalty; every Adam the Trainer
 offers decouples weight decay) is an :class:`~raybatch.errors.ExportError`; the world size is
@@ -79,9 +80,12 @@ def _optimizer_args(c: TrialConfig) -> dict[str, Any]:
     return out
 
 
-def training_args_kwargs(c: TrialConfig, amp: str | None) -> dict[str, Any]:
+def training_args_kwargs(
+    c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None
+) -> dict[str, Any]:
     """Keyword arguments for ``transformers.TrainingArguments`` (add ``output_dir``); ``amp``
-    is the workload's autocast dtype (``bf16``, ``fp16`` or ``None``)."""
+    is the workload's autocast dtype (``bf16``, ``fp16`` or ``None``), ``grad_clip_norm`` the
+    clipping the recipe was measured with (``None``: unclipped, ``max_grad_norm=0.0``)."""
     return {
         "per_device_train_batch_size": c.micro_batch_size,
         "gradient_accumulation_steps": c.accumulation_steps,
@@ -93,10 +97,13 @@ def training_args_kwargs(c: TrialConfig, amp: str | None) -> dict[str, Any]:
         "dataloader_drop_last": True,
         "bf16": amp == "bf16",
         "fp16": amp == "fp16",
+        "max_grad_norm": float(grad_clip_norm or 0.0),
     }
 
 
-def training_args(c: TrialConfig, amp: str | None, **overrides: Any) -> Any:
+def training_args(
+    c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None, **overrides: Any
+) -> Any:
     """A real ``transformers.TrainingArguments`` (``output_dir`` defaults to ``"out"``).
 
     Raises:
@@ -109,12 +116,14 @@ def training_args(c: TrialConfig, amp: str | None, **overrides: Any) -> Any:
             [Issue("transformers", "not installed: pip install transformers")]
         ) from None
 
-    return TrainingArguments(**{"output_dir": "out", **training_args_kwargs(c, amp), **overrides})
+    kwargs = training_args_kwargs(c, amp, grad_clip_norm)
+    return TrainingArguments(**{"output_dir": "out", **kwargs, **overrides})
 
 
-def snippet(c: TrialConfig, amp: str | None) -> str:
+def snippet(c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None) -> str:
     """A complete Python snippet building the ``TrainingArguments``."""
-    body = "".join(f"    {k}={v!r},\n" for k, v in training_args_kwargs(c, amp).items())
+    kwargs = training_args_kwargs(c, amp, grad_clip_norm)
+    body = "".join(f"    {k}={v!r},\n" for k, v in kwargs.items())
     return "\n".join(
         [
             f"# raybatch winner as TrainingArguments ({WRITTEN_AGAINST}).",
@@ -122,6 +131,8 @@ def snippet(c: TrialConfig, amp: str | None) -> str:
             f" the effective batch {c.effective_batch_size} counts every process.",
             "# Differences the Trainer keeps: no weight decay on biases and norm weights; warmup"
             " ramps as step / warmup_steps.",
+            "# Keep auto_find_batch_size off: it would shrink the micro batch, and the effective"
+            " batch with it, behind the recipe's back.",
             "from transformers import TrainingArguments",
             "",
             "args = TrainingArguments(",

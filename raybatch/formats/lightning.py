@@ -56,14 +56,19 @@ def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
 
 
 def snippet(c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None) -> str:
-    """A complete Python snippet: the ``Trainer`` and ``configure_optimizers``."""
+    """A complete Python snippet: the ``Trainer``, ``configure_optimizers`` and the
+    ``DataLoader``'s batch, all from one recipe — this one, written out (a retargeted recipe
+    is not the ``best_config.yaml`` on disk, so the snippet does not reload that file)."""
+    import pprint
+
     kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer_kwargs(c, amp, grad_clip_norm).items())
+    recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
     return (
         f"# raybatch winner for Lightning ({WRITTEN_AGAINST}).\n"
         "import lightning as L\n"
         "import raybatch\n"
         "\n"
-        'best = raybatch.load_best("best_config.yaml")\n'
+        f"best = raybatch.BestConfig(raybatch.TrialConfig.from_dict(\n{recipe}\n), {{}})\n"
         "\n"
         "class Model(L.LightningModule):\n"
         "    ...  # your training_step\n"

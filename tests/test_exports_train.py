@@ -1,0 +1,179 @@
+"""Each export, taken to its framework, trains with exactly the measured recipe: DeepSpeed's
+``initialize``, the HF ``Trainer``, the launchers' own argument parsers, and the file a user
+writes with ``-o`` saying whether it is the measured recipe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import raybatch
+from raybatch import BestConfig
+from raybatch.formats.deepspeed import deepspeed_lr_factors, warmup_deviations
+from raybatch.space.config import warmup_factor
+
+from .conftest import run_cli
+from .test_formats import Tiny, _rows
+
+SGD = raybatch.load_space("digits_cnn_sgd")
+ADAMW = raybatch.load_space("generic_adamw")
+HERE = Path(__file__).parent
+
+
+def _deepspeed_run(best: BestConfig, tmp_path: Path, steps: int) -> dict[str, Any]:
+    (tmp_path / "ds_config.json").write_text(best.render("deepspeed"))
+    done = subprocess.run(
+        [sys.executable, str(HERE / "deepspeed_train.py"), str(tmp_path / "ds_config.json"),
+         str(tmp_path / "out.json"), str(steps)],
+        env={**os.environ, "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads((tmp_path / "out.json").read_text())
+    return result
+
+
+@pytest.mark.parametrize("knobs", [(64, 1), (128, 4)])
+def test_deepspeed_initialize_trains_the_exported_recipe(
+    knobs: tuple[int, int], tmp_path: Path
+) -> None:
+    """Without warmup (which WarmupLR refuses at 0 steps) and with 4 warmup steps: DeepSpeed's
+    batch triple, no clipping, autocast, and the LR of every optimizer step the recipe's from
+    the second step on (the first is the one the config's ``raybatch`` notes name)."""
+    best = BestConfig(SGD.derive(*knobs), {"space": SGD.name, "amp_dtype": "bf16"})
+    c = best.config
+    ran = _deepspeed_run(best, tmp_path, steps=c.warmup_steps + 3)
+    assert (ran["micro_batch_size"], ran["accumulation_steps"], ran["train_batch_size"]) == (
+        c.micro_batch_size, c.accumulation_steps, c.effective_batch_size,
+    )  # fmt: skip
+    assert ran["gradient_clipping"] == 0.0 and ran["torch_autocast"]
+    recipe = [c.lr * warmup_factor(k, c.warmup_steps) for k in range(len(ran["lrs"]))]
+    assert ran["lrs"][1:] == pytest.approx(recipe[1:])
+    assert ran["lrs"] == pytest.approx([f * c.lr for f in deepspeed_lr_factors(c, len(recipe))])
+    deviations = warmup_deviations(c)
+    assert deviations == ([0] if c.warmup_steps > 1 else [])
+    notes = json.loads(best.render("deepspeed"))["raybatch"]["notes"]
+    assert bool(notes) == bool(deviations)
+    assert all(ran["lrs"][k] != pytest.approx(recipe[k]) for k in deviations)
+
+
+class _Counted(Tiny):
+    """:class:`Tiny`, counting the samples its forward sees."""
+
+    samples = 0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        _Counted.samples += len(x)
+        return super().forward(x, labels)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_hf_trainer_clips_only_as_measured_and_steps_the_effective_batch(
+    clip: float | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import Trainer
+
+    best = BestConfig(ADAMW.derive(8, 2), {"space": ADAMW.name, "amp_dtype": None,
+                                           "grad_clip_norm": clip})  # fmt: skip
+    args = best.to_hf_training_args(output_dir=str(tmp_path), max_steps=3, report_to=[],
+                                    use_cpu=True, save_strategy="no")  # fmt: skip
+    assert args.max_grad_norm == (clip or 0.0)  # the Trainer's default would clip at 1.0
+    clipped: list[float] = []
+    original = torch.nn.utils.clip_grad_norm_
+
+    def spy(parameters: Any, max_norm: float, *a: Any, **k: Any) -> torch.Tensor:
+        clipped.append(max_norm)
+        return original(parameters, max_norm, *a, **k)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    _Counted.samples = 0
+    trainer = Trainer(model=_Counted(), args=args, train_dataset=_rows(160))
+    trainer.train()
+    # Unclipped, the Trainer still measures the norm, with an infinite bound (clips nothing).
+    assert clipped == [math.inf if clip is None else clip] * 3
+    assert trainer.state.global_step == 3
+    assert _Counted.samples == 3 * best.config.effective_batch_size  # 3 steps of 8 x 2
+
+
+def _reparse(line: str) -> argparse.Namespace:
+    """The script's side: every ``--key value`` the export wrote, read back."""
+    parser = argparse.ArgumentParser()
+    for key in BestConfig(ADAMW.derive(8, 2), {}).config.to_dict():
+        parser.add_argument(f"--{key.replace('_', '-')}")
+    return parser.parse_args(line)  # type: ignore[arg-type]
+
+
+def test_launch_lines_parse_with_the_launchers_own_parsers() -> None:
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import get_args_parser
+
+    best = BestConfig(SGD.derive(64, 2), {"space": SGD.name, "amp_dtype": "bf16"}).retarget(4)
+    c = best.config
+    [torchrun] = [x for x in best.render("torchrun").splitlines() if not x.startswith("#")]
+    parsed = get_args_parser().parse_args(shlex.split(torchrun)[1:])
+    assert (parsed.nproc_per_node, parsed.training_script) == ("4", "train.py")
+    script = _reparse(parsed.training_script_args)
+    assert int(script.micro_batch_size) * int(script.accumulation_steps) * 4 == (
+        c.effective_batch_size
+    )
+    assert json.loads(script.optimizer_kwargs) == c.optimizer_kwargs  # momentum kept
+    assert float(script.lr) == c.lr
+    [line] = [x for x in best.render("accelerate").splitlines() if not x.startswith("#")]
+    launched = launch_command_parser().parse_args(shlex.split(line)[2:])
+    assert launched.multi_gpu and launched.num_processes == 4
+    assert launched.mixed_precision == "bf16" and launched.training_script == "train.py"
+    assert _reparse(launched.training_script_args).accumulation_steps == str(c.accumulation_steps)
+
+
+def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
+    """16 x 4 on 1 GPU, moved to 8: the DataLoader, the optimizer and the Trainer all get the
+    retargeted recipe (a snippet reloading best_config.yaml would give the old micro batch)."""
+    best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, "amp_dtype": None})
+    moved = best.retarget(8)
+    snippet = moved.render("lightning")
+    namespace: dict[str, Any] = {}
+    runnable = snippet.replace("import lightning as L\n", "").replace(
+        "class Model(L.LightningModule):", "class Model:"
+    ).replace("trainer = L.Trainer(", "trainer = dict(")  # fmt: skip
+    exec(compile(runnable, "<lightning snippet>", "exec"), namespace)
+    batch = namespace["best"].dataloader_kwargs()["batch_size"]
+    trainer = namespace["trainer"]
+    assert batch * trainer["accumulate_grad_batches"] * trainer["devices"] == 64
+    assert namespace["best"].config == moved.config
+    optimizer = namespace["best"].lightning_optimizers(torch.nn.Linear(2, 2).parameters())
+    assert optimizer["optimizer"].param_groups[0]["initial_lr"] == pytest.approx(moved.config.lr)
+
+
+def test_every_written_export_says_where_it_came_from_and_whether_it_was_measured(
+    tmp_path: Path,
+) -> None:
+    best = BestConfig(ADAMW.derive(64, 3), {"space": ADAMW.name, "amp_dtype": None,
+                                            "trial_id": "t7"})  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best_config.yaml").write_text(best.render("yaml"))
+    for fmt in ("env", "hf", "lightning", "torchrun", "accelerate", "deepspeed", "hf-json"):
+        for world, measured in ((1, True), (5, False)):  # 192 cannot be split over 5
+            out = tmp_path / f"{fmt}-{world}.txt"
+            proc = run_cli("export", str(run), "--format", fmt, "--world-size", str(world),
+                           "-o", str(out))  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            text = out.read_text()
+            if fmt in ("deepspeed", "hf-json"):
+                origin = json.loads(text)["raybatch"]
+                assert origin["measured"] is measured and origin["trial_id"] == "t7"
+                assert origin["from"].endswith("best_config.yaml")
+                assert measured or origin["retargeted"].startswith("NOT MEASURED")
+            else:
+                assert "raybatch recipe from" in text and "trial t7" in text
+                assert ("NOT MEASURED" in text) is not measured
