@@ -136,8 +136,9 @@ def test_launch_lines_parse_with_the_launchers_own_parsers() -> None:
 
 
 def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
-    """16 x 4 on 1 GPU, moved to 8: the DataLoader, the optimizer and the Trainer all get the
-    retargeted recipe (a snippet reloading best_config.yaml would give the old micro batch)."""
+    """16 x 4 on 1 GPU, moved to 8 (16 x 1 x 8, re-derived at 128): the DataLoader, the optimizer
+    and the Trainer all get the retargeted recipe (a snippet reloading best_config.yaml would
+    give the old accumulation and LR)."""
     best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, "amp_dtype": None})
     moved = best.retarget(8)
     snippet = moved.render("lightning")
@@ -148,7 +149,8 @@ def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
     exec(compile(runnable, "<lightning snippet>", "exec"), namespace)
     batch = namespace["best"].dataloader_kwargs()["batch_size"]
     trainer = namespace["trainer"]
-    assert batch * trainer["accumulate_grad_batches"] * trainer["devices"] == 64
+    assert batch * trainer["accumulate_grad_batches"] * trainer["devices"] == 128
+    assert moved.config.effective_batch_size == 128 and "NOT MEASURED" in snippet
     assert namespace["best"].config == moved.config
     optimizer = namespace["best"].lightning_optimizers(torch.nn.Linear(2, 2).parameters())
     assert optimizer["optimizer"].param_groups[0]["initial_lr"] == pytest.approx(moved.config.lr)

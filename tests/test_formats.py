@@ -198,17 +198,23 @@ def test_retargeting_keeps_the_measured_effective_batch_when_it_can() -> None:
         measured.lr, measured.weight_decay, measured.warmup_steps,
     )  # fmt: skip
     on_eight = retarget(measured, 8)  # 16 x 8 > 64: the micro batch falls to 8
-    assert on_eight.measured and on_eight.config.micro_batch_size == 8
+    assert on_eight.config.micro_batch_size == 8
     assert on_eight.config.effective_batch_size == 64 and on_eight.config.lr == measured.lr
+    # The optimizer's recipe is the measured one, the per-device batch is not (BatchNorm).
+    assert not on_eight.measured and "BatchNorm" in on_eight.note
+    # With the space known, only its own micro batches (16..256 here): 8 is not one of them.
+    in_space = retarget(measured, 8, ADAMW)
+    assert not in_space.measured and in_space.config.micro_batch_size == 16
+    assert in_space.note.startswith("NOT MEASURED: the effective batch 64")
 
 
 def test_a_world_size_that_cannot_keep_the_batch_is_re_derived_and_marked_not_measured() -> None:
     measured = ADAMW.derive(64, 3)  # effective 192: 5 GPUs cannot split it
     moved = retarget(measured, 5, ADAMW)
     assert not moved.measured and moved.note.startswith("NOT MEASURED")
-    # The nearest: 38 x 1 x 5 = 190 (64 x 1 x 5 = 320 is further); the rules' LR and weight
-    # decay at 190.
-    assert moved.config == ADAMW.derive(38, 1, 5)
+    # The nearest of the space's micro batches: 32 x 1 x 5 = 160 (16 x 2 x 5 ties, the larger
+    # micro batch wins; 64 x 1 x 5 = 320 is further); the rules' LR and weight decay at 160.
+    assert moved.config == ADAMW.derive(32, 1, 5)
     assert moved.config.lr != measured.lr
     with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
         retarget(measured, 5)
@@ -259,4 +265,4 @@ def test_a_custom_space_named_like_a_preset_is_not_mistaken_for_it() -> None:
     best = BestConfig(custom.derive(64, 3), {"space": custom.name})
     with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
         best.retarget(5)
-    assert best.retarget(5, custom).config == custom.derive(38, 1, 5)
+    assert best.retarget(5, custom).config == custom.derive(32, 1, 5)

@@ -8,10 +8,15 @@ So, in order of preference:
    sees exactly the measured recipe; only the hardware differs;
 2. the largest smaller micro batch with the same effective batch, when accumulation alone
    cannot absorb the new world size (the micro batch falls, so memory does too) — the same
-   optimizer recipe, at a per-GPU throughput that was not measured;
+   optimizer recipe, but **not the measured one**, and marked so: the per-GPU throughput was
+   not measured, and a model with BatchNorm normalises over the smaller per-device batch
+   (unless it uses SyncBatchNorm), which changes what it learns;
 3. otherwise the nearest effective batch the world size allows (micro batch no larger than
    measured), with the LR, weight decay and warmup re-derived by the space's rules — **not
    measured**, and marked so.
+
+With the space known, micro batches come from the space's own ``micro_batch_size`` list (the
+ones the search could have measured), not any integer that divides.
 """
 
 from __future__ import annotations
@@ -50,12 +55,21 @@ def _same_effective(config: TrialConfig, micro: int, accumulation: int, world: i
     )
 
 
-def _nearest(effective: int, micro: int, world_size: int, limit: int | None) -> tuple[int, int]:
+def _micros(micro: int, space: SearchSpace | None) -> list[int]:
+    """Micro batches to try, largest first, none above the measured one (it is known to fit):
+    the space's own, or every integer without a space."""
+    if space is None:
+        return list(range(micro, 0, -1))
+    own = sorted((m for m in space.search.micro_batch_size if m <= micro), reverse=True)
+    return own or [micro]
+
+
+def _nearest(effective: int, micros: list[int], world_size: int, limit: int | None
+             ) -> tuple[int, int]:  # fmt: skip
     """``(micro, accumulation)`` on ``world_size`` GPUs whose effective batch is nearest the
-    measured one, the micro batch no larger than measured (it is known to fit), the largest
-    such micro batch on ties."""
+    measured one, the largest micro batch on ties."""
     best: tuple[int, int, int] | None = None  # (distance, -micro, accumulation)
-    for m in range(micro, 0, -1):
+    for m in micros:
         accumulation = max(1, round(effective / (m * world_size)))
         if limit is not None:
             accumulation = min(accumulation, limit)
@@ -85,7 +99,8 @@ def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = N
     if world_size == w:
         return Retargeted(config, True, f"already on {w} GPU(s): the measured recipe")
     limit = space.limits.max_accumulation_steps if space is not None else None
-    for micro in range(m, 0, -1):  # the largest micro batch that keeps the effective batch
+    micros = _micros(m, space)
+    for micro in micros:  # the largest micro batch that keeps the effective batch
         if effective % (micro * world_size):
             continue
         accumulation = effective // (micro * world_size)
@@ -98,14 +113,15 @@ def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = N
                 f" accumulation keeps the effective batch {effective}, so LR, weight decay and"
                 " warmup are the measured ones (the hardware is not)"
             )
-        else:
-            note = (
-                f"measured as {was}; on {world_size} GPU(s) the micro batch falls to {micro}"
-                f" (x {accumulation} accumulation) to keep the effective batch {effective}: LR,"
-                " weight decay and warmup are the measured ones; the per-GPU throughput of"
-                " the smaller micro batch was not measured"
-            )
-        return Retargeted(moved, True, note)
+            return Retargeted(moved, True, note)
+        note = (
+            f"NOT MEASURED (micro batch): measured as {was}; on {world_size} GPU(s) the micro"
+            f" batch falls to {micro} (x {accumulation} accumulation) to keep the effective"
+            f" batch {effective}: LR, weight decay and warmup are the measured ones, but the"
+            " smaller micro batch's throughput was not measured, and BatchNorm (without"
+            f" SyncBatchNorm) normalises over {micro} samples per device instead of {m}"
+        )
+        return Retargeted(moved, False, note)
     if space is None:
         raise ExportError(
             [
@@ -116,7 +132,7 @@ def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = N
                 )
             ]
         )
-    micro, accumulation = _nearest(effective, m, world_size, limit)
+    micro, accumulation = _nearest(effective, micros, world_size, limit)
     try:
         derived = space.derive(
             micro, accumulation, world_size, config.lr_multiplier, config.weight_decay_multiplier
