@@ -342,6 +342,13 @@ def export_command(
         int | None,
         typer.Option("--world-size", help="Move the recipe to this many GPUs first."),
     ] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus-per-node",
+            help="GPUs per node: below the world size, multi-node launch lines and Trainer.",
+        ),
+    ] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Write to a file.")] = None,
 ) -> None:
     """Print (or write) the winning recipe with its provenance, or in a trainer's format."""
@@ -361,7 +368,7 @@ def export_command(
             space = read_run(run_dir)[2] if in_run else None
             best = best.retarget(world_size, space)
             note = best.provenance.get("retargeted", {}).get("note")
-        text = best.render(fmt)
+        text = best.render(fmt, gpus_per_node)
         if fmt in ("hf-json", "deepspeed") and not best.amp_recorded:  # JSON has no comments
             note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED
     if note:

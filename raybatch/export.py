@@ -152,11 +152,14 @@ class BestConfig:
 
         return hf.training_args(self.config, self.amp_dtype, self.grad_clip_norm, **overrides)
 
-    def lightning_trainer_kwargs(self) -> dict[str, Any]:
-        """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`)."""
+    def lightning_trainer_kwargs(self, gpus_per_node: int | None = None) -> dict[str, Any]:
+        """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`); with
+        ``gpus_per_node`` below the world size, ``devices`` per node and ``num_nodes``."""
         from raybatch.formats import lightning
 
-        return lightning.trainer_kwargs(self.config, self.amp_dtype, self.grad_clip_norm)
+        return lightning.trainer_kwargs(
+            self.config, self.amp_dtype, self.grad_clip_norm, gpus_per_node
+        )
 
     def lightning_optimizers(self, params: Iterable[Any]) -> dict[str, Any]:
         """What ``LightningModule.configure_optimizers`` should return for the recipe."""
@@ -225,10 +228,12 @@ class BestConfig:
             return None
         return space if again == c else None
 
-    def render(self, fmt: str) -> str:
+    def render(self, fmt: str, gpus_per_node: int | None = None) -> str:
         """``yaml`` / ``json`` (recipe and provenance), ``env`` or ``args`` (recipe only), or a
         framework's: ``hf`` (a Python snippet), ``hf-json``, ``lightning`` (a snippet),
-        ``deepspeed`` (``ds_config.json``), ``torchrun``, ``accelerate`` (launch lines)."""
+        ``deepspeed`` (``ds_config.json``), ``torchrun``, ``accelerate`` (launch lines).
+        ``gpus_per_node`` below the world size makes the launch lines and Lightning's
+        ``Trainer`` multi-node."""
         from raybatch.formats import deepspeed, hf, launch, lightning
 
         if fmt == "yaml":
@@ -250,10 +255,14 @@ class BestConfig:
             "hf-json": lambda: json.dumps(
                 {**self.hf_training_args_kwargs(), "raybatch": self.origin()}, indent=2
             ) + "\n",
-            "lightning": lambda: lightning.snippet(self.config, self.amp_dtype, clip),
+            "lightning": lambda: lightning.snippet(
+                self.config, self.amp_dtype, clip, gpus_per_node
+            ),
             "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype, clip, self.origin()),
-            "torchrun": lambda: launch.torchrun(self.config),
-            "accelerate": lambda: launch.accelerate(self.config, self.amp_dtype),
+            "torchrun": lambda: launch.torchrun(self.config, gpus_per_node=gpus_per_node),
+            "accelerate": lambda: launch.accelerate(
+                self.config, self.amp_dtype, gpus_per_node=gpus_per_node
+            ),
         }  # fmt: skip
         if fmt not in renderers:
             message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"

@@ -179,3 +179,39 @@ def test_every_written_export_says_where_it_came_from_and_whether_it_was_measure
             else:
                 assert "raybatch recipe from" in text and "trial t7" in text
                 assert ("NOT MEASURED" in text) is not measured
+
+
+def test_several_nodes_get_multi_node_launch_lines_and_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 processes on nodes of 8 GPUs: torchrun and accelerate as their parsers read the
+    lines, Lightning's ``num_nodes`` (``devices=16`` fails on an 8-GPU node), and a clear
+    error when the GPUs per node do not divide the world size."""
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import get_args_parser
+
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MACHINE_RANK", "1")
+
+    def shell(text: str) -> list[str]:  # what a node's shell passes on: variables expanded
+        [line] = [x for x in text.splitlines() if not x.startswith("#")]
+        return [os.path.expandvars(word) for word in shlex.split(line)]
+
+    best = BestConfig(ADAMW.derive(16, 1, 16), {"space": ADAMW.name, "amp_dtype": None})
+    parsed = get_args_parser().parse_args(shell(best.render("torchrun", 8))[1:])
+    assert (parsed.nnodes, parsed.nproc_per_node, parsed.rdzv_backend) == ("2", "8", "c10d")
+    assert parsed.rdzv_endpoint == "10.0.0.1:29500"
+    launched = launch_command_parser().parse_args(shell(best.render("accelerate", 8))[2:])
+    assert (launched.num_machines, launched.num_processes, launched.main_process_port) == (
+        2, 16, 29500,
+    )  # fmt: skip
+    assert launched.machine_rank == 1 and launched.main_process_ip == "10.0.0.1"
+    assert launched.multi_gpu
+    kwargs = best.lightning_trainer_kwargs(gpus_per_node=8)
+    assert (kwargs["devices"], kwargs["num_nodes"]) == (8, 2)
+    assert "num_nodes" not in best.lightning_trainer_kwargs()  # one node: as before
+    assert "num_nodes=2" in best.render("lightning", 8)
+    (tmp_path / "best_config.yaml").write_text(best.render("yaml"))
+    bad = run_cli("export", str(tmp_path), "--format", "torchrun", "--gpus-per-node", "6")
+    assert bad.returncode == 2, bad.stderr
+    assert "--gpus-per-node: must be a positive divisor of the world size 16, got 6" in bad.stderr

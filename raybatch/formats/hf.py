@@ -127,7 +127,8 @@ def snippet(c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None
     return "\n".join(
         [
             f"# raybatch winner as TrainingArguments ({WRITTEN_AGAINST}).",
-            f"# Launch on {c.world_size} process(es) (torchrun --nproc-per-node {c.world_size}):"
+            f"# Launch on {c.world_size} process(es) (torchrun --nproc-per-node {c.world_size};"
+            " several nodes: raybatch export --format torchrun --gpus-per-node G):"
             f" the effective batch {c.effective_batch_size} counts every process.",
             "# Differences the Trainer keeps: no weight decay on biases and norm weights; warmup"
             " ramps as step / warmup_steps.",

@@ -6,6 +6,12 @@ train.py ...`` (accelerate 1.x's ``launch`` flags). The script reads the recipe'
 its own arguments (``raybatch export --format args``'s names: every scalar of the recipe, and
 ``--optimizer-kwargs`` as JSON), or loads ``best_config.yaml`` with ``raybatch.load_best``.
 
+On several nodes (``gpus_per_node`` below the world size): ``torchrun --nnodes N
+--nproc-per-node G --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500``, and ``accelerate
+launch --num_machines N --num_processes W --machine_rank $MACHINE_RANK --main_process_ip
+$MASTER_ADDR --main_process_port 29500`` (accelerate counts processes over all machines), the
+same line run on every node with its own ``MACHINE_RANK``.
+
 Every value is shell-quoted. ``accelerate launch --gradient_accumulation_steps`` is not used:
 outside DeepSpeed, accelerate 1.x passes it to nothing, so the script must hand its own
 ``--accumulation-steps`` to ``Accelerator(gradient_accumulation_steps=...)`` (the line's
@@ -19,10 +25,27 @@ import json
 import shlex
 from typing import TYPE_CHECKING
 
+from raybatch.errors import ExportError, Issue
+
 if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig
 
 WRITTEN_AGAINST = "torch 2.x torchrun, accelerate 1.x"
+PORT = 29500
+
+
+def nodes(world_size: int, gpus_per_node: int | None) -> tuple[int, int]:
+    """``(nodes, processes per node)`` for ``world_size`` processes, ``gpus_per_node`` each.
+
+    Raises:
+        ExportError: ``gpus_per_node`` is not a positive integer dividing the world size.
+    """
+    if gpus_per_node is None or gpus_per_node >= world_size:
+        return 1, world_size
+    if gpus_per_node < 1 or world_size % gpus_per_node:
+        message = f"must be a positive divisor of the world size {world_size}, got {gpus_per_node}"
+        raise ExportError([Issue("--gpus-per-node", message)])
+    return world_size // gpus_per_node, gpus_per_node
 
 
 def script_args(c: TrialConfig) -> str:
@@ -43,20 +66,43 @@ def _head(c: TrialConfig) -> str:
     )
 
 
-def torchrun(c: TrialConfig, script: str = "train.py") -> str:
-    return f"{_head(c)}torchrun --nproc-per-node {c.world_size} {script} {script_args(c)}\n"
-
-
-def accelerate(c: TrialConfig, amp: str | None, script: str = "train.py") -> str:
-    precision = {"bf16": "bf16", "fp16": "fp16"}.get(amp or "", "no")
-    multi = "--multi_gpu " if c.world_size > 1 else ""
+def _every_node(count: int) -> str:
+    if count == 1:
+        return ""
     return (
-        f"{_head(c)}"
-        "# accumulation: Accelerator(gradient_accumulation_steps=args.accumulation_steps) in"
-        " the script (accelerate launch's own flag reaches only DeepSpeed)\n"
-        f"accelerate launch {multi}--num_processes {c.world_size} --mixed_precision {precision}"
-        f" {script} {script_args(c)}\n"
+        f"# run on each of the {count} nodes: MASTER_ADDR is the first node's address,"
+        f" MACHINE_RANK 0..{count - 1}\n"
     )
 
 
-__all__ = ["WRITTEN_AGAINST", "accelerate", "script_args", "torchrun"]
+def torchrun(c: TrialConfig, script: str = "train.py", gpus_per_node: int | None = None) -> str:
+    count, per_node = nodes(c.world_size, gpus_per_node)
+    where = (
+        f"--nnodes {count} --nproc-per-node {per_node} --rdzv-backend c10d"
+        f' --rdzv-endpoint "$MASTER_ADDR:{PORT}" --rdzv-id raybatch'
+        if count > 1 else f"--nproc-per-node {per_node}"
+    )  # fmt: skip
+    return f"{_head(c)}{_every_node(count)}torchrun {where} {script} {script_args(c)}\n"
+
+
+def accelerate(
+    c: TrialConfig, amp: str | None, script: str = "train.py", gpus_per_node: int | None = None
+) -> str:
+    count, _ = nodes(c.world_size, gpus_per_node)
+    precision = {"bf16": "bf16", "fp16": "fp16"}.get(amp or "", "no")
+    multi = "--multi_gpu " if c.world_size > 1 else ""
+    machines = (
+        f"--num_machines {count} --machine_rank \"$MACHINE_RANK\" --main_process_ip"
+        f' "$MASTER_ADDR" --main_process_port {PORT} '
+        if count > 1 else ""
+    )  # fmt: skip
+    return (
+        f"{_head(c)}{_every_node(count)}"
+        "# accumulation: Accelerator(gradient_accumulation_steps=args.accumulation_steps) in"
+        " the script (accelerate launch's own flag reaches only DeepSpeed)\n"
+        f"accelerate launch {multi}{machines}--num_processes {c.world_size}"
+        f" --mixed_precision {precision} {script} {script_args(c)}\n"
+    )
+
+
+__all__ = ["PORT", "WRITTEN_AGAINST", "accelerate", "nodes", "script_args", "torchrun"]

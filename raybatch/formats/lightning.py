@@ -4,7 +4,7 @@ what ``configure_optimizers`` returns.
 | recipe | Lightning |
 | --- | --- |
 | accumulation | ``Trainer(accumulate_grad_batches=...)`` |
-| world size | ``Trainer(devices=...)`` |
+| world size | ``Trainer(devices=...)``, with ``num_nodes`` on several nodes |
 | the workload's autocast | ``Trainer(precision="bf16-mixed" / "16-mixed" / "32-true")`` |
 | optimizer, LR, weight decay | ``configure_optimizers``: raybatch's own optimizer |
 | warmup, then constant | a ``LambdaLR`` stepped per optimizer step (``interval="step"``) |
@@ -29,13 +29,23 @@ _PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", None: "32-true"}
 
 
 def trainer_kwargs(
-    c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None
+    c: TrialConfig,
+    amp: str | None,
+    grad_clip_norm: float | None = None,
+    gpus_per_node: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``lightning.Trainer`` (``gradient_clip_val``: the clipping the
-    recipe was measured with; ``None``, no clipping, for a search's default loop)."""
+    recipe was measured with; ``None``, no clipping, for a search's default loop; with
+    ``gpus_per_node`` below the world size, ``devices`` per node and ``num_nodes``)."""
+    from raybatch.formats.launch import nodes
+
+    count, per_node = nodes(c.world_size, gpus_per_node)
+    placement: dict[str, Any] = {"devices": per_node}
+    if count > 1:
+        placement["num_nodes"] = count
     return {
         "accumulate_grad_batches": c.accumulation_steps,
-        "devices": c.world_size,
+        **placement,
         "precision": _PRECISION[amp],
         "gradient_clip_val": grad_clip_norm,
     }
@@ -55,13 +65,19 @@ def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def snippet(c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None) -> str:
+def snippet(
+    c: TrialConfig,
+    amp: str | None,
+    grad_clip_norm: float | None = None,
+    gpus_per_node: int | None = None,
+) -> str:
     """A complete Python snippet: the ``Trainer``, ``configure_optimizers`` and the
     ``DataLoader``'s batch, all from one recipe — this one, written out (a retargeted recipe
     is not the ``best_config.yaml`` on disk, so the snippet does not reload that file)."""
     import pprint
 
-    kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer_kwargs(c, amp, grad_clip_norm).items())
+    trainer = trainer_kwargs(c, amp, grad_clip_norm, gpus_per_node)
+    kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer.items())
     recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
     return (
         f"# raybatch winner for Lightning ({WRITTEN_AGAINST}).\n"
