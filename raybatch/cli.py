@@ -335,7 +335,8 @@ def export_command(
         str,
         typer.Option(
             "--format",
-            help="yaml, json, env, args; hf, hf-json, lightning, deepspeed, torchrun, accelerate.",
+            help="yaml, json, env, args; hf, hf-json, lightning, deepspeed, torchrun, accelerate,"
+            " ray-train.",
         ),
     ] = "yaml",
     world_size: Annotated[

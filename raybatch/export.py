@@ -48,7 +48,7 @@ BEST_YAML = "best_config.yaml"
 BEST_JSON = "best_config.json"
 FORMATS = (
     "yaml", "json", "env", "args", "hf", "hf-json", "lightning", "deepspeed", "torchrun",
-    "accelerate",
+    "accelerate", "ray-train",
 )  # fmt: skip
 
 
@@ -173,6 +173,38 @@ class BestConfig:
 
         return deepspeed.ds_config(self.config, self.amp_dtype, self.grad_clip_norm, self.origin())
 
+    def measured_on_gpu(self) -> bool:
+        """Whether the recipe was measured on a GPU (the provenance's ``device``)."""
+        return not str(self.provenance.get("device", "CPU")).startswith("CPU")
+
+    def ray_train_scaling_config(self, use_gpu: bool | None = None) -> Any:
+        """A real ``ray.train.ScalingConfig`` with the placement the trials had
+        (:mod:`raybatch.formats.ray_train`); ``use_gpu`` defaults to where it was measured."""
+        from ray.train import ScalingConfig
+
+        from raybatch.formats import ray_train
+
+        gpu = self.measured_on_gpu() if use_gpu is None else use_gpu
+        return ScalingConfig(**ray_train.scaling_config_kwargs(self.config, gpu))
+
+    def ray_train_loop_config(self) -> dict[str, Any]:
+        """``TorchTrainer(train_loop_config=...)``: the recipe's knobs and the whole recipe;
+        :meth:`from_loop_config` turns it back into a ``BestConfig`` inside the loop."""
+        from raybatch.formats import ray_train
+
+        return {
+            **ray_train.loop_config(self.config, self.origin()),
+            "grad_clip_norm": self.grad_clip_norm,
+            "amp_dtype": self.amp_dtype,
+        }
+
+    @classmethod
+    def from_loop_config(cls, config: dict[str, Any]) -> BestConfig:
+        """The recipe a Ray Train loop was handed by :meth:`ray_train_loop_config`."""
+        return cls(
+            TrialConfig.from_dict(config["recipe"]), {}, (config.get("raybatch") or {}).get("from")
+        )
+
     def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
         """The recipe on ``world_size`` GPUs (:mod:`raybatch.formats.retarget`); its
         provenance's ``retargeted`` says whether it is still the measured recipe.
@@ -231,10 +263,11 @@ class BestConfig:
     def render(self, fmt: str, gpus_per_node: int | None = None) -> str:
         """``yaml`` / ``json`` (recipe and provenance), ``env`` or ``args`` (recipe only), or a
         framework's: ``hf`` (a Python snippet), ``hf-json``, ``lightning`` (a snippet),
-        ``deepspeed`` (``ds_config.json``), ``torchrun``, ``accelerate`` (launch lines).
+        ``deepspeed`` (``ds_config.json``), ``torchrun``, ``accelerate`` (launch lines),
+        ``ray-train`` (a ``TorchTrainer`` snippet).
         ``gpus_per_node`` below the world size makes the launch lines and Lightning's
         ``Trainer`` multi-node."""
-        from raybatch.formats import deepspeed, hf, launch, lightning
+        from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
 
         if fmt == "yaml":
             return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -263,6 +296,7 @@ class BestConfig:
             "accelerate": lambda: launch.accelerate(
                 self.config, self.amp_dtype, gpus_per_node=gpus_per_node
             ),
+            "ray-train": lambda: ray_train.snippet(self.config, self.measured_on_gpu()),
         }  # fmt: skip
         if fmt not in renderers:
             message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"

@@ -215,3 +215,65 @@ def test_several_nodes_get_multi_node_launch_lines_and_trainer(
     bad = run_cli("export", str(tmp_path), "--format", "torchrun", "--gpus-per-node", "6")
     assert bad.returncode == 2, bad.stderr
     assert "--gpus-per-node: must be a positive divisor of the world size 16, got 6" in bad.stderr
+
+
+def _ray_train_loop(config: dict[str, Any]) -> None:
+    """A Ray Train loop built from the export alone: the recipe's optimizer, warmup and
+    accumulation on each worker's shard; reports each optimizer step's LR and samples."""
+    import ray.train
+    from ray.train.torch import prepare_data_loader, prepare_model
+
+    best = BestConfig.from_loop_config(config)
+    torch.manual_seed(0)
+    model = prepare_model(Tiny())
+    rows = _rows(4 * best.config.effective_batch_size)
+    loader = prepare_data_loader(torch.utils.data.DataLoader(rows, **best.dataloader_kwargs()))
+    optimizer = best.build_optimizer(model.parameters())
+    scheduler = best.build_scheduler(optimizer)
+    samples, lrs, steps_seen = 0, [], []
+    for i, batch in enumerate(loader):
+        (model(**batch)["loss"] / config["accumulation_steps"]).backward()
+        samples += len(batch["x"])
+        if (i + 1) % config["accumulation_steps"]:
+            continue
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        steps_seen.append(samples)
+        samples = 0
+    rank = ray.train.get_context().get_world_rank()
+    seen = {"lrs": lrs, "samples_per_step": steps_seen}
+    (Path(config["out"]) / f"rank{rank}.json").write_text(json.dumps(seen))
+
+
+@pytest.mark.slow
+def test_a_torch_trainer_trains_the_exported_recipe_on_two_workers(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The ScalingConfig the trials had (2 workers, 1 CPU each, no GPU here) and the loop config:
+    each worker steps micro x accumulation samples per optimizer step (x 2 workers = the
+    effective batch) at the recipe's LR schedule."""
+    from ray.train.torch import TorchTrainer
+
+    best = BestConfig(SGD.derive(32, 2, 2), {"space": SGD.name, "amp_dtype": None,
+                                             "device": "CPU (test)"})  # fmt: skip
+    scaling = best.ray_train_scaling_config()
+    assert (scaling.num_workers, scaling.use_gpu) == (2, False)
+    assert scaling.resources_per_worker == {"CPU": 1}
+    loop = best.ray_train_loop_config()
+    assert loop["raybatch"]["measured"] and BestConfig.from_loop_config(loop).config == best.config
+    TorchTrainer(
+        _ray_train_loop, train_loop_config={**loop, "out": str(tmp_path)}, scaling_config=scaling
+    ).fit()
+    c = best.config
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["samples_per_step"] == [c.micro_batch_size * c.accumulation_steps] * 4
+        assert 2 * seen["samples_per_step"][0] == c.effective_batch_size
+        assert seen["lrs"] == pytest.approx(
+            [c.lr * warmup_factor(k, c.warmup_steps) for k in range(4)]
+        )
+    snippet = best.render("ray-train")
+    compile(snippet, "<ray-train snippet>", "exec")
+    assert "ScalingConfig(num_workers=2, use_gpu=False" in snippet
