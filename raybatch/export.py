@@ -146,11 +146,12 @@ class BestConfig:
 
         return hf.training_args_kwargs(self.config, self.amp_dtype, self.grad_clip_norm)
 
-    def to_hf_training_args(self, **overrides: Any) -> Any:
-        """A real ``transformers.TrainingArguments`` for the recipe (``overrides`` win)."""
+    def to_hf_training_args(self, cls: Any = None, **overrides: Any) -> Any:
+        """A real ``transformers.TrainingArguments`` for the recipe (``overrides`` win), or of
+        ``cls``, a subclass such as TRL's ``SFTConfig``."""
         from raybatch.formats import hf
 
-        return hf.training_args(self.config, self.amp_dtype, self.grad_clip_norm, **overrides)
+        return hf.training_args(self.config, self.amp_dtype, self.grad_clip_norm, cls, **overrides)
 
     def lightning_trainer_kwargs(self, gpus_per_node: int | None = None) -> dict[str, Any]:
         """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`); with

@@ -277,3 +277,19 @@ def test_a_torch_trainer_trains_the_exported_recipe_on_two_workers(
     snippet = best.render("ray-train")
     compile(snippet, "<ray-train snippet>", "exec")
     assert "ScalingConfig(num_workers=2, use_gpu=False" in snippet
+
+
+def test_hf_args_can_be_a_trainingarguments_subclass(tmp_path: Path) -> None:
+    """TRL's ``SFTConfig`` and friends subclass ``TrainingArguments``: the same recipe in them."""
+    from dataclasses import dataclass
+
+    from transformers import TrainingArguments
+
+    @dataclass
+    class MyConfig(TrainingArguments):
+        max_length: int = 128
+
+    best = BestConfig(ADAMW.derive(8, 2), {"space": ADAMW.name, "amp_dtype": None})
+    args = best.to_hf_training_args(cls=MyConfig, output_dir=str(tmp_path), max_length=64)
+    assert isinstance(args, MyConfig) and args.max_length == 64
+    assert (args.per_device_train_batch_size, args.max_grad_norm) == (8, 0.0)

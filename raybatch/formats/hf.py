@@ -102,9 +102,14 @@ def training_args_kwargs(
 
 
 def training_args(
-    c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None, **overrides: Any
+    c: TrialConfig,
+    amp: str | None,
+    grad_clip_norm: float | None = None,
+    cls: Any = None,
+    **overrides: Any,
 ) -> Any:
-    """A real ``transformers.TrainingArguments`` (``output_dir`` defaults to ``"out"``).
+    """A real ``transformers.TrainingArguments`` (``output_dir`` defaults to ``"out"``), or of
+    ``cls``, a subclass of it (TRL's ``SFTConfig``, for one).
 
     Raises:
         ExportError: transformers is not installed (raybatch does not depend on it).
@@ -117,7 +122,7 @@ def training_args(
         ) from None
 
     kwargs = training_args_kwargs(c, amp, grad_clip_norm)
-    return TrainingArguments(**{"output_dir": "out", **kwargs, **overrides})
+    return (cls or TrainingArguments)(**{"output_dir": "out", **kwargs, **overrides})
 
 
 def snippet(c: TrialConfig, amp: str | None, grad_clip_norm: float | None = None) -> str:
