@@ -554,6 +554,8 @@ def render() -> str:
         lines += [
             "## GPU verification",
             "",
+            "Code measured: none yet.",
+            "",
             f"Not run yet: {', '.join(f'`bench/{n}.py`' for n in missing)} need an NVIDIA GPU.",
             "",
         ]
@@ -564,6 +566,8 @@ def _gpu_section(name: str, data: dict[str, Any]) -> list[str]:
     """A GPU verification's figures: every number and verdict at its top two levels."""
     lines = [
         f"## GPU verification: `bench/{name}.py`",
+        "",
+        measured(data),
         "",
         f"On {data['device']}, torch {data['torch']}, {data['date']};"
         f" the full record is `bench/results/{name}.json`.",

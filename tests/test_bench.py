@@ -338,7 +338,8 @@ def test_gpu_results_render_every_figure_when_present() -> None:
         "wall_s": 12.5,
     }  # fmt: skip
     lines = render._gpu_section("gpu_check", record)
-    assert "On NVIDIA H100, torch 2.13.0, d; the full record is" in lines[2]
+    assert lines[2].startswith("Code measured:")
+    assert "On NVIDIA H100, torch 2.13.0, d; the full record is" in lines[4]
     assert "- packed_pair.fraction: 0.4375" in lines
     assert "- packed_pair.neighbour_unaffected: True" in lines
     assert "- wall_s: 12.5" in lines
