@@ -169,8 +169,8 @@ def test_a_workload_that_kills_its_process_while_the_prior_is_measured_leaves_th
     """The time model runs the workload before any trial: in a Ray task, so a kill there is a
     note (the plan climbs a geometric ladder instead) and the search goes on."""
     marker = tmp_path / "killed-once"
-    options = SearchOptions(trials=2, max_time_s=10, gpus_per_trial=0, confirm_top=1,
-                            confirm_seeds=1, max_concurrent=1)  # fmt: skip
+    options = SearchOptions(trials=2, max_time_s=10, gpus_per_trial=0, confirm_seeds=0,
+                            max_concurrent=1)  # fmt: skip
     result = raybatch.search(KillsItsWorkerOnce(str(marker)), SPACE, 0.97, tmp_path / "run",
                              options, verbose=0)  # fmt: skip
     assert marker.exists()
@@ -186,9 +186,8 @@ def test_a_killed_trial_worker_is_retried_and_counted_once(
     run_dir = tmp_path / "run"
     workload = KillsItsWorkerOnce(str(marker))
     # No prior: its measurement would run the workload first, and be the one killed.
-    options = SearchOptions(trials=3, max_time_s=10, gpus_per_trial=0, confirm_top=1,
-                            confirm_seeds=1, max_failures=2, max_concurrent=1,
-                            prior=False)  # fmt: skip
+    options = SearchOptions(trials=3, max_time_s=10, gpus_per_trial=0, confirm_seeds=0,
+                            max_failures=2, max_concurrent=1, prior=False)  # fmt: skip
     result = raybatch.search(workload, SPACE, 0.97, run_dir, options, verbose=0)
     assert marker.exists()  # a worker really was SIGKILLed
     rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
@@ -275,7 +274,7 @@ def test_a_trial_hung_inside_a_step_is_stopped_by_the_driver_and_the_search_goes
     space = SearchSpace.from_dict(data)
     options = SearchOptions(trials=3, max_time_s=4, hang_grace_s=6, gpus_per_trial=0,
                             cpus_per_trial=0.5, max_concurrent=3, capping=False,
-                            confirm_top=1, confirm_seeds=1, prior=False)  # fmt: skip
+                            confirm_seeds=0, prior=False)  # fmt: skip
     started = time.monotonic()
     result = raybatch.search(HangsAtMaxBatch(), space, 0.97, run_dir, options, verbose=0)
     assert time.monotonic() - started < 120  # not the hour the step would take

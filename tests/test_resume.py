@@ -22,8 +22,6 @@ from raybatch.run.driver import analyze_run
 from raybatch.run.rundir import STUDY_NAME, read_trials_csv
 from raybatch.run.study import STATUS_ATTR
 
-TRIALS = 5
-
 
 def _finished_ids(run_dir: Path) -> set[str]:
     """Trials Ray Tune's saved state holds as finished (what a kill must not lose).
@@ -44,10 +42,6 @@ def _finished_ids(run_dir: Path) -> set[str]:
     return {t["trial_id"] for t in trials if t["status"] in ("TERMINATED", "ERROR")}
 
 
-def _finished_trials(run_dir: Path) -> int:
-    return len(_finished_ids(run_dir))
-
-
 def _cli(*args: str, **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "raybatch", *args],
@@ -58,58 +52,17 @@ def _cli(*args: str, **kw: object) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigint"])
-def test_resume_after_the_driver_is_killed_keeps_every_trial_once(how: str, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    driver = _cli(
-        "search", "raybatch.examples.digits:workload", "--target", "0.97",
-        "--trials", str(TRIALS), "--run-dir", str(run_dir), "--max-time-per-trial", "6",
-        "--max-concurrent", "1", "--confirm-top", "1", "--confirm-seeds", "1", "--quiet",
-        "--no-prior",  # the sigkill test below resumes with the stored time model
-        start_new_session=True,  # its own process group: SIGKILL takes its local Ray too
-    )  # fmt: skip
-    deadline = time.time() + 180
-    while _finished_trials(run_dir) < 2 and time.time() < deadline and driver.poll() is None:
-        time.sleep(0.3)
-    assert _finished_trials(run_dir) >= 2, "the search never got going"
-    if how == "sigint":
-        driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=120)
-        assert driver.returncode == 130, err[-2000:]
-        assert f"continue with `raybatch resume {run_dir}`" in err
-    else:
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=30)
-    before = _finished_trials(run_dir)
-    assert before < TRIALS
-
-    resumed = _cli("resume", str(run_dir), "--quiet")
-    out, err = resumed.communicate(timeout=400)
-    assert resumed.returncode == 0, err[-3000:]
-    assert "best config:" in out
-
-    rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
-    assert len(rows) == TRIALS  # the total asked for
-    assert len({r["trial_id"] for r in rows}) == TRIALS  # none repeated
-    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
-    launched = [t for t in study.trials if t.user_attrs.get(STATUS_ATTR) != "prescreened_out"]
-    complete = [t for t in launched if t.state == optuna.trial.TrialState.COMPLETE]
-    assert sorted(t.user_attrs["tune_trial_id"] for t in complete) == sorted(
-        r["trial_id"] for r in rows
-    )
-    running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    assert running == []  # the study and the Ray experiment agree
-
-
 def _kill_when(
     driver: subprocess.Popen[str],
     ready: Callable[[], bool],
     rng: random.Random,
     run_dir: Path,
     finished: set[str],
+    how: signal.Signals = signal.SIGKILL,
 ) -> None:
-    """SIGKILL the driver's whole process group a random moment after ``ready()`` holds.
+    """Stop the driver a random moment after ``ready()`` holds: SIGKILL its whole process
+    group (its local Ray too), or SIGINT to the driver alone (Ctrl-C: it must stop cleanly,
+    exit 130 and say how to continue).
 
     ``finished`` collects every trial seen finished on the way: a read right after the kill
     may meet a state file the kill cut short.
@@ -125,8 +78,14 @@ def _kill_when(
         )
     time.sleep(rng.uniform(0.0, 0.5))
     finished |= _finished_ids(run_dir)
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait(timeout=30)
+    if how == signal.SIGINT:
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=120)
+        assert driver.returncode == 130, err[-2000:]
+        assert f"continue with `raybatch resume {run_dir}`" in err
+    else:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
     finished |= _finished_ids(run_dir)
 
 
@@ -158,8 +117,9 @@ def _told(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    """Killed after the first trial, in mid-search and during confirmation; resumed each time.
+def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """Interrupted (SIGINT) after the first trial, SIGKILLed in mid-search and during
+    confirmation; resumed each time.
 
     Every trial that had finished before a kill is in the final record exactly once, the
     total is what was asked, and ``best_config.yaml`` is what a fresh analysis of the stored
@@ -178,10 +138,11 @@ def test_sigkill_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> No
         lambda: _told(run_dir) >= 3,
         lambda: _confirming(run_dir),
     ]
-    for point, args in zip(points, [search, ("resume", str(run_dir)), ("resume", str(run_dir))],
-                           strict=True):  # fmt: skip
+    runs = [search, ("resume", str(run_dir)), ("resume", str(run_dir))]
+    signals = [signal.SIGINT, signal.SIGKILL, signal.SIGKILL]
+    for point, args, how in zip(points, runs, signals, strict=True):
         driver = _cli(*args, start_new_session=True)  # its group holds its local Ray too
-        _kill_when(driver, point, rng, run_dir, finished_before_kills)
+        _kill_when(driver, point, rng, run_dir, finished_before_kills, how)
     assert len(finished_before_kills) == trials  # the last kill came after the search phase
     assert not (run_dir / "best_config.yaml").exists()  # ... and before the end
 
@@ -200,6 +161,8 @@ def test_sigkill_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> No
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
                 and t.user_attrs.get(STATUS_ATTR) != "prescreened_out"]  # fmt: skip
     assert sorted(t.user_attrs["tune_trial_id"] for t in complete) == sorted(finished_before_kills)
+    running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert running == []  # the study and the Ray experiment agree
     stored, fresh = load_best(run_dir), analyze_run(run_dir)
     assert fresh is not None
     assert stored.config == fresh.config

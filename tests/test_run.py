@@ -31,8 +31,10 @@ def finished_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) ->
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     budget = estimator.predict(SPACE.derive(64, 4))
     run_dir = tmp_path_factory.mktemp("run") / "digits"
+    # No time model: the plan and the files under test do not need one (tests of the prior
+    # measure it; this fixture is shared by a dozen tests and its minute is the suite's).
     options = SearchOptions(trials=6, max_time_s=5.0, memory_budget=budget, gpus_per_trial=0,
-                            confirm_top=1, confirm_seeds=2, seed=0)  # fmt: skip
+                            confirm_top=1, confirm_seeds=2, seed=0, prior=False)  # fmt: skip
     # The LR fixed, so the plan is short (the max batch, a ladder point) and TPE suggests the
     # rest, some of them over the budget.
     data = SPACE.model_dump()
