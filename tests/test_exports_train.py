@@ -156,6 +156,23 @@ def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
     assert optimizer["optimizer"].param_groups[0]["initial_lr"] == pytest.approx(moved.config.lr)
 
 
+def test_a_retargeted_ray_train_snippet_uses_one_recipe_for_workers_and_loop() -> None:
+    """16 x 4 on 1 GPU moved to 8 workers: the loop config the snippet passes is the
+    retargeted recipe's, not best_config.yaml's (which would train at 16 x 4 x 8 = 512)."""
+    best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, "amp_dtype": None})
+    moved = best.retarget(8)
+    snippet = moved.render("ray-train")
+    head = snippet.split("def train_loop")[0]
+    runnable = "\n".join(line for line in head.splitlines() if not line.startswith("from ray"))
+    namespace: dict[str, Any] = {}
+    exec(compile(runnable, "<ray-train snippet>", "exec"), namespace)
+    loop = namespace["best"].ray_train_loop_config()
+    assert namespace["best"].config == moved.config
+    assert loop["micro_batch_size"] * loop["accumulation_steps"] * 8 == 128
+    assert loop["lr"] == pytest.approx(moved.config.lr)
+    assert "num_workers=8" in snippet
+
+
 def test_every_written_export_says_where_it_came_from_and_whether_it_was_measured(
     tmp_path: Path,
 ) -> None:

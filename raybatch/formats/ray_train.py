@@ -48,8 +48,13 @@ def loop_config(c: TrialConfig, origin: dict[str, Any]) -> dict[str, Any]:
 
 
 def snippet(c: TrialConfig, use_gpu: bool) -> str:
-    """A complete Python snippet: the ``TorchTrainer`` and the loop's use of the recipe."""
+    """A complete Python snippet: the ``TorchTrainer`` and the loop's use of the recipe — this
+    one, written out, so the workers and the loop config come from one recipe (a retargeted
+    recipe is not the ``best_config.yaml`` on disk)."""
+    import pprint
+
     scaling = ", ".join(f"{k}={v!r}" for k, v in scaling_config_kwargs(c, use_gpu).items())
+    recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
     return (
         f"# raybatch winner for Ray Train ({WRITTEN_AGAINST}): {c.world_size} worker(s) x micro"
         f" batch {c.micro_batch_size} x accumulation {c.accumulation_steps} = effective batch"
@@ -58,7 +63,7 @@ def snippet(c: TrialConfig, use_gpu: bool) -> str:
         "from ray.train import ScalingConfig\n"
         "from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model\n"
         "\n"
-        'best = raybatch.load_best("best_config.yaml")\n'
+        f"best = raybatch.BestConfig(raybatch.TrialConfig.from_dict(\n{recipe}\n), {{}})\n"
         "\n"
         "def train_loop(config):\n"
         "    best = raybatch.BestConfig.from_loop_config(config)\n"
