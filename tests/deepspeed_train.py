@@ -3,7 +3,8 @@
 Run in its own process (``DS_ACCELERATOR=cpu``, one gloo rank): DeepSpeed picks its accelerator
 at import and initialises ``torch.distributed``, neither of which a test process should keep.
 Writes, as JSON: the LR of every optimizer step, DeepSpeed's own batch triple and clipping, and
-whether it runs the forward under autocast.
+whether it runs the forward under autocast, and which gradients it would all-reduce in
+the lower precision.
 
 Usage: python deepspeed_train.py DS_CONFIG.json OUT.json OPTIMIZER_STEPS
 """
@@ -50,6 +51,10 @@ def main(config_path: str, out_path: str, steps: int) -> None:
         "gradient_clipping": engine.gradient_clipping(),
         "torch_autocast": engine.torch_autocast_enabled(),
         "optimizer": type(engine.optimizer).__name__,
+        # parameters whose gradients DeepSpeed all-reduces in the autocast dtype, not fp32
+        "reduced_in_lower_precision": [
+            name for name, p in model.named_parameters() if hasattr(p, "comm_dtype")
+        ],
     }
     Path(out_path).write_text(json.dumps(result))
 

@@ -12,16 +12,21 @@ What would otherwise change behind the recipe's back, and is set instead:
   (0.0, none, for a search's default loop);
 - **precision**: the recipe was measured under ``torch.autocast`` with fp32 weights, so the
   block is ``torch_autocast`` (fp16 gets DeepSpeed's GradScaler there, as raybatch's loop has
-  one); DeepSpeed's ``bf16``/``fp16`` blocks would cast the weights themselves;
+  one); DeepSpeed's ``bf16``/``fp16`` blocks would cast the weights themselves. Its
+  ``lower_precision_safe_modules`` is set empty: by default DeepSpeed all-reduces the gradients
+  of every ``Linear`` and ``Conv`` in the autocast dtype, where the measured loop (DDP)
+  reduces them in fp32;
 - **warmup**: the recipe's LR at optimizer step ``k`` is ``(k + 1) / W`` of the LR. DeepSpeed's
   ``WarmupLR`` gives ``min + (max - min) x (k - 1) / n`` (its first step runs at ``min``, and it
-  counts from -1), two steps behind; starting it at ``2 / W`` of the LR over ``n = W - 2`` steps
-  gives exactly the recipe's LR from the second optimizer step on, the first running at ``2/W``
-  instead of ``1/W`` (:func:`warmup_deviations` lists such steps, and the config's ``raybatch``
-  block says so). ``WarmupLR`` rejects zero steps, so a recipe without warmup (``W <= 1``:
-  the full LR from the first step) has no scheduler block at all, the optimizer's LR being the
-  recipe's. For the exact schedule, pass ``lr_scheduler=best.build_scheduler`` to
-  ``deepspeed.initialize`` and drop the block.
+  counts from -1), two steps behind, and takes ``n >= 2``. Starting it at ``2 / W`` of the LR
+  over ``n = W - 2`` steps gives exactly the recipe's LR from the second optimizer step on when
+  ``W >= 4``, the first running at ``2/W`` instead of ``1/W``. ``W = 3`` (``n`` raised to 2)
+  also runs step 2 at 5/6 of the LR instead of all of it; ``W = 2`` has no ramp left, so it
+  runs step 0 at the full LR instead of half. :func:`warmup_deviations` lists such steps, and
+  the config's ``raybatch`` block names them. ``WarmupLR`` rejects zero steps, so a recipe
+  without warmup (``W <= 1``: the full LR from the first step) has no scheduler block at all,
+  the optimizer's LR being the recipe's. For the exact schedule, pass
+  ``lr_scheduler=best.build_scheduler`` to ``deepspeed.initialize`` and drop the block.
 
 The ``raybatch`` block (which DeepSpeed ignores) says where the recipe came from and whether it
 is the measured one.
@@ -111,7 +116,9 @@ def ds_config(
     if params is not None:
         config["scheduler"] = {"type": "WarmupLR", "params": params}
     if amp in _AUTOCAST:
-        config["torch_autocast"] = {"enabled": True, "dtype": _AUTOCAST[amp]}
+        config["torch_autocast"] = {
+            "enabled": True, "dtype": _AUTOCAST[amp], "lower_precision_safe_modules": [],
+        }  # fmt: skip
     deviations = warmup_deviations(c)
     notes = []
     if deviations:
