@@ -45,6 +45,7 @@ AMP_NOT_RECORDED = (
     " set bf16/fp16 if you train with autocast"
 )
 BEST_YAML = "best_config.yaml"
+MEASURED_UNDER = ("grad_clip_norm", "amp_dtype")  # provenance a training loop must reproduce
 BEST_JSON = "best_config.json"
 FORMATS = (
     "yaml", "json", "env", "args", "hf", "hf-json", "lightning", "deepspeed", "torchrun",
@@ -174,18 +175,34 @@ class BestConfig:
 
         return deepspeed.ds_config(self.config, self.amp_dtype, self.grad_clip_norm, self.origin())
 
-    def measured_on_gpu(self) -> bool:
-        """Whether the recipe was measured on a GPU (the provenance's ``device``)."""
-        return not str(self.provenance.get("device", "CPU")).startswith("CPU")
+    def measured_under(self) -> dict[str, Any]:
+        """The provenance that changes training, where recorded: ``grad_clip_norm`` and
+        ``amp_dtype`` (what a snippet or a Ray Train loop carries along with the recipe)."""
+        return {k: self.provenance[k] for k in MEASURED_UNDER if k in self.provenance}
+
+    def measured_on_gpu(self) -> bool | None:
+        """Whether the recipe was measured on a GPU (the provenance's ``device``; ``None``: not
+        recorded, as in a ``BestConfig`` built in memory)."""
+        device = self.provenance.get("device")
+        return None if device is None else not str(device).startswith("CPU")
 
     def ray_train_scaling_config(self, use_gpu: bool | None = None) -> Any:
         """A real ``ray.train.ScalingConfig`` with the placement the trials had
-        (:mod:`raybatch.formats.ray_train`); ``use_gpu`` defaults to where it was measured."""
+        (:mod:`raybatch.formats.ray_train`); ``use_gpu`` defaults to where it was measured,
+        GPUs (with a warning) when that was not recorded."""
+        import warnings
+
         from ray.train import ScalingConfig
 
         from raybatch.formats import ray_train
 
         gpu = self.measured_on_gpu() if use_gpu is None else use_gpu
+        if gpu is None:
+            warnings.warn(
+                "this recipe does not record the device it was measured on: use_gpu=True"
+                " assumed; pass use_gpu= to say", stacklevel=2,
+            )  # fmt: skip
+            gpu = True
         return ScalingConfig(**ray_train.scaling_config_kwargs(self.config, gpu))
 
     def ray_train_loop_config(self) -> dict[str, Any]:
@@ -193,18 +210,15 @@ class BestConfig:
         :meth:`from_loop_config` turns it back into a ``BestConfig`` inside the loop."""
         from raybatch.formats import ray_train
 
-        return {
-            **ray_train.loop_config(self.config, self.origin()),
-            "grad_clip_norm": self.grad_clip_norm,
-            "amp_dtype": self.amp_dtype,
-        }
+        return {**ray_train.loop_config(self.config, self.origin()), **self.measured_under()}
 
     @classmethod
     def from_loop_config(cls, config: dict[str, Any]) -> BestConfig:
-        """The recipe a Ray Train loop was handed by :meth:`ray_train_loop_config`."""
-        return cls(
-            TrialConfig.from_dict(config["recipe"]), {}, (config.get("raybatch") or {}).get("from")
-        )
+        """The recipe a Ray Train loop was handed by :meth:`ray_train_loop_config`, with the
+        clipping and autocast it was measured under."""
+        provenance = {k: config[k] for k in MEASURED_UNDER if k in config}
+        source = (config.get("raybatch") or {}).get("from")
+        return cls(TrialConfig.from_dict(config["recipe"]), provenance, source)
 
     def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
         """The recipe on ``world_size`` GPUs (:mod:`raybatch.formats.retarget`); its
@@ -290,14 +304,16 @@ class BestConfig:
                 {**self.hf_training_args_kwargs(), "raybatch": self.origin()}, indent=2
             ) + "\n",
             "lightning": lambda: lightning.snippet(
-                self.config, self.amp_dtype, clip, gpus_per_node
+                self.config, self.measured_under(), gpus_per_node
             ),
             "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype, clip, self.origin()),
             "torchrun": lambda: launch.torchrun(self.config, gpus_per_node=gpus_per_node),
             "accelerate": lambda: launch.accelerate(
                 self.config, self.amp_dtype, gpus_per_node=gpus_per_node
             ),
-            "ray-train": lambda: ray_train.snippet(self.config, self.measured_on_gpu()),
+            "ray-train": lambda: ray_train.snippet(
+                self.config, self.measured_on_gpu(), self.measured_under()
+            ),
         }  # fmt: skip
         if fmt not in renderers:
             message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"
@@ -305,7 +321,7 @@ class BestConfig:
         text = renderers[fmt]()
         if fmt in ("hf-json", "deepspeed"):  # JSON: the origin is a field, not a comment
             return text
-        if fmt in ("hf", "lightning", "accelerate") and not self.amp_recorded:
+        if fmt in ("hf", "lightning", "accelerate", "ray-train") and not self.amp_recorded:
             text = f"# {AMP_NOT_RECORDED}\n{text}"
         return self.origin_comment() + text
 

@@ -147,7 +147,8 @@ def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
     """16 x 4 on 1 GPU, moved to 8 (16 x 1 x 8, re-derived at 128): the DataLoader, the optimizer
     and the Trainer all get the retargeted recipe (a snippet reloading best_config.yaml would
     give the old accumulation and LR)."""
-    best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, "amp_dtype": None})
+    best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, "amp_dtype": None,
+                                            "grad_clip_norm": 0.5})  # fmt: skip
     moved = best.retarget(8)
     snippet = moved.render("lightning")
     namespace: dict[str, Any] = {}
@@ -158,6 +159,7 @@ def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
     batch = namespace["best"].dataloader_kwargs()["batch_size"]
     trainer = namespace["trainer"]
     assert batch * trainer["accumulate_grad_batches"] * trainer["devices"] == 128
+    assert trainer["gradient_clip_val"] == namespace["best"].grad_clip_norm == 0.5
     assert moved.config.effective_batch_size == 128 and "NOT MEASURED" in snippet
     assert namespace["best"].config == moved.config
     optimizer = namespace["best"].lightning_optimizers(torch.nn.Linear(2, 2).parameters())
@@ -167,7 +169,8 @@ def test_a_retargeted_lightning_snippet_uses_one_recipe_throughout() -> None:
 def test_a_retargeted_ray_train_snippet_uses_one_recipe_for_workers_and_loop() -> None:
     """16 x 4 on 1 GPU moved to 8 workers: the loop config the snippet passes is the
     retargeted recipe's, not best_config.yaml's (which would train at 16 x 4 x 8 = 512)."""
-    best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, "amp_dtype": None})
+    measured_under = {"amp_dtype": "bf16", "grad_clip_norm": 0.5}
+    best = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name, **measured_under})
     moved = best.retarget(8)
     snippet = moved.render("ray-train")
     head = snippet.split("def train_loop")[0]
@@ -179,6 +182,13 @@ def test_a_retargeted_ray_train_snippet_uses_one_recipe_for_workers_and_loop() -
     assert loop["micro_batch_size"] * loop["accumulation_steps"] * 8 == 128
     assert loop["lr"] == pytest.approx(moved.config.lr)
     assert "num_workers=8" in snippet
+    # the loop reproduces the clipping and autocast the recipe was measured under
+    inside = BestConfig.from_loop_config(loop)
+    assert (inside.grad_clip_norm, inside.amp_dtype) == (0.5, "bf16")
+    # no device recorded: GPUs assumed, and said, in the snippet and the API
+    assert "use_gpu=True assumed" in snippet and "use_gpu=True" in snippet
+    with pytest.warns(UserWarning, match="use_gpu=True assumed"):
+        assert moved.ray_train_scaling_config().use_gpu
 
 
 def test_every_written_export_says_where_it_came_from_and_whether_it_was_measured(

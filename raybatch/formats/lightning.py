@@ -67,24 +67,24 @@ def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
 
 def snippet(
     c: TrialConfig,
-    amp: str | None,
-    grad_clip_norm: float | None = None,
+    measured_under: dict[str, Any],
     gpus_per_node: int | None = None,
 ) -> str:
     """A complete Python snippet: the ``Trainer``, ``configure_optimizers`` and the
     ``DataLoader``'s batch, all from one recipe — this one, written out (a retargeted recipe
-    is not the ``best_config.yaml`` on disk, so the snippet does not reload that file)."""
-    import pprint
+    is not the ``best_config.yaml`` on disk, so the snippet does not reload that file).
+    ``measured_under``: the provenance's ``grad_clip_norm`` and ``amp_dtype``, where recorded."""
+    from raybatch.formats.written import best_line
 
-    trainer = trainer_kwargs(c, amp, grad_clip_norm, gpus_per_node)
+    amp, clip = measured_under.get("amp_dtype"), measured_under.get("grad_clip_norm")
+    trainer = trainer_kwargs(c, amp, clip, gpus_per_node)
     kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer.items())
-    recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
     return (
         f"# raybatch winner for Lightning ({WRITTEN_AGAINST}).\n"
         "import lightning as L\n"
         "import raybatch\n"
         "\n"
-        f"best = raybatch.BestConfig(raybatch.TrialConfig.from_dict(\n{recipe}\n), {{}})\n"
+        f"{best_line(c, measured_under)}"
         "\n"
         "class Model(L.LightningModule):\n"
         "    ...  # your training_step\n"

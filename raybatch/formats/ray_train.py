@@ -47,23 +47,33 @@ def loop_config(c: TrialConfig, origin: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def snippet(c: TrialConfig, use_gpu: bool) -> str:
+def snippet(c: TrialConfig, use_gpu: bool | None, measured_under: dict[str, Any]) -> str:
     """A complete Python snippet: the ``TorchTrainer`` and the loop's use of the recipe — this
     one, written out, so the workers and the loop config come from one recipe (a retargeted
-    recipe is not the ``best_config.yaml`` on disk)."""
-    import pprint
+    recipe is not the ``best_config.yaml`` on disk). ``use_gpu``: where it was measured
+    (``None``: not recorded, GPUs assumed and said); ``measured_under``: the provenance's
+    ``grad_clip_norm`` and ``amp_dtype``, where recorded."""
+    from raybatch.formats.written import best_line
 
-    scaling = ", ".join(f"{k}={v!r}" for k, v in scaling_config_kwargs(c, use_gpu).items())
-    recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
+    assumed = use_gpu is None
+    scaling = ", ".join(
+        f"{k}={v!r}"
+        for k, v in scaling_config_kwargs(c, True if assumed else bool(use_gpu)).items()
+    )
+    device_note = (
+        "# the run did not record its device: use_gpu=True assumed; set it as you train\n"
+        if assumed else ""
+    )  # fmt: skip
     return (
         f"# raybatch winner for Ray Train ({WRITTEN_AGAINST}): {c.world_size} worker(s) x micro"
         f" batch {c.micro_batch_size} x accumulation {c.accumulation_steps} = effective batch"
         f" {c.effective_batch_size}.\n"
+        f"{device_note}"
         "import raybatch\n"
         "from ray.train import ScalingConfig\n"
         "from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model\n"
         "\n"
-        f"best = raybatch.BestConfig(raybatch.TrialConfig.from_dict(\n{recipe}\n), {{}})\n"
+        f"{best_line(c, measured_under)}"
         "\n"
         "def train_loop(config):\n"
         "    best = raybatch.BestConfig.from_loop_config(config)\n"
@@ -72,7 +82,9 @@ def snippet(c: TrialConfig, use_gpu: bool) -> str:
         " **best.dataloader_kwargs()))\n"
         "    optimizer = best.build_optimizer(model.parameters())\n"
         "    scheduler = best.build_scheduler(optimizer)  # step once per optimizer step\n"
-        '    ...  # step the optimizer every config["accumulation_steps"] micro batches\n'
+        "    ...  # step the optimizer every best.config.accumulation_steps micro batches,\n"
+        "    ...  # clipped at best.grad_clip_norm (None: unclipped), under autocast of\n"
+        "    ...  # best.amp_dtype (None: fp32) — as the recipe was measured\n"
         "\n"
         "trainer = TorchTrainer(\n"
         "    train_loop,\n"

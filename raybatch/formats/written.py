@@ -1,0 +1,26 @@
+"""The recipe written out in a snippet, so the snippet does not reload ``best_config.yaml``.
+
+A retargeted recipe is not the file on disk: a snippet that reloaded it would train the old
+accumulation and LR while its ``Trainer`` or ``ScalingConfig`` had the new world size. So the
+Lightning and Ray Train snippets build their ``best`` from this line: the recipe itself, and the
+clipping and autocast it was measured under (which the loop must reproduce).
+"""
+
+from __future__ import annotations
+
+import pprint
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raybatch.space.config import TrialConfig
+
+
+def best_line(c: TrialConfig, measured_under: dict[str, Any]) -> str:
+    """``best = raybatch.BestConfig(...)`` for ``c``, with ``measured_under`` (the provenance
+    keys that change training: ``grad_clip_norm``, ``amp_dtype``) as its provenance."""
+    recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
+    head = "best = raybatch.BestConfig(raybatch.TrialConfig.from_dict("
+    return f"{head}\n{recipe}\n), {measured_under!r})\n"
+
+
+__all__ = ["best_line"]
