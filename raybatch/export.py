@@ -51,6 +51,7 @@ FORMATS = (
     "yaml", "json", "env", "args", "hf", "hf-json", "lightning", "deepspeed", "torchrun",
     "accelerate", "ray-train",
 )  # fmt: skip
+MULTI_NODE_FORMATS = ("lightning", "torchrun", "accelerate")  # the ones --gpus-per-node shapes
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,9 @@ class BestConfig:
         ``Trainer`` multi-node."""
         from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
 
+        if gpus_per_node is not None and fmt not in MULTI_NODE_FORMATS:  # never dropped silently
+            where = ", ".join(MULTI_NODE_FORMATS)
+            raise OptionError([Issue("--gpus-per-node", f"applies to {where}; not to {fmt!r}")])
         if fmt == "yaml":
             return yaml.safe_dump(self.to_dict(), sort_keys=False)
         if fmt == "json":

@@ -199,14 +199,22 @@ def test_every_written_export_says_where_it_came_from_and_whether_it_was_measure
     run = tmp_path / "run"
     run.mkdir()
     (run / "best_config.yaml").write_text(best.render("yaml"))
-    for fmt in ("env", "hf", "lightning", "torchrun", "accelerate", "deepspeed", "hf-json"):
+    formats = ("env", "args", "hf", "lightning", "torchrun", "accelerate", "deepspeed", "hf-json",
+               "ray-train")  # fmt: skip
+    for fmt in formats:
         for world, measured in ((1, True), (5, False)):  # 192 cannot be split over 5
             out = tmp_path / f"{fmt}-{world}.txt"
             proc = run_cli("export", str(run), "--format", fmt, "--world-size", str(world),
                            "-o", str(out))  # fmt: skip
+            if fmt == "args" and not measured:  # one line for $(...): no room for the marker
+                assert proc.returncode == 2 and not out.exists()
+                assert "--output: an args file has no room for the NOT MEASURED" in proc.stderr
+                continue
             assert proc.returncode == 0, proc.stderr
             text = out.read_text()
-            if fmt in ("deepspeed", "hf-json"):
+            if fmt == "args":
+                assert len(text.splitlines()) == 1 and text.startswith("--")
+            elif fmt in ("deepspeed", "hf-json"):
                 origin = json.loads(text)["raybatch"]
                 assert origin["measured"] is measured and origin["trial_id"] == "t7"
                 assert origin["from"].endswith("best_config.yaml")
@@ -250,6 +258,9 @@ def test_several_nodes_get_multi_node_launch_lines_and_trainer(
     bad = run_cli("export", str(tmp_path), "--format", "torchrun", "--gpus-per-node", "6")
     assert bad.returncode == 2, bad.stderr
     assert "--gpus-per-node: must be a positive divisor of the world size 16, got 6" in bad.stderr
+    ignored = run_cli("export", str(tmp_path), "--format", "deepspeed", "--gpus-per-node", "8")
+    assert ignored.returncode == 2, ignored.stderr  # never dropped silently
+    assert "--gpus-per-node: applies to lightning, torchrun, accelerate" in ignored.stderr
 
 
 def _ray_train_loop(config: dict[str, Any]) -> None:

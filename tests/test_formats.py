@@ -76,9 +76,13 @@ def test_hf_training_args_train_with_the_recipes_lr_and_weight_decay(tmp_path: P
 def test_hf_sgd_keeps_its_momentum_and_the_json_form_builds_the_same_args(
     tmp_path: Path,
 ) -> None:
-    from transformers import Trainer, TrainingArguments
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
 
     best = _best(SGD, 64, 1)
+    (tmp_path / "args.json").write_text(best.render("hf-json"))
+    parser = HfArgumentParser(TrainingArguments)  # the README's way to read the file
+    [parsed] = parser.parse_json_file(tmp_path / "args.json", allow_extra_keys=True)
+    assert parsed.learning_rate == pytest.approx(best.config.lr) and parsed.max_grad_norm == 0.0
     kwargs = json.loads(best.render("hf-json"))
     assert kwargs.pop("raybatch")["measured"] is True  # where it came from, not an argument
     assert kwargs["optim"] == "sgd" and kwargs["optim_args"] == "momentum=0.9"
@@ -206,6 +210,13 @@ def test_retargeting_keeps_the_measured_effective_batch_when_it_can() -> None:
     in_space = retarget(measured, 8, ADAMW)
     assert not in_space.measured and in_space.config.micro_batch_size == 16
     assert in_space.note.startswith("NOT MEASURED: the effective batch 64")
+    # A recipe measured at a micro batch off the space's list keeps it when it can.
+    off_list = ADAMW.derive(24, 4)
+    assert 24 not in ADAMW.search.micro_batch_size
+    kept = retarget(off_list, 2, ADAMW)
+    assert kept.measured and (kept.config.micro_batch_size, kept.config.accumulation_steps) == (
+        24, 2,
+    )  # fmt: skip
 
 
 def test_a_world_size_that_cannot_keep_the_batch_is_re_derived_and_marked_not_measured() -> None:

@@ -57,11 +57,12 @@ def _same_effective(config: TrialConfig, micro: int, accumulation: int, world: i
 
 def _micros(micro: int, space: SearchSpace | None) -> list[int]:
     """Micro batches to try, largest first, none above the measured one (it is known to fit):
-    the space's own, or every integer without a space."""
+    the measured one and the space's own below it, or every integer without a space. The
+    measured one always leads: a recipe measured off the space's list (a hand-written config,
+    a space edited since) keeps it whenever accumulation alone can absorb the new world size."""
     if space is None:
         return list(range(micro, 0, -1))
-    own = sorted((m for m in space.search.micro_batch_size if m <= micro), reverse=True)
-    return own or [micro]
+    return sorted({micro, *(m for m in space.search.micro_batch_size if m <= micro)}, reverse=True)
 
 
 def _nearest(effective: int, micros: list[int], world_size: int, limit: int | None
