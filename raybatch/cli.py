@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from raybatch import cli_format
 from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.space.presets import list_presets, load_space
-
-if TYPE_CHECKING:
-    from raybatch.export import BestConfig
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
@@ -372,30 +369,12 @@ def export_command(
             space = read_run(run_dir)[2] if in_run else None
             best = best.retarget(world_size, space)
             note = best.provenance.get("retargeted", {}).get("note")
-        _check_export_output(best, fmt, output)
-        text = best.render(fmt, gpus_per_node)
+        text = best.write(output, fmt, gpus_per_node) if output else best.render(fmt, gpus_per_node)
         if fmt in ("hf-json", "deepspeed") and not best.amp_recorded:  # JSON has no comments
             note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED
     if note:
         typer.echo(f"raybatch: note: {note}", err=True)
-    if output:
-        Path(output).write_text(text)
-        typer.echo(f"wrote {output}")
-    else:
-        typer.echo(text, nl=False)
-
-
-def _check_export_output(best: BestConfig, fmt: str, output: str | None) -> None:
-    """An ``args`` file for a recipe that is not the measured one is refused: its one line goes
-    into ``$(...)``, so it has no room for the NOT MEASURED marker every written file carries."""
-    from raybatch.errors import OptionError
-
-    if fmt == "args" and output and not best.measured:
-        message = (
-            "an args file has no room for the NOT MEASURED marker of this retargeted recipe:"
-            " print it (the note goes to stderr) or write --format env or yaml"
-        )
-        raise OptionError([Issue("--output", message)])
+    typer.echo(f"wrote {output}" if output else text, nl=bool(output))
 
 
 @app.command("report")

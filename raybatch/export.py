@@ -329,6 +329,24 @@ class BestConfig:
             text = f"# {AMP_NOT_RECORDED}\n{text}"
         return self.origin_comment() + text
 
+    def write(self, path: str | Path, fmt: str = "yaml", gpus_per_node: int | None = None) -> str:
+        """Write :meth:`render` to ``path`` and return the text.
+
+        Raises:
+            OptionError: ``args`` for a recipe that is not the measured one: its one line goes
+                into ``$(...)``, so it has no room for the NOT MEASURED marker every written
+                file carries (print it, with the note on stderr, or write ``env``/``yaml``).
+        """
+        if fmt == "args" and not self.measured:
+            message = (
+                "an args file has no room for the NOT MEASURED marker of this retargeted"
+                " recipe: print it (the note goes to stderr) or write --format env or yaml"
+            )
+            raise OptionError([Issue("--output", message)])
+        text = self.render(fmt, gpus_per_node)
+        Path(path).write_text(text)
+        return text
+
 
 def write_best(run_dir: Path, best: BestConfig) -> None:
     (run_dir / BEST_YAML).write_text(best.render("yaml"))
