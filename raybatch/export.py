@@ -46,6 +46,7 @@ AMP_NOT_RECORDED = (
 )
 BEST_YAML = "best_config.yaml"
 MEASURED_UNDER = ("grad_clip_norm", "amp_dtype")  # provenance a training loop must reproduce
+CARRIED = (keys.TRIAL_ID, "device", "retargeted")  # and what says which recipe it is
 BEST_JSON = "best_config.json"
 FORMATS = (
     "yaml", "json", "env", "args", "hf", "hf-json", "lightning", "deepspeed", "torchrun",
@@ -178,8 +179,15 @@ class BestConfig:
 
     def measured_under(self) -> dict[str, Any]:
         """The provenance that changes training, where recorded: ``grad_clip_norm`` and
-        ``amp_dtype`` (what a snippet or a Ray Train loop carries along with the recipe)."""
-        return {k: self.provenance[k] for k in MEASURED_UNDER if k in self.provenance}
+        ``amp_dtype``, as their properties read them (what a Ray Train loop is handed)."""
+        values = {"grad_clip_norm": self.grad_clip_norm, "amp_dtype": self.amp_dtype}
+        return {k: values[k] for k in MEASURED_UNDER if k in self.provenance}
+
+    def carried(self) -> dict[str, Any]:
+        """The provenance a snippet's written-out ``best`` keeps: :meth:`measured_under`, and
+        the trial, the device and a retarget's verdict (so ``best.measured`` stays true to it)."""
+        kept = {k: self.provenance[k] for k in CARRIED if k in self.provenance}
+        return {**kept, **self.measured_under()}
 
     def measured_on_gpu(self) -> bool | None:
         """Whether the recipe was measured on a GPU (the provenance's ``device``; ``None``: not
@@ -217,9 +225,13 @@ class BestConfig:
     def from_loop_config(cls, config: dict[str, Any]) -> BestConfig:
         """The recipe a Ray Train loop was handed by :meth:`ray_train_loop_config`, with the
         clipping and autocast it was measured under."""
+        origin = config.get("raybatch") or {}
         provenance = {k: config[k] for k in MEASURED_UNDER if k in config}
-        source = (config.get("raybatch") or {}).get("from")
-        return cls(TrialConfig.from_dict(config["recipe"]), provenance, source)
+        if origin.get("trial_id"):
+            provenance[keys.TRIAL_ID] = origin["trial_id"]
+        if origin.get("measured") is False:  # a retargeted recipe stays marked NOT MEASURED
+            provenance["retargeted"] = {"measured": False, "note": origin.get("retargeted")}
+        return cls(TrialConfig.from_dict(config["recipe"]), provenance, origin.get("from"))
 
     def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
         """The recipe on ``world_size`` GPUs (:mod:`raybatch.formats.retarget`); its
@@ -282,9 +294,17 @@ class BestConfig:
         ``deepspeed`` (``ds_config.json``), ``torchrun``, ``accelerate`` (launch lines),
         ``ray-train`` (a ``TorchTrainer`` snippet).
         ``gpus_per_node`` below the world size makes the launch lines and Lightning's
-        ``Trainer`` multi-node."""
+        ``Trainer`` multi-node.
+
+        Raises:
+            OptionError: An unknown format, or ``gpus_per_node`` for a format without nodes.
+            ExportError: The recipe cannot be written in that format as measured.
+        """
         from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
 
+        if fmt not in FORMATS:
+            message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"
+            raise OptionError([Issue("--format", message)])
         if gpus_per_node is not None and fmt not in MULTI_NODE_FORMATS:  # never dropped silently
             where = ", ".join(MULTI_NODE_FORMATS)
             raise OptionError([Issue("--gpus-per-node", f"applies to {where}; not to {fmt!r}")])
@@ -308,7 +328,7 @@ class BestConfig:
                 {**self.hf_training_args_kwargs(), "raybatch": self.origin()}, indent=2
             ) + "\n",
             "lightning": lambda: lightning.snippet(
-                self.config, self.measured_under(), gpus_per_node
+                self.config, self.carried(), self.source, gpus_per_node
             ),
             "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype, clip, self.origin()),
             "torchrun": lambda: launch.torchrun(self.config, gpus_per_node=gpus_per_node),
@@ -316,12 +336,9 @@ class BestConfig:
                 self.config, self.amp_dtype, gpus_per_node=gpus_per_node
             ),
             "ray-train": lambda: ray_train.snippet(
-                self.config, self.measured_on_gpu(), self.measured_under()
+                self.config, self.measured_on_gpu(), self.carried(), self.source
             ),
         }  # fmt: skip
-        if fmt not in renderers:
-            message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"
-            raise OptionError([Issue("--format", message)])
         text = renderers[fmt]()
         if fmt in ("hf-json", "deepspeed"):  # JSON: the origin is a field, not a comment
             return text
@@ -344,7 +361,7 @@ class BestConfig:
             )
             raise OptionError([Issue("--output", message)])
         text = self.render(fmt, gpus_per_node)
-        Path(path).write_text(text)
+        Path(path).write_text(text, encoding="utf-8")
         return text
 
 

@@ -185,8 +185,12 @@ def test_a_retargeted_ray_train_snippet_uses_one_recipe_for_workers_and_loop() -
     # the loop reproduces the clipping and autocast the recipe was measured under
     inside = BestConfig.from_loop_config(loop)
     assert (inside.grad_clip_norm, inside.amp_dtype) == (0.5, "bf16")
+    # ... and stays marked NOT MEASURED, in the snippet's best and inside the loop
+    assert not namespace["best"].measured and loop["raybatch"]["measured"] is False
+    assert not inside.measured and inside.origin()["retargeted"].startswith("NOT MEASURED")
     # no device recorded: GPUs assumed, and said, in the snippet and the API
-    assert "use_gpu=True assumed" in snippet and "use_gpu=True" in snippet
+    assert "use_gpu=True assumed" in snippet
+    assert "ScalingConfig(num_workers=8, use_gpu=True" in snippet
     with pytest.warns(UserWarning, match="use_gpu=True assumed"):
         assert moved.ray_train_scaling_config().use_gpu
 
@@ -212,6 +216,7 @@ def test_every_written_export_says_where_it_came_from_and_whether_it_was_measure
                 continue
             assert proc.returncode == 0, proc.stderr
             text = out.read_text()
+            assert text.isascii(), fmt  # writable under any locale
             if fmt == "args":
                 assert len(text.splitlines()) == 1 and text.startswith("--")
             elif fmt in ("deepspeed", "hf-json"):

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import raybatch
-from raybatch import BestConfig, ExportError, SearchSpace
+from raybatch import BestConfig, SearchSpace
+from raybatch.errors import ExportError
 from raybatch.formats.retarget import retarget
 
 from .conftest import run_cli
@@ -259,7 +260,7 @@ def test_a_run_that_did_not_record_its_autocast_says_so_instead_of_guessing(
 ) -> None:
     old = BestConfig(ADAMW.derive(16, 4), {"space": ADAMW.name})  # before amp_dtype was kept
     assert not old.amp_recorded and old.hf_training_args_kwargs()["bf16"] is False
-    for fmt in ("hf", "lightning", "accelerate"):
+    for fmt in ("hf", "lightning", "accelerate", "ray-train"):
         assert "\n# this run did not record the workload's autocast" in old.render(fmt)
     assert "# this run did not record" not in _best(ADAMW, 16, 4).render("hf")
     (tmp_path / "best_config.yaml").write_text(old.render("yaml"))

@@ -67,16 +67,18 @@ def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
 
 def snippet(
     c: TrialConfig,
-    measured_under: dict[str, Any],
+    carried: dict[str, Any],
+    source: str | None = None,
     gpus_per_node: int | None = None,
 ) -> str:
     """A complete Python snippet: the ``Trainer``, ``configure_optimizers`` and the
     ``DataLoader``'s batch, all from one recipe — this one, written out (a retargeted recipe
     is not the ``best_config.yaml`` on disk, so the snippet does not reload that file).
-    ``measured_under``: the provenance's ``grad_clip_norm`` and ``amp_dtype``, where recorded."""
+    ``carried``: :meth:`raybatch.BestConfig.carried` (clipping, autocast, which recipe);
+    ``source``: the file it came from."""
     from raybatch.formats.written import best_line
 
-    amp, clip = measured_under.get("amp_dtype"), measured_under.get("grad_clip_norm")
+    amp, clip = carried.get("amp_dtype"), carried.get("grad_clip_norm")
     trainer = trainer_kwargs(c, amp, clip, gpus_per_node)
     kwargs = "".join(f"    {k}={v!r},\n" for k, v in trainer.items())
     return (
@@ -84,7 +86,7 @@ def snippet(
         "import lightning as L\n"
         "import raybatch\n"
         "\n"
-        f"{best_line(c, measured_under)}"
+        f"{best_line(c, carried, source)}"
         "\n"
         "class Model(L.LightningModule):\n"
         "    ...  # your training_step\n"

@@ -12,7 +12,7 @@ hands the loop the recipe:
 | micro batch (per worker), accumulation | ``train_loop_config["micro_batch_size"]``, ``["accumulation_steps"]`` |
 | LR, weight decay, warmup steps | ``train_loop_config["lr"]``, ``["weight_decay"]``, ``["warmup_steps"]`` |
 | the whole recipe | ``train_loop_config["recipe"]``: ``raybatch.BestConfig.from_loop_config(config)`` in the loop |
-| clipping, autocast as measured | ``train_loop_config["grad_clip_norm"]``, ``["amp_dtype"]`` |
+| clipping, autocast as measured | ``train_loop_config["grad_clip_norm"]``, ``["amp_dtype"]`` where the run recorded them; ``best.grad_clip_norm``, ``best.amp_dtype`` in the loop |
 """  # noqa: E501
 
 from __future__ import annotations
@@ -47,12 +47,15 @@ def loop_config(c: TrialConfig, origin: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def snippet(c: TrialConfig, use_gpu: bool | None, measured_under: dict[str, Any]) -> str:
+def snippet(
+    c: TrialConfig, use_gpu: bool | None, carried: dict[str, Any], source: str | None = None
+) -> str:
     """A complete Python snippet: the ``TorchTrainer`` and the loop's use of the recipe — this
     one, written out, so the workers and the loop config come from one recipe (a retargeted
     recipe is not the ``best_config.yaml`` on disk). ``use_gpu``: where it was measured
-    (``None``: not recorded, GPUs assumed and said); ``measured_under``: the provenance's
-    ``grad_clip_norm`` and ``amp_dtype``, where recorded."""
+    (``None``: not recorded, GPUs assumed and said); ``carried``:
+    :meth:`raybatch.BestConfig.carried` (clipping, autocast, which recipe); ``source``: the file
+    it came from."""
     from raybatch.formats.written import best_line
 
     assumed = use_gpu is None
@@ -73,7 +76,7 @@ def snippet(c: TrialConfig, use_gpu: bool | None, measured_under: dict[str, Any]
         "from ray.train import ScalingConfig\n"
         "from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model\n"
         "\n"
-        f"{best_line(c, measured_under)}"
+        f"{best_line(c, carried, source)}"
         "\n"
         "def train_loop(config):\n"
         "    best = raybatch.BestConfig.from_loop_config(config)\n"
@@ -84,7 +87,7 @@ def snippet(c: TrialConfig, use_gpu: bool | None, measured_under: dict[str, Any]
         "    scheduler = best.build_scheduler(optimizer)  # step once per optimizer step\n"
         "    ...  # step the optimizer every best.config.accumulation_steps micro batches,\n"
         "    ...  # clipped at best.grad_clip_norm (None: unclipped), under autocast of\n"
-        "    ...  # best.amp_dtype (None: fp32) — as the recipe was measured\n"
+        "    ...  # best.amp_dtype (None: fp32), as the recipe was measured\n"
         "\n"
         "trainer = TorchTrainer(\n"
         "    train_loop,\n"

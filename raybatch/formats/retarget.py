@@ -16,7 +16,8 @@ So, in order of preference:
    measured**, and marked so.
 
 With the space known, micro batches come from the space's own ``micro_batch_size`` list (the
-ones the search could have measured), not any integer that divides.
+ones the search could have measured), not any integer that divides, and the measured micro
+batch itself, on the list or not (a hand-written config, a space edited since).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 A retargeted recipe is not the file on disk: a snippet that reloaded it would train the old
 accumulation and LR while its ``Trainer`` or ``ScalingConfig`` had the new world size. So the
-Lightning and Ray Train snippets build their ``best`` from this line: the recipe itself, and the
-clipping and autocast it was measured under (which the loop must reproduce).
+Lightning and Ray Train snippets build their ``best`` from this line: the recipe itself, the
+clipping and autocast it was measured under (which the loop must reproduce), and whether it is
+the measured recipe.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig
 
 
-def best_line(c: TrialConfig, measured_under: dict[str, Any]) -> str:
-    """``best = raybatch.BestConfig(...)`` for ``c``, with ``measured_under`` (the provenance
-    keys that change training: ``grad_clip_norm``, ``amp_dtype``) as its provenance."""
+def best_line(c: TrialConfig, carried: dict[str, Any], source: str | None) -> str:
+    """``best = raybatch.BestConfig(...)`` for ``c``, with ``carried`` (the provenance that
+    changes training or says which recipe this is: :meth:`raybatch.BestConfig.carried`) and the
+    file it came from."""
     recipe = pprint.pformat(c.to_dict(), indent=4, width=96, sort_dicts=False)
     head = "best = raybatch.BestConfig(raybatch.TrialConfig.from_dict("
-    return f"{head}\n{recipe}\n), {measured_under!r})\n"
+    return f"{head}\n{recipe}\n), {carried!r}, {source!r})\n"
 
 
 __all__ = ["best_line"]
