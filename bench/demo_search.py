@@ -21,7 +21,7 @@ from typing import Any
 from provenance import measured_at, write_result
 
 from raybatch import keys
-from raybatch.run.rundir import read_trials_csv
+from raybatch.results.rows import TrialRow, stored_rows
 
 RESULTS = Path(__file__).parent / "results" / "demo_search.json"
 ARGS = ["raybatch.examples.tabular:workload", "--target", "accuracy>=0.87", "--trials", "12",
@@ -29,17 +29,15 @@ ARGS = ["raybatch.examples.tabular:workload", "--target", "accuracy>=0.87", "--t
 """What ``make demo`` passes to ``raybatch search`` (the Makefile's line, less the run dir)."""
 
 
-def _runs(rows: list[dict[str, str]], knobs: dict[str, Any]) -> list[dict[str, float]]:
+def _runs(rows: list[TrialRow], knobs: dict[str, Any]) -> list[dict[str, float | None]]:
     """The confirmation runs of one recipe: time, samples to target and throughput."""
-    out = []
-    for r in rows:
-        if r[keys.PHASE] != keys.PHASE_CONFIRMATION or r[keys.STATUS] != "reached":
-            continue
-        if all(float(r[k]) == float(v) for k, v in knobs.items()):
-            out.append({"time_s": float(r[keys.TIME_TO_TARGET_S]),
-                        "samples": int(r[keys.SAMPLES_TO_TARGET]),
-                        "throughput": float(r[keys.THROUGHPUT])})  # fmt: skip
-    return out
+    return [
+        {"time_s": r.time_to_target_s, "samples": r.samples_to_target,
+         "throughput": r.throughput}
+        for r in rows
+        if r.phase == keys.PHASE_CONFIRMATION and r.reached
+        and all(float(r[k]) == float(v) for k, v in knobs.items())
+    ]  # fmt: skip
 
 
 def _first_status_line(lines: list[str]) -> int:
@@ -57,9 +55,9 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
     wall = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     best = json.loads((run_dir / "best_config.json").read_text())
-    rows = read_trials_csv(run_dir / "trials.csv")
+    rows = stored_rows(run_dir)
     winner = {k: best["config"][k] for k in keys.RAW_KNOBS}
-    largest = max(int(r[keys.MICRO_BATCH_SIZE]) for r in rows if r[keys.PHASE] == "search")
+    largest = max(r.micro_batch_size for r in rows if r.phase == keys.PHASE_SEARCH)
     baseline = {keys.MICRO_BATCH_SIZE: largest, keys.ACCUMULATION_STEPS: 1,
                 keys.LR_MULTIPLIER: 1.0}  # fmt: skip
     data = {

@@ -34,8 +34,8 @@ from models import WORKLOADS
 from provenance import write_result
 
 import raybatch
-from raybatch.memory import MemoryEstimator
 from raybatch.memory.budget import DEFAULT_HEADROOM, read_device_memory
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.probe import probe, release_memory
 
 REQUIRES_GPU = True

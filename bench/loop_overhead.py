@@ -4,7 +4,7 @@ The search ranks recipes by their training time to target; whatever the loop add
 flattens or reorders the differences between recipes. So the same recipes are run, on the
 same seeds, by:
 
-- ``raybatch``: :func:`raybatch.trial.run_trial` (the trial a search runs, minus Ray);
+- ``raybatch``: :func:`raybatch.trial.wrapper.run_trial` (the trial a search runs, minus Ray);
 - ``plain``: the loop an ML engineer writes by hand: shuffle an index with a seeded generator,
   index the dataset's tensors, forward/backward, step the optimizer and the warmup scheduler on
   the accumulation boundary, and evaluate the whole validation set in one batch at the same

@@ -38,7 +38,7 @@ from stats import paired_ratio
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory import MemoryEstimator
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.trial.resources import trials_in_flight

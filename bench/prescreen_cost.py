@@ -56,7 +56,7 @@ from simulator import MEMBERS, MICRO, Member, SimulatedEstimator, sim_space
 import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory import MemoryEstimator
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.seeding import budget_check, max_batch_point
 from raybatch.workload import build_optimizer
 

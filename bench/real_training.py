@@ -89,13 +89,11 @@ def _search(name: str, workload: Workload, ref: str, target: float, space: Searc
     points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
     median = result.best.provenance["median_time_to_target_s"]
     prior = result.best.provenance.get("prior") or {}
-    trained = sum(float(r.get(keys.TRAIN_S) or 0.0) for r in result.rows)
+    trained = sum(r.train_s or 0.0 for r in result.rows)
     reached = [
         r
         for r in result.rows
-        if r[keys.PHASE] == keys.PHASE_SEARCH
-        and r[keys.STATUS] == "reached"
-        and r.get(keys.PREDICTED_TIME_S) is not None
+        if r.phase == keys.PHASE_SEARCH and r.reached and r.predicted_time_s is not None
     ]
     summary = {
         "seed": seed,
@@ -106,11 +104,11 @@ def _search(name: str, workload: Workload, ref: str, target: float, space: Searc
         "within_noise_of_runner_up": (result.best.provenance.get("runner_up") or {}).get(
             "within_noise"),
         "compute_trainings": (trained + float(prior.get("cost_s") or 0.0)) / median,
-        "runs": sum(1 for r in result.rows if r[keys.PHASE] != keys.PHASE_PRESCREEN),
+        "runs": sum(1 for r in result.rows if r.phase != keys.PHASE_PRESCREEN),
         "noise_scale": prior.get("noise_scale"),
         "predicted_best_effective_batch": prior.get("predicted_best_effective_batch"),
-        "spearman": spearman([float(r[keys.PREDICTED_TIME_S]) for r in reached],
-                             [float(r[keys.TIME_TO_TARGET_S]) for r in reached]),
+        "spearman": spearman([r.predicted_time_s or 0.0 for r in reached],
+                             [r.time_to_target_s or 0.0 for r in reached]),
     }  # fmt: skip
     return summary["winner"], points, summary
 

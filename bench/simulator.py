@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import raybatch
-from raybatch.memory import EstimateSource, PrescreenResult
+from raybatch.memory.model import EstimateSource
+from raybatch.memory.prescreen import PrescreenResult
 from raybatch.run.prior import NoiseScale, TimeModel
 
 MICRO = [8, 16, 32, 64, 128, 256, 512]

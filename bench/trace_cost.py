@@ -27,7 +27,8 @@ from provenance import measured_at, write_result
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory import MemoryEstimator, trace_step
+from raybatch.memory.estimator import MemoryEstimator
+from raybatch.memory.trace import trace_step
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "trace_cost.json"

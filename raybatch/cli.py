@@ -156,8 +156,8 @@ def estimate_command(
 ) -> None:
     """Predict each micro batch's peak GPU memory by tracing, with no GPU and no training step."""
     from raybatch.errors import BudgetUnavailableError
-    from raybatch.memory import estimate
     from raybatch.memory.budget import parse_size, resolve_budget
+    from raybatch.memory.estimator import estimate
     from raybatch.workload import load_workload
 
     with _user_errors():

@@ -84,7 +84,7 @@ def print_check(report: Any) -> None:
 
 def print_summary(result: Any, target: Any) -> None:
     from raybatch.report import REPORT, verdict
-    from raybatch.run.rundir import status_counts
+    from raybatch.results.rows import status_counts
 
     counts = status_counts(result.rows)
     typer.echo("")

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 from raybatch import keys
 from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target
-from raybatch.run.rundir import status_counts
-from raybatch.run.selection import runs_point, select_winner
+from raybatch.results.rows import TrialRow, status_counts
+from raybatch.results.selection import runs_point, select_winner
 from raybatch.space.search_space import SearchSpace
 
 if TYPE_CHECKING:
-    from raybatch.memory import MemoryEstimator
-    from raybatch.run.rundir import SearchResult
+    from raybatch.memory.estimator import MemoryEstimator
+    from raybatch.results.outcome import SearchResult
 
 REPORT = "report.html"
 MARKERS = {"reached": "o", "censored": "x", "capped": "v", "diverged": "D",
@@ -47,30 +47,18 @@ def _save(fig: Any, out: Path) -> None:
     _plt().close(fig)
 
 
-def _float(value: Any) -> float | None:
-    try:
-        return None if value in (None, "") else float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _plot_time_vs_batch(rows: list[dict[str, Any]], out: Path) -> None:
+def _plot_time_vs_batch(rows: list[TrialRow], out: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    accumulations = sorted({int(r[keys.ACCUMULATION_STEPS]) for r in rows})
+    accumulations = sorted({r.accumulation_steps for r in rows})
     colors = plt.cm.viridis([i / max(len(accumulations) - 1, 1) for i in range(len(accumulations))])
     for status, marker in MARKERS.items():
         for acc, color in zip(accumulations, colors, strict=True):
-            pts = [
-                r
-                for r in rows
-                if r[keys.STATUS] == status and int(r[keys.ACCUMULATION_STEPS]) == acc
-            ]
+            pts = [r for r in rows if r.status == status and r.accumulation_steps == acc]
             if not pts:
                 continue
-            ys = [_float(r[keys.TIME_TO_TARGET_S]) or _float(r.get(keys.TRAIN_S)) or 0.0
-                  for r in pts]  # fmt: skip
-            ax.scatter([int(r[keys.EFFECTIVE_BATCH_SIZE]) for r in pts], ys, marker=marker,
+            ys = [r.time_to_target_s or r.train_s or 0.0 for r in pts]
+            ax.scatter([r.effective_batch_size for r in pts], ys, marker=marker,
                        color=color, label=f"{status}, accum {acc}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("effective batch size")
@@ -103,9 +91,9 @@ def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: 
     return True
 
 
-def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
+def _plot_history(rows: list[TrialRow], out: Path) -> None:
     plt = _plt()
-    objective = [_float(r[keys.OBJECTIVE]) for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH]
+    objective = [r.objective for r in rows if r.phase == keys.PHASE_SEARCH]
     best, current = [], float("inf")
     for v in objective:
         current = min(current, v if v is not None else float("inf"))
@@ -121,15 +109,15 @@ def _plot_history(rows: list[dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
-def _plot_predicted(rows: list[dict[str, Any]], out: Path) -> bool:
+def _plot_predicted(rows: list[TrialRow], out: Path) -> bool:
     """The time model's prediction against the measured time to target, one dot per search
     trial that reached the target (the diagonal: a perfect prior)."""
     pts = [
         (p, t)
         for r in rows
-        if r[keys.PHASE] == keys.PHASE_SEARCH
-        and (p := _float(r.get(keys.PREDICTED_TIME_S))) is not None
-        and (t := _float(r[keys.TIME_TO_TARGET_S])) is not None
+        if r.phase == keys.PHASE_SEARCH
+        and (p := r.predicted_time_s) is not None
+        and (t := r.time_to_target_s) is not None
     ]
     if len(pts) < 2:
         return False
@@ -148,39 +136,38 @@ def _plot_predicted(rows: list[dict[str, Any]], out: Path) -> bool:
     return True
 
 
-def _matching(rows: list[dict[str, Any]], knobs: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _matching(rows: list[TrialRow], knobs: dict[str, Any] | None) -> list[TrialRow]:
     if knobs is None:
         return []
 
     # Prefer the confirmation runs (the same seeds and conditions as the winner's).
-    same = [r for r in rows if runs_point(r, knobs)]
-    confirmed = [r for r in same if r[keys.PHASE] == keys.PHASE_CONFIRMATION]
-    return confirmed or [r for r in same if r[keys.PHASE] == keys.PHASE_SEARCH]
+    same = [r for r in rows if runs_point(r.knob_dict(), knobs)]
+    confirmed = [r for r in same if r.phase == keys.PHASE_CONFIRMATION]
+    return confirmed or [r for r in same if r.phase == keys.PHASE_SEARCH]
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    reached = [r for r in rows if r[keys.STATUS] == "reached"]
+def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
+    reached = [r for r in rows if r.reached]
     if not rows:
         return None
-    times = [float(r[keys.TIME_TO_TARGET_S]) for r in reached]
-    evals = [float(v) for r in reached if (v := _float(r.get(keys.EVAL_S))) is not None]
-    elapsed = [
-        float(v) for r in reached if (v := _float(r.get(keys.ELAPSED_TO_TARGET_S))) is not None
-    ]
+    times = [r.time_to_target_s for r in reached if r.time_to_target_s is not None]
+    evals = [r.eval_s for r in reached if r.eval_s is not None]
+    elapsed = [r.elapsed_to_target_s for r in reached if r.elapsed_to_target_s is not None]
+    samples = [r.samples_to_target for r in reached if r.samples_to_target is not None]
     # A trial that never reported (hung, failed at start) has no throughput.
-    rates = [float(r[keys.THROUGHPUT]) for r in rows if r.get(keys.THROUGHPUT) not in (None, "")]
+    rates = [r.throughput for r in rows if r.throughput is not None]
     return {
-        "label": f"{rows[0][keys.MICRO_BATCH_SIZE]} x {rows[0][keys.ACCUMULATION_STEPS]}",
-        "effective": rows[0][keys.EFFECTIVE_BATCH_SIZE],
+        "label": f"{rows[0].micro_batch_size} x {rows[0].accumulation_steps}",
+        "effective": rows[0].effective_batch_size,
         "time": statistics.median(times) if times else None,
         "times": times,
         "runs": len(rows),
-        "samples": statistics.median(float(r[keys.SAMPLES_TO_TARGET]) for r in reached) if reached else None,
+        "samples": statistics.median(samples) if samples else None,
         "throughput": statistics.median(rates) if rates else None,
         "eval": statistics.median(evals) if evals else None,
         "elapsed": statistics.median(elapsed) if elapsed else None,
-        "status": rows[0][keys.STATUS],
-    }  # fmt: skip
+        "status": rows[0].status.value,
+    }
 
 
 def _cell(value: float | None, spec: str) -> str:
@@ -260,13 +247,13 @@ def write_report(
     run_dir = result.run_dir
     rows = result.rows
     _plot_time_vs_batch(
-        [r for r in rows if r[keys.PHASE] != keys.PHASE_CONFIRMATION], run_dir / "time_vs_batch.png"
+        [r for r in rows if r.phase != keys.PHASE_CONFIRMATION], run_dir / "time_vs_batch.png"
     )
     has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
     _plot_history(rows, run_dir / "history.png")
     has_prior = _plot_predicted(rows, run_dir / "predicted.png")
     entries: dict[str, dict[str, Any]] = {}
-    confirmed = any(r[keys.PHASE] == keys.PHASE_CONFIRMATION for r in rows)
+    confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in rows)
     winner = select_winner(rows, confirmed) if result.best is not None else None
     if winner is not None and (summary := _summary(winner.runs)) is not None:
         entries["winner"] = summary

@@ -12,6 +12,10 @@ from typing import Any
 
 import pytest
 
+import raybatch
+from raybatch import TrialStatus, keys
+from raybatch.results.rows import TrialRow
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -267,12 +271,14 @@ def test_the_demo_record_keeps_what_the_search_printed_and_the_confirmation_runs
     module = _load("demo_search")
     printed = ["(Ray's box)", "status   count", "-------  -----", "reached  3", "", "verdict."]
     assert printed[module._first_status_line(printed) :][0] == "status   count"
-    row = {"phase": "confirmation", "status": "reached", "micro_batch_size": "64",
-           "accumulation_steps": "1", "lr_multiplier": "1.0", "time_to_target_s": "1.5",
-           "samples_to_target": "8192", "throughput": "50000.0"}  # fmt: skip
-    other = {**row, "micro_batch_size": "1024"}
+    space = raybatch.load_space("generic_adamw")
+
+    def row(micro: int, phase: str = keys.PHASE_CONFIRMATION) -> TrialRow:
+        figures = {"time_to_target_s": 1.5, "samples_to_target": 8192, "throughput": 50000.0}
+        return TrialRow.of(space.derive(micro), phase, "t", TrialStatus.REACHED, **figures)
+
     knobs = {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}
-    runs = module._runs([row, other, {**row, "phase": "search"}], knobs)
+    runs = module._runs([row(64), row(1024), row(64, keys.PHASE_SEARCH)], knobs)
     assert runs == [{"time_s": 1.5, "samples": 8192, "throughput": 50000.0}]
 
 

@@ -79,7 +79,7 @@ PACKED = textwrap.dedent(
     from ray import tune
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
-    from raybatch.memory import MemoryEstimator
+    from raybatch.memory.estimator import MemoryEstimator
     from raybatch.run.searcher import RaybatchSearcher
     from raybatch.trial.placement import assigned_gpu_share
 

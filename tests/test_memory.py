@@ -12,15 +12,13 @@ from hypothesis import strategies as st
 from raybatch import load_space
 from raybatch.errors import TraceError
 from raybatch.examples.digits import workload as digits
-from raybatch.memory import (
+from raybatch.memory.estimator import MemoryEstimator, estimate
+from raybatch.memory.model import EstimateSource, LinearMemoryModel
+from raybatch.memory.trace import (
     CUDA_ALLOCATION_GRANULARITY,
     CUDA_KERNEL_WORKSPACE_BYTES,
     Category,
-    EstimateSource,
-    LinearMemoryModel,
-    MemoryEstimator,
     MemoryTraceWarning,
-    estimate,
     trace_step,
 )
 

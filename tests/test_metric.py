@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 import raybatch
-from raybatch import Metric, Target, TargetError, TrialSettings, keys
+from raybatch import Metric, Target, TrialSettings, keys
+from raybatch.errors import TargetError
 from raybatch.metric import ACCURACY, check_target, metric_values, resolve_target
 from raybatch.template import render, write_template
 from raybatch.trial.wrapper import run_trial

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from raybatch import ScalingRule, load_space
+from raybatch import load_space
 from raybatch.space.presets import list_presets, preset_dir, resolve_space_path
+from raybatch.space.rules import ScalingRule
 
 PRESETS = sorted(p.stem for p in preset_dir().glob("*.yaml"))
 

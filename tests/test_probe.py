@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raybatch import load_space
-from raybatch.memory import EstimateSource
+from raybatch.memory.model import EstimateSource
 from raybatch.memory.probe import is_out_of_memory, probe
 
 from .workloads import MLPWorkload, OOMWorkload

@@ -18,8 +18,9 @@ import raybatch
 from raybatch import SearchSpace, Target, TrialSettings, TrialStatus, keys
 from raybatch.cli import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
+from raybatch.results.rows import read_trials_csv
 from raybatch.run.options import SearchOptions
-from raybatch.run.rundir import STUDY_NAME, read_trials_csv
+from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
 from raybatch.trial.wrapper import run_trial
 

@@ -8,20 +8,23 @@ from typing import Any
 import pytest
 
 import raybatch
-from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.report import verdict
-from raybatch.run.rundir import SearchResult
+from raybatch.results.outcome import SearchResult
+from raybatch.results.rows import TrialRow
+from raybatch.trial.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 BASELINE = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
 
 
-def _rows(micro: int, accumulation: int, times: list[float]) -> list[dict[str, Any]]:
-    recipe = SPACE.derive(micro, accumulation).to_dict()
+def _rows(micro: int, accumulation: int, times: list[float], phase: str = "confirmation",
+          status: TrialStatus = TrialStatus.REACHED) -> list[TrialRow]:  # fmt: skip
+    recipe = SPACE.derive(micro, accumulation)
+    reached = status is TrialStatus.REACHED
     return [
-        {**recipe, "phase": "confirmation", keys.STATUS: "reached", keys.TIME_TO_TARGET_S: t,
-         keys.SAMPLES_TO_TARGET: 1000, keys.THROUGHPUT: 100.0}
+        TrialRow.of(recipe, phase, "t", status, time_to_target_s=t if reached else None,
+                    samples_to_target=1000, throughput=100.0 if reached else None)
         for t in times
     ]  # fmt: skip
 
@@ -49,9 +52,7 @@ def test_overlapping_runs_are_called_noise_not_a_speed_up() -> None:
 
 def test_a_baseline_that_never_reported_is_shown_by_its_status() -> None:
     result = _result([0.5, 0.5, 0.5], [])
-    hung = {**_rows(256, 1, [1.0])[0], "phase": "search", keys.STATUS: "censored",
-            keys.TIME_TO_TARGET_S: None, keys.THROUGHPUT: None}  # fmt: skip
-    result.rows.append(hung)
+    result.rows += _rows(256, 1, [1.0], phase="search", status=TrialStatus.CENSORED)
     text = verdict(result, raybatch.Target(0.97))
     assert "the largest batch that fits, 256 x 1, ended censored" in text
 
@@ -70,8 +71,7 @@ def test_when_the_largest_batch_wins_the_verdict_says_it_is_the_optimum() -> Non
 
 def test_a_baseline_faster_when_it_arrived_but_that_missed_is_said_to_have_missed() -> None:
     result = _result([0.50, 0.52, 0.55], [0.30, 0.31])
-    result.rows.append({**_rows(256, 1, [1.0])[0], keys.STATUS: "censored",
-                        keys.TIME_TO_TARGET_S: None})  # fmt: skip
+    result.rows += _rows(256, 1, [1.0], status=TrialStatus.CENSORED)
     text = verdict(result, raybatch.Target(0.97))
     assert "256 x 1, measured 0.30 s when it got there but missed the target in 1 of 3 runs" in text
 

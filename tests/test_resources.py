@@ -73,7 +73,7 @@ CLUSTER_SCRIPT = textwrap.dedent(
     from ray.cluster_utils import Cluster
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
-    from raybatch.memory import MemoryEstimator
+    from raybatch.memory.estimator import MemoryEstimator
     from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES as CONTEXT
     from raybatch.trial.resources import gpu_fraction, trial_resources
 

@@ -18,8 +18,9 @@ import optuna
 import pytest
 
 from raybatch.export import load_best
+from raybatch.results.rows import read_trials_csv
 from raybatch.run.driver import analyze_run
-from raybatch.run.rundir import STUDY_NAME, read_trials_csv
+from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raybatch import ScalingRule
+from raybatch.space.rules import ScalingRule
 
 ratios = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
 

@@ -12,9 +12,10 @@ import torch
 import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory import MemoryEstimator
+from raybatch.memory.estimator import MemoryEstimator
+from raybatch.results.rows import read_trials_csv
 from raybatch.run.options import SearchOptions
-from raybatch.run.rundir import STUDY_NAME, read_trials_csv
+from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.scheduler import DEFAULT_LEVEL_SLACK, DEFAULT_SLACK
 from raybatch.run.study import STATUS_ATTR
 

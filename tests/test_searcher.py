@@ -11,7 +11,7 @@ import pytest
 import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory import MemoryEstimator
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run import searcher as searcher_module
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
@@ -469,3 +469,31 @@ def test_the_ladder_works_when_the_micro_batch_is_not_searched(tmp_path: Path) -
         assert isinstance(config, dict) and config["micro_batch_size"] == 64
         searcher.on_trial_complete(f"t{i}", _result("reached", 1.0 + i))
     assert searcher.record.ladder_queued()
+
+
+def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe is derived once, where the knobs are chosen; one the space's rules refuse is
+    recorded with the reason and never launched, instead of ending the search as a crash."""
+    from raybatch.errors import ConfigError, Issue
+    from raybatch.space.search_space import SearchSpace
+
+    derive = SearchSpace.derive
+
+    def refusing(self: SearchSpace, micro_batch_size: int, *args: Any, **kw: Any) -> Any:
+        if micro_batch_size == 256:
+            raise ConfigError([Issue(keys.MICRO_BATCH_SIZE, "refused by this test")])
+        return derive(self, micro_batch_size, *args, **kw)
+
+    monkeypatch.setattr(SearchSpace, "derive", refusing)
+    searcher = _searcher(tmp_path)
+    launched = []
+    for i in range(6):
+        config = searcher.suggest(f"t{i}")
+        assert isinstance(config, dict)
+        launched.append(config[keys.MICRO_BATCH_SIZE])
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0 + i))
+    assert 256 not in launched
+    refused = [p for p in searcher.prescreened if "refused by this test" in p[keys.REASON]]
+    assert refused and all(p[keys.MICRO_BATCH_SIZE] == 256 for p in refused)

@@ -9,8 +9,10 @@ import pytest
 
 import raybatch
 from raybatch import Target, keys
+from raybatch.results.rows import TrialRow
+from raybatch.results.selection import choose_winner, measured_recipes, select_winner
 from raybatch.run.options import SearchOptions
-from raybatch.run.selection import choose_winner, measured_recipes, select_winner
+from raybatch.trial.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 BASELINE = (256, 1, 1.0)  # the largest batch the space lists, at the rule's LR
@@ -19,34 +21,32 @@ CANDIDATE = (32, 2, 1.3)
 
 
 def _row(knobs: tuple[int, int, float], phase: str, time_s: float | None, trial: str = "t",
-         samples: int = 1024) -> dict[str, Any]:  # fmt: skip
+         samples: int = 1024, seed: int | None = None) -> TrialRow:  # fmt: skip
     micro, accumulation, lr_multiplier = knobs
-    return {
-        keys.PHASE: phase,
-        keys.TRIAL_ID: trial,
-        keys.MICRO_BATCH_SIZE: micro,
-        keys.ACCUMULATION_STEPS: accumulation,
-        keys.WORLD_SIZE: 1,
-        keys.LR_MULTIPLIER: lr_multiplier,
-        keys.WEIGHT_DECAY_MULTIPLIER: 1.0,
-        keys.STATUS: "reached" if time_s is not None else "censored",
-        keys.TIME_TO_TARGET_S: time_s,
-        keys.SAMPLES_TO_TARGET: samples if time_s is not None else None,
-        keys.PEAK_MEMORY_BYTES: 1000,
-    }
+    reached = time_s is not None
+    return TrialRow.of(
+        SPACE.derive(micro, accumulation, 1, lr_multiplier), phase, trial,
+        TrialStatus.REACHED if reached else TrialStatus.CENSORED, time_to_target_s=time_s,
+        samples_to_target=samples if reached else None, peak_memory_bytes=1000, seed=seed,
+    )  # fmt: skip
 
 
-def _confirmed(knobs: tuple[int, int, float], *times: float | None) -> list[dict[str, Any]]:
-    return [_row(knobs, keys.PHASE_CONFIRMATION, t, trial=f"c{i}") for i, t in enumerate(times)]
+def _confirmed(knobs: tuple[int, int, float], *times: float | None, first_seed: int | None = None
+               ) -> list[TrialRow]:  # fmt: skip
+    return [
+        _row(knobs, keys.PHASE_CONFIRMATION, t, trial=f"c{i}",
+             seed=None if first_seed is None else first_seed + i)
+        for i, t in enumerate(times)
+    ]  # fmt: skip
 
 
-def _searched(*pairs: tuple[tuple[int, int, float], float]) -> list[dict[str, Any]]:
+def _searched(*pairs: tuple[tuple[int, int, float], float]) -> list[TrialRow]:
     return [_row(k, keys.PHASE_SEARCH, t, trial=f"s{i}") for i, (k, t) in enumerate(pairs)]
 
 
-def _knobs_of(rows: list[dict[str, Any]]) -> tuple[int, int, float]:
+def _knobs_of(rows: list[TrialRow]) -> tuple[int, int, float]:
     r = rows[0]
-    return r[keys.MICRO_BATCH_SIZE], r[keys.ACCUMULATION_STEPS], r[keys.LR_MULTIPLIER]
+    return r.micro_batch_size, r.accumulation_steps, r.lr_multiplier
 
 
 def test_the_baseline_wins_when_it_confirms_fastest() -> None:
@@ -57,7 +57,7 @@ def test_the_baseline_wins_when_it_confirms_fastest() -> None:
     winner = select_winner(rows, confirmed=True)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
     assert winner.median == pytest.approx(1.1)
-    best = choose_winner(SPACE, Target(0.97), rows, SearchOptions())
+    best = choose_winner(SPACE, Target(0.97), rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 256
     assert best.provenance[keys.TRIAL_ID] == "s1"  # the search trial that ran it
 
@@ -87,14 +87,14 @@ def test_one_confirmation_miss_rules_a_recipe_out_however_fast_its_other_runs() 
 def test_nothing_that_always_reached_means_no_winner() -> None:
     rows = _confirmed(CANDIDATE, 0.5, None) + _confirmed(BASELINE, None, None)
     assert select_winner(rows, confirmed=True) is None
-    assert choose_winner(SPACE, Target(0.97), rows, SearchOptions()) is None
+    assert choose_winner(SPACE, Target(0.97), rows, confirmed=True) is None
 
 
 def test_without_confirmation_the_search_rows_decide() -> None:
     rows = _searched((CANDIDATE, 1.0), (BASELINE, 0.8), (REFERENCE, None))
     winner = select_winner(rows, confirmed=False)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
-    best = choose_winner(SPACE, Target(0.97), rows, SearchOptions(confirm_seeds=0))
+    best = choose_winner(SPACE, Target(0.97), rows, confirmed=False)
     assert best is not None and best.provenance["time_to_target_s_runs"] == [0.8]
 
 
@@ -106,11 +106,8 @@ def test_search_rows_never_judge_a_confirmed_recipe() -> None:
 
 
 def _seeded(knobs: tuple[int, int, float], *times: float, first_seed: int = 1
-            ) -> list[dict[str, Any]]:  # fmt: skip
-    rows = _confirmed(knobs, *times)
-    for i, row in enumerate(rows):
-        row[keys.SEED] = first_seed + i
-    return rows
+            ) -> list[TrialRow]:  # fmt: skip
+    return _confirmed(knobs, *times, first_seed=first_seed)
 
 
 def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> None:
@@ -119,7 +116,7 @@ def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> N
     rows = _seeded(CANDIDATE, 1.0, 1.30, 1.31) + _seeded(BASELINE, 1.1, 1.25, 1.4)
     winner = select_winner(rows, confirmed=True)
     assert winner is not None and _knobs_of(winner.runs) == CANDIDATE
-    best = choose_winner(SPACE, Target(0.97), rows, SearchOptions())
+    best = choose_winner(SPACE, Target(0.97), rows, confirmed=True)
     assert best is not None
     runner_up = best.provenance["runner_up"]
     assert runner_up["micro_batch_size"] == 256
@@ -131,7 +128,7 @@ def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> N
 def test_pairs_follow_seeds_not_row_order() -> None:
     rows = _seeded(CANDIDATE, 1.0, 2.0, first_seed=1) + _seeded(BASELINE, 2.2, 1.1, first_seed=2)
     # Seed 2 is the one pair: 2.0 against 2.2.
-    from raybatch.run.selection import compare_paired, measured_recipes
+    from raybatch.results.selection import compare_paired, measured_recipes
 
     a, b = measured_recipes(rows, confirmed=True)
     paired = compare_paired(a, b)
@@ -164,7 +161,7 @@ def test_the_race_adds_seeds_to_the_two_best_until_one_is_three_pairs_ahead(
     extra = confirmation.race(tmp_path, None, SPACE, rows, SearchOptions(), 0, 1)
     assert asked == [[4], [5]]
     assert {_knobs_of([r]) for r in extra} == {CANDIDATE, BASELINE}
-    best = choose_winner(SPACE, Target(0.97), rows + extra, SearchOptions())
+    best = choose_winner(SPACE, Target(0.97), rows + extra, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 32
     assert best.provenance["runner_up"]["within_noise"] is False
     # Without a race budget nothing more runs.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raybatch.run.rundir import read_trials_csv
+from raybatch.results.rows import read_trials_csv
 from raybatch.shipping import ship_by_value
 from raybatch.workload import load_workload
 

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from raybatch import ConfigError, ScalingRule, SearchSpace, TrialConfig, keys
+from raybatch import SearchSpace, TrialConfig, keys, load_space
+from raybatch.errors import ConfigError
+from raybatch.space.rules import ScalingRule
 
 from .conftest import minimal_space
 
@@ -238,6 +240,19 @@ def test_derive_from_reads_the_knobs_of_a_ray_config() -> None:
     assert space.derive_from(ray_config) == space.derive(32, 4)
     with pytest.raises(ConfigError, match="micro_batch_size: missing"):
         space.derive_from({"accumulation_steps": 2})
+
+
+def test_a_config_that_carries_its_recipe_is_read_not_derived_again() -> None:
+    """The searcher's configs hold the whole recipe, derived once where the knobs were chosen:
+    the trial's door reads it (a carried LR stays the carried one). A config with knobs only,
+    or a recipe of another space, is derived from its knobs."""
+    space = load_space("generic_adamw")
+    carried = {**space.derive(32, 4).to_dict(), "lr": 0.123, "user_key": 1}
+    assert space.recipe_of(carried).lr == 0.123  # read: whatever was derived upstream
+    knobs_only = {"micro_batch_size": 32, "accumulation_steps": 4}
+    assert space.recipe_of(knobs_only) == space.derive(32, 4)
+    other = {**load_space("digits_cnn_sgd").derive(32, 4).to_dict()}
+    assert space.recipe_of(other) == space.derive(32, 4)  # another space's: its knobs, our rules
 
 
 def test_explain_names_the_rules_applied() -> None:

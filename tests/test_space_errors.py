@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from raybatch import SearchSpace, SpaceError
+from raybatch import SearchSpace
+from raybatch.errors import SpaceError
 
 from .conftest import minimal_space, run_cli
 

@@ -38,32 +38,3 @@ it from the budget), cuDNN's algorithm-search workspaces under ``cudnn.benchmark
 fragmentation of the caching allocator (``reserved > allocated``), which the headroom and the
 probe's calibration cover.
 """
-
-from raybatch.memory.estimator import MemoryEstimator, MemoryReport, estimate
-from raybatch.memory.model import EstimateSource, LinearMemoryModel
-from raybatch.memory.prescreen import PrescreenResult
-from raybatch.memory.trace import (
-    CUDA_ALLOCATION_GRANULARITY,
-    CUDA_KERNEL_WORKSPACE_BYTES,
-    Category,
-    MemoryTraceWarning,
-    TraceResult,
-    autocast_context,
-    trace_step,
-)
-
-__all__ = [
-    "CUDA_ALLOCATION_GRANULARITY",
-    "CUDA_KERNEL_WORKSPACE_BYTES",
-    "Category",
-    "EstimateSource",
-    "LinearMemoryModel",
-    "MemoryEstimator",
-    "MemoryReport",
-    "MemoryTraceWarning",
-    "PrescreenResult",
-    "TraceResult",
-    "autocast_context",
-    "estimate",
-    "trace_step",
-]

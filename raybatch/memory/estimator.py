@@ -40,7 +40,7 @@ class MemoryEstimator:
     Example:
         >>> import raybatch
         >>> from raybatch.examples.digits import workload
-        >>> from raybatch.memory import MemoryEstimator
+        >>> from raybatch import MemoryEstimator
         >>> space = raybatch.load_space("digits_cnn_sgd")
         >>> est = MemoryEstimator(workload, space.reference_config(), anchors=(8, 256))
         >>> est.prescreen(space.derive(64), budget_bytes=2**30).fits

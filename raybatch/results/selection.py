@@ -7,57 +7,57 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.metric import Target
-from raybatch.run.options import SearchOptions
-from raybatch.space.search_space import SearchSpace
-from raybatch.trial.status import TrialStatus
+from raybatch.results.rows import TrialRow
+
+if TYPE_CHECKING:
+    from raybatch.space.search_space import SearchSpace
 
 
-def _knobs(row: dict[str, Any]) -> tuple[float, ...]:
-    return tuple(float(row[k]) for k in keys.RAW_KNOBS)
+def _knobs(row: TrialRow) -> tuple[float, ...]:
+    return tuple(float(k) for k in row.knobs)
 
 
-def same_knobs(row: dict[str, Any], others: list[dict[str, Any]]) -> bool:
+def same_knobs(row: TrialRow, others: list[TrialRow]) -> bool:
     return any(_knobs(row) == _knobs(o) for o in others)
 
 
-def runs_point(row: dict[str, Any], point: dict[str, Any]) -> bool:
-    """Whether ``row`` ran the seeded ``point`` (the max-batch baseline or the reference).
+def runs_point(knobs: Mapping[str, Any], point: dict[str, Any]) -> bool:
+    """Whether raw ``knobs`` (a row's :meth:`~TrialRow.knob_dict`, a recipe's ``to_dict()``)
+    are the seeded ``point`` (the max-batch baseline or the reference).
 
     The point fixes integer knobs; the multipliers are the rule's own (1.0). Rows read back
     from ``trials.csv`` carry floats through text, hence a relative tolerance, not ``==``.
     """
     return (
-        all(int(row[k]) == int(v) for k, v in point.items())
-        and math.isclose(float(row[keys.LR_MULTIPLIER]), 1.0, rel_tol=1e-9)
-        and math.isclose(float(row[keys.WEIGHT_DECAY_MULTIPLIER]), 1.0, rel_tol=1e-9)
+        all(int(knobs[k]) == int(v) for k, v in point.items())
+        and math.isclose(float(knobs[keys.LR_MULTIPLIER]), 1.0, rel_tol=1e-9)
+        and math.isclose(float(knobs[keys.WEIGHT_DECAY_MULTIPLIER]), 1.0, rel_tol=1e-9)
     )
 
 
-def comparison_rows(
-    rows: list[dict[str, Any]], *points: dict[str, Any] | None
-) -> list[dict[str, Any]]:
+def comparison_rows(rows: list[TrialRow], *points: dict[str, Any] | None) -> list[TrialRow]:
     """The search rows of the baseline and reference points (LR and WD multipliers 1)."""
-    out: list[dict[str, Any]] = []
+    out: list[TrialRow] = []
     for point in points:
         if point is None:
             continue
         for r in rows:
-            search = r[keys.PHASE] == keys.PHASE_SEARCH
-            if search and runs_point(r, point) and not same_knobs(r, out):
+            search = r.phase == keys.PHASE_SEARCH
+            if search and runs_point(r.knob_dict(), point) and not same_knobs(r, out):
                 out.append(r)
                 break
     return out
 
 
-def candidates(rows: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
-    reached = [r for r in rows if r[keys.STATUS] == TrialStatus.REACHED.value]
-    reached.sort(key=lambda r: r[keys.TIME_TO_TARGET_S])
+def candidates(rows: list[TrialRow], top: int) -> list[TrialRow]:
+    reached = sorted((r for r in rows if r.reached), key=lambda r: r.time_to_target_s or 0.0)
     out, seen = [], set()
     for r in reached:
         knobs = _knobs(r)
@@ -74,10 +74,10 @@ def _versions() -> dict[str, str]:
     import ray
     import torch
 
-    import raybatch
+    from raybatch.version import __version__
 
     return {
-        "raybatch": raybatch.__version__,
+        "raybatch": __version__,
         "torch": str(torch.__version__),
         "ray": ray.__version__,
         "optuna": optuna.__version__,
@@ -103,7 +103,7 @@ class Measured:
         times: Training times to target of the runs that reached it.
     """
 
-    runs: list[dict[str, Any]]
+    runs: list[TrialRow]
     times: list[float]
 
     @property
@@ -115,7 +115,7 @@ class Measured:
         return statistics.median(self.times) if self.times else math.inf
 
 
-def measured_recipes(rows: list[dict[str, Any]], confirmed: bool) -> list[Measured]:
+def measured_recipes(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
     """Every recipe with the runs that judge it, in the order first seen.
 
     With a confirmation, a recipe is judged by its confirmation runs alone — search candidates,
@@ -123,34 +123,29 @@ def measured_recipes(rows: list[dict[str, Any]], confirmed: bool) -> list[Measur
     seeds; without one, by its search rows.
     """
     phase = keys.PHASE_CONFIRMATION if confirmed else keys.PHASE_SEARCH
-    groups: dict[tuple[float, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[float, ...], list[TrialRow]] = {}
     for row in rows:
-        if row[keys.PHASE] == phase:
+        if row.phase == phase:
             groups.setdefault(_knobs(row), []).append(row)
-    reached = TrialStatus.REACHED.value
-    return [
-        Measured(runs, [float(r[keys.TIME_TO_TARGET_S]) for r in runs if r[keys.STATUS] == reached])
-        for runs in groups.values()
-    ]
+    return [Measured(runs, [_time(r) for r in runs if r.reached]) for runs in groups.values()]
 
 
 def paired_times(a: Measured, b: Measured) -> list[tuple[float, float]]:
     """The two recipes' times on the same seeds (confirmation runs carry their seed; rows
     without one pair in order). Same seed, same data order and initialisation: the pair's
     ratio cancels what the seed does to both."""
-    if all(r.get(keys.SEED) not in (None, "") for r in a.runs + b.runs):
+    if all(r.seed is not None for r in a.runs + b.runs):
         # A run that missed the target lost its pair (its time counts as infinite).
-        times_b = {int(r[keys.SEED]): _time(r) for r in b.runs}
-        pairs = [(_time(r), times_b[int(r[keys.SEED])]) for r in a.runs
-                 if int(r[keys.SEED]) in times_b]  # fmt: skip
+        times_b = {r.seed: _time(r) for r in b.runs}
+        pairs = [(_time(r), times_b[r.seed]) for r in a.runs if r.seed in times_b]
         return [(x, y) for x, y in pairs if math.isfinite(x) or math.isfinite(y)]
     return list(zip(a.times, b.times, strict=False))
 
 
-def _time(row: dict[str, Any]) -> float:
-    if row[keys.STATUS] != TrialStatus.REACHED.value:
+def _time(row: TrialRow) -> float:
+    if not row.reached or row.time_to_target_s is None:
         return math.inf
-    return float(row[keys.TIME_TO_TARGET_S])
+    return row.time_to_target_s
 
 
 @dataclass(frozen=True)
@@ -184,7 +179,7 @@ def compare_paired(winner: Measured, runner_up: Measured) -> Paired | None:
     return Paired(ratio, sum(1 for a, b in pairs if a < b), len(pairs))
 
 
-def ranked(rows: list[dict[str, Any]], confirmed: bool) -> list[Measured]:
+def ranked(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
     """The recipes that reached the target in every run that judges them, best first: by
     median, except that the top two are ordered by their paired runs when they share seeds."""
     measured = measured_recipes(rows, confirmed)
@@ -202,20 +197,20 @@ def ranked(rows: list[dict[str, Any]], confirmed: bool) -> list[Measured]:
 def _shared_seeds(measured: list[Measured]) -> set[int] | None:
     """The seeds every recipe ran on (``None``: rows without seeds, judge every run)."""
     runs = [r for m in measured for r in m.runs]
-    if not runs or any(r.get(keys.SEED) in (None, "") for r in runs):
+    if not runs or any(r.seed is None for r in runs):
         return None
-    seeds = [{int(r[keys.SEED]) for r in m.runs} for m in measured]
+    seeds = [{r.seed for r in m.runs if r.seed is not None} for m in measured]
     return set.intersection(*seeds)
 
 
 def _reached_on(m: Measured, seeds: set[int] | None) -> bool:
     if not seeds:
         return m.always_reached
-    judged = [r for r in m.runs if int(r[keys.SEED]) in seeds]
-    return bool(judged) and all(r[keys.STATUS] == TrialStatus.REACHED.value for r in judged)
+    judged = [r for r in m.runs if r.seed in seeds]
+    return bool(judged) and all(r.reached for r in judged)
 
 
-def select_winner(rows: list[dict[str, Any]], confirmed: bool) -> Measured | None:
+def select_winner(rows: list[TrialRow], confirmed: bool) -> Measured | None:
     """The fastest recipe that reached the target in every run that judges it, whichever it is.
 
     The one rule the search, :func:`raybatch.analyze_run` and the report share: among recipes
@@ -233,38 +228,39 @@ def select_winner(rows: list[dict[str, Any]], confirmed: bool) -> Measured | Non
 def choose_winner(
     space: SearchSpace,
     target: Target,
-    rows: list[dict[str, Any]],
-    options: SearchOptions,
+    rows: list[TrialRow],
+    confirmed: bool,
     measured_on: dict[str, Any] | None = None,
 ) -> BestConfig | None:
     """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
 
+    ``confirmed``: whether the search ran a confirmation (then its runs alone judge).
     ``measured_on`` holds what the rows cannot say: ``device`` (the hardware the trials ran
     on, as the search saw the cluster) and ``amp_dtype`` (the workload's autocast, which the
     framework exports need); without it, ``device`` is this machine's.
     """
-    order = ranked(rows, confirmed=options.confirm_seeds > 0)
+    order = ranked(rows, confirmed)
     if not order:
         return None
     winner = order[0]
     first = winner.runs[0]
-    searched = [r for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH and same_knobs(r, [first])]
-    recipe = space.derive_from(first)
-    peaks = [r[keys.PEAK_MEMORY_BYTES] for r in winner.runs if r.get(keys.PEAK_MEMORY_BYTES)]
-    samples = [r[keys.SAMPLES_TO_TARGET] for r in winner.runs]
+    searched = [r for r in rows if r.phase == keys.PHASE_SEARCH and same_knobs(r, [first])]
+    recipe = first.recipe(space)
+    peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
+    samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
     provenance = {
         "median_time_to_target_s": winner.median,
         "time_to_target_s_runs": winner.times,
         "spread_s": max(winner.times) - min(winner.times),
-        "samples_to_target": statistics.median(samples),
+        "samples_to_target": statistics.median(samples) if samples else None,
         "peak_memory_bytes": max(peaks) if peaks else None,
         "device": _device_name(),
         "amp_dtype": None,
         "versions": _versions(),
-        keys.TRIAL_ID: (searched or winner.runs)[0][keys.TRIAL_ID],
+        keys.TRIAL_ID: (searched or winner.runs)[0].trial_id,
         "space": space.name,
         "target": str(target),
-        "search_trials": sum(1 for r in rows if r[keys.PHASE] == keys.PHASE_SEARCH),
+        "search_trials": sum(1 for r in rows if r.phase == keys.PHASE_SEARCH),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     if len(order) > 1:
@@ -272,7 +268,7 @@ def choose_winner(
         if paired is not None:
             second = order[1].runs[0]
             provenance["runner_up"] = {
-                **{k: second[k] for k in keys.RAW_KNOBS},
+                **second.knob_dict(),
                 "paired_ratio": paired.ratio,
                 "wins": paired.wins,
                 "pairs": paired.pairs,

@@ -11,17 +11,6 @@
   a repeated failure; ``cluster``: connecting to Ray;
 - ``driver``: :func:`search`, :func:`resume` and re-analysis of a finished run;
 - ``confirmation``: the re-runs on paired fresh seeds and the race of the two best;
-  ``selection``: choosing the winner (seed by seed between the two best);
-- ``rundir``: the run directory's files and ``trials.csv``.
+- ``rundir``: the run directory's files (its rows and the winner's selection live below, in
+  :mod:`raybatch.results`, which the report reads too).
 """
-
-from raybatch._lazy import lazy_exports
-
-__all__, __getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "driver": ("analyze_run", "rebuild_report", "resume", "search"),
-        "options": ("SearchOptions",),
-        "rundir": ("SearchResult", "read_run", "read_trials_csv"),
-    },
-)

@@ -3,7 +3,7 @@
 A search ranks candidates on one run each, on a shared machine; the confirmation re-measures
 them, uncapped, so the winner is the recipe that reached the target every time, fastest. Every
 recipe runs on the same seeds, so two recipes compare seed by seed
-(:func:`raybatch.run.selection.compare_paired`); when the two best still disagree from pair
+(:func:`raybatch.results.selection.compare_paired`); when the two best still disagree from pair
 to pair, they *race* (F-race, Birattari et al. 2002; irace): one more seed each, until one is
 ahead by three pairs or ``race_seeds`` more seeds are spent, and the winner's provenance says
 "within noise" when they never separate. On GPUs every confirmation run holds a whole GPU
@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from raybatch import keys
+from raybatch.results.rows import TrialRow
+from raybatch.results.selection import compare_paired, ranked
 from raybatch.run.options import SearchOptions
-from raybatch.run.rundir import row_of
-from raybatch.run.selection import compare_paired, ranked
 from raybatch.space.search_space import SearchSpace
+from raybatch.trial.status import TrialStatus
 
 
 class _Pick:
     """``tune.sample_from`` callable: one knob of the candidate a confirmation trial runs."""
 
-    def __init__(self, candidates: list[dict[str, Any]], key: str) -> None:
+    def __init__(self, candidates: list[TrialRow], key: str) -> None:
         self.values = [c[key] for c in candidates]
         self.key = key
 
@@ -38,13 +39,13 @@ def confirm(
     path: Path,
     resourced: Any,
     space: SearchSpace,
-    candidates: list[dict[str, Any]],
+    candidates: list[TrialRow],
     options: SearchOptions,
     verbose: int,
     max_concurrent: int | None,
     whole_gpus: bool = False,
     seeds: list[int] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[TrialRow]:
     """Re-run each candidate on the same fresh seeds (default: ``confirm_seeds`` of them; no
     capping: every run must finish honestly); with ``whole_gpus``, each run alone on its GPU."""
     seeds = seeds if seeds is not None else confirmation_seeds(options)
@@ -81,12 +82,13 @@ def confirm(
     rows = []
     for result in list(tuner.fit()):  # type: ignore[call-overload]
         metrics = dict(result.metrics or {})
-        row = row_of(space, result.config, metrics)
-        row[keys.TRIAL_ID] = metrics.get(keys.TRIAL_ID, "")
-        row[keys.PHASE] = keys.PHASE_CONFIRMATION
-        row[keys.CANDIDATE] = result.config[keys.CANDIDATE]
-        row[keys.SEED] = result.config[keys.SEED]
-        rows.append(row)
+        status = TrialStatus(metrics.get(keys.STATUS, TrialStatus.ERROR.value))
+        trial_id = str(metrics.get(keys.TRIAL_ID, ""))
+        run = {keys.CANDIDATE: result.config[keys.CANDIDATE], keys.SEED: result.config[keys.SEED]}
+        recipe = space.recipe_of(result.config)
+        rows.append(TrialRow.from_result(
+            recipe, keys.PHASE_CONFIRMATION, trial_id, status, metrics, **run
+        ))  # fmt: skip
     return rows
 
 
@@ -99,12 +101,12 @@ def race(
     path: Path,
     resourced: Any,
     space: SearchSpace,
-    rows: list[dict[str, Any]],
+    rows: list[TrialRow],
     options: SearchOptions,
     verbose: int,
     max_concurrent: int | None,
     whole_gpus: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[TrialRow]:
     """More paired seeds for the two best recipes while their pairs disagree; the new rows.
 
     Each round runs both on one more seed. It stops when one is ahead by three pairs (or won
@@ -112,7 +114,7 @@ def race(
     ``race_seeds`` rounds; then the winner's provenance says whether the two stayed within
     noise. A confirmation of one seed asked for no repeated measurement: no race then.
     """
-    extra: list[dict[str, Any]] = []
+    extra: list[TrialRow] = []
     first = options.seed + 1 + options.confirm_seeds
     for round_ in range(options.race_seeds if options.confirm_seeds >= 2 else 0):
         order = ranked(rows + extra, confirmed=True)

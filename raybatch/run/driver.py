@@ -36,25 +36,22 @@ from raybatch.errors import (
 from raybatch.export import BestConfig, write_best
 from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target, resolve_target
+from raybatch.report import write_report
+from raybatch.results.outcome import SearchResult
+from raybatch.results.rows import (
+    TRIALS_CSV,
+    TrialRow,
+    stored_rows,
+    write_trials_csv,
+)
+from raybatch.results.selection import candidates as top_candidates
+from raybatch.results.selection import choose_winner, comparison_rows, same_knobs
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import confirm, race
 from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import measure_prior, write_predictions
 from raybatch.run.prior import TimeModel
-from raybatch.run.rundir import (
-    LOG_FILE,
-    OPTUNA_DB,
-    RUN_FILE,
-    STUDY_NAME,
-    TRIALS_CSV,
-    SearchResult,
-    read_run,
-    read_trials_csv,
-    row_of,
-    stored_rows,
-    write_run_files,
-    write_trials_csv,
-)
+from raybatch.run.rundir import LOG_FILE, OPTUNA_DB, RUN_FILE, STUDY_NAME, read_run, write_run_files
 from raybatch.run.seeding import (
     Ladder,
     budget_check,
@@ -62,8 +59,6 @@ from raybatch.run.seeding import (
     opening_points,
     reference_point,
 )
-from raybatch.run.selection import candidates as top_candidates
-from raybatch.run.selection import choose_winner, comparison_rows, same_knobs
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.status import TrialStatus, final_status
@@ -154,7 +149,7 @@ def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
     from raybatch.errors import BudgetUnavailableError
-    from raybatch.memory import MemoryEstimator
+    from raybatch.memory.estimator import MemoryEstimator
     from raybatch.run.hardware import read_cluster
     from raybatch.run.searcher import RaybatchSearcher
     from raybatch.trial.resources import with_resources
@@ -267,24 +262,22 @@ def _search_tuner(
     )
 
 
-def _compared(
-    rows: list[dict[str, Any]], candidates: list[dict[str, Any]], plan: _Plan
-) -> list[dict[str, Any]]:
+def _compared(rows: list[TrialRow], candidates: list[TrialRow], plan: _Plan) -> list[TrialRow]:
     """The candidates, plus the baseline and the reference, for the confirmation.
 
     The baseline and the reference are re-run beside the candidates, under the same
-    conditions, and compete with them for the win (``selection.select_winner``). One that was capped
-    is re-run too:
-    capping stopped it for being slower than the incumbent, which is exactly the comparison
-    the verdict states, so it is measured to the end (uncapped) rather than assumed. One that
+    conditions, and compete with them for the win (``selection.select_winner``). One that was
+    capped is re-run too: capping stopped it for being slower than the incumbent, which is
+    exactly the comparison the verdict states, so it is measured to the end (uncapped) rather
+    than assumed. One that
     ran out of memory, hung, diverged or was censored at the time cap would only fail again
     at full cost; the report shows its search status.
     """
-    rerun = (TrialStatus.REACHED.value, TrialStatus.CAPPED.value)
+    rerun = (TrialStatus.REACHED, TrialStatus.CAPPED)
     return candidates + [
         r
         for r in comparison_rows(rows, plan.baseline, plan.reference)
-        if not same_knobs(r, candidates) and r[keys.STATUS] in rerun
+        if not same_knobs(r, candidates) and r.status in rerun
     ]
 
 
@@ -297,7 +290,6 @@ def _execute(
     resume: bool,
     verbose: int,
 ) -> SearchResult:
-    from raybatch.report import write_report
     from raybatch.run.failfast import FailFast, ray_errors_to
 
     _quiet_tune()
@@ -332,7 +324,7 @@ def _execute(
         )
     # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
     rows = _search_rows(space, results, options.penalty, scheduler.capped_at_level)
-    closed = plan.searcher.record.close_orphans({r[keys.TRIAL_ID] for r in rows})
+    closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
@@ -358,8 +350,8 @@ def _execute(
         "grad_clip_norm": None,
     }
     if plan.model is not None:
-        measured_on["prior"] = write_predictions(space, rows, plan.model, notes)
-    best = choose_winner(space, target, rows, options, measured_on)
+        rows, measured_on["prior"] = write_predictions(space, rows, plan.model, notes)
+    best = choose_winner(space, target, rows, options.confirm_seeds > 0, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
         write_best(path, best)
@@ -372,7 +364,7 @@ def _execute(
 
 def _search_rows(
     space: SearchSpace, results: Any, penalty: float, at_level: dict[str, float]
-) -> list[dict[str, Any]]:
+) -> list[TrialRow]:
     rows = []
     for result in results:
         metrics = dict(result.metrics or {})
@@ -388,32 +380,32 @@ def _search_rows(
             )
         if result.error is not None:
             metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"
-        metrics[keys.STATUS], metrics[keys.OBJECTIVE] = status.value, value
-        row = row_of(space, result.config, metrics)
-        row[keys.TRIAL_ID] = metrics.get(keys.TRIAL_ID, "")
-        row[keys.PHASE] = keys.PHASE_SEARCH
-        rows.append(row)
+        metrics[keys.OBJECTIVE] = value
+        recipe = space.recipe_of(result.config)
+        trial_id = str(metrics.get(keys.TRIAL_ID, ""))
+        rows.append(TrialRow.from_result(recipe, keys.PHASE_SEARCH, trial_id, status, metrics))
     return rows
 
 
-def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[dict[str, Any]]:
+def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[TrialRow]:
     """Pre-screened-out configs, read back from the study (so they survive a resume)."""
-    rows = []
-    for p in record.prescreened():
-        knobs = {**space.reference_config().to_dict(), **p.params}
-        status = TrialStatus.PRESCREENED_OUT.value
-        row = row_of(space, knobs, {keys.STATUS: status, keys.REASON: p.reason})
-        row[keys.PEAK_MEMORY_BYTES] = p.predicted_bytes
-        row[keys.TRIAL_ID] = f"optuna_{p.number}"
-        row[keys.PHASE] = keys.PHASE_PRESCREEN
-        rows.append(row)
-    return rows
+    return [
+        TrialRow.of(
+            space.derive_from({**space.reference_config().to_dict(), **p.params}),
+            keys.PHASE_PRESCREEN,
+            f"optuna_{p.number}",
+            TrialStatus.PRESCREENED_OUT,
+            reason=p.reason,
+            peak_memory_bytes=p.predicted_bytes,
+        )
+        for p in record.prescreened()
+    ]
 
 
 def analyze_run(run_dir: str | Path) -> BestConfig | None:
     """The winner a finished run's stored trials give, chosen again from ``trials.csv`` alone.
 
-    The same rule as at the end of the search (:func:`raybatch.run.selection.select_winner`:
+    The same rule as at the end of the search (:func:`raybatch.results.selection.select_winner`:
     the lowest median over the confirmation runs among the recipes — candidates, max-batch
     baseline, reference — that reached the target every time), so
     ``best_config.yaml`` can be audited — and after a resume, checked — against the record.
@@ -430,7 +422,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
         stored = load_best(path).provenance
         kept = ("device", "amp_dtype", "grad_clip_norm", "prior")
         measured_on = {k: stored[k] for k in kept if k in stored}
-    return choose_winner(space, target, stored_rows(path), options, measured_on)
+    return choose_winner(space, target, stored_rows(path), options.confirm_seeds > 0, measured_on)
 
 
 def rebuild_report(run_dir: str | Path) -> Path:
@@ -440,8 +432,7 @@ def rebuild_report(run_dir: str | Path) -> Path:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
     from raybatch.export import BEST_YAML, load_best
-    from raybatch.memory import MemoryEstimator
-    from raybatch.report import write_report
+    from raybatch.memory.estimator import MemoryEstimator
 
     path, ref, space, target, options = read_run(run_dir)
     rows = stored_rows(path)
@@ -460,13 +451,4 @@ def rebuild_report(run_dir: str | Path) -> Path:
     return write_report(result, space, target, estimator, budget_bytes)
 
 
-__all__ = [
-    "SearchOptions",
-    "SearchResult",
-    "analyze_run",
-    "read_run",
-    "read_trials_csv",
-    "rebuild_report",
-    "resume",
-    "search",
-]
+__all__ = ["analyze_run", "rebuild_report", "resume", "search"]

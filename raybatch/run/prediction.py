@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from raybatch import keys
+from raybatch.results.rows import TrialRow
 from raybatch.run.options import SearchOptions
 from raybatch.run.prior import TimeModel, spearman
 from raybatch.run.seeding import budget_check
 from raybatch.space.search_space import SearchSpace
-from raybatch.trial.status import TrialStatus
 from raybatch.workload import Workload
 
 PRIOR_FILE = "prior.json"
@@ -78,25 +79,27 @@ def measure_prior(
 
 
 def write_predictions(
-    space: SearchSpace, rows: list[dict[str, Any]], model: TimeModel, notes: list[str]
-) -> dict[str, Any]:
-    """Write each row's predicted time (the model's relative time, scaled by the one constant
-    that best matches the search's measured times) and say how well it ranked them."""
-    relative = [model.predicted_time(space.derive_from(r)) for r in rows]
+    space: SearchSpace, rows: list[TrialRow], model: TimeModel, notes: list[str]
+) -> tuple[list[TrialRow], dict[str, Any]]:
+    """Each row with its predicted time (the model's relative time, scaled by the one constant
+    that best matches the search's measured times), and how well the model ranked them."""
+    relative = [model.predicted_time(r.recipe(space)) for r in rows]
     pairs = [
-        (p, float(r[keys.TIME_TO_TARGET_S]))
+        (p, r.time_to_target_s)
         for p, r in zip(relative, rows, strict=True)
-        if r[keys.PHASE] == keys.PHASE_SEARCH and r[keys.STATUS] == TrialStatus.REACHED.value
+        if r.phase == keys.PHASE_SEARCH and r.reached and r.time_to_target_s is not None
     ]
     scale = statistics.median(t / p for p, t in pairs) if pairs else None
-    for p, r in zip(relative, rows, strict=True):
-        r[keys.PREDICTED_TIME_S] = p * scale if scale is not None and math.isfinite(p) else None
+    rows = [
+        replace(r, predicted_time_s=p * scale if scale is not None and math.isfinite(p) else None)
+        for p, r in zip(relative, rows, strict=True)
+    ]
     rho = spearman([p for p, _ in pairs], [t for _, t in pairs])
     if rho is not None:
         notes.append(f"the time model ranked the {len(pairs)} trials that reached the target"
                      f" with Spearman {rho:.2f} against their measured times")  # fmt: skip
-    grid = {space.derive_from(r).effective_batch_size: space.derive_from(r) for r in rows}
-    return {
+    grid = {c.effective_batch_size: c for c in (r.recipe(space) for r in rows)}
+    return rows, {
         "noise_scale": model.noise.to_dict(),
         "predicted_best_effective_batch": model.best_effective_batch(list(grid.values())),
         "spearman_predicted_vs_measured": rho,

@@ -77,7 +77,7 @@ def _recipes(
     gpus: str | float,
 ) -> list[dict[str, Any]]:
     from raybatch.errors import TraceError
-    from raybatch.memory import MemoryEstimator
+    from raybatch.memory.estimator import MemoryEstimator
 
     estimator = MemoryEstimator.for_space(workload, space) if budget is not None else None
     use_gpu = device == "cuda"

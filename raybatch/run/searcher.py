@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import TraceError
-from raybatch.memory import MemoryEstimator, PrescreenResult
+from raybatch.errors import ConfigError, TraceError
+from raybatch.memory.estimator import MemoryEstimator
+from raybatch.memory.prescreen import PrescreenResult
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
@@ -60,6 +61,8 @@ from raybatch.trial.status import TrialStatus, final_status
 
 if TYPE_CHECKING:
     import optuna
+
+    from raybatch.space.config import TrialConfig
 
 MAX_PRESCREEN_ATTEMPTS = 200
 """Suggestions in a row the pre-screen may reject before the searcher gives up (the space's
@@ -206,14 +209,21 @@ class RaybatchSearcher(Searcher):
         self._queue_ladder()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
-            constants = self._define(ot_trial)
+            try:  # the recipe, derived once, here, where the knobs are chosen
+                constants = self._define(ot_trial)
+            except ConfigError as exc:  # a combination the space's limits refuse: never run
+                self._note_opening(ot_trial)
+                params = dict(ot_trial.params)
+                self._reject(ot_trial, params, OOM_VIOLATION, str(exc), None, memory=False)
+                continue
             self._note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
-            problem = self._placement(config)
+            recipe = self.space.recipe_of(config)  # read from the config, not derived again
+            problem = self._placement(recipe)
             if problem is not None:
                 self._reject(ot_trial, config, OOM_VIOLATION, problem, None, memory=False)
                 continue
-            verdict = self._screen(config)
+            verdict = self._screen(recipe)
             if verdict is not None and verdict.fits is False:
                 assert verdict.predicted_bytes is not None and self.budget_bytes is not None
                 violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
@@ -232,7 +242,7 @@ class RaybatchSearcher(Searcher):
                 self._reject(ot_trial, config, OOM_VIOLATION, reason, None)
                 continue
             if self.pack_gpus and self.estimator is not None and self.budget_bytes is not None:
-                predicted = self.estimator.predict(self.space.derive_from(config))
+                predicted = self.estimator.predict(recipe)
                 config[keys.GPU_SHARE] = gpu_fraction(predicted, self.budget_bytes)
             # The constraint is set when the trial completes: a real OOM makes it positive.
             self.record.launched(ot_trial, config, trial_id)
@@ -325,15 +335,15 @@ class RaybatchSearcher(Searcher):
         below = [m for m in self.space.search.micro_batch_size if micro is not None and m < micro]
         return {**point, keys.MICRO_BATCH_SIZE: max(below)} if below else None
 
-    def _placement(self, config: dict[str, Any]) -> str | None:
+    def _placement(self, recipe: TrialConfig) -> str | None:
         if self.data_parallel_gpus is None:
             return None
-        return placement_problem(config.get(keys.WORLD_SIZE, 1), self.data_parallel_gpus)
+        return placement_problem(recipe.world_size, self.data_parallel_gpus)
 
-    def _screen(self, config: dict[str, Any]) -> PrescreenResult | None:
+    def _screen(self, recipe: TrialConfig) -> PrescreenResult | None:
         if self.estimator is None or self.budget_bytes is None:
             return None
-        return self.estimator.prescreen(self.space.derive_from(config), self.budget_bytes)
+        return self.estimator.prescreen(recipe, self.budget_bytes)
 
     def _reject(
         self,

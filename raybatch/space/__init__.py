@@ -8,15 +8,3 @@
 - ``tune_space``: the same space as Ray Tune and Optuna see it;
 - ``_yaml``: reading space files with line numbers for errors.
 """
-
-from raybatch._lazy import lazy_exports
-
-__all__, __getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "search_space": ("SearchSpace",),
-        "config": ("TrialConfig",),
-        "rules": ("OptimizerFamily", "ScalingRule"),
-        "presets": ("list_presets", "load_space"),
-    },
-)

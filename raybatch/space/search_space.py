@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Mapping
@@ -62,6 +63,8 @@ PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
+RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(TrialConfig))
+"""The keys of a whole recipe in a flat config (:meth:`TrialConfig.to_dict`)."""
 DEFAULT_MAX_ACCUMULATION_STEPS = 16
 """Seed 003, Pitfall 7: beyond 16 accumulation steps the slowdown rarely pays off."""
 
@@ -307,6 +310,21 @@ class SearchSpace(_Model):
                 )
             )
         return issues
+
+    def recipe_of(self, config: Mapping[str, Any]) -> TrialConfig:
+        """The recipe a Ray Tune config carries, read once at the door of whoever needs it.
+
+        Configs from raybatch's searcher, :func:`~raybatch.optuna_space` and
+        :func:`~raybatch.tune_param_space` hold the whole recipe of this space (every key of
+        :meth:`TrialConfig.to_dict`), derived once where the knobs were chosen: it is read,
+        not derived again. A hand-written config with raw knobs (and maybe some derived keys)
+        is derived here from its knobs (:meth:`derive_from`).
+        """
+        if all(name in config for name in RECIPE_KEYS):
+            recipe = TrialConfig.from_dict(config)
+            if recipe.space == self.name:
+                return recipe
+        return self.derive_from(config)
 
     def derive_from(self, config: Mapping[str, Any]) -> TrialConfig:
         """Derive from the raw knobs found in a (Ray Tune) config dict.

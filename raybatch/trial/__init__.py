@@ -11,10 +11,3 @@
 - ``gradient_noise``: the search's time model measured on a trial's device (gradient noise
   scale, step times).
 """
-
-from raybatch._lazy import lazy_exports
-
-__all__, __getattr__, __dir__ = lazy_exports(
-    __name__,
-    {"wrapper": ("TrialSettings", "default_eval_every", "run_trial", "trainable")},
-)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from raybatch.memory import autocast_context
+from raybatch.memory.trace import autocast_context
 from raybatch.run.prior import TimeModel, noise_scale
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.batches import train_batches

@@ -31,7 +31,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raybatch.memory import autocast_context
+from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.trial.batches import eval_batch_size, eval_batches, train_batches

@@ -17,8 +17,8 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import Issue, OptionError
-from raybatch.memory import MemoryEstimator
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.space.search_space import SearchSpace
 from raybatch.workload import Workload
 
@@ -126,7 +126,7 @@ def trial_resources(
         fixed = float(gpus_per_trial)
 
         def fixed_resources(config: dict[str, Any]) -> dict[str, float]:
-            if space.derive_from(config).world_size > 1:
+            if space.recipe_of(config).world_size > 1:
                 return {"cpu": DRIVER_CPUS, "gpu": 0.0}
             if fixed > 0 and runs_alone(config):
                 return {"cpu": cpus_per_trial, "gpu": max(fixed, 1.0)}
@@ -138,7 +138,7 @@ def trial_resources(
     estimator = estimator or MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
-        recipe = space.derive_from(config)
+        recipe = space.recipe_of(config)
         if recipe.world_size > 1:
             return {"cpu": DRIVER_CPUS, "gpu": 0.0}
         if runs_alone(config):

@@ -163,7 +163,7 @@ def run_trial(
     """
     from raybatch.memory.probe import release_memory
 
-    recipe = space.derive_from(config)
+    recipe = space.recipe_of(config)
     options = _options(settings, config)
     if recipe.world_size > 1:  # its workers choose their own devices
         return _run_distributed(workload, space, settings, config, report_fn)
@@ -228,8 +228,8 @@ def _memory_gate(
         return True
     if settings.memory_budget is None:
         return True
-    from raybatch.memory import MemoryEstimator
     from raybatch.memory.budget import parse_size
+    from raybatch.memory.estimator import MemoryEstimator
 
     budget = parse_size(settings.memory_budget)
     verdict = MemoryEstimator(workload, recipe).prescreen(recipe, budget)
@@ -279,7 +279,7 @@ def _worker(loop_config: dict[str, Any]) -> None:
     space: SearchSpace = loop_config["space"]
     settings: TrialSettings = loop_config["settings"]
     config: dict[str, Any] = loop_config["config"]
-    recipe = space.derive_from(config)
+    recipe = space.recipe_of(config)
     device = ray.train.torch.get_device()
     reporter = _reporter(
         workload, space, settings, device, ray.train.report, clock=agreed_clock(device)
@@ -372,7 +372,7 @@ def _run_distributed(
     from ray.tune.integration.ray_train import TuneReportCallback
 
     reporter = _bare_reporter(settings, report_fn)
-    recipe = space.derive_from(config)
+    recipe = space.recipe_of(config)
     use_gpu = settings.data_parallel_gpus
     if use_gpu is None:
         use_gpu = ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) >= 1

@@ -1,0 +1,5 @@
+"""What a search measured, below both the run and the report: the typed rows (:mod:`.rows`,
+``trials.csv``) and the one rule that picks the winner from them (:mod:`.selection`).
+
+Nothing here imports :mod:`raybatch.run` or :mod:`raybatch.report`; both import this.
+"""

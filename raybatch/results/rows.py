@@ -1,0 +1,229 @@
+"""One typed row per trial and per pre-screened config: :class:`TrialRow`, and ``trials.csv``.
+
+The driver writes a row for every search trial, every config the pre-screen kept out and every
+confirmation run; selection, :func:`raybatch.analyze_run`, the report and ``bench/`` read the
+same rows back. The row is frozen and typed (the status a :class:`TrialStatus` member, counts
+as ``int``, times as ``float``); strings exist only at the CSV edge, and the CSV's columns are
+the row's fields, declared once, here.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raybatch import keys
+from raybatch.errors import Issue, RunDirError
+from raybatch.trial.status import TrialStatus
+
+if TYPE_CHECKING:
+    from raybatch.space.config import TrialConfig
+    from raybatch.space.search_space import SearchSpace
+
+TRIALS_CSV = "trials.csv"
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """A trial's recipe and what it measured; the field names are ``trials.csv``'s columns
+    (and :mod:`raybatch.keys`'s names).
+
+    ``time_to_target_s`` is the objective (training only); ``elapsed_to_target_s`` is the same
+    moment with evaluation counted, as the objective was before, kept for comparison.
+    ``candidate`` and ``seed`` are set on confirmation runs, ``predicted_time_s`` when the
+    search measured its time model; ``peak_memory_bytes`` of a pre-screened row is the
+    prediction that kept it out.
+    """
+
+    phase: str
+    trial_id: str
+    status: TrialStatus
+    micro_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    lr_multiplier: float
+    weight_decay_multiplier: float
+    effective_batch_size: int
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    lr_scale: float
+    time_to_target_s: float | None = None
+    elapsed_to_target_s: float | None = None
+    samples_to_target: int | None = None
+    train_s: float | None = None
+    eval_s: float | None = None
+    elapsed_s: float | None = None
+    metric: float | None = None
+    peak_memory_bytes: int | None = None
+    throughput: float | None = None
+    data_wait_fraction: float | None = None
+    objective: float | None = None
+    candidate: int | None = None
+    seed: int | None = None
+    predicted_time_s: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def of(
+        cls, recipe: TrialConfig, phase: str, trial_id: str, status: TrialStatus, **figures: Any
+    ) -> TrialRow:
+        """The row of ``recipe`` (derived once, by the caller) with ``figures``, any of the
+        figure fields by name.
+
+        Raises:
+            TypeError: A figure that is not a column (a misspelt name is never dropped).
+        """
+        unknown = sorted(set(figures) - set(COLUMNS))
+        if unknown:
+            raise TypeError(f"not columns of a trial row: {unknown}")
+        recipe_cells = {k: getattr(recipe, k) for k in _RECIPE_COLUMNS}
+        named = {keys.PHASE: phase, keys.TRIAL_ID: trial_id, keys.STATUS: status}
+        return _converted(cls, {**figures, **named, **recipe_cells})
+
+    @classmethod
+    def from_result(
+        cls,
+        recipe: TrialConfig,
+        phase: str,
+        trial_id: str,
+        status: TrialStatus,
+        metrics: Mapping[str, Any],
+        **extra: Any,
+    ) -> TrialRow:
+        """The row of a finished Tune trial: the figures a trial reports (:data:`REPORTED`),
+        picked from its last result's ``metrics`` (the rest of a Tune result is not a row's),
+        and ``extra`` figures the driver knows (a confirmation run's seed and candidate)."""
+        return cls.of(recipe, phase, trial_id, status,
+                      **{k: metrics.get(k) for k in REPORTED}, **extra)  # fmt: skip
+
+    @classmethod
+    def from_csv(cls, cells: Mapping[str, str]) -> TrialRow:
+        """A ``trials.csv`` row, typed again (empty cells: ``None``; columns a run written by
+        an older raybatch lacks: ``None``)."""
+        return _converted(cls, {k: (None if v == "" else v) for k, v in cells.items()})
+
+    def to_csv(self) -> dict[str, Any]:
+        """The CSV cells (the status as its string)."""
+        cells = dataclasses.asdict(self)
+        cells[keys.STATUS] = self.status.value
+        return cells
+
+    @property
+    def knobs(self) -> tuple[int, int, int, float, float]:
+        """The raw knobs, in :data:`raybatch.keys.RAW_KNOBS` order: what identifies a recipe."""
+        return (
+            self.micro_batch_size, self.accumulation_steps, self.world_size,
+            self.lr_multiplier, self.weight_decay_multiplier,
+        )  # fmt: skip
+
+    def knob_dict(self) -> dict[str, Any]:
+        """The raw knobs by name (a Tune config's, for :meth:`SearchSpace.derive_from`)."""
+        return dict(zip(keys.RAW_KNOBS, self.knobs, strict=True))
+
+    def recipe(self, space: SearchSpace) -> TrialConfig:
+        """The full recipe of the row's knobs under ``space``'s rules."""
+        return space.derive(*self.knobs)
+
+    @property
+    def reached(self) -> bool:
+        return self.status is TrialStatus.REACHED
+
+    def __getitem__(self, column: str) -> Any:
+        """A column by its ``trials.csv`` name (``row["status"]``), as the CSV reads."""
+        if column not in COLUMNS:
+            raise KeyError(column)
+        return getattr(self, column)
+
+    def get(self, column: str, default: Any = None) -> Any:
+        value = getattr(self, column, None) if column in COLUMNS else None
+        return default if value is None else value
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow))
+"""``trials.csv``'s columns, in order: :class:`TrialRow`'s fields."""
+
+REPORTED = (
+    keys.TIME_TO_TARGET_S, keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S,
+    keys.EVAL_S, keys.ELAPSED_S, keys.METRIC, keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT,
+    keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, keys.REASON,
+)  # fmt: skip
+"""The columns a trial's own reports fill (:mod:`raybatch.trial.reporting`), and the driver's
+``objective`` and ``reason``; the seed, candidate and prediction are the driver's to add."""
+
+_RECIPE_COLUMNS = (
+    *keys.RAW_KNOBS, keys.EFFECTIVE_BATCH_SIZE, keys.LR, keys.WEIGHT_DECAY, keys.WARMUP_STEPS,
+    keys.LR_SCALE,
+)  # fmt: skip
+_INTS = frozenset(
+    {keys.MICRO_BATCH_SIZE, keys.ACCUMULATION_STEPS, keys.WORLD_SIZE, keys.EFFECTIVE_BATCH_SIZE,
+     keys.WARMUP_STEPS, keys.SAMPLES_TO_TARGET, keys.PEAK_MEMORY_BYTES, keys.CANDIDATE,
+     keys.SEED}
+)  # fmt: skip
+_TEXTS = frozenset({keys.PHASE, keys.TRIAL_ID, keys.REASON})
+
+
+def _converted(cls: type[TrialRow], values: Mapping[str, Any]) -> TrialRow:
+    out: dict[str, Any] = {}
+    for name in COLUMNS:
+        value = values.get(name)
+        if value is None:
+            out[name] = "" if name in (keys.PHASE, keys.TRIAL_ID) else None
+        elif name == keys.STATUS:
+            out[name] = TrialStatus(value)
+        elif name in _TEXTS:
+            out[name] = str(value)
+        elif name in _INTS:
+            out[name] = int(float(value))
+        else:
+            out[name] = float(value)
+    return cls(**out)
+
+
+def write_trials_csv(path: Path, rows: Iterable[TrialRow]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row.to_csv())
+
+
+def read_trials_csv(path: Path) -> list[dict[str, str]]:
+    """The cells of ``trials.csv`` as text, the way a spreadsheet reads them."""
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def stored_rows(run_dir: Path) -> list[TrialRow]:
+    """The typed rows of a finished run's ``trials.csv``.
+
+    Raises:
+        RunDirError: The search has not finished (no trials.csv), or a cell is malformed.
+    """
+    path = run_dir / TRIALS_CSV
+    if not path.is_file():
+        raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(run_dir))
+    rows = []
+    for line, cells in enumerate(read_trials_csv(path), start=2):
+        try:
+            rows.append(TrialRow.from_csv(cells))
+        except ValueError as exc:
+            raise RunDirError([Issue(f"line {line}", str(exc))], str(path)) from None
+    return rows
+
+
+def status_counts(rows: Iterable[TrialRow]) -> dict[str, int]:
+    """How many trials of the search (pre-screened included, confirmation runs not) ended in
+    each status: the summary the CLI prints and the report shows."""
+    return dict(Counter(r.status.value for r in rows if r.phase != keys.PHASE_CONFIRMATION))
+
+
+__all__ = [
+    "COLUMNS", "REPORTED", "TRIALS_CSV", "TrialRow", "read_trials_csv", "status_counts",
+    "stored_rows", "write_trials_csv",
+]  # fmt: skip

@@ -1,0 +1,95 @@
+"""The typed trial row: ``trials.csv`` is its serialisation, and reading it back gives the same
+typed row (statuses as members, counts as ints), whatever the CSV's text looked like."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import raybatch
+from raybatch import TrialStatus, keys
+from raybatch.errors import RunDirError
+from raybatch.results.rows import (
+    COLUMNS,
+    TRIALS_CSV,
+    TrialRow,
+    read_trials_csv,
+    status_counts,
+    stored_rows,
+    write_trials_csv,
+)
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+
+
+def _rows() -> list[TrialRow]:
+    recipe = SPACE.derive(32, 2, 1, 1.3)
+    tune_result = {"time_to_target_s": 1.5, "samples_to_target": 4096, "throughput": 812.5,
+                   "val_accuracy": 0.97, "steps": 12}  # fmt: skip
+    return [
+        TrialRow.from_result(
+            recipe, keys.PHASE_SEARCH, "00012e45", TrialStatus.REACHED, tune_result
+        ),
+        TrialRow.of(
+            SPACE.derive(256),
+            keys.PHASE_PRESCREEN,
+            "optuna_3",
+            TrialStatus.PRESCREENED_OUT,
+            reason="predicted 9.1 GiB > 8 GiB, budget",
+            peak_memory_bytes=9 * 2**30,
+        ),
+        TrialRow.of(
+            recipe, keys.PHASE_CONFIRMATION, "c1", TrialStatus.CENSORED, seed=8, candidate=0
+        ),
+    ]
+
+
+def test_a_row_is_its_recipe_and_its_figures_typed() -> None:
+    row = _rows()[0]
+    assert row.status is TrialStatus.REACHED and row.reached
+    assert (row.micro_batch_size, row.accumulation_steps, row.effective_batch_size) == (32, 2, 64)
+    assert row.lr == pytest.approx(SPACE.derive(32, 2, 1, 1.3).lr)
+    assert isinstance(row.samples_to_target, int) and row.time_to_target_s == 1.5
+    assert row.recipe(SPACE) == SPACE.derive(32, 2, 1, 1.3)  # the knobs identify the recipe
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.status = TrialStatus.CAPPED  # type: ignore[misc]
+    # Only a trial's reported figures come from a Tune result; a misspelt figure is an error.
+    assert row.seed is None and not hasattr(row, "val_accuracy")
+    with pytest.raises(TypeError, match="time_to_targt_s"):
+        TrialRow.of(SPACE.derive(32), keys.PHASE_SEARCH, "t", TrialStatus.REACHED,
+                    time_to_targt_s=1.0)  # fmt: skip
+
+
+def test_trials_csv_round_trips_every_row_exactly(tmp_path: Path) -> None:
+    rows = _rows()
+    write_trials_csv(tmp_path / TRIALS_CSV, rows)
+    with (tmp_path / TRIALS_CSV).open() as f:
+        assert tuple(next(csv.reader(f))) == COLUMNS  # the columns are the row's fields
+    text = read_trials_csv(tmp_path / TRIALS_CSV)
+    assert text[0]["status"] == "reached" and text[0]["trial_id"] == "00012e45"
+    back = stored_rows(tmp_path)
+    assert back == rows  # a Tune id that looks like a number (00012e45) stays text
+    assert status_counts(back) == {"reached": 1, "prescreened_out": 1}  # confirmations apart
+
+
+def test_a_csv_from_an_older_run_without_some_columns_still_reads(tmp_path: Path) -> None:
+    old = [c for c in COLUMNS if c not in (keys.PREDICTED_TIME_S, keys.ELAPSED_TO_TARGET_S)]
+    with (tmp_path / TRIALS_CSV).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(_rows()[0].to_csv())
+    [row] = stored_rows(tmp_path)
+    assert row.predicted_time_s is None and row.time_to_target_s == 1.5
+
+
+def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:
+    write_trials_csv(tmp_path / TRIALS_CSV, _rows())
+    text = (tmp_path / TRIALS_CSV).read_text().replace("prescreened_out", "fitted", 1)
+    (tmp_path / TRIALS_CSV).write_text(text)
+    with pytest.raises(RunDirError) as caught:
+        stored_rows(tmp_path)
+    assert "trials.csv" in str(caught.value) and "line 3" in str(caught.value)
+    assert "'fitted' is not a valid TrialStatus" in str(caught.value)
