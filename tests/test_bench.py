@@ -302,8 +302,11 @@ def test_real_training_ratios_carry_an_interval_and_say_when_it_is_noise() -> No
 
 
 @pytest.mark.slow
-def test_real_training_benchmark_searches_then_compares(ray_session: None, tmp_path: Path) -> None:
+def test_real_training_benchmark_searches_then_compares(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = _load("real_training")
+    monkeypatch.setattr(module, "SWEEP", (1.0, 2.0))  # two LRs show the sweep as well as four
     case = [c for c in module.CASES if c[0] == "digits_cnn"]
     data = module.main(cases=case, searches=1, trials=2, reruns=1, sweep_runs=1, max_time_s=3.0,
                        out=tmp_path / "r.json", confirm_seeds=1, grid_runs=1, grid_lrs=(1.0,),
