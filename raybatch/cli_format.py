@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from raybatch import keys
 from raybatch.space.config import TrialConfig
 
 
@@ -25,7 +26,7 @@ def print_estimate(report: Any) -> None:
     rows = [
         (
             str(r["micro_batch_size"]),
-            format_bytes(r["predicted_bytes"]),
+            format_bytes(r[keys.PREDICTED_BYTES]),
             "?" if r["fits"] is None else ("yes" if r["fits"] else "NO"),
         )
         for r in report.rows
@@ -69,7 +70,11 @@ def print_check(report: Any) -> None:
         recipes = [
             [
                 f"{r['micro_batch_size']}x{r['accumulation_steps']}x{r['world_size']}",
-                show(None if r["predicted_bytes"] is None else format_bytes(r["predicted_bytes"])),
+                show(
+                    None
+                    if r[keys.PREDICTED_BYTES] is None
+                    else format_bytes(r[keys.PREDICTED_BYTES])
+                ),
                 show(r["fits"]),
                 show(r["trials_per_gpu"]),
                 r["placement"] or "ok",

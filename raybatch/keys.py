@@ -85,6 +85,14 @@ PROBE_RESERVED_BYTES: Final = "probe_reserved_bytes"
 PREDICTED_TIME_S: Final = "predicted_time_s"
 """In ``trials.csv``: the time to target the search's prior (:mod:`raybatch.run.prior`)
 predicts for the row's recipe, scaled by one constant fitted to the search's measured times."""
+PREDICTED_BYTES: Final = "predicted_bytes"
+"""The memory estimate's predicted peak of a recipe (``raybatch estimate``, ``raybatch check``,
+the searcher's pre-screened records)."""
+OPTUNA_TRIAL: Final = "optuna_trial"
+"""In the searcher's pre-screened records: the Optuna trial number told infeasible."""
+TUNE_TRIAL_ID: Final = "tune_trial_id"
+"""The Ray Tune trial that runs an Optuna trial (an Optuna user attribute, and the searcher's
+record of trials that ran out of memory)."""
 GPU_UTILIZATION_SCOPE: Final = "gpu_utilization_scope"
 """``process`` (NVML's per-process utilisation of the trial's own process) or ``device`` (the
 whole GPU's, neighbours included, where NVML does not give per-process figures)."""

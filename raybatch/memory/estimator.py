@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raybatch import keys
 from raybatch.errors import TraceError
 from raybatch.memory.budget import format_bytes
 from raybatch.memory.model import EstimateSource, LinearMemoryModel
@@ -244,7 +245,7 @@ def estimate(
         rows.append(
             {
                 "micro_batch_size": b,
-                "predicted_bytes": predicted,
+                keys.PREDICTED_BYTES: predicted,
                 "fits": fits,
                 "breakdown": model.breakdown(b),
             }

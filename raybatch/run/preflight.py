@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from raybatch import keys
 from raybatch.memory.budget import MemoryBudget
 from raybatch.run.hardware import ClusterView
 from raybatch.space.search_space import SearchSpace
@@ -103,7 +104,7 @@ def _recipes(
                 "accumulation_steps": recipe.accumulation_steps,
                 "world_size": recipe.world_size,
                 "effective_batch_size": recipe.effective_batch_size,
-                "predicted_bytes": predicted,
+                keys.PREDICTED_BYTES: predicted,
                 "fits": None if predicted is None or budget is None else predicted <= budget.bytes,
                 "trials_per_gpu": per_gpu,
                 "placement": placement,

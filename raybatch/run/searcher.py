@@ -235,7 +235,7 @@ class RaybatchSearcher(Searcher):
             failed = next((o for o in self.out_of_memory if needs_at_least(config, o)), None)
             if failed is not None:
                 reason = (
-                    f"needs at least the memory of trial {failed['tune_trial_id']}"
+                    f"needs at least the memory of trial {failed[keys.TUNE_TRIAL_ID]}"
                     f" (micro batch {failed[keys.MICRO_BATCH_SIZE]} x"
                     f" {failed[keys.ACCUMULATION_STEPS]}), which ran out of memory"
                 )
@@ -361,8 +361,8 @@ class RaybatchSearcher(Searcher):
                 **config,
                 keys.STATUS: TrialStatus.PRESCREENED_OUT.value,
                 keys.REASON: reason,
-                "predicted_bytes": predicted_bytes,
-                "optuna_trial": ot_trial.number,
+                keys.PREDICTED_BYTES: predicted_bytes,
+                keys.OPTUNA_TRIAL: ot_trial.number,
             }
         )
 
@@ -398,7 +398,7 @@ class RaybatchSearcher(Searcher):
         self._trial_numbers[trial_id] = told
         if oom:
             config = self.record.config_of(told)
-            self.out_of_memory.append({**config, "tune_trial_id": trial_id})
+            self.out_of_memory.append({**config, keys.TUNE_TRIAL_ID: trial_id})
 
     @staticmethod
     def _packed(result: dict[str, Any]) -> bool:

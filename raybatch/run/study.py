@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raybatch import keys
 from raybatch.trial.status import WORKLOAD_RAN, TrialStatus
 
 if TYPE_CHECKING:
@@ -27,11 +28,11 @@ STATUS_ATTR = "status"
 """How the trial ended: a :class:`~raybatch.trial.status.TrialStatus` value."""
 REASON_ATTR = "reason"
 """Why a pre-screened config was not launched."""
-PREDICTED_BYTES_ATTR = "predicted_bytes"
+PREDICTED_BYTES_ATTR = keys.PREDICTED_BYTES
 """The pre-screen's predicted peak, for a config it rejected (``None`` for a learned OOM)."""
 CONFIG_ATTR = "config"
 """The whole config Ray Tune ran (raw knobs and constants), for a launched trial."""
-TUNE_TRIAL_ID_ATTR = "tune_trial_id"
+TUNE_TRIAL_ID_ATTR = keys.TUNE_TRIAL_ID
 """The Ray Tune trial that ran this Optuna trial."""
 TIME_TO_TARGET_ATTR = "time_to_target_s"
 """The measured time to target of a trial that reached it."""
