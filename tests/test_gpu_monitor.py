@@ -34,7 +34,11 @@ class _Nvml:
     def nvmlDeviceGetProcessUtilization(self, handle: object, since: int) -> list[Any]:
         if self.process == "unsupported":
             raise _NVMLError("Not Supported")
-        pid = os.getpid() if self.process == "own" else os.getpid() + 100_000  # another PID space
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.process == "sparse" and self.calls % 2:  # NVML's sampling is slower than ours
+            raise _NotFound("no new sample")
+        ours = self.process in ("own", "sparse")
+        pid = os.getpid() if ours else os.getpid() + 100_000  # "container": another PID space
         return [SimpleNamespace(pid=pid, smUtil=40), SimpleNamespace(pid=1, smUtil=50)]
 
     def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any:
@@ -43,11 +47,14 @@ class _Nvml:
 
 @pytest.mark.parametrize(
     ("process", "scope", "mean"),
-    [("own", "process", 40.0), ("unsupported", "device", 90.0), ("container", "device", 90.0)],
-)
+    [("own", "process", 40.0), ("unsupported", "device", 90.0), ("container", "device", 90.0),
+     ("sparse", "process", 40.0)],
+)  # fmt: skip
 def test_the_trials_own_utilisation_is_used_only_where_nvml_names_its_process(
     process: str, scope: str, mean: float
 ) -> None:
+    """``sparse``: NVML has no new sample at every other query; that interval is not measured
+    (recorded as 0 % it would halve the mean)."""
     monitor = UtilizationMonitor(interval_s=0.01)
     monitor._pynvml = _Nvml(process)  # what start() finds where a driver exists
     monitor._thread = threading.Thread(target=monitor._run, args=(object(),), daemon=True)

@@ -302,6 +302,20 @@ def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Pa
     assert estimator.predict(recipe) == pytest.approx(measured, rel=1e-6)  # the max is kept
 
 
+def test_a_probe_below_the_prediction_never_shrinks_the_estimate(tmp_path: Path) -> None:
+    """A calibration below 1 would over-pack every later trial: the trace's figure stands."""
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    searcher = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
+    searcher.estimator = estimator
+    config = searcher.suggest("a")
+    assert isinstance(config, dict)
+    recipe = SPACE.derive_from(config)
+    predicted = estimator.predict(recipe)
+    searcher.on_trial_complete("a", {**_result("reached", 1.0),
+                                     keys.PROBE_RESERVED_BYTES: predicted // 2})  # fmt: skip
+    assert estimator.predict(recipe) == pytest.approx(predicted, rel=1e-6)
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_a_world_size_the_cluster_cannot_place_is_prescreened_with_the_count(
     tmp_path: Path,

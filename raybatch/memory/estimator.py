@@ -118,15 +118,21 @@ class MemoryEstimator:
         return ratio
 
     def observe(self, config: TrialConfig, measured_bytes: int) -> float:
-        """Calibrate on one more probe, keeping the largest measured / predicted ratio seen.
+        """Calibrate on one more probe, keeping the largest measured / predicted ratio seen,
+        and never below 1.
 
         A search sees many probes (the trials' reserved peaks: what an OOM is about, above
         the allocated memory the trace predicts); the largest ratio is the one that keeps
-        every later prediction on the safe side. Returns the calibration now in force.
+        every later prediction on the safe side. A ratio below 1 (a probe that reserved less
+        than the trace's allocated peak: another allocator, a step that freed early) would
+        shrink every prediction and over-pack later trials, so it never lowers the trace's
+        own figure. Only probes that fit are observed (:func:`raybatch.trial.wrapper`
+        reports no peak for one that ran out of memory: its peak is truncated). Returns the
+        calibration now in force.
         """
-        current = self._calibration
+        current = self._calibration if self._observed else 1.0
         ratio = self.calibrate(config, measured_bytes)
-        self._calibration = max(ratio, current) if self._observed else ratio
+        self._calibration = max(ratio, current, 1.0)
         self._observed = True
         return self._calibration
 

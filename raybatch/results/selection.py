@@ -57,7 +57,7 @@ def comparison_rows(rows: list[TrialRow], *points: dict[str, Any] | None) -> lis
 
 
 def candidates(rows: list[TrialRow], top: int) -> list[TrialRow]:
-    reached = sorted((r for r in rows if r.reached), key=lambda r: r.time_to_target_s or 0.0)
+    reached = sorted((r for r in rows if r.reached), key=_time)
     out, seen = [], set()
     for r in reached:
         knobs = _knobs(r)

@@ -61,26 +61,29 @@ class UtilizationMonitor:
         self._thread.start()
         return self
 
-    def _own_process(self, handle: Any, since_us: int) -> float | None:
-        """This process's SM utilisation since ``since_us`` (NVML's clock): 0.0 when NVML
-        has samples of other processes only, or none at all; ``None`` when it cannot say."""
+    def _own_process(self, handle: Any, since_us: int) -> tuple[bool, float | None]:
+        """``(new, utilisation)``: this process's SM utilisation since ``since_us`` (NVML's
+        clock), 0.0 when NVML has samples of other processes only, ``None`` when it cannot
+        say; ``new`` is False when NVML has no sample since then (that interval is not
+        measured, which is not the same as idle)."""
         pynvml = self._pynvml
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
         except getattr(pynvml, "NVMLError_NotFound", ()):  # no sample in the interval
-            return 0.0
+            return False, None
         except pynvml.NVMLError:
-            return None
+            return True, None
         own = [float(x.smUtil) for x in samples if x.pid == os.getpid()]
         if own:
             self._seen = True
-        return max(own, default=0.0)
+        return True, max(own, default=0.0)
 
     def _run(self, handle: Any) -> None:
         since_us = int(time.time() * 1e6)
         while not self._stop.wait(self.interval_s):
-            own = self._own_process(handle, since_us)
-            since_us = int(time.time() * 1e6)
+            new, own = self._own_process(handle, since_us)
+            if new:  # else nothing new: ask again from the same moment next time
+                since_us = int(time.time() * 1e6)
             if own is not None:
                 self._process.append(own)
             try:

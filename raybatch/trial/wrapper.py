@@ -214,10 +214,10 @@ def _memory_gate(
 
     if device.type == "cuda":
         result = probe(workload, recipe, str(device))
-        reporter.note(keys.PROBE_RESERVED_BYTES, result.max_reserved_bytes)
-        if not result.fits:
+        if not result.fits:  # its peak is where it ran out, not the step's: never calibrates
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, result.as_prescreen(None).reason)
             return False
+        reporter.note(keys.PROBE_RESERVED_BYTES, result.max_reserved_bytes)
         over = _ddp_overrun(workload, recipe, settings, result.max_reserved_bytes)
         if over is not None:
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, over)
