@@ -6,7 +6,7 @@ import pytest
 
 from raybatch.errors import TrialDeviceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DeviceMemory
-from raybatch.run.hardware import ClusterView, NodeView
+from raybatch.run.hardware import ClusterView, NodeView, collect_readings
 from raybatch.trial.placement import choose_device, placeable_workers
 
 GIB = 2**30
@@ -27,6 +27,13 @@ def test_the_device_comes_from_the_gpus_ray_assigned(
     requested: str, gpu_ids: list[str] | None, cuda: bool, expected: tuple[str, int | None]
 ) -> None:
     assert choose_device(requested, gpu_ids, cuda) == expected
+
+
+def test_with_ray_leaving_cuda_visible_devices_alone_the_assigned_id_is_the_index() -> None:
+    """Under RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES every GPU of the node is visible: the
+    trial given GPU 3 must train on cuda:3, not on cuda:0 (another trial's GPU)."""
+    assert choose_device("auto", ["3"], True, ray_sets_visible=False) == ("cuda", 3)
+    assert choose_device("auto", ["3"], True) == ("cuda", 0)  # Ray's default: a view of one
 
 
 def test_a_gpu_assigned_to_a_process_without_cuda_is_a_clear_error() -> None:
@@ -66,3 +73,40 @@ def test_a_gpu_node_nvml_cannot_read_is_reported() -> None:
     view = ClusterView((NodeView("w", "10.0.0.9", 8, 4, None),))
     assert view.budget() is None
     assert any("NVML did not answer on GPU node(s) 10.0.0.9" in w for w in view.warnings())
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_node_whose_nvml_reader_raises_is_said_not_to_answer_and_nothing_crashes() -> None:
+    """One node's reader raising (a driver or library error there) or hanging must not end
+    the search or ``raybatch check``: that node's NVML did not answer, with the reason."""
+    import time
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def answers() -> list[DeviceMemory]:
+        return [_gpu("H100", 80, 79)]
+
+    @ray.remote(num_cpus=0)
+    def raises() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    @ray.remote(num_cpus=0)
+    def hangs() -> None:
+        time.sleep(30)
+
+    @ray.remote(num_cpus=0)
+    def no_driver() -> None:
+        return None
+
+    pending = {"a": answers.remote(), "b": raises.remote(), "c": hangs.remote(),
+               "d": no_driver.remote()}  # fmt: skip
+    got = collect_readings(pending, timeout_s=5.0)
+    assert got["a"] == ((_gpu("H100", 80, 79),), None)
+    assert got["b"] == (None, "RuntimeError: NVML Shared Library Not Found")
+    assert got["c"] == (None, "no answer in 5 s")
+    assert got["d"] == (None, "no NVIDIA driver")
+    ray.cancel(pending["c"], force=True)
+    view = ClusterView((NodeView("b", "10.0.0.7", 8, 2, None, got["b"][1]),))
+    [warning] = view.warnings()
+    assert "10.0.0.7 (RuntimeError: NVML Shared Library Not Found)" in warning

@@ -154,8 +154,14 @@ def test_trainable_in_a_real_tuner_reaches_target_and_survives_a_sibling_oom(
 def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
     ray_session: None, tmp_path: Path
 ) -> None:
+    import tempfile
+
     from ray import tune
 
+    def train_dirs() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("raybatch-train-*"))
+
+    before = train_dirs()
     # A low target: what is tested is that both workers train and are counted, not how well;
     # data-parallel steps on gloo over 2 cores take about a second each.
     fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, eval_every_samples=512)
@@ -170,6 +176,7 @@ def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
     assert metrics[keys.STEPS] > 0
     # One optimizer step consumes micro 64 x accumulation 2 on each of 2 workers.
     assert metrics[keys.SAMPLES_SEEN] == metrics[keys.STEPS] * 64 * 2 * 2
+    assert train_dirs() <= before  # Ray Train's folder for the trial is gone with it
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from raybatch.errors import first_line
 from raybatch.memory.budget import (
     DEFAULT_HEADROOM,
     DeviceMemory,
@@ -46,6 +47,8 @@ class NodeView:
     cpus: float
     gpus: float
     devices: tuple[DeviceMemory, ...] | None = None
+    nvml_error: str | None = None
+    """Why NVML did not answer there, when it was asked and did not."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,11 @@ class ClusterView:
     def warnings(self) -> list[str]:
         """What a search on this cluster should be told before it starts."""
         out = []
-        silent = [n.address for n in self.nodes if n.gpus > 0 and n.devices is None]
+        silent = [
+            n.address + (f" ({n.nvml_error})" if n.nvml_error else "")
+            for n in self.nodes
+            if n.gpus > 0 and n.devices is None
+        ]
         if silent:
             out.append(
                 f"NVML did not answer on GPU node(s) {', '.join(silent)}: their memory is"
@@ -186,23 +193,45 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
             if float(record.get("Resources", {}).get("GPU", 0.0)) > 0:
                 strategy = NodeAffinitySchedulingStrategy(record["NodeID"], soft=False)
                 pending[record["NodeID"]] = reader.options(scheduling_strategy=strategy).remote()
-    devices: dict[str, tuple[DeviceMemory, ...] | None] = {}
-    if pending:
-        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=timeout_s)
-        for node_id, ref in pending.items():
-            found = ray.get(ref) if ref in ready else None
-            devices[node_id] = None if found is None else tuple(found)
+    answers = collect_readings(pending, timeout_s)
     nodes = tuple(
         NodeView(
             node_id=r["NodeID"],
             address=str(r.get("NodeManagerAddress", "?")),
             cpus=float(r.get("Resources", {}).get("CPU", 0.0)),
             gpus=float(r.get("Resources", {}).get("GPU", 0.0)),
-            devices=devices.get(r["NodeID"]),
+            devices=answers.get(r["NodeID"], (None, None))[0],
+            nvml_error=answers.get(r["NodeID"], (None, None))[1],
         )
         for r in records
     )
     return ClusterView(nodes)
 
 
-__all__ = ["ClusterView", "NodeView", "read_cluster"]
+def collect_readings(
+    pending: dict[str, Any], timeout_s: float
+) -> dict[str, tuple[tuple[DeviceMemory, ...] | None, str | None]]:
+    """Each node's NVML reading, ``(devices, why not)``: a reader that raised (a driver or
+    library error on one node) or did not answer in ``timeout_s`` is that node's "NVML did not
+    answer", said with the reason, never an exception that ends the search or the check."""
+    import ray
+
+    out: dict[str, tuple[tuple[DeviceMemory, ...] | None, str | None]] = {}
+    if not pending:
+        return out
+    ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=timeout_s)
+    for node_id, ref in pending.items():
+        if ref not in ready:
+            out[node_id] = (None, f"no answer in {timeout_s:g} s")
+            continue
+        try:
+            found = ray.get(ref)
+        except Exception as exc:  # the reader's own error, as Ray wraps it
+            cause = getattr(exc, "cause", None) or exc
+            out[node_id] = (None, f"{type(cause).__name__}: {first_line(cause)}")
+            continue
+        out[node_id] = (None, "no NVIDIA driver") if found is None else (tuple(found), None)
+    return out
+
+
+__all__ = ["ClusterView", "NodeView", "collect_readings", "read_cluster"]

@@ -19,6 +19,7 @@ Three rules, each a defect when broken on a real cluster:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,8 +49,13 @@ def assigned_gpu_share() -> float | None:
         return None
 
 
+NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+"""Set on a node, Ray leaves ``CUDA_VISIBLE_DEVICES`` alone: an assigned GPU id is then the
+CUDA index itself, not device 0 of a restricted view."""
+
+
 def choose_device(
-    requested: str, gpu_ids: list[str] | None, cuda_available: bool
+    requested: str, gpu_ids: list[str] | None, cuda_available: bool, ray_sets_visible: bool = True
 ) -> tuple[str, int | None]:
     """``("cuda", index)`` or ``("cpu", None)`` for a trial: the decision, without torch.
 
@@ -57,6 +63,8 @@ def choose_device(
         requested: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (the trial's setting).
         gpu_ids: What Ray assigned (:func:`assigned_gpu_ids`); ``None`` outside Ray.
         cuda_available: ``torch.cuda.is_available()`` in this process.
+        ray_sets_visible: Whether Ray restricted ``CUDA_VISIBLE_DEVICES`` to the assigned
+            GPUs (its default; not under :data:`NOSET_VISIBLE_DEVICES`).
 
     Raises:
         TrialDeviceError: Ray assigned GPUs but this process has no CUDA, or ``cuda`` was
@@ -79,6 +87,8 @@ def choose_device(
             " available in its process (a CPU-only torch, or no NVIDIA driver on this node);"
             " install a CUDA build of torch on the GPU nodes, or run with --gpus-per-trial 0"
         )
+    if not ray_sets_visible and gpu_ids[0].isdigit():  # the whole node is visible
+        return "cuda", int(gpu_ids[0])
     # Ray restricts CUDA_VISIBLE_DEVICES to the assigned GPUs: the first is CUDA device 0.
     return "cuda", 0
 
@@ -87,7 +97,10 @@ def trial_device(requested: str = "auto") -> Any:
     """The ``torch.device`` a trial trains on (see :func:`choose_device`)."""
     import torch
 
-    kind, index = choose_device(requested, assigned_gpu_ids(), torch.cuda.is_available())
+    sets_visible = os.environ.get(NOSET_VISIBLE_DEVICES, "") in ("", "0")
+    kind, index = choose_device(
+        requested, assigned_gpu_ids(), torch.cuda.is_available(), sets_visible
+    )
     return torch.device(kind, index) if index is not None else torch.device(kind)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -380,6 +381,7 @@ def _run_distributed(
     if problem is not None:
         reporter.finish(TrialStatus.ERROR, f"cannot be placed: {problem}")
         return reporter
+    storage = tempfile.mkdtemp(prefix="raybatch-train-")  # Ray Train's own files, this run's
     trainer = TorchTrainer(
         _worker,
         train_loop_config={
@@ -396,7 +398,7 @@ def _run_distributed(
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(
             name=f"raybatch_dp_{os.getpid()}",
-            storage_path=tempfile.mkdtemp(prefix="raybatch-train-"),
+            storage_path=storage,
             callbacks=[TuneReportCallback()],  # type: ignore[list-item]
         ),
     )
@@ -408,6 +410,8 @@ def _run_distributed(
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"data-parallel run: {memory}")
         else:
             reporter.fail(exc, "in the data-parallel run")
+    finally:  # one folder per data-parallel trial would pile up in /tmp over a search
+        shutil.rmtree(storage, ignore_errors=True)
     return reporter
 
 
