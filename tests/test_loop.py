@@ -168,14 +168,13 @@ def test_on_cpu_the_loss_is_read_every_step_so_a_nan_stops_the_trial_at_once() -
 def test_an_fp16_step_the_scaler_skipped_moves_neither_the_schedule_nor_the_ema() -> None:
     """GradScaler skips the optimizer step on overflowing gradients; warmup and the weight
     average must skip it too (CPU's GradScaler behaves like CUDA's here)."""
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
+    from raybatch.trial.ema import WeightAverage
     from raybatch.trial.loop import _optimizer_step, _Parts
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step + 1.0)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+    ema = WeightAverage(model, 0.5)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     parts = _Parts(model, model, optimizer, scheduler, ema, scaler, None)
     before = [p.detach().clone() for p in model.parameters()]
@@ -185,10 +184,39 @@ def test_an_fp16_step_the_scaler_skipped_moves_neither_the_schedule_nor_the_ema(
         p.grad = torch.full_like(p, float("inf"))
     _optimizer_step(parts, LoopOptions())
     assert scheduler.last_epoch == 0
-    assert int(ema.n_averaged) == 0
+    assert ema.updates == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
     scaler.scale(model(torch.ones(1, 2)).sum()).backward()
     _optimizer_step(parts, LoopOptions())
     assert scheduler.last_epoch == 1
-    assert int(ema.n_averaged) == 1
+    assert ema.updates == 1
+
+
+def test_the_weight_average_is_torchs_ema_without_a_device_read_per_step() -> None:
+    """The same weights as ``AveragedModel`` with ``get_ema_multi_avg_fn`` over several steps,
+    with the update count a Python int (``AveragedModel`` branches on a tensor: a host sync
+    per optimizer step on CUDA), and current BatchNorm statistics."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from raybatch.trial.ema import WeightAverage
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1)
+    )
+    ours = WeightAverage(model, 0.9)
+    torchs = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        ours.update(model)
+        torchs.update_parameters(model)
+    for a, b in zip(ours.module.parameters(), torchs.module.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert isinstance(ours.updates, int) and ours.updates == 5
+    running = ours.module[1].running_mean  # type: ignore[index]
+    assert torch.equal(running, model[1].running_mean)  # type: ignore[index]
+    assert not any(p.requires_grad for p in ours.module.parameters())

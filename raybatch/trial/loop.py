@@ -147,9 +147,9 @@ def _build(
     scheduler = warmup_scheduler(optimizer, config.warmup_steps)
     ema = None
     if options.ema_decay is not None:
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+        from raybatch.trial.ema import WeightAverage
 
-        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(options.ema_decay))
+        ema = WeightAverage(model, options.ema_decay)
     scaler = None
     if workload.amp_dtype == "fp16" and device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
@@ -199,7 +199,7 @@ def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
         parts.scheduler.step()
     parts.optimizer.zero_grad(set_to_none=True)
     if parts.ema is not None and stepped:
-        parts.ema.update_parameters(parts.model)
+        parts.ema.update(parts.model)
 
 
 def _evaluate(
