@@ -169,3 +169,28 @@ def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
     assert trials_in_flight({"CPU": 64.0, "GPU": 4.0}, 0.5, 1.0) == 8
     assert trials_in_flight({"CPU": 64.0, "GPU": 2.0}, "auto", 1.0) == 2 * MAX_TRIALS_PER_GPU
     assert trials_in_flight({"CPU": 6.0, "GPU": 2.0}, "auto", 1.0) == 6
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CPU-only head has no NVML: connected to Ray, "auto" asks the GPU nodes (the smallest
+    GPU of the cluster), so the public helper works from a laptop driving a GPU cluster."""
+    import raybatch.memory.budget as budget_module
+    import raybatch.run.hardware as hardware
+    from raybatch.memory.budget import DeviceMemory
+
+    gib = 2**30
+    gpu = DeviceMemory("A100", 40 * gib, 38 * gib, 2 * gib, 0)
+    view = hardware.ClusterView((hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,)),))
+    monkeypatch.setattr(hardware, "read_cluster", lambda: view)
+    monkeypatch.setattr(budget_module, "read_device_memory", lambda index: None)  # the head
+    space = raybatch.load_space("digits_cnn_sgd")
+    resources = trial_resources(DigitsWorkload(), space, "auto")
+    share = resources(space.derive(64).to_dict())["gpu"]
+    expected = gpu_fraction(
+        raybatch.MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64)),
+        view.budget().bytes,  # type: ignore[union-attr]
+    )
+    assert 0 < share == expected

@@ -111,7 +111,8 @@ def trial_resources(
         gpus_per_trial: ``"auto"`` (fraction from the estimate), or a fixed number/fraction
             (0 for CPU-only trials).
         cpus_per_trial: CPUs each trial holds; the trial sets torch's thread count to it.
-        memory_budget: One GPU's budget for ``"auto"``; default: read through NVML.
+        memory_budget: One GPU's budget for ``"auto"``; default: read through NVML on the
+            cluster's GPU nodes when connected to Ray (the smallest GPU), else here.
         estimator: The estimator to predict with (the search shares its own, which the
             trials' probes calibrate); default: one for the space.
 
@@ -134,7 +135,7 @@ def trial_resources(
 
         return fixed_resources
 
-    budget = resolve_budget(memory_budget).bytes
+    budget = _budget(memory_budget)
     estimator = estimator or MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
@@ -148,6 +149,21 @@ def trial_resources(
         return {"cpu": cpus_per_trial, "gpu": gpu_fraction(estimator.predict(recipe), budget)}
 
     return auto_resources
+
+
+def _budget(memory_budget: str | int | None) -> int:
+    """One trial's GPU budget in bytes: the explicit one; else, connected to Ray, the
+    cluster's smallest GPU as the GPU nodes' own NVML reads it (the driver may be a CPU-only
+    head); else this machine's NVML."""
+    import ray
+
+    if memory_budget is None and ray.is_initialized():
+        from raybatch.run.hardware import read_cluster
+
+        found = read_cluster().budget()
+        if found is not None:
+            return found.bytes
+    return resolve_budget(memory_budget).bytes
 
 
 def with_resources(
