@@ -110,3 +110,18 @@ def test_evaluation_batches_are_large_and_independent_of_the_micro_batch() -> No
     assert eval_batch_size(100, CPU, 8) == 100
     batches = list(eval_batches(_numbered(300), eval_batch_size(None, CPU, 8), CPU))
     assert len(batches) == 1 and batches[0][1].tolist() == list(range(300))
+
+
+@pytest.mark.parametrize(
+    "pinned",
+    [False, pytest.param(True, marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="pinned host memory needs CUDA"))],
+)  # fmt: skip
+def test_rows_are_gathered_in_one_copy_into_pinned_memory_on_cuda(pinned: bool) -> None:
+    """``t[index].pin_memory()`` copied every batch twice inside the timed loop."""
+    from raybatch.trial.batches import gather
+
+    t = torch.arange(40.0).reshape(20, 2)
+    index = torch.tensor([3, 0, 7])
+    got = gather(t, index, pinned)
+    assert torch.equal(got, t[index]) and got.is_pinned() is pinned

@@ -11,8 +11,9 @@ permutation, as anyone writing the loop by hand does. So:
 - **anything else** goes through ``DataLoader`` as before, which already fetches a batch in
   one call when the dataset defines ``__getitems__`` (PyTorch's batched-fetch protocol), and
   honours ``num_workers``;
-- on CUDA, batches are copied from pinned host memory with ``non_blocking=True``, so the copy
-  overlaps the previous step instead of stalling the host;
+- on CUDA, tensor-backed batches are gathered straight into pinned host memory (one copy,
+  :func:`gather`) and copied with ``non_blocking=True``, so the copy overlaps the previous
+  step instead of stalling the host;
 - evaluation batches are independent of the trial's micro batch (:func:`eval_batch_size`).
 
 Both paths drop the last short batch and, when data-parallel, give each rank a disjoint slice
@@ -53,13 +54,26 @@ def tensor_source(dataset: Any) -> tuple[Sequence[torch.Tensor], torch.Tensor | 
     return None
 
 
+def gather(t: torch.Tensor, index: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """The rows ``index`` of ``t``, gathered straight into pinned host memory when ``pinned``
+    (one copy; ``t[index].pin_memory()`` gathers, then copies again into pinned memory, which
+    costs most at small batches, where steps are short). PyTorch's caching host allocator
+    reuses the pinned block once the copy that read it has finished."""
+    import torch
+
+    if not pinned or t.device.type != "cpu":
+        return t[index]
+    out = torch.empty((len(index), *t.shape[1:]), dtype=t.dtype, pin_memory=True)
+    return torch.index_select(t, 0, index, out=out)
+
+
 def _to_device(batch: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """On CUDA: host rows through pinned memory, copied without blocking the host (tensors
     the user already keeps on the GPU are left where they are)."""
     if device.type != "cuda":
         return batch
     return [
-        t.pin_memory().to(device, non_blocking=True) if t.device.type == "cpu" else t.to(device)
+        t.to(device, non_blocking=t.is_pinned()) if t.device.type == "cpu" else t.to(device)
         for t in batch
     ]
 
@@ -75,6 +89,7 @@ def _tensor_batches(
 ) -> Iterator[list[torch.Tensor]]:
     import torch
 
+    pinned = device.type == "cuda"
     size = len(rows) if rows is not None else len(tensors[0])
     per_rank = size // world_size
     generator = torch.Generator().manual_seed(seed)
@@ -85,7 +100,7 @@ def _tensor_batches(
             mine = rows[mine]
         for start in range(0, per_rank - batch_size + 1, batch_size):
             index = mine[start : start + batch_size]
-            yield _to_device([t[index] for t in tensors], device)
+            yield _to_device([gather(t, index, pinned) for t in tensors], device)
 
 
 def _loader_batches(
@@ -176,13 +191,14 @@ def eval_batches(dataset: Dataset[Any], batch_size: int, device: torch.device) -
             yield move_to(batch, device)
         return
     tensors, rows = source
+    pinned = device.type == "cuda"
     size = len(rows) if rows is not None else len(tensors[0])
     for start in range(0, size, batch_size):
         if rows is None:
             yield _to_device([t[start : start + batch_size] for t in tensors], device)
         else:
             index = rows[start : start + batch_size]
-            yield _to_device([t[index] for t in tensors], device)
+            yield _to_device([gather(t, index, pinned) for t in tensors], device)
 
 
 __all__ = ["CPU_EVAL_BATCH_LIMIT", "eval_batch_size", "eval_batches", "tensor_source",
