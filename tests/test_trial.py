@@ -26,6 +26,28 @@ def _run(config: dict[str, Any], target: float = 0.97, space: SearchSpace = SPAC
     return reporter, reports
 
 
+def test_a_sticky_device_error_at_cleanup_ends_the_trial_not_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After an illegal memory access every CUDA call raises, the cleanup's synchronise too:
+    the trial still ends with a status and a reason instead of raising into Ray."""
+    import raybatch.memory.probe as probe
+
+    def sticky(device: Any = None) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(probe, "release_memory", sticky)
+    reporter, reports = _run({"micro_batch_size": 64}, target=1.01, max_time_s=0.5)
+    assert reporter.stopped and reports[-1][keys.STATUS] == "censored"  # what it measured
+
+
+def test_knobs_the_space_refuses_end_the_trial_with_the_reason() -> None:
+    """A hand-written Tune config beyond the space's limits is that trial's error, named."""
+    reporter, reports = _run({"micro_batch_size": 64, "accumulation_steps": 99})
+    assert reporter.stopped and reports[-1][keys.STATUS] == "error"
+    assert "accumulation_steps" in reports[-1][keys.REASON]
+
+
 def test_digits_reaches_its_target_with_consistent_fields() -> None:
     _reporter, reports = _run({"micro_batch_size": 64, "accumulation_steps": 2})
     final = reports[-1]

@@ -164,16 +164,17 @@ def run_trial(
     """
     from raybatch.memory.probe import release_memory
 
-    recipe = space.recipe_of(config)
-    options = _options(settings, config)
-    if recipe.world_size > 1:  # its workers choose their own devices
-        return _run_distributed(workload, space, settings, config, report_fn)
-    during = "choosing the trial's device"
+    during = "reading the trial's recipe"
     try:
+        recipe = space.recipe_of(config)  # knobs the space refuses end the trial, not Ray's
+        options = _options(settings, config)
+        if recipe.world_size > 1:  # its workers choose their own devices
+            return _run_distributed(workload, space, settings, config, report_fn)
+        during = "choosing the trial's device"
         device = trial_device(settings.device)
         during = "loading the training data"
         reporter = _reporter(workload, space, settings, device, report_fn)
-    except Exception as exc:  # no device, or no data: no reporter to use yet
+    except Exception as exc:  # no recipe, no device or no data: no reporter to use yet
         reporter = _bare_reporter(settings, report_fn)
         reporter.fail(exc, during)
         return reporter
@@ -188,7 +189,11 @@ def run_trial(
     except Exception as exc:  # a failure ends this trial with a reason, never the search
         reporter.fail(exc, "while training" if reporter.started else "before training")
     finally:
-        release_memory(device)
+        try:  # a sticky CUDA error (an illegal access) raises again here: not into Ray
+            release_memory(device)
+        except Exception as exc:
+            if not reporter.stopped:
+                reporter.fail(exc, "releasing the trial's GPU memory")
         reporter.close()
     if not reporter.stopped:
         reporter.finish(TrialStatus.CENSORED, "training stopped before the target")
