@@ -46,6 +46,9 @@ BudgetOpt = Annotated[
 GpusOpt = Annotated[
     str | None, typer.Option("--gpus-per-trial", help="auto, N or a fraction (0: CPU).")
 ]
+GpuModelOpt = Annotated[
+    str | None, typer.Option("--gpu-model", help="On a cluster of mixed GPUs: this model only.")
+]
 
 
 @contextmanager
@@ -252,6 +255,7 @@ def search_command(
             "--hang-grace", help="Seconds past the time cap after which a trial counts as hung."
         ),
     ] = 300.0,
+    gpu_model: GpuModelOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
 ) -> None:
     """Search the recipe that reaches the target fastest; writes a run directory."""
@@ -283,6 +287,7 @@ def search_command(
                 level_slack=level_slack or None,
                 hang_grace_s=hang_grace,
                 eval_every_samples=eval_every,
+                gpu_model=gpu_model,
             )
         except OptionError as exc:
             raise exc.renamed(_SEARCH_FLAGS, _CLI) from None
@@ -443,6 +448,7 @@ _SEARCH_FLAGS = {
     "max_time_s": "--max-time-per-trial",
     "memory_budget": "--memory-budget",
     "gpus_per_trial": "--gpus-per-trial",
+    "gpu_model": "--gpu-model",
     "cpus_per_trial": "--cpus-per-trial",
     "max_concurrent": "--max-concurrent",
     "confirm_top": "--confirm-top",

@@ -32,8 +32,8 @@ CLUSTER = textwrap.dedent(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
     )
-    for _ in range(2):
-        cluster.add_node(num_cpus=2, num_gpus=2)
+    for model in ("A100", "H100"):  # two GPU models, as Ray labels them
+        cluster.add_node(num_cpus=2, num_gpus=2, resources={f"accelerator_type:{model}": 1})
     cluster.wait_for_nodes()
     print("ADDRESS " + cluster.address, flush=True)
     sys.stdin.read()  # until the tests close our stdin
@@ -240,16 +240,23 @@ def test_each_trial_device_follows_the_gpus_ray_assigned_to_it(
 def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_recipes(
     cluster: str, elsewhere: Path
 ) -> None:
-    """The driver here has no GPU; the search still plans GPU trials from the cluster. Ray
-    gives each trial a GPU, and each trial then says plainly that this torch has no CUDA —
-    every trial the same way, so the search stops early. World size 8 never launches."""
+    """The driver here has no GPU; the search still plans GPU trials from the cluster, which
+    mixes two GPU models: refused until one is chosen (their times cannot be ranked together).
+    Pinned to A100s, Ray gives each trial a GPU there, and each trial then says plainly that
+    this torch has no CUDA — every trial the same way, so the search stops early. World size 8
+    never launches."""
     space = _space(elsewhere, "[1, 8]")
     run = elsewhere / "run"
-    proc = run_cli(
+    args = (
         "search", "raybatch.examples.digits:workload", "--space", str(space),
         "--target", "0.9", "--trials", "8", "--address", cluster, "--memory-budget", "1GiB",
-        "--max-time-per-trial", "5", "--run-dir", "run", "--quiet", "--seed", "3", cwd=elsewhere,
+        "--max-time-per-trial", "5", "--run-dir", "run", "--quiet", "--seed", "3",
     )  # fmt: skip
+    mixed = run_cli(*args, cwd=elsewhere)
+    assert mixed.returncode == 2, mixed.stderr[-3000:]
+    assert "the cluster mixes GPU models (A100, H100)" in mixed.stderr
+    assert "choose one with --gpu-model (e.g. --gpu-model A100)" in mixed.stderr
+    proc = run_cli(*args, "--gpu-model", "A100", cwd=elsewhere)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "TrialDeviceError: Ray assigned GPU" in proc.stderr
     assert "torch.cuda is not available in its process" in proc.stderr

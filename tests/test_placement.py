@@ -110,3 +110,46 @@ def test_a_node_whose_nvml_reader_raises_is_said_not_to_answer_and_nothing_crash
     view = ClusterView((NodeView("b", "10.0.0.7", 8, 2, None, got["b"][1]),))
     [warning] = view.warnings()
     assert "10.0.0.7 (RuntimeError: NVML Shared Library Not Found)" in warning
+
+
+def test_a_cluster_of_mixed_gpu_models_is_refused_unless_one_is_chosen() -> None:
+    """Times to target on an A100 and an H100 cannot be ranked against each other: the search
+    refuses the mix, naming the models and the flag, or runs on the model chosen."""
+    from raybatch.errors import OptionError
+    from raybatch.run.hardware import one_gpu_model
+
+    a100, h100 = (_gpu("NVIDIA A100", 80, 79),), (_gpu("NVIDIA H100", 80, 60),)
+    view = ClusterView((
+        NodeView("head", "10.0.0.1", 8, 0),
+        NodeView("a", "10.0.0.2", 16, 2, a100, accelerator_types=("A100",)),
+        NodeView("h", "10.0.0.3", 16, 4, h100, accelerator_types=("H100",)),
+    ))  # fmt: skip
+    assert view.gpu_models() == ["A100", "H100"]
+    with pytest.raises(OptionError, match=r"mixes GPU models \(A100, H100\).*--gpu-model"):
+        one_gpu_model(view, None, [])
+    notes: list[str] = []
+    pinned = one_gpu_model(view, "H100", notes)
+    assert [n.node_id for n in pinned.nodes] == ["head", "h"] and pinned.gpus == 4
+    assert notes == ["every GPU trial runs on H100 (4 GPUs of the cluster's 6)"]
+    assert pinned.budget() is not None and pinned.budget().bytes < 60 * GIB  # type: ignore[union-attr]
+    with pytest.raises(
+        OptionError, match="'V100' is not a GPU model of this cluster; its models: A100, H100"
+    ):
+        one_gpu_model(view, "V100", [])
+    one = ClusterView((NodeView("a", "a", 8, 2, (_gpu("NVIDIA A100", 80, 79),)),))
+    assert one_gpu_model(one, None, []) is one  # one model (NVML's name): nothing to choose
+
+
+def test_trials_pinned_to_a_model_ask_for_its_accelerator_type() -> None:
+    from raybatch.trial.placement import model_resource
+
+    assert model_resource("A100") == {"accelerator_type:A100": 0.001}
+    assert model_resource("accelerator_type:A100") == {"accelerator_type:A100": 0.001}
+    assert model_resource(None) == {}
+    nodes = [
+        {"Alive": True, "Resources": {"GPU": 2.0, "accelerator_type:A100": 1.0}},
+        {"Alive": True, "Resources": {"GPU": 4.0, "accelerator_type:H100": 1.0}},
+    ]
+    assert placeable_workers(nodes, True) == 6
+    assert placeable_workers(nodes, True, "A100") == 2  # data-parallel workers: A100s only
+    assert placeable_workers(nodes, False, "A100") == 0  # CPU workers are not pinned

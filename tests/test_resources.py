@@ -194,3 +194,17 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
         view.budget().bytes,  # type: ignore[union-attr]
     )
     assert 0 < share == expected
+
+
+def test_gpu_trials_pinned_to_a_model_ask_for_it_and_data_parallel_drivers_do_not() -> None:
+    space = raybatch.load_space("digits_cnn_sgd")
+    resources = trial_resources(DigitsWorkload(), space, 0.5, gpu_model="A100")
+    assert resources(space.derive(64).to_dict()) == {
+        "cpu": 1.0, "gpu": 0.5, "accelerator_type:A100": 0.001,
+    }  # fmt: skip
+    assert resources({**space.derive(64).to_dict(), "alone": True})["gpu"] == 1.0
+    assert "accelerator_type:A100" in resources({**space.derive(64).to_dict(), "alone": True})
+    driver = resources(space.derive(32, 1, 2).to_dict())  # its workers are pinned instead
+    assert driver == {"cpu": DRIVER_CPUS, "gpu": 0.0}
+    cpu = trial_resources(DigitsWorkload(), space, 0, gpu_model="A100")
+    assert cpu(space.derive(64).to_dict()) == {"cpu": 1.0, "gpu": 0.0}

@@ -145,12 +145,32 @@ class _Plan:
     notes: list[str] = field(default_factory=list)
 
 
+def _budget(view: Any, options: SearchOptions, cuda: bool, notes: list[str]) -> int | None:
+    """One trial's memory budget on one GPU of the cluster the search runs on (``None``: a
+    CPU search without ``--memory-budget``).
+
+    Raises:
+        BudgetUnavailableError: GPUs, and NVML answered on none of their nodes.
+    """
+    from raybatch.errors import BudgetUnavailableError
+
+    if options.memory_budget is None and not cuda:
+        return None
+    resolved = view.budget(options.memory_budget)
+    if resolved is None:
+        raise BudgetUnavailableError(
+            "no GPU memory budget: NVML answered on none of the cluster's GPU nodes, so"
+            " give one explicitly, e.g. --memory-budget 8GiB"
+        )
+    notes.append(f"memory budget per GPU: {format_bytes(resolved.bytes)} ({resolved.source})")
+    return int(resolved.bytes)
+
+
 def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
-    from raybatch.errors import BudgetUnavailableError
     from raybatch.memory.estimator import MemoryEstimator
-    from raybatch.run.hardware import read_cluster
+    from raybatch.run.hardware import one_gpu_model, read_cluster
     from raybatch.run.searcher import RaybatchSearcher
     from raybatch.trial.resources import with_resources
     from raybatch.trial.wrapper import trainable
@@ -163,16 +183,9 @@ def _plan(
         raise OptionError(
             [Issue("gpus_per_trial", f"is {gpus!r}, but no node of the cluster has a GPU")]
         )
-    budget: int | None = None
-    if options.memory_budget is not None or cuda:
-        resolved = view.budget(options.memory_budget)
-        if resolved is None:
-            raise BudgetUnavailableError(
-                "no GPU memory budget: NVML answered on none of the cluster's GPU nodes, so"
-                " give one explicitly, e.g. --memory-budget 8GiB"
-            )
-        budget = resolved.bytes
-        notes.append(f"memory budget per GPU: {format_bytes(budget)} ({resolved.source})")
+    if cuda:
+        view = one_gpu_model(view, options.gpu_model, notes)
+    budget = _budget(view, options, cuda, notes)
     estimator = None
     if budget is not None:
         estimator = MemoryEstimator.for_space(workload, space)
@@ -200,6 +213,7 @@ def _plan(
         ladder=Ladder(space, estimator, budget, model),
         probe_margin=margin,
         baseline=baseline,
+        gpu_model=options.gpu_model if cuda else None,
     )
     settings = {
         "max_time_s": options.max_time_s,
@@ -207,12 +221,14 @@ def _plan(
         "memory_budget": budget if not cuda else None,
         "gpu_budget_bytes": budget if cuda else None,
         "data_parallel_gpus": cuda,
+        "gpu_model": options.gpu_model if cuda else None,
         "seed": options.seed,
     }
     fn = trainable(workload, space, target, **settings)
     resourced = with_resources(
-        fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator
-    )
+        fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator,
+        gpu_model=options.gpu_model if cuda else None,
+    )  # fmt: skip
     hardware = view.describe(cuda)
     return _Plan(
         gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, model,

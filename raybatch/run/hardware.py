@@ -27,7 +27,7 @@ from raybatch.memory.budget import (
     parse_size,
     read_all_devices,
 )
-from raybatch.trial.placement import whole_units
+from raybatch.trial.placement import ACCELERATOR_TYPE, whole_units
 
 NVML_TIMEOUT_S = 30.0
 """How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""
@@ -49,6 +49,16 @@ class NodeView:
     devices: tuple[DeviceMemory, ...] | None = None
     nvml_error: str | None = None
     """Why NVML did not answer there, when it was asked and did not."""
+    accelerator_types: tuple[str, ...] = ()
+    """Ray's ``accelerator_type:<model>`` resources of the node (Ray sets one per GPU model)."""
+
+    def gpu_models(self) -> set[str]:
+        """The node's GPU models: Ray's accelerator types, else the names NVML gives."""
+        if self.gpus <= 0:
+            return set()
+        if self.accelerator_types:
+            return set(self.accelerator_types)
+        return {d.name for d in self.devices or ()}
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,15 @@ class ClusterView:
         if requested is not None:
             return requested
         return "auto" if self.gpus > 0 else 0
+
+    def gpu_models(self) -> list[str]:
+        """Every GPU model of the cluster (empty when neither Ray nor NVML names one)."""
+        return sorted({m for n in self.nodes for m in n.gpu_models()})
+
+    def of_model(self, model: str) -> ClusterView:
+        """The cluster as trials pinned to ``model`` see it: its GPU nodes of that model (and
+        the nodes without GPUs, which host the driver's side of data-parallel trials)."""
+        return ClusterView(tuple(n for n in self.nodes if n.gpus <= 0 or model in n.gpu_models()))
 
     def smallest_gpu(self) -> tuple[NodeView, DeviceMemory] | None:
         """The GPU with the least free memory among those NVML answered for."""
@@ -202,10 +221,48 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
             gpus=float(r.get("Resources", {}).get("GPU", 0.0)),
             devices=answers.get(r["NodeID"], (None, None))[0],
             nvml_error=answers.get(r["NodeID"], (None, None))[1],
+            accelerator_types=tuple(
+                sorted(
+                    k.split(":", 1)[1]
+                    for k in r.get("Resources", {})
+                    if k.startswith(ACCELERATOR_TYPE)
+                )
+            ),
         )
         for r in records
     )
     return ClusterView(nodes)
+
+
+def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> ClusterView:
+    """The cluster a GPU search runs on: one GPU model, since times to target from different
+    models cannot be ranked, capped or confirmed against each other.
+
+    Raises:
+        OptionError: The cluster mixes models and none was chosen, or the chosen one is not
+            there; the message names the models and ``--gpu-model``.
+    """
+    from raybatch.errors import Issue, OptionError
+
+    models = view.gpu_models()
+    if model is None:
+        if len(models) > 1:
+            message = (
+                f"the cluster mixes GPU models ({', '.join(models)}): times to target on"
+                " different GPUs cannot be ranked against each other; choose one with"
+                f" --gpu-model (e.g. --gpu-model {models[0]})"
+            )
+            raise OptionError([Issue("gpu_model", message)])
+        return view
+    name = model.removeprefix(ACCELERATOR_TYPE)
+    if name not in models:
+        found = ", ".join(models) or "none named (no accelerator_type resource, no NVML)"
+        message = f"{name!r} is not a GPU model of this cluster; its models: {found}"
+        raise OptionError([Issue("gpu_model", message)])
+    pinned = view.of_model(name)
+    notes.append(f"every GPU trial runs on {name} ({pinned.gpus:g} GPUs of the cluster's"
+                 f" {view.gpus:g})")  # fmt: skip
+    return pinned
 
 
 def collect_readings(
@@ -234,4 +291,4 @@ def collect_readings(
     return out
 
 
-__all__ = ["ClusterView", "NodeView", "collect_readings", "read_cluster"]
+__all__ = ["ClusterView", "NodeView", "collect_readings", "one_gpu_model", "read_cluster"]

@@ -41,6 +41,9 @@ class SearchOptions:
             their paired runs disagree (0: no race; none either with ``confirm_seeds`` < 2).
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
+        gpu_model: On a cluster that mixes GPU models, the one every trial runs on (Ray's
+            ``accelerator_type``, e.g. ``A100``): times to target measured on different GPUs
+            cannot be ranked against each other, so a mixed cluster without it is refused.
         hang_grace_s: Seconds past ``max_time_s`` without a report after which a running
             trial counts as hung (stuck in a step) and is stopped by the driver as
             ``censored``; it covers start-up, the probe and an evaluation, which the trial's
@@ -67,6 +70,7 @@ class SearchOptions:
     eval_every_samples: int | None = None
     max_failures: int = 2
     hang_grace_s: float = 300.0
+    gpu_model: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse values no search can run with, every one at once, naming the field.
@@ -127,6 +131,9 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
         "an integer >= -1 (-1: retry forever, as in Ray)",
     )
     need("hang_grace_s", _is_number(o.hang_grace_s) and o.hang_grace_s > 0, "a positive number")
+    model = o.gpu_model
+    need("gpu_model", model is None or (isinstance(model, str) and model.strip() != ""),
+         "None or a GPU model name such as 'A100'")  # fmt: skip
     if o.memory_budget is not None:
         try:
             parse_size(o.memory_budget)

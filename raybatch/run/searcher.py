@@ -110,11 +110,14 @@ class RaybatchSearcher(Searcher):
             meaningful where trials probe on a real device).
         baseline: The largest batch's integer knobs, all of them (a knob with one choice is
             not among the searched ones); default: read from the first opening point.
+        gpu_model: The GPU model the search is pinned to (``--gpu-model``): data-parallel
+            recipes are placed against that model's GPUs only.
     """
 
     # Defaults for a searcher unpickled from a run an older raybatch started (Tune restores the
     # searcher object itself on resume).
     data_parallel_gpus: bool | None = None
+    gpu_model: str | None = None
     pack_gpus: bool = False
     ladder: Ladder | None = None
     probe_margin: float = 0.0
@@ -138,6 +141,7 @@ class RaybatchSearcher(Searcher):
         ladder: Ladder | None = None,
         probe_margin: float = 0.0,
         baseline: dict[str, Any] | None = None,
+        gpu_model: str | None = None,
     ) -> None:
         super().__init__(metric=metric, mode="min")
         self.space = space
@@ -152,6 +156,7 @@ class RaybatchSearcher(Searcher):
         self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
         self._pending_points = list(points_to_evaluate or [])
         self.data_parallel_gpus = data_parallel_gpus
+        self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
@@ -338,7 +343,7 @@ class RaybatchSearcher(Searcher):
     def _placement(self, recipe: TrialConfig) -> str | None:
         if self.data_parallel_gpus is None:
             return None
-        return placement_problem(recipe.world_size, self.data_parallel_gpus)
+        return placement_problem(recipe.world_size, self.data_parallel_gpus, self.gpu_model)
 
     def _screen(self, recipe: TrialConfig) -> PrescreenResult | None:
         if self.estimator is None or self.budget_bytes is None:

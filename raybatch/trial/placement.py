@@ -49,6 +49,22 @@ def assigned_gpu_share() -> float | None:
         return None
 
 
+ACCELERATOR_TYPE = "accelerator_type:"
+"""Prefix of the resource Ray puts on a GPU node for its GPU model (``accelerator_type:A100``);
+a trial pinned to a model asks for a sliver of it (:func:`model_resource`)."""
+MODEL_RESOURCE_SLIVER = 0.001
+"""How much of a node's ``accelerator_type`` a pinned trial or worker asks: any positive
+amount places it on a node of that model, and a thousand fit beside each other."""
+
+
+def model_resource(model: str | None) -> dict[str, float]:
+    """The resource that pins a GPU trial (or data-parallel worker) to GPUs of ``model``."""
+    if not model:
+        return {}
+    name = model.removeprefix(ACCELERATOR_TYPE)
+    return {f"{ACCELERATOR_TYPE}{name}": MODEL_RESOURCE_SLIVER}
+
+
 NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 """Set on a node, Ray leaves ``CUDA_VISIBLE_DEVICES`` alone: an assigned GPU id is then the
 CUDA index itself, not device 0 of a restricted view."""
@@ -144,14 +160,22 @@ def whole_units(amounts: Iterable[float]) -> int:
     return sum(math.floor(float(a) + 1e-9) for a in amounts)
 
 
-def placeable_workers(nodes: list[dict[str, Any]], use_gpu: bool) -> int:
+def placeable_workers(
+    nodes: list[dict[str, Any]], use_gpu: bool, gpu_model: str | None = None
+) -> int:
     """How many one-GPU (or one-CPU) workers the alive ``nodes`` can hold at once.
 
     ``nodes`` is ``ray.nodes()``; a worker reserves a whole GPU (``use_gpu``) or one CPU, as
-    the data-parallel trials do (:mod:`raybatch.trial.wrapper`).
+    the data-parallel trials do (:mod:`raybatch.trial.wrapper`); GPU workers pinned to
+    ``gpu_model`` count only the GPUs of nodes of that model.
     """
     kind = "GPU" if use_gpu else "CPU"
-    return whole_units(n.get("Resources", {}).get(kind, 0.0) for n in nodes if n.get("Alive"))
+    pin = next(iter(model_resource(gpu_model)), None) if use_gpu else None
+    return whole_units(
+        n.get("Resources", {}).get(kind, 0.0)
+        for n in nodes
+        if n.get("Alive") and (pin is None or pin in n.get("Resources", {}))
+    )
 
 
 def unplaceable_reason(world_size: int, use_gpu: bool, room: int) -> str | None:
@@ -162,20 +186,26 @@ def unplaceable_reason(world_size: int, use_gpu: bool, room: int) -> str | None:
     return f"needs {world_size} {kind}, the cluster has {room}"
 
 
-def placement_problem(world_size: int, use_gpu: bool) -> str | None:
-    """Why ``world_size`` workers cannot be placed on the cluster now, or ``None``."""
+def placement_problem(world_size: int, use_gpu: bool, gpu_model: str | None = None) -> str | None:
+    """Why ``world_size`` workers (on GPUs of ``gpu_model``, if pinned) cannot be placed on
+    the cluster now, or ``None``."""
     import ray
 
     if world_size <= 1 or not ray.is_initialized():
         return None
-    return unplaceable_reason(world_size, use_gpu, placeable_workers(ray.nodes(), use_gpu))
+    room = placeable_workers(ray.nodes(), use_gpu, gpu_model)
+    return unplaceable_reason(world_size, use_gpu, room)
 
 
 __all__ = [
+    "ACCELERATOR_TYPE",
+    "MODEL_RESOURCE_SLIVER",
+    "NOSET_VISIBLE_DEVICES",
     "assigned_gpu_ids",
     "assigned_gpu_share",
     "choose_device",
     "limit_packed_memory",
+    "model_resource",
     "packed_memory_fraction",
     "placeable_workers",
     "placement_problem",

@@ -20,6 +20,7 @@ from raybatch.errors import Issue, OptionError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.space.search_space import SearchSpace
+from raybatch.trial.placement import model_resource
 from raybatch.workload import Workload
 
 DRIVER_CPUS = 0.01
@@ -102,6 +103,7 @@ def trial_resources(
     cpus_per_trial: float = 1.0,
     memory_budget: str | int | None = None,
     estimator: MemoryEstimator | None = None,
+    gpu_model: str | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, float]]:
     """The callable for ``tune.with_resources``: config -> ``{"cpu": ..., "gpu": ...}``.
 
@@ -115,6 +117,7 @@ def trial_resources(
             cluster's GPU nodes when connected to Ray (the smallest GPU), else here.
         estimator: The estimator to predict with (the search shares its own, which the
             trials' probes calibrate); default: one for the space.
+        gpu_model: Pin every GPU trial to GPUs of this model (Ray's ``accelerator_type``).
 
     Raises:
         OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
@@ -123,6 +126,7 @@ def trial_resources(
     if not gpus_per_trial_ok(gpus_per_trial):
         message = f"must be {GPUS_PER_TRIAL_ALLOWED}, got {gpus_per_trial!r}"
         raise OptionError([Issue("gpus_per_trial", message)])
+    pin = model_resource(gpu_model)  # data-parallel workers are pinned by their trial
     if gpus_per_trial != "auto":
         fixed = float(gpus_per_trial)
 
@@ -130,8 +134,8 @@ def trial_resources(
             if space.recipe_of(config).world_size > 1:
                 return {"cpu": DRIVER_CPUS, "gpu": 0.0}
             if fixed > 0 and runs_alone(config):
-                return {"cpu": cpus_per_trial, "gpu": max(fixed, 1.0)}
-            return {"cpu": cpus_per_trial, "gpu": fixed}
+                return {"cpu": cpus_per_trial, "gpu": max(fixed, 1.0), **pin}
+            return {"cpu": cpus_per_trial, "gpu": fixed, **(pin if fixed > 0 else {})}
 
         return fixed_resources
 
@@ -143,10 +147,11 @@ def trial_resources(
         if recipe.world_size > 1:
             return {"cpu": DRIVER_CPUS, "gpu": 0.0}
         if runs_alone(config):
-            return {"cpu": cpus_per_trial, "gpu": 1.0}
+            return {"cpu": cpus_per_trial, "gpu": 1.0, **pin}
         if keys.GPU_SHARE in config:  # decided by the searcher, with a calibrated estimate
-            return {"cpu": cpus_per_trial, "gpu": float(config[keys.GPU_SHARE])}
-        return {"cpu": cpus_per_trial, "gpu": gpu_fraction(estimator.predict(recipe), budget)}
+            return {"cpu": cpus_per_trial, "gpu": float(config[keys.GPU_SHARE]), **pin}
+        share = gpu_fraction(estimator.predict(recipe), budget)
+        return {"cpu": cpus_per_trial, "gpu": share, **pin}
 
     return auto_resources
 
@@ -174,11 +179,12 @@ def with_resources(
     cpus_per_trial: float = 1.0,
     memory_budget: str | int | None = None,
     estimator: MemoryEstimator | None = None,
+    gpu_model: str | None = None,
 ) -> Any:
     """``tune.with_resources(trainable, trial_resources(...))`` in one call."""
     from ray import tune
 
     resources = trial_resources(
-        workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator
+        workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator, gpu_model
     )
     return tune.with_resources(trainable, resources)  # type: ignore[arg-type]

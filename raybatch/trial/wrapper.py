@@ -40,6 +40,7 @@ from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
     assigned_gpu_share,
     limit_packed_memory,
+    model_resource,
     placement_problem,
     trial_device,
 )
@@ -71,6 +72,8 @@ class TrialSettings:
             (:func:`raybatch.trial.placement.packed_memory_fraction`).
         data_parallel_gpus: Whether data-parallel workers reserve a GPU each (NCCL) or a CPU
             (gloo); the search decides from the cluster. ``None``: GPUs when the cluster has any.
+        gpu_model: Pin data-parallel GPU workers to GPUs of this model (the search's
+            ``--gpu-model``), as the trial itself is pinned.
         loop: Options of the training loop.
     """
 
@@ -83,6 +86,7 @@ class TrialSettings:
     device: str = "auto"
     gpu_budget_bytes: int | None = None
     data_parallel_gpus: bool | None = None
+    gpu_model: str | None = None
     loop: LoopOptions = field(default_factory=LoopOptions)
 
 
@@ -382,7 +386,7 @@ def _run_distributed(
     use_gpu = settings.data_parallel_gpus
     if use_gpu is None:
         use_gpu = ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) >= 1
-    problem = placement_problem(recipe.world_size, use_gpu)
+    problem = placement_problem(recipe.world_size, use_gpu, settings.gpu_model)
     if problem is not None:
         reporter.finish(TrialStatus.ERROR, f"cannot be placed: {problem}")
         return reporter
@@ -398,7 +402,10 @@ def _run_distributed(
         scaling_config=ScalingConfig(
             num_workers=recipe.world_size,
             use_gpu=use_gpu,
-            resources_per_worker={"CPU": 1, **({"GPU": 1} if use_gpu else {})},
+            resources_per_worker={
+                "CPU": 1,
+                **({"GPU": 1, **model_resource(settings.gpu_model)} if use_gpu else {}),
+            },
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(
