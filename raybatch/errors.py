@@ -88,10 +88,6 @@ class PresetNotFoundError(RaybatchError, LookupError):
     """A space was named that is neither a bundled preset nor an existing file."""
 
 
-class MemoryBudgetError(InputError):
-    """A memory budget (``--memory-budget``, ``memory_budget=``) is not a valid size."""
-
-
 class BudgetUnavailableError(RaybatchError):
     """No memory budget can be known: no explicit budget was given and NVML cannot be used."""
 
@@ -119,17 +115,10 @@ class RunDirError(InputError):
 
 
 class OptionError(InputError):
-    """An option of a command or a call has a value it cannot take (``gpus_per_trial``,
-    ``--format``)."""
-
-
-class OutputFileError(InputError):
-    """A file raybatch was asked to write exists already (it never overwrites) or cannot be
-    written."""
-
-
-class TargetError(InputError):
-    """A target given as text (``accuracy>=0.97``, ``0.97``) cannot be understood."""
+    """A value given to a command or a call that it cannot take: an option (``gpus_per_trial``,
+    ``--format``), a target (``accuracy>=0.97``), a size (``--memory-budget 8GiB``), or an
+    output file that exists already (raybatch never overwrites). One class: no caller handles
+    these differently, and the issue names the field."""
 
 
 class SearchInterrupted(RaybatchError):

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from raybatch.errors import Issue, TargetError
+from raybatch.errors import Issue, OptionError
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Target:
                 ``--target``) or ``<python>``.
 
         Raises:
-            TargetError: Anything else, naming what is allowed.
+            OptionError: Anything else, naming what is allowed.
         """
         raw = text.strip()
         for op, mode in ((">=", "max"), ("<=", "min")):  # noqa: B007 (mode is read after)
@@ -98,7 +98,7 @@ class Target:
         except ValueError:
             number = math.nan
         if not name.strip() or not name.strip().isidentifier() or not math.isfinite(number):
-            raise TargetError(
+            raise OptionError(
                 [
                     Issue(
                         _target_field(source),
@@ -136,7 +136,7 @@ def resolve_target(
     A bare number (``0.97``, ``"0.97"``) means the workload's first metric, in its direction.
 
     Raises:
-        TargetError: The text cannot be parsed, or :func:`check_target` refuses the target.
+        OptionError: The text cannot be parsed, or :func:`check_target` refuses the target.
     """
     if isinstance(target, Target):
         resolved = target
@@ -153,7 +153,7 @@ def check_target(target: Target, metrics: Sequence[Metric], source: str = "<pyth
     """Reject a target no trial can meaningfully reach, before any trial starts.
 
     Raises:
-        TargetError: The metric is not one the workload reports, the direction is the
+        OptionError: The metric is not one the workload reports, the direction is the
             metric's opposite, or the value lies outside the metric's range (a percentage
             given for a fraction gets a "did you mean" hint).
     """
@@ -162,13 +162,13 @@ def check_target(target: Target, metrics: Sequence[Metric], source: str = "<pyth
     metric = by_name.get(target.metric)
     if metric is None:
         known = ", ".join(m.describe() for m in metrics)
-        raise TargetError(
+        raise OptionError(
             [Issue(field, f"the workload reports no metric {target.metric!r}; it reports {known}")],
             source,
         )
     op = ">=" if metric.mode == "max" else "<="
     if target.mode != metric.mode:
-        raise TargetError(
+        raise OptionError(
             [
                 Issue(
                     field,
@@ -186,7 +186,7 @@ def check_target(target: Target, metrics: Sequence[Metric], source: str = "<pyth
     hint = ""
     if metric.high == 1.0 and 1.0 < target.value <= 100.0:
         hint = f"; did you mean {metric.name}{op}{target.value / 100:g}?"
-    raise TargetError(
+    raise OptionError(
         [
             Issue(
                 field,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raybatch.errors import Issue, OutputFileError
+from raybatch.errors import Issue, OptionError
 
 WORKLOAD_TEMPLATE = '''\
 """My workload for raybatch: the model, the data, the loss and the metrics.
@@ -118,7 +118,7 @@ def write_template(workload_path: str | Path) -> tuple[Path, Path]:
     """Write a workload file and its space file beside it; never overwrite either.
 
     Raises:
-        OutputFileError: A file of that name exists, or the folder cannot be written.
+        OptionError: A file of that name exists, or the folder cannot be written.
     """
     path = Path(workload_path)
     if path.suffix != ".py":
@@ -126,13 +126,13 @@ def write_template(workload_path: str | Path) -> tuple[Path, Path]:
     workload_text, space_path, space_text = render(path)
     for target in (path, space_path):
         if target.exists():
-            raise OutputFileError([Issue("(file)", "exists; choose another name")], str(target))
+            raise OptionError([Issue("(file)", "exists; choose another name")], str(target))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(workload_text)
         space_path.write_text(space_text)
     except OSError as exc:
-        raise OutputFileError(
+        raise OptionError(
             [Issue("(file)", f"cannot write: {exc.strerror or exc}")], str(path)
         ) from None
     return path, space_path

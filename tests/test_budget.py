@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raybatch.errors import BudgetUnavailableError, MemoryBudgetError
+from raybatch.errors import BudgetUnavailableError, OptionError
 from raybatch.memory.budget import (
     CUDA_CONTEXT_OVERHEAD_BYTES,
     DeviceMemory,
@@ -46,7 +46,7 @@ def test_sizes_parse_with_binary_and_decimal_units(text: str | int, expected: in
     ],
 )
 def test_bad_sizes_are_refused_naming_the_field(text: str, message: str) -> None:
-    with pytest.raises(MemoryBudgetError) as err:
+    with pytest.raises(OptionError) as err:
         parse_size(text)
     assert message in str(err.value)
     assert "units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB" in str(err.value)
@@ -84,7 +84,7 @@ def test_nvml_budget_applies_headroom_and_context_overhead(monkeypatch: pytest.M
 
 
 def test_headroom_outside_zero_one_is_refused() -> None:
-    with pytest.raises(MemoryBudgetError, match="headroom: must be in"):
+    with pytest.raises(OptionError, match="headroom: must be in"):
         resolve_budget(None, headroom=1.5)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import raybatch
 from raybatch import Metric, Target, TrialSettings, keys
-from raybatch.errors import TargetError
+from raybatch.errors import OptionError
 from raybatch.metric import ACCURACY, check_target, metric_values, resolve_target
 from raybatch.template import render, write_template
 from raybatch.trial.wrapper import run_trial
@@ -41,7 +41,7 @@ def test_a_bare_number_means_the_first_metric_in_its_direction() -> None:
 def test_targets_no_trial_can_meet_are_refused_naming_what_to_write(
     target: Target, message: str
 ) -> None:
-    with pytest.raises(TargetError) as info:
+    with pytest.raises(OptionError) as info:
         check_target(target, BOTH)
     assert str(info.value).startswith("<python>: target: ")
     assert message in str(info.value)
@@ -57,7 +57,7 @@ def test_evaluate_may_return_a_number_or_a_mapping() -> None:
 def test_trainable_refuses_an_unreachable_target_before_any_trial() -> None:
     from raybatch.examples.digits import workload
 
-    with pytest.raises(TargetError, match=r"did you mean accuracy>=0\.97"):
+    with pytest.raises(OptionError, match=r"did you mean accuracy>=0\.97"):
         raybatch.trainable(workload, "digits_cnn_sgd", 97)
 
 
@@ -120,11 +120,11 @@ def test_the_readme_guide_shows_the_template_files() -> None:
 
 
 def test_a_malformed_target_blames_the_option_on_the_cli_and_the_argument_in_python() -> None:
-    with pytest.raises(TargetError) as from_python:
+    with pytest.raises(OptionError) as from_python:
         Target.parse("fast")
     assert str(from_python.value) == (
         "<python>: target: must be METRIC>=VALUE, METRIC<=VALUE or VALUE, got 'fast'"
     )
-    with pytest.raises(TargetError) as from_cli:
+    with pytest.raises(OptionError) as from_cli:
         Target.parse("fast", "command line")
     assert str(from_cli.value).startswith("command line: --target: must be")

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from raybatch.errors import BudgetUnavailableError, Issue, MemoryBudgetError
+from raybatch.errors import BudgetUnavailableError, Issue, OptionError
 
 DEFAULT_HEADROOM = 0.9
 
@@ -48,14 +48,14 @@ def parse_size(
     ``nvidia-smi`` reports MiB); a bare number, scientific notation included, is bytes.
 
     Raises:
-        MemoryBudgetError: Not a size, an unknown unit, zero or negative.
+        OptionError: Not a size, an unknown unit, zero or negative.
     """
     from pydantic import ByteSize, TypeAdapter, ValidationError
 
     allowed = f"a positive size such as 2GiB, 1500MB or 1073741824 ({_UNITS_TEXT})"
 
-    def refuse(message: str) -> MemoryBudgetError:
-        return MemoryBudgetError([Issue(field, message)], source)
+    def refuse(message: str) -> OptionError:
+        return OptionError([Issue(field, message)], source)
 
     if isinstance(value, bool):
         raise refuse(f"must be {allowed}, got {value!r}")
@@ -212,13 +212,13 @@ def resolve_budget(
         context_overhead_bytes: Subtracted for the trial's own CUDA context.
 
     Raises:
-        MemoryBudgetError: The explicit budget is not a valid size, or headroom is not in (0, 1].
+        OptionError: The explicit budget is not a valid size, or headroom is not in (0, 1].
         BudgetUnavailableError: No explicit budget, and NVML is unavailable (no NVIDIA driver).
     """
     if memory_budget is not None:
         return MemoryBudget(parse_size(memory_budget), "explicit")
     if not 0 < headroom <= 1:
-        raise MemoryBudgetError([Issue("headroom", f"must be in (0, 1], got {headroom}")])
+        raise OptionError([Issue("headroom", f"must be in (0, 1], got {headroom}")])
     device = None if cuda_index is None else read_device_memory(cuda_index)
     if device is None:
         raise BudgetUnavailableError(

@@ -100,7 +100,7 @@ class SearchOptions:
 
 def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     """``(field, what is wrong)`` for each invalid option."""
-    from raybatch.errors import MemoryBudgetError
+    from raybatch.errors import OptionError
     from raybatch.memory.budget import parse_size
     from raybatch.trial.resources import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
 
@@ -137,7 +137,7 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     if o.memory_budget is not None:
         try:
             parse_size(o.memory_budget)
-        except MemoryBudgetError as exc:
+        except OptionError as exc:
             found.extend((i.field, i.message) for i in exc.issues)
     return found
 
