@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import (
@@ -63,6 +63,10 @@ from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.status import TrialStatus, final_status
 from raybatch.workload import Workload, absolute_reference, load_workload
+
+if TYPE_CHECKING:
+    from raybatch.memory.estimator import MemoryEstimator
+    from raybatch.run.searcher import RaybatchSearcher
 
 
 def search(
@@ -136,11 +140,11 @@ class _Plan:
     cuda: bool
     hardware: str
     budget: int | None
-    estimator: Any
+    estimator: MemoryEstimator | None
     baseline: dict[str, Any]
     reference: dict[str, Any] | None
-    searcher: Any
-    resourced: Any
+    searcher: RaybatchSearcher
+    resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
     model: TimeModel | None = None
     notes: list[str] = field(default_factory=list)
 
