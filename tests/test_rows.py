@@ -93,3 +93,28 @@ def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:
         stored_rows(tmp_path)
     assert "trials.csv" in str(caught.value) and "line 3" in str(caught.value)
     assert "'fitted' is not a valid TrialStatus" in str(caught.value)
+
+
+def test_cells_read_back_exactly_or_are_refused_by_line(tmp_path: Path) -> None:
+    """Integers stay exact (a seed past 2**53 is still itself), ``1e5`` is 100000, an empty
+    status (a confirmation run an older raybatch recorded without a result) is ``error``, and
+    a fraction in an integer column or an overflowing one is named, never truncated."""
+    row = _rows()[2]
+    big = dataclasses.replace(row, seed=2**60 + 1)
+    write_trials_csv(tmp_path / TRIALS_CSV, [big])
+    assert stored_rows(tmp_path)[0].seed == 2**60 + 1
+    cells = {**row.to_csv(), "status": "", "samples_to_target": "1e5"}
+    back = TrialRow.from_csv({k: "" if v is None else str(v) for k, v in cells.items()})
+    assert back.status is TrialStatus.ERROR and back.samples_to_target == 100000
+    for bad, why in (("12.7", "not a whole number"), ("inf", "")):
+        cells = {**row.to_csv(), "samples_to_target": bad}
+        with (tmp_path / TRIALS_CSV).open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerow(cells)
+        with pytest.raises(RunDirError, match="line 2") as caught:
+            stored_rows(tmp_path)
+        assert why in str(caught.value)
+    assert "seed" in row and "val_accuracy" not in row
+    with pytest.raises(TypeError):
+        list(row)  # a record, not a sequence of cells

@@ -511,3 +511,45 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     assert 256 not in launched
     refused = [p for p in searcher.prescreened if "refused by this test" in p[keys.REASON]]
     assert refused and all(p[keys.MICRO_BATCH_SIZE] == 256 for p in refused)
+    # The run's rows at the end leave them out (no recipe to show), instead of failing there.
+    from raybatch.run.driver import _prescreened_rows
+
+    assert all(r.micro_batch_size != 256 for r in _prescreened_rows(SPACE, searcher.record))
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_data_parallel_recipe_waits_in_the_searcher_until_its_workers_fit(
+    tmp_path: Path,
+) -> None:
+    """On 3 CPUs a world-size-2 trial running leaves no room for another one's workers: the
+    next is held (``suggest`` says "nothing now"), so no trial starts only to wait inside
+    ``fit()`` on the hang guard's clock; it launches once the first has ended."""
+    from raybatch.space.search_space import SearchSpace
+
+    from .conftest import minimal_space
+
+    space = SearchSpace.from_dict(
+        minimal_space(search={"micro_batch_size": [32, 64], "world_size": [2]})
+    )
+    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
+                                data_parallel_gpus=False)  # fmt: skip
+    first = searcher.suggest("a")
+    assert isinstance(first, dict) and first[keys.WORLD_SIZE] == 2
+    assert searcher.suggest("b") is None and searcher.suggest("c") is None
+    searcher.on_trial_complete("a", _result("reached", 1.0))
+    second = searcher.suggest("d")
+    assert isinstance(second, dict) and second[keys.WORLD_SIZE] == 2
+    assert len(searcher.study.trials) == 2  # the held one was not asked twice
+
+
+def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window() -> None:
+    from types import SimpleNamespace
+
+    from raybatch.run.scheduler import placement_allowance
+
+    waiting = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result={})
+    assert placement_allowance(waiting) == 2.0
+    reported = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result={keys.STEPS: 1})
+    assert placement_allowance(reported) == 1.0  # placed and reporting: the usual window
+    single = SimpleNamespace(config={keys.WORLD_SIZE: 1}, last_result={})
+    assert placement_allowance(single) == 1.0

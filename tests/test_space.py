@@ -242,17 +242,24 @@ def test_derive_from_reads_the_knobs_of_a_ray_config() -> None:
         space.derive_from({"accumulation_steps": 2})
 
 
-def test_a_config_that_carries_its_recipe_is_read_not_derived_again() -> None:
-    """The searcher's configs hold the whole recipe, derived once where the knobs were chosen:
-    the trial's door reads it (a carried LR stays the carried one). A config with knobs only,
-    or a recipe of another space, is derived from its knobs."""
+def test_a_config_carrying_its_recipe_must_agree_with_its_knobs() -> None:
+    """The searcher's configs carry the whole recipe: at the trial's door it is the recipe of
+    the knobs, and a carried value the rules would not give (an ``lr`` typed beside the knobs,
+    a recipe from another or an edited space) is refused by name, never trained under knobs
+    that say something else."""
     space = load_space("generic_adamw")
-    carried = {**space.derive(32, 4).to_dict(), "lr": 0.123, "user_key": 1}
-    assert space.recipe_of(carried).lr == 0.123  # read: whatever was derived upstream
+    carried = {**space.derive(32, 4).to_dict(), "user_key": 1}
+    assert space.recipe_of(carried) == space.derive(32, 4)
     knobs_only = {"micro_batch_size": 32, "accumulation_steps": 4}
     assert space.recipe_of(knobs_only) == space.derive(32, 4)
-    other = {**load_space("digits_cnn_sgd").derive(32, 4).to_dict()}
-    assert space.recipe_of(other) == space.derive(32, 4)  # another space's: its knobs, our rules
+    with pytest.raises(ConfigError, match=r"lr: is 0\.123, but the space's rules give"):
+        space.recipe_of({**carried, "lr": 0.123})
+    overridden = {**carried, "micro_batch_size": 256}  # the knob changed, the rest did not
+    with pytest.raises(ConfigError, match="effective_batch_size: is 128"):
+        space.recipe_of(overridden)
+    other = load_space("digits_cnn_sgd").derive(32, 4).to_dict()
+    with pytest.raises(ConfigError, match="space: is 'digits_cnn_sgd'"):
+        space.recipe_of(other)
 
 
 def test_explain_names_the_rules_applied() -> None:

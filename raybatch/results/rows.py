@@ -82,6 +82,8 @@ class TrialRow:
         unknown = sorted(set(figures) - set(COLUMNS))
         if unknown:
             raise TypeError(f"not columns of a trial row: {unknown}")
+        if not isinstance(status, TrialStatus):
+            raise TypeError(f"status must be a TrialStatus, got {status!r}")
         recipe_cells = {k: getattr(recipe, k) for k in _RECIPE_COLUMNS}
         named = {keys.PHASE: phase, keys.TRIAL_ID: trial_id, keys.STATUS: status}
         return _converted(cls, {**figures, **named, **recipe_cells})
@@ -140,6 +142,11 @@ class TrialRow:
             raise KeyError(column)
         return getattr(self, column)
 
+    def __contains__(self, column: object) -> bool:
+        return column in COLUMNS
+
+    __iter__ = None  # a row is a record, not a sequence of its cells: iterating it is an error
+
     def get(self, column: str, default: Any = None) -> Any:
         value = getattr(self, column, None) if column in COLUMNS else None
         return default if value is None else value
@@ -172,17 +179,34 @@ def _converted(cls: type[TrialRow], values: Mapping[str, Any]) -> TrialRow:
     out: dict[str, Any] = {}
     for name in COLUMNS:
         value = values.get(name)
-        if value is None:
+        if name == keys.STATUS:
+            # A run that never reported left the cell empty (older raybatch wrote that for a
+            # confirmation run with no result): it ended in error.
+            out[name] = TrialStatus.ERROR if value in (None, "") else TrialStatus(value)
+        elif value is None:
             out[name] = "" if name in (keys.PHASE, keys.TRIAL_ID) else None
-        elif name == keys.STATUS:
-            out[name] = TrialStatus(value)
         elif name in _TEXTS:
             out[name] = str(value)
         elif name in _INTS:
-            out[name] = int(float(value))
+            out[name] = _integer(name, value)
         else:
             out[name] = float(value)
     return cls(**out)
+
+
+def _integer(name: str, value: Any) -> int:
+    """An int column's value, exactly (a seed of 2**60 stays itself; ``1e5`` reads as 100000;
+    ``12.7`` is an error, never truncated)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value)
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+    if not number.is_integer():
+        raise ValueError(f"{name}: {text!r} is not a whole number")
+    return int(number)
 
 
 def write_trials_csv(path: Path, rows: Iterable[TrialRow]) -> None:
@@ -212,7 +236,7 @@ def stored_rows(run_dir: Path) -> list[TrialRow]:
     for line, cells in enumerate(read_trials_csv(path), start=2):
         try:
             rows.append(TrialRow.from_csv(cells))
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise RunDirError([Issue(f"line {line}", str(exc))], str(path)) from None
     return rows
 

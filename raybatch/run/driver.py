@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import (
+    ConfigError,
     Issue,
     OptionError,
     RaybatchError,
@@ -408,18 +409,26 @@ def _search_rows(
 
 
 def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[TrialRow]:
-    """Pre-screened-out configs, read back from the study (so they survive a resume)."""
-    return [
-        TrialRow.of(
-            space.derive_from({**space.reference_config().to_dict(), **p.params}),
-            keys.PHASE_PRESCREEN,
-            f"optuna_{p.number}",
-            TrialStatus.PRESCREENED_OUT,
-            reason=p.reason,
-            peak_memory_bytes=p.predicted_bytes,
+    """Pre-screened-out configs, read back from the study (so they survive a resume). A
+    combination the space's rules refused has no recipe to show: it is left out of the rows
+    (the study keeps it, with its reason)."""
+    rows = []
+    for p in record.prescreened():
+        try:
+            recipe = space.derive_from({**space.reference_config().to_dict(), **p.params})
+        except ConfigError:
+            continue
+        rows.append(
+            TrialRow.of(
+                recipe,
+                keys.PHASE_PRESCREEN,
+                f"optuna_{p.number}",
+                TrialStatus.PRESCREENED_OUT,
+                reason=p.reason,
+                peak_memory_bytes=p.predicted_bytes,
+            )
         )
-        for p in record.prescreened()
-    ]
+    return rows
 
 
 def analyze_run(run_dir: str | Path) -> BestConfig | None:

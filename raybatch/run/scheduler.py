@@ -217,7 +217,7 @@ class CappingScheduler(FIFOScheduler):
                 self._running_since.pop(trial.trial_id, None)
                 continue
             since = self._running_since.setdefault(trial.trial_id, now)
-            if now - since <= self.hang_after_s:
+            if now - since <= self.hang_after_s * placement_allowance(trial):
                 continue
             waited = now - since
             self.hung[trial.trial_id] = waited
@@ -255,3 +255,13 @@ class CappingScheduler(FIFOScheduler):
             f"CappingScheduler: cap {cap}, {len(self.capped)} trials capped"
             f" ({len(self.capped_at_level)} at an intermediate level), {len(self.hung)} hung"
         )
+
+
+def placement_allowance(trial: Any) -> float:
+    """How many hang windows a trial may stay silent: two for a data-parallel trial that has
+    not reported yet, which may first wait for its workers' GPUs (the searcher launches it only
+    when they fit beside the other data-parallel trials, but packed single trials may still
+    hold them until they end, within one trial's time cap); one otherwise."""
+    config = getattr(trial, "config", None) or {}
+    waiting = not getattr(trial, "last_result", None) and config.get(keys.WORLD_SIZE, 1) > 1
+    return 2.0 if waiting else 1.0

@@ -55,7 +55,7 @@ from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
-from raybatch.trial.placement import placement_problem
+from raybatch.trial.placement import placeable_workers, placement_problem
 from raybatch.trial.resources import gpu_fraction
 from raybatch.trial.status import TrialStatus, final_status
 
@@ -118,6 +118,8 @@ class RaybatchSearcher(Searcher):
     # searcher object itself on resume).
     data_parallel_gpus: bool | None = None
     gpu_model: str | None = None
+    _held: tuple[int, dict[str, Any], TrialConfig] | None = None
+    _running_workers: dict[str, int] = {}  # noqa: RUF012 (replaced per instance in __init__)
     pack_gpus: bool = False
     ladder: Ladder | None = None
     probe_margin: float = 0.0
@@ -157,6 +159,8 @@ class RaybatchSearcher(Searcher):
         self._pending_points = list(points_to_evaluate or [])
         self.data_parallel_gpus = data_parallel_gpus
         self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
+        self._running_workers: dict[str, int] = {}  # Tune trial -> data-parallel workers
+        self._held: tuple[int, dict[str, Any], TrialConfig] | None = None
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
@@ -210,6 +214,14 @@ class RaybatchSearcher(Searcher):
             return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
         if self.gave_up is not None:
             return Searcher.FINISHED
+        if self._held is not None:  # a data-parallel recipe waiting for room for its workers
+            number, config, recipe = self._held
+            held = self.record.live(number)
+            if held is not None and not self._room_for(recipe):
+                return None  # Tune asks again later; nothing starts only to wait
+            self._held = None
+            if held is not None:
+                return self._launch(held, config, recipe, trial_id)
         self._queue_first_points()
         self._queue_ladder()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
@@ -249,10 +261,10 @@ class RaybatchSearcher(Searcher):
             if self.pack_gpus and self.estimator is not None and self.budget_bytes is not None:
                 predicted = self.estimator.predict(recipe)
                 config[keys.GPU_SHARE] = gpu_fraction(predicted, self.budget_bytes)
-            # The constraint is set when the trial completes: a real OOM makes it positive.
-            self.record.launched(ot_trial, config, trial_id)
-            self._trial_numbers[trial_id] = ot_trial.number
-            return config
+            if not self._room_for(recipe):
+                self._held = (ot_trial.number, config, recipe)
+                return None
+            return self._launch(ot_trial, config, recipe, trial_id)
         last = self.prescreened[-1][keys.REASON] if self.prescreened else "?"
         self.record.gave_up(
             f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the"
@@ -260,6 +272,29 @@ class RaybatchSearcher(Searcher):
             " cluster"
         )
         return Searcher.FINISHED
+
+    def _launch(
+        self, ot_trial: optuna.Trial, config: dict[str, Any], recipe: TrialConfig, trial_id: str
+    ) -> dict[str, Any]:
+        # The constraint is set when the trial completes: a real OOM makes it positive.
+        self.record.launched(ot_trial, config, trial_id)
+        self._trial_numbers[trial_id] = ot_trial.number
+        if recipe.world_size > 1:
+            self._running_workers[trial_id] = recipe.world_size
+        return config
+
+    def _room_for(self, recipe: TrialConfig) -> bool:
+        """Whether a data-parallel recipe's workers fit beside those of the data-parallel
+        trials running now. Tune would otherwise start its trial at once (the trial itself
+        holds no GPU) to wait inside ``fit()`` for workers, on the hang guard's clock."""
+        if recipe.world_size <= 1 or self.data_parallel_gpus is None:
+            return True
+        import ray
+
+        if not ray.is_initialized():
+            return True
+        room = placeable_workers(ray.nodes(), self.data_parallel_gpus, self.gpu_model)
+        return sum(self._running_workers.values()) + recipe.world_size <= room
 
     # ------------------------------------------------------------------ the plan
 
@@ -381,6 +416,7 @@ class RaybatchSearcher(Searcher):
         A trial that ran out of memory is told infeasible (positive constraint) and remembered,
         so that no later suggestion needing as much memory is launched.
         """
+        self._running_workers.pop(trial_id, None)
         number = self._trial_numbers.get(trial_id)
         if number is None or trial_id in self._completed:
             return

@@ -125,6 +125,10 @@ class SearchStudy:
         self._live[trial.number] = trial
         return trial
 
+    def live(self, number: int) -> optuna.Trial | None:
+        """The open Optuna trial ``number`` asked in this process (``None``: not open here)."""
+        return self._live.get(number)
+
     def launched(self, trial: optuna.Trial, config: dict[str, Any], tune_trial_id: str) -> None:
         """Record which Tune trial runs this Optuna trial, with which config."""
         trial.set_user_attr(CONFIG_ATTR, config)
