@@ -153,3 +153,25 @@ def test_trials_pinned_to_a_model_ask_for_its_accelerator_type() -> None:
     assert placeable_workers(nodes, True) == 6
     assert placeable_workers(nodes, True, "A100") == 2  # data-parallel workers: A100s only
     assert placeable_workers(nodes, False, "A100") == 0  # CPU workers are not pinned
+
+
+def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluster() -> None:
+    """No GPU node alive yet, but the autoscaler may start 8 GPUs: trials default to GPUs
+    (not silently to CPUs), go on with an explicit budget (said in the notes), and without one
+    are refused with what to give, since no GPU's memory can be read before one exists."""
+    from raybatch.errors import OptionError
+    from raybatch.run.hardware import gpu_request
+
+    head = NodeView("head", "10.0.0.1", 8, 0)
+    autoscaling = ClusterView((head,), autoscale_gpus=8)
+    assert autoscaling.gpus_per_trial(None) == "auto"
+    notes: list[str] = []
+    assert gpu_request(autoscaling, 1.0, "16GiB", notes) == 1.0
+    assert notes == ["no GPU node is alive yet: GPU trials wait for the autoscaler to start one"
+                     " (up to 8 GPUs), with the memory budget given"]  # fmt: skip
+    with pytest.raises(OptionError, match="memory_budget: no GPU node is alive yet"):
+        gpu_request(autoscaling, None, None, [])
+    fixed = ClusterView((head,))  # no autoscaler: GPUs asked of a CPU cluster are an error
+    assert fixed.gpus_per_trial(None) == 0 and gpu_request(fixed, None, None, []) == 0
+    with pytest.raises(OptionError, match=r"gpus_per_trial: is 1\.0, but no node"):
+        gpu_request(fixed, 1.0, "16GiB", [])

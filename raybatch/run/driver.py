@@ -28,7 +28,6 @@ from raybatch import keys
 from raybatch.errors import (
     ConfigError,
     Issue,
-    OptionError,
     RaybatchError,
     RunDirError,
     SearchInterrupted,
@@ -175,19 +174,15 @@ def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
     from raybatch.memory.estimator import MemoryEstimator
-    from raybatch.run.hardware import one_gpu_model, read_cluster
+    from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
     from raybatch.run.searcher import RaybatchSearcher
     from raybatch.trial.resources import with_resources
     from raybatch.trial.wrapper import trainable
 
     view = read_cluster()
     notes: list[str] = list(view.warnings())
-    gpus = view.gpus_per_trial(options.gpus_per_trial)
+    gpus = gpu_request(view, options.gpus_per_trial, options.memory_budget, notes)
     cuda = gpus not in (0, 0.0)
-    if cuda and view.gpus == 0:
-        raise OptionError(
-            [Issue("gpus_per_trial", f"is {gpus!r}, but no node of the cluster has a GPU")]
-        )
     if cuda:
         view = one_gpu_model(view, options.gpu_model, notes)
     budget = _budget(view, options, cuda, notes)

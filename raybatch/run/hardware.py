@@ -27,7 +27,7 @@ from raybatch.memory.budget import (
     parse_size,
     read_all_devices,
 )
-from raybatch.trial.placement import ACCELERATOR_TYPE, whole_units
+from raybatch.trial.placement import ACCELERATOR_TYPE, autoscaling_max, whole_units
 
 NVML_TIMEOUT_S = 30.0
 """How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""
@@ -66,6 +66,8 @@ class ClusterView:
     """The cluster a search will run on."""
 
     nodes: tuple[NodeView, ...]
+    autoscale_gpus: int = 0
+    """GPUs the autoscaler may still bring up (its config's maximum; 0 without one)."""
 
     @property
     def gpus(self) -> float:
@@ -90,10 +92,10 @@ class ClusterView:
 
     def gpus_per_trial(self, requested: str | float | None) -> str | float:
         """What each trial asks for: the user's request, else ``auto`` on a cluster with
-        GPUs, else 0 (CPU trials)."""
+        GPUs (alive, or that its autoscaler may start), else 0 (CPU trials)."""
         if requested is not None:
             return requested
-        return "auto" if self.gpus > 0 else 0
+        return "auto" if self.gpus > 0 or self.autoscale_gpus > 0 else 0
 
     def gpu_models(self) -> list[str]:
         """Every GPU model of the cluster (empty when neither Ray nor NVML names one)."""
@@ -102,7 +104,8 @@ class ClusterView:
     def of_model(self, model: str) -> ClusterView:
         """The cluster as trials pinned to ``model`` see it: its GPU nodes of that model (and
         the nodes without GPUs, which host the driver's side of data-parallel trials)."""
-        return ClusterView(tuple(n for n in self.nodes if n.gpus <= 0 or model in n.gpu_models()))
+        kept = tuple(n for n in self.nodes if n.gpus <= 0 or model in n.gpu_models())
+        return ClusterView(kept, self.autoscale_gpus)
 
     def smallest_gpu(self) -> tuple[NodeView, DeviceMemory] | None:
         """The GPU with the least free memory among those NVML answered for."""
@@ -231,7 +234,43 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
         )
         for r in records
     )
-    return ClusterView(nodes)
+    return ClusterView(nodes, autoscaling_max("GPU"))
+
+
+def gpu_request(
+    view: ClusterView,
+    requested: str | float | None,
+    memory_budget: str | int | None,
+    notes: list[str],
+) -> str | float:
+    """What each trial asks for (:meth:`ClusterView.gpus_per_trial`), checked against the
+    cluster: GPUs where none is alive yet go on only where an autoscaler may start some and
+    the budget is given (no GPU's memory can be read before one exists).
+
+    Raises:
+        OptionError: GPUs asked of a cluster that has none and cannot get any, or of an
+            autoscaling one without ``--memory-budget``.
+    """
+    from raybatch.errors import Issue, OptionError
+
+    gpus = view.gpus_per_trial(requested)
+    if gpus in (0, 0.0) or view.gpus > 0:
+        return gpus
+    if view.autoscale_gpus <= 0:
+        message = f"is {gpus!r}, but no node of the cluster has a GPU"
+        raise OptionError([Issue("gpus_per_trial", message)])
+    if memory_budget is None:
+        message = (
+            f"no GPU node is alive yet (the autoscaler may start up to {view.autoscale_gpus}),"
+            " and no GPU's memory can be read before one exists: give --memory-budget, or"
+            " --gpus-per-trial 0 for a CPU search"
+        )
+        raise OptionError([Issue("memory_budget", message)])
+    notes.append(
+        f"no GPU node is alive yet: GPU trials wait for the autoscaler to start one (up to"
+        f" {view.autoscale_gpus} GPUs), with the memory budget given"
+    )
+    return gpus
 
 
 def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> ClusterView:
@@ -291,4 +330,6 @@ def collect_readings(
     return out
 
 
-__all__ = ["ClusterView", "NodeView", "collect_readings", "one_gpu_model", "read_cluster"]
+__all__ = [
+    "ClusterView", "NodeView", "collect_readings", "gpu_request", "one_gpu_model", "read_cluster",
+]  # fmt: skip

@@ -55,7 +55,7 @@ from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
-from raybatch.trial.placement import placeable_workers, placement_problem
+from raybatch.trial.placement import autoscaling_max, placeable_workers, placement_problem
 from raybatch.trial.resources import gpu_fraction
 from raybatch.trial.status import TrialStatus, final_status
 
@@ -294,6 +294,7 @@ class RaybatchSearcher(Searcher):
         if not ray.is_initialized():
             return True
         room = placeable_workers(ray.nodes(), self.data_parallel_gpus, self.gpu_model)
+        room = max(room, autoscaling_max("GPU" if self.data_parallel_gpus else "CPU"))
         return sum(self._running_workers.values()) + recipe.world_size <= room
 
     # ------------------------------------------------------------------ the plan

@@ -65,6 +65,22 @@ def model_resource(model: str | None) -> dict[str, float]:
     return {f"{ACCELERATOR_TYPE}{name}": MODEL_RESOURCE_SLIVER}
 
 
+def autoscaling_max(kind: str) -> int:
+    """How many ``kind`` (``"GPU"``, ``"CPU"``) the cluster's autoscaler may bring up in all
+    (its node types x their max counts); 0 without an autoscaler. An autoscaling cluster whose
+    GPU workers are at zero has no GPU node alive yet, and still is a GPU cluster. Ray has no
+    public call for this: the one its own libraries use is read, and any failure means 0."""
+    try:
+        from ray._private.state import state
+
+        maxes = state.get_max_resources_from_cluster_config()
+    except Exception:  # no autoscaler, an older or newer Ray: nothing known
+        return 0
+    if not maxes:
+        return 0
+    return int(min(float(maxes.get(kind, 0) or 0), 1e6))
+
+
 NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 """Set on a node, Ray leaves ``CUDA_VISIBLE_DEVICES`` alone: an assigned GPU id is then the
 CUDA index itself, not device 0 of a restricted view."""
@@ -194,6 +210,7 @@ def placement_problem(world_size: int, use_gpu: bool, gpu_model: str | None = No
     if world_size <= 1 or not ray.is_initialized():
         return None
     room = placeable_workers(ray.nodes(), use_gpu, gpu_model)
+    room = max(room, autoscaling_max("GPU" if use_gpu else "CPU"))  # nodes still to come
     return unplaceable_reason(world_size, use_gpu, room)
 
 
@@ -203,6 +220,7 @@ __all__ = [
     "NOSET_VISIBLE_DEVICES",
     "assigned_gpu_ids",
     "assigned_gpu_share",
+    "autoscaling_max",
     "choose_device",
     "limit_packed_memory",
     "model_resource",
