@@ -120,3 +120,61 @@ def test_a_process_listing_nvml_refuses_keeps_the_memory_reading() -> None:
     assert device.used_by_other_processes_bytes is None  # unknown, not zero
     assert device.name == "NVIDIA H100 80GB HBM3"
     assert budget_of(device).bytes == int(0.9 * 70 * 2**30) - CUDA_CONTEXT_OVERHEAD_BYTES
+
+
+class _FourGpus:
+    """NVML on a machine of four GPUs, the third one busy (a stand-in for the driver only)."""
+
+    NVMLError = _NoPermission
+
+    def __init__(self) -> None:
+        self.uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        return self.uuids.index(uuid)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+        from types import SimpleNamespace
+
+        free = 2 if handle == 2 else 70  # GiB: GPU 2 is busy with a job outside Ray
+        return SimpleNamespace(total=80 * 2**30, free=free * 2**30, used=(80 - free) * 2**30)
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return f"GPU {handle}".encode()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [(None, ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]), ("3,GPU-b", ["GPU 3", "GPU 1"])],
+)
+def test_the_node_reader_sees_the_gpus_cuda_numbers_not_every_physical_one(
+    monkeypatch: pytest.MonkeyPatch, visible: str | None, names: list[str]
+) -> None:
+    """A node started with CUDA_VISIBLE_DEVICES gives Ray only those GPUs (indices or UUIDs, in
+    CUDA's order); a busy GPU outside them must not shrink the budget. With --num-gpus below
+    what CUDA sees, Ray manages the first ones."""
+    import raybatch.memory.budget as budget
+    from raybatch.run.hardware import ClusterView, NodeView, rays_devices
+
+    monkeypatch.setattr(budget, "nvml", _FourGpus)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    devices = budget.read_all_devices()
+    assert devices is not None and [d.name for d in devices] == names
+    ray_two = rays_devices(tuple(devices), 2.0)  # ray start --num-gpus 2
+    assert ray_two is not None and [d.name for d in ray_two] == names[:2]
+    budget_of_two = ClusterView((NodeView("n", "n", 8, 2, ray_two),)).budget()
+    assert budget_of_two is not None and budget_of_two.bytes > 60 * 2**30  # GPU 2 not counted

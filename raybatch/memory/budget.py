@@ -174,14 +174,21 @@ def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
 
 
 def read_all_devices() -> list[DeviceMemory] | None:
-    """Every GPU of this machine as NVML numbers them (physical, whatever is visible to CUDA);
-    ``None`` without a usable NVIDIA driver."""
+    """The GPUs this process's CUDA numbers, in CUDA's order: those ``CUDA_VISIBLE_DEVICES``
+    names (indices or UUIDs, matched to NVML's physical GPUs), or every GPU when it is unset.
+    A node started with ``CUDA_VISIBLE_DEVICES`` gives Ray only those GPUs, and a busy GPU
+    outside them must not shrink the budget. ``None`` without a usable NVIDIA driver."""
     pynvml = nvml()
     if pynvml is None:
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        return [_device_memory(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        count = (
+            len([e for e in visible.split(",") if e.strip()])
+            if visible
+            else pynvml.nvmlDeviceGetCount()
+        )
+        return [_device_memory(pynvml, physical_handle(pynvml, i)) for i in range(count)]
     except pynvml.NVMLError:
         return None
     finally:

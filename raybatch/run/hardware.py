@@ -222,7 +222,10 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
             address=str(r.get("NodeManagerAddress", "?")),
             cpus=float(r.get("Resources", {}).get("CPU", 0.0)),
             gpus=float(r.get("Resources", {}).get("GPU", 0.0)),
-            devices=answers.get(r["NodeID"], (None, None))[0],
+            devices=rays_devices(
+                answers.get(r["NodeID"], (None, None))[0],
+                float(r.get("Resources", {}).get("GPU", 0.0)),
+            ),
             nvml_error=answers.get(r["NodeID"], (None, None))[1],
             accelerator_types=tuple(
                 sorted(
@@ -330,6 +333,18 @@ def collect_readings(
     return out
 
 
+def rays_devices(
+    devices: tuple[DeviceMemory, ...] | None, gpus: float
+) -> tuple[DeviceMemory, ...] | None:
+    """The devices of a node that Ray manages: a node started with ``--num-gpus N`` below what
+    CUDA sees gives Ray the first ``N`` (Ray numbers its GPU ids in CUDA's order), and only
+    those count for the budget (a busy GPU outside Ray must not shrink it)."""
+    if devices is None:
+        return None
+    return devices[: max(whole_units([gpus]), 0)] if 0 < gpus < len(devices) else devices
+
+
 __all__ = [
-    "ClusterView", "NodeView", "collect_readings", "gpu_request", "one_gpu_model", "read_cluster",
+    "ClusterView", "NodeView", "collect_readings", "gpu_request", "one_gpu_model", "rays_devices",
+    "read_cluster",
 ]  # fmt: skip
