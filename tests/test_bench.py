@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -380,3 +382,44 @@ def test_every_figure_says_what_code_it_measured() -> None:
     page = (BENCH.parent / "docs" / "benchmarks.md").read_text()
     sections = page.count("\n## ")
     assert page.count("Code measured:") == sections  # one beside every section's figures
+
+
+def test_a_trial_runs_where_ray_and_optuna_are_not_installed(tmp_path: Path) -> None:
+    """The offline GPU machine has torch and NVML but no Ray or Optuna: the GPU check's trials
+    (run_trial, the loop, the probe) must not need them."""
+    code = textwrap.dedent(
+        """
+        import sys, importlib.abc
+        class Absent(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("ray", "optuna"):
+                    raise ImportError(f"No module named {name!r}")
+        sys.meta_path.insert(0, Absent())
+        import raybatch
+        from raybatch.examples.digits import DigitsWorkload
+        from raybatch.trial.wrapper import TrialSettings, run_trial
+        reports = []
+        settings = TrialSettings(raybatch.Target(0.5), max_time_s=10)
+        space = raybatch.load_space("digits_cnn_sgd")
+        run_trial(DigitsWorkload(), space, settings, {"micro_batch_size": 64}, reports.append)
+        print("STATUS", reports[-1]["status"], reports[-1]["reason"])
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, check=False)  # fmt: skip
+    assert "STATUS reached" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_the_offline_gpu_check_installs_nothing_and_says_when_there_is_no_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: make gpu-check runs the real thing")
+    repo = Path(__file__).parent.parent
+    done = subprocess.run(
+        ["bash", str(repo / "bench" / "gpu_offline.sh")],
+        env={**os.environ, "PYTHON": sys.executable, "PIP_INDEX_URL": "http://0.0.0.0:9/none"},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "gpu-check: no CUDA device here" in done.stderr

@@ -27,11 +27,21 @@ from raybatch.errors import TrialDeviceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 
 
+def running_ray() -> Any:
+    """The ``ray`` module when this process is part of a running Ray, else ``None``: a direct
+    call outside Ray, or a machine without Ray at all (the offline GPU check runs trials with
+    torch, NVML and this package only)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray if ray.is_initialized() else None
+
+
 def assigned_gpu_ids() -> list[str] | None:
     """The GPU ids Ray assigned to this process; ``None`` outside Ray (a direct call)."""
-    import ray
-
-    if not ray.is_initialized():
+    ray = running_ray()
+    if ray is None:
         return None
     return [str(i) for i in ray.get_gpu_ids()]
 
@@ -39,9 +49,8 @@ def assigned_gpu_ids() -> list[str] | None:
 def assigned_gpu_share() -> float | None:
     """The fraction of a GPU Ray assigned to this process (``0.25`` when packed four to a GPU);
     ``None`` outside Ray, ``0.0`` for a CPU trial."""
-    import ray
-
-    if not ray.is_initialized():
+    ray = running_ray()
+    if ray is None:
         return None
     try:
         return float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
@@ -227,6 +236,7 @@ __all__ = [
     "packed_memory_fraction",
     "placeable_workers",
     "placement_problem",
+    "running_ray",
     "trial_device",
     "unplaceable_reason",
     "whole_units",

@@ -42,6 +42,7 @@ from raybatch.trial.placement import (
     limit_packed_memory,
     model_resource,
     placement_problem,
+    running_ray,
     trial_device,
 )
 from raybatch.trial.reporting import ReportFn, TrialReporter
@@ -99,10 +100,10 @@ def default_eval_every(train_size: int, space: SearchSpace) -> int:
 
 def _set_threads_to_assigned_cpus() -> None:
     """Packed CPU trials must not fight over cores: one torch thread per CPU the trial holds."""
-    import ray
     import torch
 
-    if not ray.is_initialized():  # a direct call outside Ray: leave torch's default
+    ray = running_ray()
+    if ray is None:  # a direct call outside Ray: leave torch's default
         return
     try:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
