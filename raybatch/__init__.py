@@ -47,9 +47,9 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.space.presets import load_space
     from raybatch.space.search_space import SearchSpace
     from raybatch.space.tune_space import optuna_space, tune_param_space
+    from raybatch.status import TrialStatus
     from raybatch.trial.reporting import TrialReporter
     from raybatch.trial.resources import with_resources
-    from raybatch.trial.status import TrialStatus
     from raybatch.trial.wrapper import TrialSettings, trainable
     from raybatch.version import __version__
     from raybatch.workload import SimpleWorkload, Workload
@@ -70,7 +70,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "space.tune_space": ("optuna_space", "tune_param_space"),
     "trial.reporting": ("TrialReporter",),
     "trial.resources": ("with_resources",),
-    "trial.status": ("TrialStatus",),
+    "status": ("TrialStatus",),
     "trial.wrapper": ("TrialSettings", "trainable"),
     "version": ("__version__",),
     "workload": ("SimpleWorkload", "Workload"),

@@ -12,7 +12,7 @@ from raybatch.export import BestConfig
 from raybatch.report import verdict
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TrialRow
-from raybatch.trial.status import TrialStatus
+from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 BASELINE = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raybatch import Target, TrialReporter, TrialStatus, keys
-from raybatch.trial.status import objective_value
+from raybatch.status import objective_value
 
 
 class Clock:

@@ -16,7 +16,7 @@ from raybatch.run import searcher as searcher_module
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
 from raybatch.run.study import STATUS_ATTR, status_of
-from raybatch.trial.status import TrialStatus, final_status
+from raybatch.status import TrialStatus, final_status
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
 

@@ -12,7 +12,7 @@ from raybatch import Target, keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner, measured_recipes, select_winner
 from raybatch.run.options import SearchOptions
-from raybatch.trial.status import TrialStatus
+from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 BASELINE = (256, 1, 1.0)  # the largest batch the space lists, at the rule's LR

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import Issue, RunDirError
-from raybatch.trial.status import TrialStatus
+from raybatch.status import TrialStatus
 
 if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig

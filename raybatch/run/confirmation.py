@@ -21,7 +21,7 @@ from raybatch.results.rows import TrialRow
 from raybatch.results.selection import compare_paired, ranked
 from raybatch.run.options import SearchOptions
 from raybatch.space.search_space import SearchSpace
-from raybatch.trial.status import TrialStatus
+from raybatch.status import TrialStatus
 
 
 class _Pick:

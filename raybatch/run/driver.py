@@ -61,7 +61,7 @@ from raybatch.run.seeding import (
 )
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
-from raybatch.trial.status import TrialStatus, final_status
+from raybatch.status import TrialStatus, final_status
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 if TYPE_CHECKING:

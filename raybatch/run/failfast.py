@@ -34,7 +34,7 @@ from ray.tune import Callback, Stopper
 
 from raybatch import keys
 from raybatch.errors import first_line
-from raybatch.trial.status import WORKLOAD_RAN, TrialStatus
+from raybatch.status import WORKLOAD_RAN, TrialStatus
 
 FAIL_FAST_AFTER = 3
 """Identical failures, with no trial ending any other way, that stop the search. Ray retries a

@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from raybatch.errors import Issue, OptionError
-from raybatch.trial.status import PAR_FACTOR
+from raybatch.status import PAR_FACTOR
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raybatch import keys
-from raybatch.trial.status import TrialStatus
+from raybatch.status import TrialStatus
 
 DEFAULT_SLACK = 1.2
 DEFAULT_LEVEL_SLACK = 1.5

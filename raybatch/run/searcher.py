@@ -55,9 +55,9 @@ from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
+from raybatch.status import TrialStatus, final_status
 from raybatch.trial.placement import autoscaling_max, placeable_workers, placement_problem
 from raybatch.trial.resources import gpu_fraction
-from raybatch.trial.status import TrialStatus, final_status
 
 if TYPE_CHECKING:
     import optuna

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.trial.status import WORKLOAD_RAN, TrialStatus
+from raybatch.status import WORKLOAD_RAN, TrialStatus
 
 if TYPE_CHECKING:
     import optuna
 
 STATUS_ATTR = "status"
-"""How the trial ended: a :class:`~raybatch.trial.status.TrialStatus` value."""
+"""How the trial ended: a :class:`~raybatch.status.TrialStatus` value."""
 REASON_ATTR = "reason"
 """Why a pre-screened config was not launched."""
 PREDICTED_BYTES_ATTR = keys.PREDICTED_BYTES

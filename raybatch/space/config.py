@@ -211,3 +211,18 @@ def _coerce(name: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise TypeError(f"must be a string, got {value!r}")
     return value
+
+
+RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(TrialConfig))
+"""The keys of a whole recipe in a flat config (:meth:`TrialConfig.to_dict`)."""
+
+
+def same_value(carried: Any, derived: Any) -> bool:
+    """Whether a carried recipe value is the derived one (floats through JSON or YAML)."""
+    if isinstance(derived, float) and isinstance(carried, int | float):
+        return math.isclose(float(carried), derived, rel_tol=1e-9, abs_tol=1e-15)
+    if isinstance(derived, dict) and isinstance(carried, Mapping):
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in carried.items()} == {
+            k: list(v) if isinstance(v, tuple) else v for k, v in derived.items()
+        }
+    return bool(carried == derived)

@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Mapping
@@ -56,27 +55,12 @@ from pydantic import (
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, SpaceError
 from raybatch.space._yaml import load_mapping
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import RECIPE_KEYS, TrialConfig, same_value
 from raybatch.space.rules import OptimizerFamily, ScalingRule
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(TrialConfig))
-"""The keys of a whole recipe in a flat config (:meth:`TrialConfig.to_dict`)."""
-
-
-def _same(carried: Any, derived: Any) -> bool:
-    """Whether a carried recipe value is the derived one (floats through JSON or YAML)."""
-    if isinstance(derived, float) and isinstance(carried, int | float):
-        return math.isclose(float(carried), derived, rel_tol=1e-9, abs_tol=1e-15)
-    if isinstance(derived, dict) and isinstance(carried, Mapping):
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in carried.items()} == {
-            k: list(v) if isinstance(v, tuple) else v for k, v in derived.items()
-        }
-    return bool(carried == derived)
-
 
 DEFAULT_MAX_ACCUMULATION_STEPS = 16
 """Seed 003, Pitfall 7: beyond 16 accumulation steps the slowdown rarely pays off."""
@@ -325,33 +309,25 @@ class SearchSpace(_Model):
         return issues
 
     def recipe_of(self, config: Mapping[str, Any]) -> TrialConfig:
-        """The recipe of a Ray Tune config, at the door of whoever needs it.
-
-        Configs from raybatch's searcher, :func:`~raybatch.optuna_space` and
-        :func:`~raybatch.tune_param_space` carry the whole recipe (every key of
-        :meth:`TrialConfig.to_dict`), derived where the knobs were chosen. The knobs are the
-        recipe's identity: a carried value the space's rules would not derive from them (an
-        ``lr`` typed beside the knobs, a recipe from an edited space) is refused, naming the
-        keys, rather than trained under knobs that say something else. A config with knobs
-        only is derived here.
+        """The recipe of a Ray Tune config: that of its knobs, which must agree with any
+        recipe the config carries (the searcher's and ``optuna_space``'s carry the whole
+        recipe); a carried ``lr`` typed beside the knobs, or a recipe from an edited space, is
+        refused by name rather than trained under knobs that say something else.
 
         Raises:
             ConfigError: The knobs are invalid, or a carried value disagrees with them.
         """
-        recipe = self.derive_from(config)
-        derived = recipe.to_dict()
-        differ = [
-            k for k in RECIPE_KEYS
-            if k in config and k not in keys.RAW_KNOBS and not _same(config[k], derived[k])
+        derived = self.derive_from(config)
+        values = derived.to_dict()
+        issues = [
+            Issue(k, f"is {config[k]!r}, but the space's rules give {values[k]!r} for these"
+                     " knobs (change the knobs or the multipliers, not the value)")
+            for k in RECIPE_KEYS
+            if k in config and k not in keys.RAW_KNOBS and not same_value(config[k], values[k])
         ]  # fmt: skip
-        if differ:
-            issues = [
-                Issue(k, f"is {config[k]!r}, but the space's rules give {derived[k]!r} for"
-                         " these knobs (change the knobs or the multipliers, not the value)")
-                for k in differ
-            ]  # fmt: skip
+        if issues:
             raise ConfigError(issues, self._source)
-        return recipe
+        return derived
 
     def derive_from(self, config: Mapping[str, Any]) -> TrialConfig:
         """Derive from the raw knobs found in a (Ray Tune) config dict.

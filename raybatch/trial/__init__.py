@@ -5,7 +5,6 @@
 - ``loop``: raybatch's own training loop (accumulation, warmup, AMP, DDP, evaluation marks);
 - ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's clock, marks,
   target check and statuses, reported to Ray Tune;
-- ``status``: how a trial ended and the objective the searcher sees for it;
 - ``resources``: what a trial asks Ray for (GPU fraction from the memory estimate);
 - ``gpu_monitor``: GPU utilisation sampled during a trial (NVML);
 - ``gradient_noise``: the search's time model measured on a trial's device (gradient noise

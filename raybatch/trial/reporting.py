@@ -49,7 +49,7 @@ from typing import Any
 from raybatch import keys
 from raybatch.errors import first_line
 from raybatch.metric import Target
-from raybatch.trial.status import TrialStatus, objective_value
+from raybatch.status import TrialStatus, objective_value
 
 ReportFn = Callable[[dict[str, Any]], None]
 

@@ -11,7 +11,7 @@ GPUs/CPUs). For each trial it:
 3. trains with raybatch's loop (:mod:`raybatch.trial.loop`), evaluating at fixed sample marks, and
    stops at the target, the time/sample cap, or divergence;
 4. reports at every evaluation and ends with exactly one terminal status (see
-   :mod:`raybatch.trial.status`). Failures inside the trial — out of memory mid-training, a crash —
+   :mod:`raybatch.status`). Failures inside the trial — out of memory mid-training, a crash —
    end *the trial* with a reason; they never raise into Ray, so the search goes on.
 
 ``world_size > 1`` runs the trial data-parallel through Ray Train's ``TorchTrainer`` (gloo on
@@ -36,6 +36,7 @@ from raybatch.metric import Target, resolve_target
 from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
+from raybatch.status import TrialStatus
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
     assigned_gpu_share,
@@ -46,7 +47,6 @@ from raybatch.trial.placement import (
     trial_device,
 )
 from raybatch.trial.reporting import ReportFn, TrialReporter
-from raybatch.trial.status import TrialStatus
 from raybatch.workload import Workload
 
 EVALS_PER_EPOCH = 4
