@@ -18,6 +18,8 @@ WHEELS=bench/wheels
 if [[ "${1:-}" == "--split" ]]; then
     mkdir -p "$WHEELS"
     split -b 60m "$2" "$WHEELS/$(basename "$2").part-"
+    # The whole wheel is over what a transfer carries: only its parts stay beside the others.
+    if [[ "$(cd "$(dirname "$2")" && pwd)" == "$PWD/$WHEELS" ]]; then rm -f "$2"; fi
     ls -l "$WHEELS"
     exit 0
 fi
@@ -31,8 +33,13 @@ if compgen -G "$WHEELS/*.part-*" >/dev/null; then
     done
 fi
 if compgen -G "$WHEELS/*.whl" >/dev/null; then cp "$WHEELS"/*.whl "$DEPS"/; fi
+# Each wheel on its own: one that does not install here (another python) is said and skipped,
+# and the checks that need only torch and NVML still run.
 if compgen -G "$DEPS/*.whl" >/dev/null; then
-    "$PY" -m pip install --quiet --no-index --no-deps --target "$DEPS/site" "$DEPS"/*.whl
+    for whl in "$DEPS"/*.whl; do
+        "$PY" -m pip install --quiet --no-index --no-deps --target "$DEPS/site" "$whl" \
+            || echo "gpu-check: could not install $(basename "$whl") here; skipped"
+    done
 fi
 export PYTHONPATH="$PWD:$DEPS/site${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -45,6 +52,7 @@ if "$PY" -c "import ray, optuna" 2>/dev/null; then
     RUN=$(mktemp -d)
     "$PY" -m raybatch search raybatch.examples.digits:workload --target 0.97 --trials 6 \
         --max-time-per-trial 20 --run-dir "$RUN/run" --quiet
+    rm -rf "$RUN"
 else
     echo "gpu-check: skipped raybatch check and the search on the GPU: Ray and Optuna are not here"
 fi

@@ -7,7 +7,12 @@ import pytest
 from raybatch.errors import TrialDeviceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DeviceMemory
 from raybatch.run.hardware import ClusterView, NodeView, collect_readings
-from raybatch.trial.placement import choose_device, placeable_workers
+from raybatch.trial.placement import (
+    choose_device,
+    cuda_index_of,
+    placeable_workers,
+    ray_leaves_visible_devices,
+)
 
 GIB = 2**30
 
@@ -34,6 +39,19 @@ def test_with_ray_leaving_cuda_visible_devices_alone_the_assigned_id_is_the_inde
     trial given GPU 3 must train on cuda:3, not on cuda:0 (another trial's GPU)."""
     assert choose_device("auto", ["3"], True, ray_sets_visible=False) == ("cuda", 3)
     assert choose_device("auto", ["3"], True) == ("cuda", 0)  # Ray's default: a view of one
+    # Ray's ids are the node's CUDA_VISIBLE_DEVICES entries: "2" of "2,3" is cuda:0.
+    assert cuda_index_of("2", "2,3") == 0 and cuda_index_of("GPU-b", "GPU-a,GPU-b") == 1
+    assert cuda_index_of("3", None) == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("1", True), ("true", True), ("yes", False), ("", False)]
+)
+def test_ray_leaving_visible_devices_alone_is_read_as_ray_reads_it(
+    monkeypatch: pytest.MonkeyPatch, value: str, on: bool
+) -> None:
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", value)
+    assert ray_leaves_visible_devices() is on
 
 
 def test_a_gpu_assigned_to_a_process_without_cuda_is_a_clear_error() -> None:
@@ -108,7 +126,6 @@ def test_a_node_whose_nvml_reader_raises_is_said_not_to_answer_and_nothing_crash
     assert got["b"] == (None, "RuntimeError: NVML Shared Library Not Found")
     assert got["c"] == (None, "no answer in 1 s")
     assert got["d"] == (None, "no NVIDIA driver")
-    ray.cancel(pending["c"], force=True)
     view = ClusterView((NodeView("b", "10.0.0.7", 8, 2, None, got["b"][1]),))
     [warning] = view.warnings()
     assert "10.0.0.7 (RuntimeError: NVML Shared Library Not Found)" in warning
@@ -134,10 +151,11 @@ def test_a_cluster_of_mixed_gpu_models_is_refused_unless_one_is_chosen() -> None
     assert [n.node_id for n in pinned.nodes] == ["head", "h"] and pinned.gpus == 4
     assert notes == ["every GPU trial runs on H100 (4 GPUs of the cluster's 6)"]
     assert pinned.budget() is not None and pinned.budget().bytes < 60 * GIB  # type: ignore[union-attr]
-    with pytest.raises(
-        OptionError, match="'V100' is not a GPU model of this cluster; its models: A100, H100"
-    ):
+    with pytest.raises(OptionError, match="its labelled models: A100, H100"):
         one_gpu_model(view, "V100", [])
+    unlabelled = ClusterView((NodeView("n", "n", 8, 2, (_gpu("NVIDIA A100", 80, 79),)),))
+    with pytest.raises(OptionError, match=r"is not a GPU model Ray labels.*--resources"):
+        one_gpu_model(unlabelled, "NVIDIA A100", [])  # no resource to pin trials with
     one = ClusterView((NodeView("a", "a", 8, 2, (_gpu("NVIDIA A100", 80, 79),)),))
     assert one_gpu_model(one, None, []) is one  # one model (NVML's name): nothing to choose
 

@@ -542,14 +542,44 @@ def test_a_data_parallel_recipe_waits_in_the_searcher_until_its_workers_fit(
     assert len(searcher.study.trials) == 2  # the held one was not asked twice
 
 
+@pytest.mark.usefixtures("ray_session")
+def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node lost while a data-parallel suggestion is held: with nothing running, waiting
+    would stall the search forever; the held recipe is pre-screened with the count instead."""
+    from raybatch.space.search_space import SearchSpace
+
+    from .conftest import minimal_space
+
+    space = SearchSpace.from_dict(
+        minimal_space(search={"micro_batch_size": [32, 64], "world_size": [1, 2]})
+    )
+    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
+                                data_parallel_gpus=False)  # fmt: skip
+    searcher._held = None
+    config = {**space.derive(32, 1, 2).to_dict()}
+    trial = searcher.record.ask()
+    searcher._held = (trial.number, config, space.derive(32, 1, 2))
+    monkeypatch.setattr(searcher_module, "placeable_workers", lambda *a: 1)
+    monkeypatch.setattr(searcher_module, "autoscaling_max", lambda kind: 0)
+    monkeypatch.setattr(searcher_module, "placement_problem",
+                        lambda *a: "needs 2 CPUs, the cluster has 1")  # fmt: skip
+    assert searcher.suggest("x") is not None  # the search goes on
+    told = [p for p in searcher.prescreened if p.get("optuna_trial") == trial.number]
+    assert told and told[0][keys.REASON] == "needs 2 CPUs, the cluster has 1"
+
+
 def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window() -> None:
     from types import SimpleNamespace
 
     from raybatch.run.scheduler import placement_allowance
 
-    waiting = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result={})
+    tune_fields = {"trial_id": "a", "pid": 1234, "hostname": "n"}  # Tune's, from the start
+    waiting = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result=tune_fields)
     assert placement_allowance(waiting) == 2.0
-    reported = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result={keys.STEPS: 1})
+    reported = SimpleNamespace(config={keys.WORLD_SIZE: 2},
+                               last_result={**tune_fields, keys.STATUS: "running"})  # fmt: skip
     assert placement_allowance(reported) == 1.0  # placed and reporting: the usual window
     single = SimpleNamespace(config={keys.WORLD_SIZE: 1}, last_result={})
     assert placement_allowance(single) == 1.0

@@ -14,6 +14,7 @@ CPUs, and one that read NVML there would find nothing to budget. So:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -297,9 +298,14 @@ def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> Clu
             raise OptionError([Issue("gpu_model", message)])
         return view
     name = model.removeprefix(ACCELERATOR_TYPE)
-    if name not in models:
-        found = ", ".join(models) or "none named (no accelerator_type resource, no NVML)"
-        message = f"{name!r} is not a GPU model of this cluster; its models: {found}"
+    labelled = sorted({t for n in view.nodes if n.gpus > 0 for t in n.accelerator_types})
+    if name not in labelled:  # trials are pinned through Ray's resource: it must exist
+        found = ", ".join(labelled) or "none (no node has an accelerator_type resource)"
+        message = (
+            f"{name!r} is not a GPU model Ray labels on this cluster (accelerator_type:"
+            f"{name}); its labelled models: {found}. Start the GPU nodes with"
+            f" --resources '{{\"accelerator_type:{name}\": 1}}' to pin an unlabelled model"
+        )
         raise OptionError([Issue("gpu_model", message)])
     pinned = view.of_model(name)
     notes.append(f"every GPU trial runs on {name} ({pinned.gpus:g} GPUs of the cluster's"
@@ -321,6 +327,7 @@ def collect_readings(
     ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=timeout_s)
     for node_id, ref in pending.items():
         if ref not in ready:
+            ray.cancel(ref, force=True)  # a hung reader must not hold the node's worker
             out[node_id] = (None, f"no answer in {timeout_s:g} s")
             continue
         try:
@@ -341,7 +348,8 @@ def rays_devices(
     those count for the budget (a busy GPU outside Ray must not shrink it)."""
     if devices is None:
         return None
-    return devices[: max(whole_units([gpus]), 0)] if 0 < gpus < len(devices) else devices
+    # A fractional share (0.5 GPU to Ray) still lies on a whole device: round up.
+    return devices[: math.ceil(gpus - 1e-9)] if 0 < gpus < len(devices) else devices
 
 
 __all__ = [

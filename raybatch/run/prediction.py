@@ -21,6 +21,7 @@ from raybatch.run.options import SearchOptions
 from raybatch.run.prior import TimeModel, spearman
 from raybatch.run.seeding import budget_check
 from raybatch.space.search_space import SearchSpace
+from raybatch.trial.placement import model_resource
 from raybatch.workload import Workload
 
 PRIOR_FILE = "prior.json"
@@ -57,7 +58,11 @@ def measure_prior(
     try:
         # In a Ray task, never in the driver: the driver of a cluster may have no GPU, and a
         # workload that crashes its process (a segfault, a kill) must not take the search down.
-        resources = {"num_cpus": options.cpus_per_trial, "num_gpus": 1 if cuda else 0}
+        resources: dict[str, Any] = {
+            "num_cpus": options.cpus_per_trial, "num_gpus": 1 if cuda else 0,
+        }  # fmt: skip
+        if cuda and options.gpu_model:  # measured on the GPUs the trials will run on
+            resources["resources"] = model_resource(options.gpu_model)
         timeout = max(options.max_time_s, MEASURE_TIMEOUT_FLOOR_S)
         model = measure_remotely(workload, space, micros, resources, timeout)
     except Exception as exc:  # the workload's own failure shows again in its first trial

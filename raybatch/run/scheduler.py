@@ -263,5 +263,7 @@ def placement_allowance(trial: Any) -> float:
     when they fit beside the other data-parallel trials, but packed single trials may still
     hold them until they end, within one trial's time cap); one otherwise."""
     config = getattr(trial, "config", None) or {}
-    waiting = not getattr(trial, "last_result", None) and config.get(keys.WORLD_SIZE, 1) > 1
-    return 2.0 if waiting else 1.0
+    # Tune fills a trial's last result with its own fields (trial id, pid, host) as soon as
+    # the actor starts: the trial has reported only once raybatch's status is there.
+    reported = keys.STATUS in (getattr(trial, "last_result", None) or {})
+    return 2.0 if not reported and config.get(keys.WORLD_SIZE, 1) > 1 else 1.0

@@ -218,7 +218,12 @@ class RaybatchSearcher(Searcher):
             number, config, recipe = self._held
             held = self.record.live(number)
             if held is not None and not self._room_for(recipe):
-                return None  # Tune asks again later; nothing starts only to wait
+                problem = None if self._running_workers else self._placement(recipe)
+                if problem is None:
+                    return None  # Tune asks again later; nothing starts only to wait
+                # Nothing runs and it still cannot be placed: the cluster shrank since.
+                self._reject(held, config, OOM_VIOLATION, problem, None, memory=False)
+                held = None
             self._held = None
             if held is not None:
                 return self._launch(held, config, recipe, trial_id)
@@ -474,6 +479,9 @@ class RaybatchSearcher(Searcher):
                     "opening_number": self._opening_number,
                     "opening_time": self._opening_time,
                     "sweep": self._sweep(),
+                    # Trials Tune resumes pop themselves on completion; a held suggestion is
+                    # not kept (its Optuna trial is closed as an orphan at the end).
+                    "running_workers": self._running_workers,
                 },
                 f,
             )
@@ -491,4 +499,6 @@ class RaybatchSearcher(Searcher):
         self._opening_number = state.get("opening_number", {})
         self._opening_time = state.get("opening_time", {})
         self._sweep_indices = state.get("sweep")
+        self._running_workers = dict(state.get("running_workers", {}))
+        self._held = None
         self._pending_points = []

@@ -128,17 +128,32 @@ def choose_device(
             " available in its process (a CPU-only torch, or no NVIDIA driver on this node);"
             " install a CUDA build of torch on the GPU nodes, or run with --gpus-per-trial 0"
         )
-    if not ray_sets_visible and gpu_ids[0].isdigit():  # the whole node is visible
-        return "cuda", int(gpu_ids[0])
+    if not ray_sets_visible:  # the process sees the node's GPUs: find the assigned one
+        return "cuda", cuda_index_of(gpu_ids[0], os.environ.get("CUDA_VISIBLE_DEVICES"))
     # Ray restricts CUDA_VISIBLE_DEVICES to the assigned GPUs: the first is CUDA device 0.
     return "cuda", 0
+
+
+def cuda_index_of(gpu_id: str, visible: str | None) -> int:
+    """The CUDA index of the GPU Ray calls ``gpu_id`` when Ray leaves ``CUDA_VISIBLE_DEVICES``
+    alone: Ray's ids are the node's ``CUDA_VISIBLE_DEVICES`` entries, so the index is the id's
+    place among them (``2`` of ``2,3`` is ``cuda:0``), or the id itself when none are set."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if gpu_id in entries:
+        return entries.index(gpu_id)
+    return int(gpu_id) if gpu_id.isdigit() else 0
+
+
+def ray_leaves_visible_devices() -> bool:
+    """Whether :data:`NOSET_VISIBLE_DEVICES` is on, parsed as Ray parses it (``1``/``true``)."""
+    return os.environ.get(NOSET_VISIBLE_DEVICES, "").strip().lower() in ("1", "true")
 
 
 def trial_device(requested: str = "auto") -> Any:
     """The ``torch.device`` a trial trains on (see :func:`choose_device`)."""
     import torch
 
-    sets_visible = os.environ.get(NOSET_VISIBLE_DEVICES, "") in ("", "0")
+    sets_visible = not ray_leaves_visible_devices()
     kind, index = choose_device(
         requested, assigned_gpu_ids(), torch.cuda.is_available(), sets_visible
     )
@@ -231,11 +246,13 @@ __all__ = [
     "assigned_gpu_share",
     "autoscaling_max",
     "choose_device",
+    "cuda_index_of",
     "limit_packed_memory",
     "model_resource",
     "packed_memory_fraction",
     "placeable_workers",
     "placement_problem",
+    "ray_leaves_visible_devices",
     "running_ray",
     "trial_device",
     "unplaceable_reason",
