@@ -256,6 +256,7 @@ def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_r
     assert mixed.returncode == 2, mixed.stderr[-3000:]
     assert "the cluster mixes GPU models (A100, H100)" in mixed.stderr
     assert "choose one with --gpu-model (e.g. --gpu-model A100)" in mixed.stderr
+    assert not (run / "run.json").exists()  # refused before any trial: the same dir again
     proc = run_cli(*args, "--gpu-model", "A100", cwd=elsewhere)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "TrialDeviceError: Ray assigned GPU" in proc.stderr

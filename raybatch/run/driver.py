@@ -51,7 +51,15 @@ from raybatch.run.confirmation import confirm, race
 from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import measure_prior, write_predictions
 from raybatch.run.prior import TimeModel
-from raybatch.run.rundir import LOG_FILE, OPTUNA_DB, RUN_FILE, STUDY_NAME, read_run, write_run_files
+from raybatch.run.rundir import (
+    LOG_FILE,
+    OPTUNA_DB,
+    RUN_FILE,
+    STUDY_NAME,
+    forget_run_files,
+    read_run,
+    write_run_files,
+)
 from raybatch.run.seeding import (
     Ladder,
     budget_check,
@@ -310,7 +318,12 @@ def _execute(
 
     _quiet_tune()
     started_ray = init_ray(options.address)
-    plan = _plan(path, workload, space, target, options)
+    try:
+        plan = _plan(path, workload, space, target, options)
+    except RaybatchError:
+        if not resume:  # refused before any trial: the same command may be run again as is
+            forget_run_files(path)
+        raise
     notes = plan.notes
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
     from raybatch.run.scheduler import CappingScheduler

@@ -73,6 +73,14 @@ def write_run_files(
         ) from None
 
 
+def forget_run_files(run_dir: Path) -> None:
+    """Remove what :func:`write_run_files` wrote, for a search refused before its first trial
+    (a mixed cluster, no GPU budget): the run directory then holds no run, and the same command
+    can be run again once the cause is fixed."""
+    for name in (RUN_FILE, SPACE_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+
+
 def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, SearchOptions]:
     """The workload reference, space, target and options of an existing run directory.
 
