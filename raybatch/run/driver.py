@@ -178,6 +178,16 @@ def _budget(view: Any, options: SearchOptions, cuda: bool, notes: list[str]) -> 
     return int(resolved.bytes)
 
 
+def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
+    """:func:`_plan`; a new search refused there leaves no run behind (run it again as is)."""
+    try:
+        return _plan(path, *args)
+    except RaybatchError:
+        if not resume:
+            forget_run_files(path)
+        raise
+
+
 def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
@@ -318,12 +328,7 @@ def _execute(
 
     _quiet_tune()
     started_ray = init_ray(options.address)
-    try:
-        plan = _plan(path, workload, space, target, options)
-    except RaybatchError:
-        if not resume:  # refused before any trial: the same command may be run again as is
-            forget_run_files(path)
-        raise
+    plan = _plan_or_forget(path, resume, workload, space, target, options)
     notes = plan.notes
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
     from raybatch.run.scheduler import CappingScheduler

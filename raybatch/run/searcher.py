@@ -1,7 +1,7 @@
 """The searcher: Optuna's TPE over the raw knobs, with a memory pre-screen before every launch.
 
 A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
-``OptunaSearch``, for three reasons:
+``OptunaSearch``, because:
 
 - **pre-screening** needs to ask Optuna for a point, reject it *without launching a trial*,
   tell Optuna it was infeasible, and ask again inside one ``suggest`` call; ``OptunaSearch``
@@ -17,20 +17,19 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
 - **a recipe the cluster cannot place is never launched**: a ``world_size`` above the GPUs
   (or CPUs) the cluster has now is rejected like one that does not fit, with the count;
   the cluster is read at each suggestion, so a resumed search re-checks on today's cluster;
-- **packing is decided here, with what the trials measured**: each trial's probe reports its
-  reserved peak, which calibrates the estimator (:meth:`MemoryEstimator.observe`); the GPU
-  share of every later suggestion (``gpu_share`` in its config, which the trial's resource
-  request honours) comes from the calibrated prediction. A trial that runs out of memory while
-  packed with others is launched once more *alone* before its recipe is taught infeasible —
-  a neighbour's growth is not the recipe's fault;
+- **packing is decided here, with what the trials measured**: probes calibrate the estimator
+  (:meth:`MemoryEstimator.observe`), and every later suggestion's ``gpu_share`` comes from the
+  calibrated prediction; a trial out of memory while packed runs once more *alone* before its
+  recipe is taught infeasible (a neighbour's growth is not the recipe's fault);
+- **a data-parallel recipe waits here, not in a trial**: held until its workers fit beside
+  those of the data-parallel trials running, instead of starting to wait inside ``fit()``;
 - **one study in SQLite is the record**: every Tune trial is one Optuna trial whose number is
   kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
 - **a plan before TPE** (:mod:`raybatch.run.seeding`): the largest batch that fits at a sweep
   of LRs and the reference recipe run first; once they have all finished, the LR multiplier
   that was fastest at the largest batch is carried to a ladder of other batches (the ones the
-  time model predicts fastest, :mod:`raybatch.run.prior`). An opening point that runs out of
-  memory is replaced by the next smaller micro batch, so the largest batch that *really* fits
-  is swept;
+  time model predicts fastest, :mod:`raybatch.run.prior`); an opening point out of memory is
+  replaced by the next smaller micro batch, so the largest batch that *really* fits is swept;
 - **the pre-screen's error does not hide the optimum**: with ``probe_margin``, a config the
   estimate puts over the budget by less than that margin is launched anyway, and the trial's
   real probe step (one step, before its clock starts) decides; if it runs out of memory it is
@@ -56,7 +55,12 @@ from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
-from raybatch.trial.placement import autoscaling_max, placeable_workers, placement_problem
+from raybatch.trial.placement import (
+    autoscaling_max,
+    placeable_workers,
+    placement_problem,
+    running_ray,
+)
 from raybatch.trial.resources import gpu_fraction
 
 if TYPE_CHECKING:
@@ -114,8 +118,7 @@ class RaybatchSearcher(Searcher):
             recipes are placed against that model's GPUs only.
     """
 
-    # Defaults for a searcher unpickled from a run an older raybatch started (Tune restores the
-    # searcher object itself on resume).
+    # Defaults for a searcher an older raybatch pickled (Tune restores the object on resume).
     data_parallel_gpus: bool | None = None
     gpu_model: str | None = None
     _held: tuple[int, dict[str, Any], TrialConfig] | None = None
@@ -160,7 +163,7 @@ class RaybatchSearcher(Searcher):
         self.data_parallel_gpus = data_parallel_gpus
         self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
         self._running_workers: dict[str, int] = {}  # Tune trial -> data-parallel workers
-        self._held: tuple[int, dict[str, Any], TrialConfig] | None = None
+        self._held = None
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
@@ -272,17 +275,15 @@ class RaybatchSearcher(Searcher):
             return self._launch(ot_trial, config, recipe, trial_id)
         last = self.prescreened[-1][keys.REASON] if self.prescreened else "?"
         self.record.gave_up(
-            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the"
-            f" last: {last}); the space's smallest recipes may already be too large for this"
-            " cluster"
+            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the last:"
+            f" {last}); the space's smallest recipes may already be too large for this cluster"
         )
         return Searcher.FINISHED
 
     def _launch(
         self, ot_trial: optuna.Trial, config: dict[str, Any], recipe: TrialConfig, trial_id: str
     ) -> dict[str, Any]:
-        # The constraint is set when the trial completes: a real OOM makes it positive.
-        self.record.launched(ot_trial, config, trial_id)
+        self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
         self._trial_numbers[trial_id] = ot_trial.number
         if recipe.world_size > 1:
             self._running_workers[trial_id] = recipe.world_size
@@ -292,11 +293,8 @@ class RaybatchSearcher(Searcher):
         """Whether a data-parallel recipe's workers fit beside those of the data-parallel
         trials running now. Tune would otherwise start its trial at once (the trial itself
         holds no GPU) to wait inside ``fit()`` for workers, on the hang guard's clock."""
-        if recipe.world_size <= 1 or self.data_parallel_gpus is None:
-            return True
-        import ray
-
-        if not ray.is_initialized():
+        ray = running_ray()
+        if recipe.world_size <= 1 or self.data_parallel_gpus is None or ray is None:
             return True
         room = placeable_workers(ray.nodes(), self.data_parallel_gpus, self.gpu_model)
         room = max(room, autoscaling_max("GPU" if self.data_parallel_gpus else "CPU"))
@@ -479,9 +477,7 @@ class RaybatchSearcher(Searcher):
                     "opening_number": self._opening_number,
                     "opening_time": self._opening_time,
                     "sweep": self._sweep(),
-                    # Trials Tune resumes pop themselves on completion; a held suggestion is
-                    # not kept (its Optuna trial is closed as an orphan at the end).
-                    "running_workers": self._running_workers,
+                    "running_workers": self._running_workers,  # a held one is not kept
                 },
                 f,
             )
