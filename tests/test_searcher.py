@@ -561,8 +561,7 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
     config = {**space.derive(32, 1, 2).to_dict()}
     trial = searcher.record.ask()
     searcher._held = (trial.number, config, space.derive(32, 1, 2))
-    monkeypatch.setattr(searcher_module, "placeable_workers", lambda *a: 1)
-    monkeypatch.setattr(searcher_module, "autoscaling_max", lambda kind: 0)
+    monkeypatch.setattr(searcher_module, "worker_room", lambda *a: 1)  # a node was lost
     monkeypatch.setattr(searcher_module, "placement_problem",
                         lambda *a: "needs 2 CPUs, the cluster has 1")  # fmt: skip
     assert searcher.suggest("x") is not None  # the search goes on

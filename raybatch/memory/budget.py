@@ -120,16 +120,23 @@ def nvml() -> Any:
     return pynvml
 
 
+def visible_devices(visible: str | None = None) -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, in CUDA's order; default:
+    this process's), or ``None`` when it is unset or empty (every GPU is visible)."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    entries = [e.strip() for e in (text or "").split(",") if e.strip()]
+    return entries or None
+
+
 def physical_handle(pynvml: Any, cuda_index: int) -> Any:
     """NVML handle of CUDA device ``cuda_index`` of this process.
 
     NVML numbers physical GPUs; CUDA numbers the ones in ``CUDA_VISIBLE_DEVICES`` (which Ray
     sets per trial). The visible list may name indices or UUIDs.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
+    entries = visible_devices()
+    if entries is None:
         return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
     entry = entries[cuda_index]
     if entry.isdigit():
         return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
@@ -182,12 +189,8 @@ def read_all_devices() -> list[DeviceMemory] | None:
     if pynvml is None:
         return None
     try:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-        count = (
-            len([e for e in visible.split(",") if e.strip()])
-            if visible
-            else pynvml.nvmlDeviceGetCount()
-        )
+        entries = visible_devices()
+        count = len(entries) if entries is not None else pynvml.nvmlDeviceGetCount()
         return [_device_memory(pynvml, physical_handle(pynvml, i)) for i in range(count)]
     except pynvml.NVMLError:
         return None

@@ -55,12 +55,7 @@ from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
-from raybatch.trial.placement import (
-    autoscaling_max,
-    placeable_workers,
-    placement_problem,
-    running_ray,
-)
+from raybatch.trial.placement import placement_problem, running_ray, worker_room
 from raybatch.trial.resources import gpu_fraction
 
 if TYPE_CHECKING:
@@ -296,8 +291,7 @@ class RaybatchSearcher(Searcher):
         ray = running_ray()
         if recipe.world_size <= 1 or self.data_parallel_gpus is None or ray is None:
             return True
-        room = placeable_workers(ray.nodes(), self.data_parallel_gpus, self.gpu_model)
-        room = max(room, autoscaling_max("GPU" if self.data_parallel_gpus else "CPU"))
+        room = worker_room(ray, self.data_parallel_gpus, self.gpu_model)
         return sum(self._running_workers.values()) + recipe.world_size <= room
 
     # ------------------------------------------------------------------ the plan

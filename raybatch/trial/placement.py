@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from raybatch.errors import TrialDeviceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, visible_devices
 
 
 def running_ray() -> Any:
@@ -138,7 +138,7 @@ def cuda_index_of(gpu_id: str, visible: str | None) -> int:
     """The CUDA index of the GPU Ray calls ``gpu_id`` when Ray leaves ``CUDA_VISIBLE_DEVICES``
     alone: Ray's ids are the node's ``CUDA_VISIBLE_DEVICES`` entries, so the index is the id's
     place among them (``2`` of ``2,3`` is ``cuda:0``), or the id itself when none are set."""
-    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    entries = visible_devices(visible or "") or []
     if gpu_id in entries:
         return entries.index(gpu_id)
     return int(gpu_id) if gpu_id.isdigit() else 0
@@ -233,9 +233,14 @@ def placement_problem(world_size: int, use_gpu: bool, gpu_model: str | None = No
 
     if world_size <= 1 or not ray.is_initialized():
         return None
+    return unplaceable_reason(world_size, use_gpu, worker_room(ray, use_gpu, gpu_model))
+
+
+def worker_room(ray: Any, use_gpu: bool, gpu_model: str | None = None) -> int:
+    """One-GPU (or one-CPU) workers the cluster can hold: those of its alive nodes (of
+    ``gpu_model``, if pinned), or what its autoscaler may bring up, whichever is more."""
     room = placeable_workers(ray.nodes(), use_gpu, gpu_model)
-    room = max(room, autoscaling_max("GPU" if use_gpu else "CPU"))  # nodes still to come
-    return unplaceable_reason(world_size, use_gpu, room)
+    return max(room, autoscaling_max("GPU" if use_gpu else "CPU"))  # nodes still to come
 
 
 __all__ = [
@@ -257,4 +262,5 @@ __all__ = [
     "trial_device",
     "unplaceable_reason",
     "whole_units",
+    "worker_room",
 ]
