@@ -19,7 +19,8 @@ from provenance import measured_at, write_result
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.trial.wrapper import TrialSettings, run_trial
+from raybatch.trial.settings import TrialSettings
+from raybatch.trial.wrapper import run_trial
 
 RESULTS = Path(__file__).parent / "results" / "digits_batch_sweep.json"
 GRID = [(16, 1), (32, 1), (64, 1), (128, 1), (256, 1), (64, 4), (256, 4)]

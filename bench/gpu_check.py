@@ -75,7 +75,8 @@ def probe_oom_then_trial() -> dict[str, Any]:
     from gpu_trial_timing import SPACE, LearnableResNet
 
     from raybatch.memory.probe import probe, release_memory
-    from raybatch.trial.wrapper import TrialSettings, run_trial
+    from raybatch.trial.settings import TrialSettings
+    from raybatch.trial.wrapper import run_trial
 
     workload = LearnableResNet()
     release_memory("cuda:0")

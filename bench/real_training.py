@@ -50,7 +50,8 @@ from raybatch.examples.wide import WideWorkload
 from raybatch.run.options import SearchOptions
 from raybatch.run.prior import spearman
 from raybatch.space.search_space import SearchSpace
-from raybatch.trial.wrapper import TrialSettings, run_trial
+from raybatch.trial.settings import TrialSettings
+from raybatch.trial.wrapper import run_trial
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "real_training.json"

@@ -720,17 +720,26 @@ def demo() -> str:
     ])  # fmt: skip
 
 
-def readme_with_headline(readme: str) -> str:
-    """``readme`` with the generated blocks (benchmark headline, demo) rendered afresh."""
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme = f"{head}{START}\n{headline()}\n{END}{tail}"
-    head, rest = readme.split(DEMO_START, 1)
-    _, tail = rest.split(DEMO_END, 1)
-    readme = f"{head}{DEMO_START}\n{demo()}\n{DEMO_END}{tail}"
-    head, rest = readme.split(TRACE_START, 1)
-    _, tail = rest.split(TRACE_END, 1)
-    return f"{head}{TRACE_START}{trace_times()}{TRACE_END}{tail}"
+def rendered_blocks(text: str) -> str:
+    """``text`` (the README or a docs page) with each generated block it holds rendered afresh:
+    the benchmark headline, the demo and the trace cost. A page without markers is unchanged."""
+    blocks = (
+        (START, END, lambda: f"\n{headline()}\n"),
+        (DEMO_START, DEMO_END, lambda: f"\n{demo()}\n"),
+        (TRACE_START, TRACE_END, trace_times),
+    )
+    for start, end, body in blocks:
+        if start in text:
+            head, rest = text.split(start, 1)
+            _, tail = rest.split(end, 1)
+            text = f"{head}{start}{body()}{end}{tail}"
+    return text
+
+
+def rendered_pages(readme: Path = README) -> dict[Path, str]:
+    """The README and every docs page holding a generated block, each as it should read."""
+    pages = [readme, *sorted(p for p in DOCS.parent.glob("*.md") if p != DOCS)]
+    return {page: rendered_blocks(page.read_text()) for page in pages}
 
 
 def trace_times() -> str:
@@ -749,7 +758,8 @@ def main(out: Path = DOCS, readme: Path = README) -> str:
     text = render()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    readme.write_text(readme_with_headline(readme.read_text()))
+    for page, rendered in rendered_pages(readme).items():
+        page.write_text(rendered)
     return text
 
 

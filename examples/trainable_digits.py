@@ -1,10 +1,22 @@
-"""raybatch's own trainable in a plain Ray Tune search (no custom loop to write).
+"""raybatch as a Ray Tune plugin: your own tune.Tuner, raybatch's searcher, scheduler, trainable.
 
 ``raybatch.trainable`` turns the digits workload, its space and a target accuracy into a Tune
 function trainable: each trial derives its recipe, trains with raybatch's loop, evaluates at
-fixed sample marks, and ends with a status (reached, censored, diverged, infeasible_memory,
-error) and an ``objective`` (time to target, or 10x the cap). ``raybatch.with_resources`` asks
-Ray for the CPUs (and GPU share) each trial needs.
+fixed sample marks, and ends with a status (reached, censored, capped, diverged,
+infeasible_memory, error) and an ``objective`` (time to target, or 10x the cap).
+
+The rest follows from that one call:
+
+- ``RaybatchSearcher.for_trainable`` searches the trainable's space with Optuna's TPE and tells
+  Optuna the same penalty the trainable's time cap gives; with a memory budget in the settings
+  it pre-screens every suggestion before it is launched. Its Optuna study lives in memory and
+  in the searcher's Tune checkpoint (pass ``storage_url="sqlite:///...db"`` to keep it in a
+  database instead);
+- ``CappingScheduler.for_trainable`` stops trials already slower than the best time to target;
+- ``raybatch.with_resources`` asks Ray for the CPUs (and GPU share) each trial needs.
+
+This is what ``raybatch search`` composes for you, minus its run directory (``trials.csv``, the
+report, confirmation runs and ``best_config.yaml``).
 
 Run:  .venv/bin/python examples/trainable_digits.py --trials 6
 """
@@ -14,12 +26,12 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-import optuna
 from ray import tune
-from ray.tune.search.optuna import OptunaSearch
 
 import raybatch
 from raybatch.examples.digits import workload
+from raybatch.status import final_status
+from raybatch.trial.settings import parts_of
 
 
 def main() -> None:
@@ -29,17 +41,16 @@ def main() -> None:
     parser.add_argument("--storage", default=None, help="Ray Tune storage path (default: temp).")
     args = parser.parse_args()
 
-    space = raybatch.load_space("digits_cnn_sgd")
-    trainable = raybatch.trainable(workload, space, target=args.target, max_time_s=20)
-    searcher = OptunaSearch(
-        space=raybatch.optuna_space(space),
-        metric="objective",
-        mode="min",
-        sampler=optuna.samplers.TPESampler(seed=0, multivariate=True),
+    trainable = raybatch.trainable(
+        workload, "digits_cnn_sgd", target=args.target, max_time_s=20, memory_budget="1GiB"
     )
     tuner = tune.Tuner(
-        raybatch.with_resources(trainable, workload, space, gpus_per_trial=0, cpus_per_trial=1),
-        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=args.trials),
+        raybatch.with_resources(trainable, gpus_per_trial=0, cpus_per_trial=1),
+        tune_config=tune.TuneConfig(
+            search_alg=raybatch.RaybatchSearcher.for_trainable(trainable, seed=0),
+            scheduler=raybatch.CappingScheduler.for_trainable(trainable),
+            num_samples=args.trials,
+        ),
         run_config=tune.RunConfig(
             storage_path=args.storage or tempfile.mkdtemp(prefix="raybatch-example-"),
             name="digits_trainable",
@@ -47,14 +58,16 @@ def main() -> None:
         ),
     )
     results = tuner.fit()
+    penalty = parts_of(trainable).settings.penalty  # what the searcher told Optuna for a miss
     print(f"{'micro':>5} {'accum':>5} {'eff':>5} {'lr':>8}  {'status':<17} time_to_target_s")
-    for r in sorted(results, key=lambda r: r.metrics["objective"]):
-        c, m = r.config, r.metrics
-        ttt = m["time_to_target_s"]
+    # A trial the scheduler stopped still says "running" in its last report: final_status
+    # reads it as capped, as the searcher did.
+    ended = [(final_status(r.metrics, r.error is not None, penalty), r.config) for r in results]
+    for (status, objective), c in sorted(ended, key=lambda e: e[0][1]):
+        ttt = f"{objective:.2f}" if status is raybatch.TrialStatus.REACHED else "-"
         print(
             f"{c['micro_batch_size']:>5} {c['accumulation_steps']:>5}"
-            f" {c['effective_batch_size']:>5} {c['lr']:>8.4f}  {m['status']:<17}"
-            f" {'-' if ttt is None else f'{ttt:.2f}'}"
+            f" {c['effective_batch_size']:>5} {c['lr']:>8.4f}  {status.value:<17} {ttt}"
         )
 
 

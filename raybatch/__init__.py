@@ -9,15 +9,13 @@ imported only by the functions that need them.
 
 What is here, by use:
 
-- a search: :func:`search`, :func:`resume`, :class:`SearchOptions`, :class:`SearchResult`,
-  :func:`analyze_run`; what it searches: :class:`SearchSpace`, :func:`load_space`,
-  :class:`TrialConfig`; what it trains: :class:`Workload`, :class:`SimpleWorkload`,
-  :class:`Metric`, :class:`Target`; the memory pre-screen: :class:`MemoryEstimator`;
+- a search: :func:`search`, :func:`resume`, :class:`SearchOptions`, :func:`analyze_run`; what
+  it searches: :class:`SearchSpace`, :func:`load_space`, :class:`TrialConfig`; what it trains:
+  :class:`Workload`, :class:`SimpleWorkload`, :class:`Metric`, :class:`Target`;
 - the winner: :func:`load_best`, :class:`BestConfig`;
 - raybatch inside your own Ray Tune run (the plugin): :class:`RaybatchSearcher`,
-  :class:`CappingScheduler`, :func:`trainable` with :class:`TrialSettings`,
-  :func:`with_resources`, :class:`TrialReporter`, :class:`TrialStatus`,
-  :func:`tune_param_space`, :func:`optuna_space`;
+  :class:`CappingScheduler`, :func:`trainable`, :func:`with_resources`,
+  :class:`TrialReporter`, :class:`TrialStatus`, :func:`tune_param_space`, :func:`optuna_space`;
 - the errors a caller catches: :class:`RaybatchError` (every error raybatch raises on purpose),
   :class:`InputError` (bad input, naming the file and field), :class:`TrialsFailedError`,
   :class:`SearchInterrupted` (resumable).
@@ -36,9 +34,7 @@ from raybatch._lazy import lazy_exports
 if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.errors import InputError, RaybatchError, SearchInterrupted, TrialsFailedError
     from raybatch.export import BestConfig, load_best
-    from raybatch.memory.estimator import MemoryEstimator
     from raybatch.metric import Metric, Target
-    from raybatch.results.outcome import SearchResult
     from raybatch.run.driver import analyze_run, resume, search
     from raybatch.run.options import SearchOptions
     from raybatch.run.scheduler import CappingScheduler
@@ -50,16 +46,14 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.status import TrialStatus
     from raybatch.trial.reporting import TrialReporter
     from raybatch.trial.resources import with_resources
-    from raybatch.trial.wrapper import TrialSettings, trainable
+    from raybatch.trial.wrapper import trainable
     from raybatch.version import __version__
     from raybatch.workload import SimpleWorkload, Workload
 
 EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("InputError", "RaybatchError", "SearchInterrupted", "TrialsFailedError"),
     "export": ("BestConfig", "load_best"),
-    "memory.estimator": ("MemoryEstimator",),
     "metric": ("Metric", "Target"),
-    "results.outcome": ("SearchResult",),
     "run.driver": ("analyze_run", "resume", "search"),
     "run.options": ("SearchOptions",),
     "run.scheduler": ("CappingScheduler",),
@@ -71,19 +65,18 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "trial.reporting": ("TrialReporter",),
     "trial.resources": ("with_resources",),
     "status": ("TrialStatus",),
-    "trial.wrapper": ("TrialSettings", "trainable"),
+    "trial.wrapper": ("trainable",),
     "version": ("__version__",),
     "workload": ("SimpleWorkload", "Workload"),
 }
 """Which module defines each public name (the one table the lazy loader and ``__all__`` use)."""
 
 __all__ = [
-    "BestConfig", "CappingScheduler", "InputError", "MemoryEstimator", "Metric",
-    "RaybatchError", "RaybatchSearcher", "SearchInterrupted", "SearchOptions", "SearchResult",
-    "SearchSpace", "SimpleWorkload", "Target", "TrialConfig", "TrialReporter", "TrialSettings",
-    "TrialStatus", "TrialsFailedError", "Workload", "__version__", "analyze_run", "load_best",
-    "load_space", "optuna_space", "resume", "search", "trainable", "tune_param_space",
-    "with_resources",
+    "BestConfig", "CappingScheduler", "InputError", "Metric", "RaybatchError",
+    "RaybatchSearcher", "SearchInterrupted", "SearchOptions", "SearchSpace", "SimpleWorkload",
+    "Target", "TrialConfig", "TrialReporter", "TrialStatus", "TrialsFailedError", "Workload",
+    "__version__", "analyze_run", "load_best", "load_space", "optuna_space", "resume", "search",
+    "trainable", "tune_param_space", "with_resources",
 ]  # fmt: skip
 # A literal list, so that mypy and IDEs see the exports; a test checks it names EXPORTS exactly.
 

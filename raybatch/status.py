@@ -17,6 +17,9 @@ from typing import Any
 from raybatch import keys
 
 PAR_FACTOR = 10.0
+HANG_GRACE_S = 300.0
+"""Seconds past a trial's time cap without a report after which it counts as hung: they cover
+start-up, the probe and an evaluation, which the trial's clock excludes."""
 
 
 class TrialStatus(str, Enum):

@@ -1,6 +1,6 @@
 """``raybatch init-workload``: a workload file (and its space) to start from, that runs as written.
 
-The README's "bring your own model" guide shows these same two files; a test keeps them equal
+The workloads guide (``docs/workloads.md``) shows these same two files; a test keeps them equal
 and runs the template for real.
 """
 

@@ -12,6 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+# Every Ray a test starts without an address is its own: the suite runs in two processes
+# (pytest -n 2), and Ray's default would join whichever Ray already runs on this machine (the
+# other process's), which dies with that process. Subprocesses (examples, the CLI) inherit it.
+os.environ["RAY_ADDRESS"] = "local"
+
 
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -20,6 +25,7 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray.init(
+        address="local",  # a Ray of this test process's own, never a neighbour's (pytest -n 2)
         num_cpus=3,  # logical: data-parallel trials need 2 workers + a driver
         include_dashboard=False,
         log_to_driver=False,

@@ -51,7 +51,8 @@ def test_tabular_example_reaches_its_target_with_the_reference_recipe() -> None:
     """The second bundled workload generates its data and trains to its benchmark target."""
     import raybatch
     from raybatch.examples.tabular import TRAIN_SIZE, workload
-    from raybatch.trial.wrapper import TrialSettings, run_trial
+    from raybatch.trial.settings import TrialSettings
+    from raybatch.trial.wrapper import run_trial
 
     space = raybatch.load_space(workload.space)
     assert len(workload.train_dataset()) == TRAIN_SIZE == space.limits.dataset_size  # type: ignore[arg-type]

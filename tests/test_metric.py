@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 import raybatch
-from raybatch import Metric, Target, TrialSettings, keys
+from raybatch import Metric, Target, keys
 from raybatch.errors import OptionError
 from raybatch.metric import ACCURACY, check_target, metric_values, resolve_target
 from raybatch.template import render, write_template
+from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
 from raybatch.workload import load_workload
 
@@ -112,8 +113,8 @@ def test_a_loss_target_picks_the_loss_among_the_metrics(template_workload: Any) 
     assert all(r[keys.METRIC] > 0.35 for r in reports[:-1])
 
 
-def test_the_readme_guide_shows_the_template_files() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+def test_the_workloads_guide_shows_the_template_files() -> None:
+    readme = (Path(__file__).parents[1] / "docs" / "workloads.md").read_text()
     workload_text, _, space_text = render(Path("my_workload.py"))
     assert workload_text in readme
     assert space_text in readme

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import raybatch
 from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.trial.placement import packed_memory_fraction
 from raybatch.trial.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
 
@@ -190,7 +191,7 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
     resources = trial_resources(DigitsWorkload(), space, "auto")
     share = resources(space.derive(64).to_dict())["gpu"]
     expected = gpu_fraction(
-        raybatch.MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64)),
+        MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64)),
         view.budget().bytes,  # type: ignore[union-attr]
     )
     assert 0 < share == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import random
 import signal
 import sqlite3
@@ -22,6 +23,7 @@ from raybatch.results.rows import read_trials_csv
 from raybatch.run.driver import analyze_run
 from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
+from raybatch.run.tune_state import CUT_FOLDER, set_aside_cut_sessions
 
 
 def _finished_ids(run_dir: Path) -> set[str]:
@@ -170,3 +172,27 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     stored.provenance.pop("created")
     fresh.provenance.pop("created")
     assert stored.provenance == fresh.provenance
+
+
+def test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore(tmp_path: Path) -> None:
+    """A SIGKILL during Tune's copy into storage leaves the newest session's pickle truncated;
+    restoring would load it and fail. That session is moved aside, the whole one stays."""
+    state = pickle.dumps({"counter": 3, "searcher": list(range(50))})
+    old, new = "2026-01-01_10-00-00", "2026-01-01_10-05-00"
+    for session, searcher_bytes in ((old, state), (new, state[: len(state) // 2])):
+        (tmp_path / f"experiment_state-{session}.json").write_text(json.dumps({"trial_data": []}))
+        (tmp_path / f"search_gen_state-{session}.json").write_bytes(searcher_bytes)
+    assert set_aside_cut_sessions(tmp_path) == [new]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        f"experiment_state-{old}.json",
+        f"search_gen_state-{old}.json",
+    ]
+    assert (tmp_path / CUT_FOLDER / f"search_gen_state-{new}.json").read_bytes() == state[
+        : len(state) // 2
+    ]
+    # A newest session missing a kind its elders had is cut short too; a whole one stays.
+    (tmp_path / f"experiment_state-{new}.json").write_text("{}")
+    assert set_aside_cut_sessions(tmp_path) == [new]
+    (tmp_path / f"experiment_state-{new}.json").write_text("{}")
+    (tmp_path / f"search_gen_state-{new}.json").write_bytes(state)
+    assert set_aside_cut_sessions(tmp_path) == []

@@ -137,7 +137,7 @@ class ScriptWorkload(raybatch.Workload):
 
 if __name__ == "__main__":
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     space = raybatch.SearchSpace.from_yaml(sys.argv[1])
     options = raybatch.SearchOptions(trials=2, max_time_s=10, confirm_seeds=0)
     result = raybatch.search(ScriptWorkload(), space, 0.9, sys.argv[2], options, verbose=0)

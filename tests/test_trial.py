@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import raybatch
-from raybatch import SearchSpace, Target, TrialReporter, TrialSettings, TrialStatus, keys
+from raybatch import SearchSpace, Target, TrialReporter, TrialStatus, keys
 from raybatch.examples.digits import DigitsWorkload
+from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import default_eval_every, run_trial
 
 from .workloads import DigitsOOMAtLargeBatch

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from raybatch import keys
 from raybatch.memory.model import EstimateSource
 
 
@@ -29,3 +31,16 @@ class PrescreenResult:
     budget_bytes: int | None
     source: EstimateSource
     reason: str
+
+
+def needs_at_least(config: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether ``config`` needs at least the memory ``other`` needs, whatever the model.
+
+    Peak memory grows with the micro batch and the world size (DDP buckets); accumulation adds
+    one gradient buffer kept alive across micro steps, the same for 2 steps as for 16.
+    """
+    return bool(
+        config[keys.MICRO_BATCH_SIZE] >= other[keys.MICRO_BATCH_SIZE]
+        and min(config[keys.ACCUMULATION_STEPS], 2) >= min(other[keys.ACCUMULATION_STEPS], 2)
+        and config.get(keys.WORLD_SIZE, 1) >= other.get(keys.WORLD_SIZE, 1)
+    )

@@ -68,6 +68,7 @@ from raybatch.run.seeding import (
     reference_point,
 )
 from raybatch.run.study import SearchStudy
+from raybatch.run.tune_state import CUT_FOLDER, set_aside_cut_sessions
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.workload import Workload, absolute_reference, load_workload
@@ -271,6 +272,9 @@ def _search_tuner(
 
     experiment = path.resolve() / "tune" / "search"
     if resume:
+        cut = set_aside_cut_sessions(experiment)
+        if cut:
+            plan.notes.append(f"Tune state cut short by the kill set aside in {CUT_FOLDER}/: {cut}")
         if not tune.Tuner.can_restore(str(experiment)):
             raise RunDirError([Issue("tune/search", "no Ray Tune experiment to resume")], str(path))
         return tune.Tuner.restore(

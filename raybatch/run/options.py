@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from raybatch.errors import Issue, OptionError
-from raybatch.status import PAR_FACTOR
+from raybatch.status import HANG_GRACE_S, PAR_FACTOR
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class SearchOptions:
     race_seeds: int = 4
     eval_every_samples: int | None = None
     max_failures: int = 2
-    hang_grace_s: float = 300.0
+    hang_grace_s: float = HANG_GRACE_S
     gpu_model: str | None = None
 
     def __post_init__(self) -> None:

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raybatch import keys
-from raybatch.status import TrialStatus
+from raybatch.status import HANG_GRACE_S, TrialStatus
+from raybatch.trial.settings import parts_of
 
 DEFAULT_SLACK = 1.2
 DEFAULT_LEVEL_SLACK = 1.5
@@ -149,6 +151,16 @@ class CappingScheduler(FIFOScheduler):
         self._running_since: dict[str, float] = {}
         self._trajectories: dict[str, Trajectory] = {}
         self._incumbent: Trajectory | None = None
+
+    @classmethod
+    def for_trainable(cls, trainable: Callable[..., Any], **kwargs: Any) -> CappingScheduler:
+        """The scheduler for a :func:`raybatch.trainable`: its target's direction, and a trial
+        silent for the trainable's ``max_time_s`` plus :data:`~raybatch.status.HANG_GRACE_S`
+        counts as hung. ``kwargs`` are this class's other arguments (``slack``, ...)."""
+        settings = parts_of(trainable).settings
+        kwargs.setdefault("hang_after_s", settings.max_time_s + HANG_GRACE_S)
+        kwargs.setdefault("mode", settings.target.mode)
+        return cls(**kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         # Monotonic times mean nothing in another process: a resumed search times afresh.

@@ -14,17 +14,14 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   estimate said it fits, its constraint is set positive too, and every later suggestion that
   needs at least as much memory (micro batch, accumulation and world size all no smaller) is
   rejected before launch — the estimate was wrong once, the same mistake is not paid twice;
-- **a recipe the cluster cannot place is never launched**: a ``world_size`` above the GPUs
-  (or CPUs) the cluster has now is rejected like one that does not fit, with the count;
-  the cluster is read at each suggestion, so a resumed search re-checks on today's cluster;
-- **packing is decided here, with what the trials measured**: probes calibrate the estimator
-  (:meth:`MemoryEstimator.observe`), and every later suggestion's ``gpu_share`` comes from the
-  calibrated prediction; a trial out of memory while packed runs once more *alone* before its
-  recipe is taught infeasible (a neighbour's growth is not the recipe's fault);
-- **a data-parallel recipe waits here, not in a trial**: held until its workers fit beside
-  those of the data-parallel trials running, instead of starting to wait inside ``fit()``;
-- **one study in SQLite is the record**: every Tune trial is one Optuna trial whose number is
-  kept in the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
+- **a recipe the cluster cannot place is never launched** (``world_size`` above the GPUs or
+  CPUs the cluster has now, read at each suggestion), and **a data-parallel recipe waits
+  here**, held until its workers fit, instead of starting to wait inside ``fit()``;
+- **packing is decided here**: probes calibrate the estimator (:meth:`MemoryEstimator.observe`)
+  and later suggestions' ``gpu_share`` comes from the calibrated prediction; a trial out of
+  memory while packed runs once more *alone* before its recipe is taught infeasible;
+- **one study is the record**: every Tune trial is one Optuna trial whose number is kept in
+  the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
 - **a plan before TPE** (:mod:`raybatch.run.seeding`): the largest batch that fits at a sweep
   of LRs and the reference recipe run first; once they have all finished, the LR multiplier
   that was fastest at the largest batch is carried to a ladder of other batches (the ones the
@@ -42,21 +39,23 @@ with the constant liar for trials still running in parallel, after a short rando
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import ConfigError, TraceError
+from raybatch.errors import ConfigError, Issue, OptionError, TraceError
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.memory.prescreen import PrescreenResult
+from raybatch.memory.prescreen import PrescreenResult, needs_at_least
 from raybatch.run.seeding import Ladder
-from raybatch.run.study import SearchStudy
+from raybatch.run.study import DEFAULT_STUDY, SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.placement import placement_problem, running_ray, worker_room
 from raybatch.trial.resources import gpu_fraction
+from raybatch.trial.settings import parts_of
 
 if TYPE_CHECKING:
     import optuna
@@ -72,17 +71,20 @@ allocation that failed is not the peak), only that it is over the budget: any po
 marks it infeasible to TPE, and 1.0 ("twice the budget") ranks it behind near-misses."""
 
 
-def needs_at_least(config: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether ``config`` needs at least the memory ``other`` needs, whatever the model.
-
-    Peak memory grows with the micro batch and the world size (DDP buckets); accumulation adds
-    one gradient buffer kept alive across micro steps, the same for 2 steps as for 16.
-    """
-    return bool(
-        config[keys.MICRO_BATCH_SIZE] >= other[keys.MICRO_BATCH_SIZE]
-        and min(config[keys.ACCUMULATION_STEPS], 2) >= min(other[keys.ACCUMULATION_STEPS], 2)
-        and config.get(keys.WORLD_SIZE, 1) >= other.get(keys.WORLD_SIZE, 1)
-    )
+CHECKPOINTED = {
+    "trial_numbers": "_trial_numbers",
+    "completed": "_completed",
+    "prescreened": "prescreened",
+    "out_of_memory": "out_of_memory",
+    "retry_alone": "_retry_alone",
+    "retried": "_retried",
+    "opening": "opening",
+    "opening_number": "_opening_number",
+    "opening_time": "_opening_time",
+    "running_workers": "_running_workers",
+}
+"""What the searcher's Tune checkpoint holds: key -> attribute (the sweep and an in-memory
+study are added beside them)."""
 
 
 class RaybatchSearcher(Searcher):
@@ -90,9 +92,11 @@ class RaybatchSearcher(Searcher):
 
     Args:
         space: The coupled space (raw knobs are searched, the rest derived).
-        storage_url: Optuna storage (``sqlite:///RUN_DIR/optuna.db``).
+        storage_url: Optuna storage (``sqlite:///RUN_DIR/optuna.db`` for ``raybatch search``);
+            ``None``: in memory, kept in the searcher's Tune checkpoint for a restore.
         study_name: The study's name in that storage.
-        penalty: The objective told for prescreened-out, failed or capped trials (PAR-10).
+        penalty: The objective told for prescreened-out, failed or capped trials (PAR-10:
+            10x the trainable's time cap). Required; :meth:`for_trainable` reads it.
         estimator: Memory estimator for the pre-screen (``None``: no pre-screen).
         budget_bytes: The per-GPU budget the pre-screen compares against.
         points_to_evaluate: Raw-knob dicts to run first (reference recipe, max-batch
@@ -128,9 +132,9 @@ class RaybatchSearcher(Searcher):
     def __init__(
         self,
         space: SearchSpace,
-        storage_url: str,
-        study_name: str,
-        penalty: float,
+        storage_url: str | None = None,
+        study_name: str = DEFAULT_STUDY,
+        penalty: float | None = None,
         estimator: MemoryEstimator | None = None,
         budget_bytes: int | None = None,
         points_to_evaluate: list[dict[str, Any]] | None = None,
@@ -144,6 +148,9 @@ class RaybatchSearcher(Searcher):
         gpu_model: str | None = None,
     ) -> None:
         super().__init__(metric=metric, mode="min")
+        if penalty is None:
+            why = "needed: 10x the trainable's max_time_s (for_trainable(fn) reads it from fn)"
+            raise OptionError([Issue("penalty", why)])
         self.space = space
         self.record = SearchStudy(storage_url, study_name, seed)
         self.penalty = penalty
@@ -169,6 +176,20 @@ class RaybatchSearcher(Searcher):
         self._sweep_indices: set[int] | None = None
         self._opening_number: dict[int, int] = {}  # Optuna trial number -> opening index
         self._opening_time: dict[int, float | None] = {}  # opening index -> time to target
+
+    @classmethod
+    def for_trainable(
+        cls, trainable: Callable[..., Any], *, prescreen: bool = True, **kwargs: Any
+    ) -> RaybatchSearcher:
+        """The searcher for a :func:`raybatch.trainable`: its space, the penalty its settings
+        give (10x ``max_time_s``) and, with ``prescreen`` and a budget in those settings, a
+        pre-screen of its workload; ``kwargs`` are the other arguments (``seed``, ...)."""
+        parts = parts_of(trainable)
+        budget = parts.settings.budget_bytes
+        if prescreen and budget is not None:
+            kwargs.setdefault("estimator", MemoryEstimator.for_space(parts.workload, parts.space))
+            kwargs.setdefault("budget_bytes", budget)
+        return cls(parts.space, penalty=parts.settings.penalty, **kwargs)
 
     @property
     def study(self) -> optuna.Study:
@@ -458,37 +479,20 @@ class RaybatchSearcher(Searcher):
     # ------------------------------------------------------------------ checkpoint
 
     def save(self, checkpoint_path: str) -> None:
+        state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
+        state["sweep"] = self._sweep()
+        state["memory_storage"] = self.record.memory_storage  # None for a storage URL
         with open(checkpoint_path, "wb") as f:
-            pickle.dump(
-                {
-                    "trial_numbers": self._trial_numbers,
-                    "completed": self._completed,
-                    "prescreened": self.prescreened,
-                    "out_of_memory": self.out_of_memory,
-                    "retry_alone": self._retry_alone,
-                    "retried": self._retried,
-                    "opening": self.opening,
-                    "opening_number": self._opening_number,
-                    "opening_time": self._opening_time,
-                    "sweep": self._sweep(),
-                    "running_workers": self._running_workers,  # a held one is not kept
-                },
-                f,
-            )
+            pickle.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
-        self._trial_numbers = state["trial_numbers"]
-        self._completed = state["completed"]
-        self.prescreened = state["prescreened"]
-        self.out_of_memory = state.get("out_of_memory", [])
-        self._retry_alone = state.get("retry_alone", [])
-        self._retried = state.get("retried", set())
-        self.opening = state.get("opening", self.opening)
-        self._opening_number = state.get("opening_number", {})
-        self._opening_time = state.get("opening_time", {})
+        for key, attr in CHECKPOINTED.items():
+            if key in state:  # a key an older raybatch did not write keeps its default
+                setattr(self, attr, state[key])
         self._sweep_indices = state.get("sweep")
-        self._running_workers = dict(state.get("running_workers", {}))
-        self._held = None
+        self._running_workers = dict(self._running_workers)
+        self.record.use_memory_storage(state.get("memory_storage"))
+        self._held = None  # a held data-parallel recipe is asked again
         self._pending_points = []

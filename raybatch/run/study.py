@@ -24,6 +24,8 @@ from raybatch.status import WORKLOAD_RAN, TrialStatus
 if TYPE_CHECKING:
     import optuna
 
+DEFAULT_STUDY = "raybatch"
+"""The study's name where none is given (the plugin path's in-memory study)."""
 STATUS_ATTR = "status"
 """How the trial ended: a :class:`~raybatch.status.TrialStatus` value."""
 REASON_ATTR = "reason"
@@ -68,16 +70,20 @@ class Prescreened:
 
 
 class SearchStudy:
-    """An Optuna study in SQLite with the sampler raybatch searches with.
+    """An Optuna study with the sampler raybatch searches with.
 
     Args:
-        storage_url: ``sqlite:///RUN_DIR/optuna.db``.
+        storage_url: ``sqlite:///RUN_DIR/optuna.db`` (what ``raybatch search`` uses), any
+            Optuna storage URL, or ``None``: Optuna's in-memory storage, which the searcher
+            keeps in its Tune checkpoint (:attr:`memory_storage`) so that a restored Tune
+            experiment resumes the same study.
         study_name: The study's name in that storage.
         seed: The TPE sampler's seed.
     """
 
-    def __init__(self, storage_url: str, study_name: str, seed: int = 0) -> None:
+    def __init__(self, storage_url: str | None, study_name: str, seed: int = 0) -> None:
         self.storage_url = storage_url
+        self.memory_storage: optuna.storages.InMemoryStorage | None = None
         self.study_name = study_name
         self.seed = seed
         self._study: optuna.Study | None = None
@@ -103,14 +109,21 @@ class SearchStudy:
                 multivariate=True,
                 constant_liar=True,
             )
+            if self.storage_url is None and self.memory_storage is None:
+                self.memory_storage = optuna.storages.InMemoryStorage()
             self._study = optuna.create_study(
-                storage=self.storage_url,
+                storage=self.storage_url or self.memory_storage,
                 study_name=self.study_name,
                 direction="minimize",
                 sampler=sampler,
                 load_if_exists=True,
             )
         return self._study
+
+    def use_memory_storage(self, storage: optuna.storages.InMemoryStorage | None) -> None:
+        """Continue the in-memory study a checkpoint kept (a restored Tune experiment)."""
+        if self.storage_url is None and storage is not None:
+            self.memory_storage, self._study = storage, None
 
     def enqueue_if_new(self, points: list[dict[str, Any]]) -> None:
         """Queue points to run first, once: only while the study has no trial."""

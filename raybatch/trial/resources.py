@@ -21,6 +21,7 @@ from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import model_resource
+from raybatch.trial.settings import parts_of
 from raybatch.workload import Workload
 
 DRIVER_CPUS = 0.01
@@ -173,17 +174,26 @@ def _budget(memory_budget: str | int | None) -> int:
 
 def with_resources(
     trainable: Callable[[dict[str, Any]], Any],
-    workload: Workload,
-    space: SearchSpace,
+    workload: Workload | None = None,
+    space: SearchSpace | None = None,
     gpus_per_trial: str | float = "auto",
     cpus_per_trial: float = 1.0,
     memory_budget: str | int | None = None,
     estimator: MemoryEstimator | None = None,
     gpu_model: str | None = None,
 ) -> Any:
-    """``tune.with_resources(trainable, trial_resources(...))`` in one call."""
+    """``tune.with_resources(trainable, trial_resources(...))`` in one call.
+
+    For a :func:`raybatch.trainable`, the workload, the space, the memory budget and the GPU
+    model default to the ones it was made with (:func:`raybatch.trial.settings.parts_of`).
+    """
     from ray import tune
 
+    if workload is None or space is None:
+        parts = parts_of(trainable)
+        workload, space = workload or parts.workload, space or parts.space
+        memory_budget = memory_budget or parts.settings.memory_budget
+        gpu_model = gpu_model or parts.settings.gpu_model
     resources = trial_resources(
         workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator, gpu_model
     )

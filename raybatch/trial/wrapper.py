@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from raybatch import keys
@@ -47,48 +47,10 @@ from raybatch.trial.placement import (
     trial_device,
 )
 from raybatch.trial.reporting import ReportFn, TrialReporter
+from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialParts, TrialSettings, settings_of
 from raybatch.workload import Workload
 
 EVALS_PER_EPOCH = 4
-
-
-@dataclass(frozen=True)
-class TrialSettings:
-    """Everything a trial needs besides its config (picklable, sent to every trial).
-
-    Attributes:
-        target: The metric value to reach.
-        max_time_s: Cap on a trial's training time (evaluation excluded); a censored trial's
-            objective is 10x this (PAR-10).
-        max_samples: Optional sample budget per trial.
-        eval_every_samples: Sample mark spacing; ``None`` picks about a quarter epoch,
-            rounded up to a multiple of the space's largest effective batch so that, for
-            power-of-two batch choices, every trial evaluates exactly on the marks.
-        divergence_factor: Loss above this multiple of the initial loss is divergence.
-        memory_budget: Bytes (or "8GiB") for the CPU-side pre-screen when no GPU is present.
-        device: ``auto`` (the GPU Ray assigned to the trial, else CPU: never merely a visible
-            one), ``cpu`` or ``cuda``.
-        gpu_budget_bytes: One trial's budget on one GPU (the search's); a trial packed with
-            others caps its allocator to its share of it
-            (:func:`raybatch.trial.placement.packed_memory_fraction`).
-        data_parallel_gpus: Whether data-parallel workers reserve a GPU each (NCCL) or a CPU
-            (gloo); the search decides from the cluster. ``None``: GPUs when the cluster has any.
-        gpu_model: Pin data-parallel GPU workers to GPUs of this model (the search's
-            ``--gpu-model``), as the trial itself is pinned.
-        loop: Options of the training loop.
-    """
-
-    target: Target
-    max_time_s: float = 600.0
-    max_samples: int | None = None
-    eval_every_samples: int | None = None
-    divergence_factor: float = 10.0
-    memory_budget: str | int | None = None
-    device: str = "auto"
-    gpu_budget_bytes: int | None = None
-    data_parallel_gpus: bool | None = None
-    gpu_model: str | None = None
-    loop: LoopOptions = field(default_factory=LoopOptions)
 
 
 def default_eval_every(train_size: int, space: SearchSpace) -> int:
@@ -442,8 +404,14 @@ def trainable(
         target: The validation metric to reach: a :class:`Target`, text (``loss<=0.35``) or a
             number (the workload's first metric, in its direction). Checked against the
             workload's metrics now, so an unreachable target fails before any trial.
-        **settings: Fields of :class:`TrialSettings` (``max_time_s``, ``memory_budget``, ...)
-            and of :class:`~raybatch.trial.loop.LoopOptions` (``grad_clip_norm``, ``ema_decay``...).
+        **settings: Fields of :class:`~raybatch.trial.settings.TrialSettings` (``max_time_s``,
+            ``memory_budget``, ...) and of :class:`~raybatch.trial.loop.LoopOptions`
+            (``grad_clip_norm``, ``ema_decay``...); an unknown name raises ``TypeError``.
+
+    The returned function carries its workload, space and settings
+    (:func:`raybatch.trial.settings.parts_of`): :meth:`RaybatchSearcher.for_trainable`,
+    :meth:`CappingScheduler.for_trainable` and :func:`raybatch.with_resources` read them, so
+    the penalty, the time cap and the resources follow from this one call.
 
     Example:
         >>> import raybatch
@@ -457,14 +425,8 @@ def trainable(
     # The closure below carries the workload to Ray's workers: send its code by value, so a
     # workload from a file, a script or a notebook works on every node (raybatch.shipping).
     ship_by_value(workload)
-    loop_fields = {f for f in LoopOptions.__dataclass_fields__}
-    loop_settings = {k: v for k, v in settings.items() if k in loop_fields}
-    loop_settings.setdefault("sync_batchnorm", resolved.sync_batchnorm)
-    loop = LoopOptions(**loop_settings)
-    trial_settings = TrialSettings(
-        target=resolve_target(target, workload.metrics),
-        loop=loop,
-        **{k: v for k, v in settings.items() if k not in loop_fields},
+    trial_settings = settings_of(
+        resolve_target(target, workload.metrics), resolved.sync_batchnorm, **settings
     )
 
     def raybatch_trial(config: dict[str, Any]) -> None:
@@ -472,7 +434,9 @@ def trainable(
 
     raybatch_trial.__name__ = f"raybatch_{workload.name}"
     raybatch_trial.__qualname__ = raybatch_trial.__name__
+    # What RaybatchSearcher.for_trainable and with_resources read back (one settings object).
+    setattr(raybatch_trial, PARTS_ATTRIBUTE, TrialParts(workload, resolved, trial_settings))
     return raybatch_trial
 
 
-__all__ = ["TrialSettings", "default_eval_every", "run_trial", "trainable"]
+__all__ = ["default_eval_every", "run_trial", "trainable"]

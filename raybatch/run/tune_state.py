@@ -1,0 +1,93 @@
+"""Ray Tune's saved experiment state, made safe to restore after the driver was killed.
+
+Tune saves its state once per session (each start or resume of the driver) as a set of files
+named by the session's timestamp: ``experiment_state-<s>.json``, the search algorithm's
+``search_gen_state-<s>.json``, the searcher's ``searcher-state-<s>.pkl`` and the callbacks'
+``callback-states-<s>.pkl``. Tune writes them atomically in its staging folder, but copies
+them into the run's storage folder with plain file copies; a SIGKILL in the middle of that
+copy leaves the newest session's files cut short or missing. ``Tuner.restore`` picks the
+newest file of each kind by name, so it would then load a truncated pickle and fail, and the
+search could not be resumed at all.
+
+So before a restore, the sessions newer than the newest *whole* one are set aside (moved into
+``.cut/``, never deleted): Tune restores from the last state it saved completely. The study in
+``optuna.db`` is the record of what finished; a trial the set-aside state knew of and the
+restored one does not is re-run from its start, and the searcher tells Optuna once (it looks
+trials up by Tune id), so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import pickletools
+from pathlib import Path
+
+# The kinds of file a Tune session writes, as (prefix, suffix) around the session string.
+_KINDS = (
+    ("experiment_state-", ".json"),
+    ("search_gen_state-", ".json"),
+    ("searcher-state-", ".pkl"),
+    ("callback-states-", ".pkl"),
+    ("basic-variant-state-", ".json"),
+)
+CUT_FOLDER = ".cut"
+
+
+def _session_of(name: str) -> tuple[str, str] | None:
+    """(kind prefix, session string) of a Tune state file's name, or None if it is not one."""
+    for prefix, suffix in _KINDS:
+        if name.startswith(prefix) and name.endswith(suffix):
+            return prefix, name[len(prefix) : -len(suffix)]
+    return None
+
+
+def _whole(path: Path) -> bool:
+    """Whether a state file reads to its end: JSON parses, a pickle's opcodes reach STOP.
+
+    ``pickletools.genops`` walks the opcodes without building any object, so checking runs
+    no code from the file.
+    """
+    try:
+        data = path.read_bytes()
+        if path.name.startswith("experiment_state-"):
+            json.loads(data)
+            return True
+        opcodes = [op.name for op, _, _ in pickletools.genops(data)]
+        return opcodes[-1:] == ["STOP"]
+    except (OSError, ValueError):
+        return False
+
+
+def set_aside_cut_sessions(experiment: Path) -> list[str]:
+    """Move the state files of sessions newer than the newest whole one into ``.cut/``.
+
+    A session is whole when it holds an experiment state, every kind of file the older
+    sessions hold, and each of its files reads to its end. Returns the sessions set aside
+    (empty when the newest is whole, or when none is: then Tune's own error says why).
+    """
+    sessions: dict[str, dict[str, Path]] = {}
+    for path in experiment.iterdir() if experiment.is_dir() else ():
+        found = _session_of(path.name)
+        if found and path.is_file():
+            sessions.setdefault(found[1], {})[found[0]] = path
+    order = sorted(sessions)
+    kinds_seen: set[str] = set()
+    newest_whole = None
+    for session in order:
+        files = sessions[session]
+        whole = (
+            "experiment_state-" in files
+            and kinds_seen <= set(files)
+            and all(_whole(p) for p in files.values())
+        )
+        kinds_seen |= set(files)
+        if whole:
+            newest_whole = session
+    if newest_whole is None:
+        return []
+    cut = [s for s in order if s > newest_whole]
+    for session in cut:
+        (experiment / CUT_FOLDER).mkdir(exist_ok=True)
+        for path in sessions[session].values():
+            path.rename(experiment / CUT_FOLDER / path.name)
+    return cut

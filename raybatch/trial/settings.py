@@ -1,0 +1,127 @@
+"""A trial's settings: what every trial of a search shares besides its config.
+
+One frozen object, built once by :func:`raybatch.trainable` and carried by the function it
+returns (:func:`parts_of`), so that the searcher's penalty, the scheduler's cap and the
+resources asked of Ray all follow from the settings the trials run with, instead of being
+repeated by hand where they could disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raybatch.memory.budget import parse_size
+from raybatch.metric import Target
+from raybatch.space.search_space import SearchSpace
+from raybatch.status import PAR_FACTOR
+from raybatch.trial.loop import LoopOptions
+from raybatch.workload import Workload
+
+PARTS_ATTRIBUTE = "raybatch_parts"
+"""The attribute of a :func:`raybatch.trainable` function that holds its :class:`TrialParts`."""
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """Everything a trial needs besides its config (picklable, sent to every trial).
+
+    Attributes:
+        target: The metric value to reach.
+        max_time_s: Cap on a trial's training time (evaluation excluded); a censored trial's
+            objective is 10x this (PAR-10).
+        max_samples: Optional sample budget per trial.
+        eval_every_samples: Sample mark spacing; ``None`` picks about a quarter epoch,
+            rounded up to a multiple of the space's largest effective batch so that, for
+            power-of-two batch choices, every trial evaluates exactly on the marks.
+        divergence_factor: Loss above this multiple of the initial loss is divergence.
+        memory_budget: Bytes (or "8GiB") for the CPU-side pre-screen when no GPU is present.
+        device: ``auto`` (the GPU Ray assigned to the trial, else CPU: never merely a visible
+            one), ``cpu`` or ``cuda``.
+        gpu_budget_bytes: One trial's budget on one GPU (the search's); a trial packed with
+            others caps its allocator to its share of it
+            (:func:`raybatch.trial.placement.packed_memory_fraction`).
+        data_parallel_gpus: Whether data-parallel workers reserve a GPU each (NCCL) or a CPU
+            (gloo); the search decides from the cluster. ``None``: GPUs when the cluster has any.
+        gpu_model: Pin data-parallel GPU workers to GPUs of this model (the search's
+            ``--gpu-model``), as the trial itself is pinned.
+        loop: Options of the training loop.
+    """
+
+    target: Target
+    max_time_s: float = 600.0
+    max_samples: int | None = None
+    eval_every_samples: int | None = None
+    divergence_factor: float = 10.0
+    memory_budget: str | int | None = None
+    device: str = "auto"
+    gpu_budget_bytes: int | None = None
+    data_parallel_gpus: bool | None = None
+    gpu_model: str | None = None
+    loop: LoopOptions = field(default_factory=LoopOptions)
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The memory budget the pre-screen compares against: the GPU's, else ``memory_budget``."""
+        if self.gpu_budget_bytes is not None:
+            return self.gpu_budget_bytes
+        return None if self.memory_budget is None else parse_size(self.memory_budget)
+
+    @property
+    def penalty(self) -> float:
+        """The objective a trial that did not reach the target is told (PAR-10: 10x the cap).
+
+        One value for the trainable, the searcher and the scheduler: the searcher reads it from
+        here (:meth:`RaybatchSearcher.for_trainable`) instead of being told it by hand.
+        """
+        return PAR_FACTOR * self.max_time_s
+
+
+@dataclass(frozen=True)
+class TrialParts:
+    """What a :func:`raybatch.trainable` function was made of."""
+
+    workload: Workload
+    space: SearchSpace
+    settings: TrialSettings
+
+
+def settings_of(target: Target, sync_batchnorm: bool, **settings: Any) -> TrialSettings:
+    """Split keyword settings between :class:`TrialSettings` and its :class:`LoopOptions`.
+
+    Raises:
+        TypeError: A name that is neither (a misspelt ``max_time`` would otherwise be
+            dropped silently and the trial would run with the default).
+    """
+    trial_fields = {f.name for f in dataclasses.fields(TrialSettings)} - {"target", "loop"}
+    loop_fields = {f.name for f in dataclasses.fields(LoopOptions)}
+    unknown = sorted(set(settings) - trial_fields - loop_fields)
+    if unknown:
+        raise TypeError(
+            f"unknown trial setting(s) {unknown}: fields of TrialSettings or LoopOptions"
+        )
+    loop = {k: v for k, v in settings.items() if k in loop_fields}
+    loop.setdefault("sync_batchnorm", sync_batchnorm)
+    return TrialSettings(
+        target=target,
+        loop=LoopOptions(**loop),
+        **{k: v for k, v in settings.items() if k in trial_fields},
+    )
+
+
+def parts_of(trainable: Callable[..., Any]) -> TrialParts:
+    """The parts of a function made by :func:`raybatch.trainable`.
+
+    Raises:
+        TypeError: ``trainable`` was not made by :func:`raybatch.trainable` (wrapped by
+            ``tune.with_parameters``, say): pass the space and the penalty explicitly.
+    """
+    parts = getattr(trainable, PARTS_ATTRIBUTE, None)
+    if not isinstance(parts, TrialParts):
+        raise TypeError(
+            f"{getattr(trainable, '__name__', trainable)!r} was not made by raybatch.trainable():"
+            " pass the space and the penalty explicitly"
+        )
+    return parts
