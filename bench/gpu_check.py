@@ -113,16 +113,28 @@ def _packed_process(fraction: float, nbytes: int, hold_s: float, out: Any) -> No
         out.put({"allocated": 0, "oom": True, "error": str(exc).splitlines()[0]})
 
 
+def _context_process(out: Any) -> None:
+    """A fresh process measures its own CUDA context, as the search's measuring task does."""
+    from raybatch.memory.context import measure_context_bytes
+
+    out.put(measure_context_bytes(0))
+
+
 def packed_pair() -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    total = torch.cuda.get_device_properties(0).total_memory
-    budget = resolve_budget().bytes
-    fraction = packed_memory_fraction(0.5, budget, total)
-    assert fraction is not None
-    cap = int(fraction * total)
     context = mp.get_context("spawn")
     queue = context.Queue()
+    measurer = context.Process(target=_context_process, args=(queue,))
+    measurer.start()
+    measured = queue.get(timeout=120)
+    measurer.join()
+    context_bytes = measured or CUDA_CONTEXT_OVERHEAD_BYTES
+    total = torch.cuda.get_device_properties(0).total_memory
+    budget = resolve_budget(context_overhead_bytes=context_bytes).bytes
+    fraction = packed_memory_fraction(0.5, budget, total, context_bytes)
+    assert fraction is not None
+    cap = int(fraction * total)
     within = context.Process(target=_packed_process, args=(fraction, cap - SLACK_BYTES, 6.0, queue))
     over = context.Process(target=_packed_process, args=(fraction, cap + SLACK_BYTES, 0.0, queue))
     within.start()
@@ -137,9 +149,10 @@ def packed_pair() -> dict[str, Any]:
         "total_bytes": total,
         "fraction": fraction,
         "cap_bytes": cap,
+        "context_bytes_measured": measured,
         "context_bytes_assumed": CUDA_CONTEXT_OVERHEAD_BYTES,
-        "two_slots_with_contexts_bytes": 2 * (cap + CUDA_CONTEXT_OVERHEAD_BYTES),
-        "budget_plus_one_context_bytes": budget + CUDA_CONTEXT_OVERHEAD_BYTES,
+        "two_slots_with_contexts_bytes": 2 * (cap + context_bytes),
+        "budget_plus_one_context_bytes": budget + context_bytes,
         "nvml_used_while_one_held_bytes": None if used is None else used.used_bytes,
         "within_slot": outcomes[0],
         "over_slot": outcomes[1],

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.metric import Metric, Target
     from raybatch.run.driver import analyze_run, resume, search
     from raybatch.run.options import SearchOptions
+    from raybatch.run.resources import with_resources
     from raybatch.run.scheduler import CappingScheduler
     from raybatch.run.searcher import RaybatchSearcher
     from raybatch.space.config import TrialConfig
@@ -45,7 +46,6 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.space.tune_space import optuna_space, tune_param_space
     from raybatch.status import TrialStatus
     from raybatch.trial.reporting import TrialReporter
-    from raybatch.trial.resources import with_resources
     from raybatch.trial.wrapper import trainable
     from raybatch.version import __version__
     from raybatch.workload import SimpleWorkload, Workload
@@ -63,7 +63,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "space.search_space": ("SearchSpace",),
     "space.tune_space": ("optuna_space", "tune_param_space"),
     "trial.reporting": ("TrialReporter",),
-    "trial.resources": ("with_resources",),
+    "run.resources": ("with_resources",),
     "status": ("TrialStatus",),
     "trial.wrapper": ("trainable",),
     "version": ("__version__",),

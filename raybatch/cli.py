@@ -3,6 +3,9 @@
 Bad input never shows a Python traceback: every :class:`~raybatch.errors.RaybatchError` is
 printed to stderr as ``raybatch: error: FILE:LINE: FIELD: what is wrong`` and the command
 exits with status 2 (the status click uses for usage errors).
+
+The commands import the library inside their bodies, not at the top: ``raybatch --help`` or a
+bad option must answer at once, without importing torch, Ray and Optuna (seconds) first.
 """
 
 from __future__ import annotations

@@ -8,12 +8,13 @@ from typing import Any
 import typer
 
 from raybatch import keys
+from raybatch.memory.budget import format_bytes
+from raybatch.report import REPORT, verdict
+from raybatch.results.rows import status_counts
 from raybatch.space.config import TrialConfig
 
 
 def budget_text(report: Any) -> str:
-    from raybatch.memory.budget import format_bytes
-
     if report.budget_bytes is None:
         return "no budget"
     return f"budget {format_bytes(report.budget_bytes)} ({report.budget_source})"
@@ -21,7 +22,6 @@ def budget_text(report: Any) -> str:
 
 def print_estimate(report: Any) -> None:
     """The estimate's table, its linear model and the largest micro batch that fits."""
-    from raybatch.memory.budget import format_bytes
 
     rows = [
         (
@@ -47,8 +47,6 @@ def print_estimate(report: Any) -> None:
 
 
 def print_check(report: Any) -> None:
-    from raybatch.memory.budget import format_bytes
-
     view = report.view
     typer.echo(
         f"{len(view.nodes)} node(s), {view.cpus:g} CPUs, {view.gpus:g} GPUs on"
@@ -88,9 +86,6 @@ def print_check(report: Any) -> None:
 
 
 def print_summary(result: Any, target: Any) -> None:
-    from raybatch.report import REPORT, verdict
-    from raybatch.results.rows import status_counts
-
     counts = status_counts(result.rows)
     typer.echo("")
     typer.echo(table(("status", "count"), [(k, str(v)) for k, v in sorted(counts.items())]))

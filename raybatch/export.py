@@ -32,7 +32,10 @@ import yaml
 
 from raybatch import keys
 from raybatch.errors import Issue, OptionError, PresetNotFoundError, RaybatchError, RunDirError
+from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
+from raybatch.formats.retarget import retarget
 from raybatch.space.config import TrialConfig, warmup_scheduler
+from raybatch.space.presets import load_space
 from raybatch.workload import build_optimizer
 
 if TYPE_CHECKING:
@@ -145,21 +148,18 @@ class BestConfig:
         Raises:
             ExportError: The optimizer has no ``TrainingArguments`` equivalent.
         """
-        from raybatch.formats import hf
 
         return hf.training_args_kwargs(self.config, self.amp_dtype, self.grad_clip_norm)
 
     def to_hf_training_args(self, cls: Any = None, **overrides: Any) -> Any:
         """A real ``transformers.TrainingArguments`` for the recipe (``overrides`` win), or of
         ``cls``, a subclass such as TRL's ``SFTConfig``."""
-        from raybatch.formats import hf
 
         return hf.training_args(self.config, self.amp_dtype, self.grad_clip_norm, cls, **overrides)
 
     def lightning_trainer_kwargs(self, gpus_per_node: int | None = None) -> dict[str, Any]:
         """``lightning.Trainer`` keyword arguments (:mod:`raybatch.formats.lightning`); with
         ``gpus_per_node`` below the world size, ``devices`` per node and ``num_nodes``."""
-        from raybatch.formats import lightning
 
         return lightning.trainer_kwargs(
             self.config, self.amp_dtype, self.grad_clip_norm, gpus_per_node
@@ -167,13 +167,11 @@ class BestConfig:
 
     def lightning_optimizers(self, params: Iterable[Any]) -> dict[str, Any]:
         """What ``LightningModule.configure_optimizers`` should return for the recipe."""
-        from raybatch.formats import lightning
 
         return lightning.optimizers(self.config, params)
 
     def deepspeed_config(self) -> dict[str, Any]:
         """A DeepSpeed config dict (:mod:`raybatch.formats.deepspeed`)."""
-        from raybatch.formats import deepspeed
 
         return deepspeed.ds_config(self.config, self.amp_dtype, self.grad_clip_norm, self.origin())
 
@@ -203,8 +201,6 @@ class BestConfig:
 
         from ray.train import ScalingConfig
 
-        from raybatch.formats import ray_train
-
         gpu = self.measured_on_gpu() if use_gpu is None else use_gpu
         if gpu is None:
             warnings.warn(
@@ -217,7 +213,6 @@ class BestConfig:
     def ray_train_loop_config(self) -> dict[str, Any]:
         """``TorchTrainer(train_loop_config=...)``: the recipe's knobs and the whole recipe;
         :meth:`from_loop_config` turns it back into a ``BestConfig`` inside the loop."""
-        from raybatch.formats import ray_train
 
         return {**ray_train.loop_config(self.config, self.origin()), **self.measured_under()}
 
@@ -246,7 +241,6 @@ class BestConfig:
             ExportError: The world size is invalid, or the recipe must be re-derived and no
                 space is known.
         """
-        from raybatch.formats.retarget import retarget
 
         moved = retarget(self.config, world_size, space or self._space())
         if moved.config == self.config:
@@ -267,8 +261,6 @@ class BestConfig:
         return BestConfig(moved.config, {**self.provenance, "retargeted": retargeted}, self.source)
 
     def _space(self) -> SearchSpace | None:
-        from raybatch.space.presets import load_space
-
         name = self.provenance.get("space")
         if not name:
             return None
@@ -300,7 +292,6 @@ class BestConfig:
             OptionError: An unknown format, or ``gpus_per_node`` for a format without nodes.
             ExportError: The recipe cannot be written in that format as measured.
         """
-        from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
 
         if fmt not in FORMATS:
             message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from raybatch.errors import Issue, OptionError
+from raybatch.errors import Issue, OptionError, WorkloadError
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,6 @@ def target_value(values: Mapping[str, float], name: str) -> float:
     Raises:
         WorkloadError: ``evaluate`` did not return that metric.
     """
-    from raybatch.errors import WorkloadError
 
     if name not in values:
         raise WorkloadError(

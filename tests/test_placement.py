@@ -158,6 +158,14 @@ def test_a_cluster_of_mixed_gpu_models_is_refused_unless_one_is_chosen() -> None
         one_gpu_model(unlabelled, "NVIDIA A100", [])  # no resource to pin trials with
     one = ClusterView((NodeView("a", "a", 8, 2, (_gpu("NVIDIA A100", 80, 79),)),))
     assert one_gpu_model(one, None, []) is one  # one model (NVML's name): nothing to choose
+    # A node Ray labelled and one only NVML names, of one model: one model, in Ray's words.
+    sxm = (_gpu("NVIDIA A100-SXM4-80GB", 80, 79),)
+    same = ClusterView((
+        NodeView("a", "a", 8, 2, sxm, accelerator_types=("A100",)),
+        NodeView("b", "b", 8, 2, sxm),
+    ))  # fmt: skip
+    assert same.gpu_models() == ["A100"]
+    assert one_gpu_model(same, None, []) is same
 
 
 def test_trials_pinned_to_a_model_ask_for_its_accelerator_type() -> None:

@@ -16,8 +16,8 @@ import raybatch
 from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.trial.placement import packed_memory_fraction
-from raybatch.trial.resources import DRIVER_CPUS, MAX_TRIALS_PER_GPU, gpu_fraction, trial_resources
+from raybatch.run.resources import DRIVER_CPUS, gpu_fraction, trial_resources
+from raybatch.trial.placement import MAX_TRIALS_PER_GPU, packed_memory_fraction
 
 
 @given(
@@ -76,7 +76,7 @@ CLUSTER_SCRIPT = textwrap.dedent(
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory.estimator import MemoryEstimator
     from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES as CONTEXT
-    from raybatch.trial.resources import gpu_fraction, trial_resources
+    from raybatch.run.resources import gpu_fraction, trial_resources
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
     cluster.add_node(num_cpus=2, num_gpus=1)
@@ -161,7 +161,7 @@ def test_trials_on_a_multi_node_cluster_get_the_estimated_fraction_and_never_ove
 def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
     """Tune keeps one trial pending at a time for a searcher without a concurrency limit, so
     the search sets the limit to what can run: CPUs per trial, and GPUs per trial."""
-    from raybatch.trial.resources import trials_in_flight
+    from raybatch.run.hardware import trials_in_flight
 
     assert trials_in_flight({"CPU": 8.0}, 0, 1.0) == 8
     assert trials_in_flight({"CPU": 8.0}, 0, 3.0) == 2
@@ -170,6 +170,13 @@ def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
     assert trials_in_flight({"CPU": 64.0, "GPU": 4.0}, 0.5, 1.0) == 8
     assert trials_in_flight({"CPU": 64.0, "GPU": 2.0}, "auto", 1.0) == 2 * MAX_TRIALS_PER_GPU
     assert trials_in_flight({"CPU": 6.0, "GPU": 2.0}, "auto", 1.0) == 6
+    # An autoscaling cluster with its GPU nodes at zero: the trials wait on the GPUs the
+    # autoscaler may start (which makes it start them), not one at a time.
+    from raybatch.run.hardware import ClusterView, NodeView
+
+    scaling = ClusterView((NodeView("head", "10.0.0.1", 16, 0),), autoscale_gpus=4)
+    assert scaling.trials_at_once(1, 1.0) == 4
+    assert scaling.trials_at_once("auto", 1.0) == 16
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -184,17 +191,22 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
 
     gib = 2**30
     gpu = DeviceMemory("A100", 40 * gib, 38 * gib, 2 * gib, 0)
-    view = hardware.ClusterView((hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,)),))
-    monkeypatch.setattr(hardware, "read_cluster", lambda: view)
+    small = DeviceMemory("T4", 16 * gib, 1 * gib, 15 * gib, 0)  # another model, nearly full
+    view = hardware.ClusterView((
+        hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,), accelerator_types=("A100",)),
+        hardware.NodeView("t", "10.0.0.3", 8, 1, (small,), accelerator_types=("T4",)),
+    ))  # fmt: skip
+    monkeypatch.setattr("raybatch.run.resources.read_cluster", lambda: view)  # its import
     monkeypatch.setattr(budget_module, "read_device_memory", lambda index: None)  # the head
     space = raybatch.load_space("digits_cnn_sgd")
-    resources = trial_resources(DigitsWorkload(), space, "auto")
-    share = resources(space.derive(64).to_dict())["gpu"]
-    expected = gpu_fraction(
-        MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64)),
-        view.budget().bytes,  # type: ignore[union-attr]
-    )
-    assert 0 < share == expected
+    predicted = MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64))
+    for model, budget_view in (("A100", view.of_model("A100")), (None, view)):
+        resources = trial_resources(DigitsWorkload(), space, "auto", gpu_model=model)
+        share = resources(space.derive(64).to_dict())["gpu"]
+        expected = gpu_fraction(predicted, budget_view.budget().bytes)  # type: ignore[union-attr]
+        assert 0 < share == expected
+    # Pinned to the A100s, the T4's little free memory does not shrink the budget.
+    assert view.of_model("A100").budget().bytes > view.budget().bytes  # type: ignore[union-attr]
 
 
 def test_gpu_trials_pinned_to_a_model_ask_for_it_and_data_parallel_drivers_do_not() -> None:
@@ -209,3 +221,37 @@ def test_gpu_trials_pinned_to_a_model_ask_for_it_and_data_parallel_drivers_do_no
     assert driver == {"cpu": DRIVER_CPUS, "gpu": 0.0}
     cpu = trial_resources(DigitsWorkload(), space, 0, gpu_model="A100")
     assert cpu(space.derive(64).to_dict()) == {"cpu": 1.0, "gpu": 0.0}
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_cuda_context_is_measured_on_a_gpu_or_said_to_be_assumed() -> None:
+    """No GPU alive, or none free in time: the assumed context, and the notes say why; the
+    search neither fails nor waits for this figure."""
+    from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+    from raybatch.run.context import cluster_context_bytes
+    from raybatch.run.hardware import ClusterView, NodeView
+
+    notes: list[str] = []
+    cpus = ClusterView((NodeView("head", "10.0.0.1", 3, 0),))
+    assert cluster_context_bytes(cpus, None, notes) == CUDA_CONTEXT_OVERHEAD_BYTES
+    assert notes == ["CUDA context assumed 512.00 MiB: no GPU node is alive to measure it on"]
+    # A GPU the view counts but Ray cannot place a task on (this session has none).
+    gpus = ClusterView((NodeView("w", "10.0.0.2", 3, 1),))
+    assert cluster_context_bytes(gpus, None, notes, timeout_s=1) == CUDA_CONTEXT_OVERHEAD_BYTES
+    assert notes[-1].endswith("no GPU free to measure it on within 1 s")
+
+
+def test_a_larger_cuda_context_packs_fewer_trials_and_caps_them_lower() -> None:
+    """The measured context reaches the packing: each packed process pays its own."""
+    gib = 2**30
+    small, large = 256 * 2**20, 2 * gib
+    assert gpu_fraction(gib, 20 * gib, context_bytes=small) < gpu_fraction(
+        gib, 20 * gib, context_bytes=large
+    )
+    assert packed_memory_fraction(0.25, 20 * gib, 40 * gib, small) > packed_memory_fraction(  # type: ignore[operator]
+        0.25, 20 * gib, 40 * gib, large
+    )
+    fn = raybatch.trainable(
+        DigitsWorkload(), "digits_cnn_sgd", 0.97, gpu_budget_bytes=gib, cuda_context_bytes=large
+    )
+    assert raybatch.RaybatchSearcher.for_trainable(fn).context_bytes == large

@@ -276,7 +276,7 @@ def test_a_packed_oom_retried_alone_that_fits_is_told_as_measured(tmp_path: Path
 def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Path) -> None:
     """Each probe's reserved peak calibrates the estimator (the largest ratio seen wins), and
     the searcher sets every later suggestion's GPU share from the calibrated prediction."""
-    from raybatch.trial.resources import gpu_fraction
+    from raybatch.run.resources import gpu_fraction
 
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     budget = 8 * 2**30

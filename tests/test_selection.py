@@ -166,3 +166,18 @@ def test_the_race_adds_seeds_to_the_two_best_until_one_is_three_pairs_ahead(
     assert best.provenance["runner_up"]["within_noise"] is False
     # Without a race budget nothing more runs.
     assert confirmation.race(tmp_path, None, SPACE, rows, SearchOptions(race_seeds=0), 0, 1) == []
+
+
+def test_confirmation_runs_on_gpus_start_only_as_many_as_their_workers_fit() -> None:
+    """A data-parallel confirmation run holds no GPU in its Tune trial and waits in ``fit()``
+    for its workers: started beyond the room, it would be ended as hung for being queued."""
+    from raybatch.run.confirmation import confirmation_slots
+
+    def row(world_size: int) -> TrialRow:
+        recipe = SPACE.derive(64, world_size=world_size)
+        return TrialRow.of(recipe, keys.PHASE_SEARCH, f"w{world_size}", TrialStatus.REACHED)
+
+    assert confirmation_slots([row(1), row(1)], placeable_gpus=4) == 4  # one GPU each
+    assert confirmation_slots([row(1), row(4)], placeable_gpus=8) == 2  # 4 GPUs the widest
+    assert confirmation_slots([row(4)], placeable_gpus=2) == 1  # at least one
+    assert confirmation_slots([], placeable_gpus=3) == 3

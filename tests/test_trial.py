@@ -11,6 +11,7 @@ import torch
 import raybatch
 from raybatch import SearchSpace, Target, TrialReporter, TrialStatus, keys
 from raybatch.examples.digits import DigitsWorkload
+from raybatch.trial.loop import LoopOptions
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import default_eval_every, run_trial
 
@@ -32,12 +33,14 @@ def test_a_sticky_device_error_at_cleanup_ends_the_trial_not_the_worker(
 ) -> None:
     """After an illegal memory access every CUDA call raises, the cleanup's synchronise too:
     the trial still ends with a status and a reason instead of raising into Ray."""
-    import raybatch.memory.probe as probe
+    import raybatch.trial.reporting as reporting
+    import raybatch.trial.wrapper as wrapper
 
     def sticky(device: Any = None) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(probe, "release_memory", sticky)
+    for module in (wrapper, reporting):  # the names they imported
+        monkeypatch.setattr(module, "release_memory", sticky)
     reporter, reports = _run({"micro_batch_size": 64}, target=1.01, max_time_s=0.5)
     assert reporter.stopped and reports[-1][keys.STATUS] == "censored"  # what it measured
 
@@ -245,3 +248,25 @@ def test_a_data_parallel_workers_probe_counts_ddp_gradient_buckets() -> None:
     reason = _ddp_overrun(DIGITS, space.derive(64, world_size=2), tight, reserved)
     assert reason is not None and "DDP's gradient buckets add" in reason
     assert _ddp_overrun(DIGITS, space.derive(64), tight, reserved) is None  # one worker: no DDP
+
+
+def test_the_ema_copy_of_the_model_counts_against_the_memory_budget() -> None:
+    """With ``ema_decay`` the trial holds one more copy of the model than the step the
+    estimate traces: a budget that a plain step fits with less than that copy to spare is
+    too small for the EMA trial."""
+    from raybatch.memory.estimator import MemoryEstimator
+    from raybatch.trial.ema import model_bytes
+
+    recipe = SPACE.derive(64)
+    predicted = MemoryEstimator(DIGITS, recipe).prescreen(recipe, 2**40).predicted_bytes
+    assert predicted is not None
+    budget = predicted + model_bytes(DIGITS.build_model()) // 2
+    plain, _ = _run({"micro_batch_size": 64}, memory_budget=budget, max_time_s=0.3)
+    averaged, _ = _run(
+        {"micro_batch_size": 64},
+        memory_budget=budget,
+        max_time_s=0.3,
+        loop=LoopOptions(ema_decay=0.9),
+    )
+    assert plain.status is not TrialStatus.INFEASIBLE_MEMORY
+    assert averaged.status is TrialStatus.INFEASIBLE_MEMORY, averaged.reason

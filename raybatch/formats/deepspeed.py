@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from raybatch.space.config import warmup_factor
 from raybatch.space.rules import OptimizerFamily
 
 if TYPE_CHECKING:
@@ -89,7 +90,6 @@ def deepspeed_lr_factors(c: TrialConfig, steps: int) -> list[float]:
 
 def warmup_deviations(c: TrialConfig) -> list[int]:
     """Optimizer steps whose LR under DeepSpeed differs from the recipe's."""
-    from raybatch.space.config import warmup_factor
 
     horizon = c.warmup_steps + 3
     ours = deepspeed_lr_factors(c, horizon)

@@ -21,6 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from raybatch.formats.launch import nodes
+from raybatch.formats.written import best_line
+from raybatch.space.config import warmup_scheduler
+from raybatch.workload import build_optimizer
+
 if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig
 
@@ -37,7 +42,6 @@ def trainer_kwargs(
     """Keyword arguments for ``lightning.Trainer`` (``gradient_clip_val``: the clipping the
     recipe was measured with; ``None``, no clipping, for a search's default loop; with
     ``gpus_per_node`` below the world size, ``devices`` per node and ``num_nodes``)."""
-    from raybatch.formats.launch import nodes
 
     count, per_node = nodes(c.world_size, gpus_per_node)
     placement: dict[str, Any] = {"devices": per_node}
@@ -54,8 +58,6 @@ def trainer_kwargs(
 def optimizers(c: TrialConfig, params: Iterable[Any]) -> dict[str, Any]:
     """What ``LightningModule.configure_optimizers`` should return for the recipe: its
     optimizer, and its warmup stepped once per optimizer step."""
-    from raybatch.space.config import warmup_scheduler
-    from raybatch.workload import build_optimizer
 
     optimizer = build_optimizer(params, c)
     scheduler = warmup_scheduler(optimizer, c.warmup_steps)
@@ -76,7 +78,6 @@ def snippet(
     is not the ``best_config.yaml`` on disk, so the snippet does not reload that file).
     ``carried``: :meth:`raybatch.BestConfig.carried` (clipping, autocast, which recipe);
     ``source``: the file it came from."""
-    from raybatch.formats.written import best_line
 
     amp, clip = carried.get("amp_dtype"), carried.get("grad_clip_norm")
     trainer = trainer_kwargs(c, amp, clip, gpus_per_node)

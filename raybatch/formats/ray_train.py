@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from raybatch.formats.written import best_line
+
 if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig
 
@@ -56,7 +58,6 @@ def snippet(
     (``None``: not recorded, GPUs assumed and said); ``carried``:
     :meth:`raybatch.BestConfig.carried` (clipping, autocast, which recipe); ``source``: the file
     it came from."""
-    from raybatch.formats.written import best_line
 
     assumed = use_gpu is None
     scaling = ", ".join(

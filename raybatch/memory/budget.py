@@ -27,12 +27,13 @@ from raybatch.errors import BudgetUnavailableError, Issue, OptionError
 DEFAULT_HEADROOM = 0.9
 
 CUDA_CONTEXT_OVERHEAD_BYTES = 512 * 2**20
-"""Memory a new process's CUDA context takes outside PyTorch's allocator.
+"""Memory a new process's CUDA context takes outside PyTorch's allocator, where it is not
+measured.
 
-Not yet calibrated on a GPU in this project (no GPU was lent when it was written): 512 MiB is
-the upper end of what recent drivers take for the context and the loaded kernel modules of
-PyTorch. ``bench/gpu_memory_accuracy.py`` measures it (NVML used memory before and after
-``torch.cuda.init()``) and should replace this figure when run on a real GPU.
+A search measures it on its GPU model at start (:mod:`raybatch.run.context`) and uses that;
+this figure, the upper end of what recent drivers take for the context and PyTorch's loaded
+kernel modules, is the fallback (no GPU alive yet, NVML silent) and the default of the helpers
+called outside a search.
 """
 
 _UNITS_TEXT = "units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"

@@ -13,6 +13,7 @@ from raybatch.errors import TraceError
 from raybatch.memory.budget import format_bytes
 from raybatch.memory.model import EstimateSource, LinearMemoryModel
 from raybatch.memory.prescreen import PrescreenResult
+from raybatch.memory.probe import probe
 from raybatch.memory.trace import (
     CUDA_KERNEL_WORKSPACE_BYTES,
     Category,
@@ -161,7 +162,6 @@ class MemoryEstimator:
                     b, None, None, None, budget_bytes, EstimateSource.PROBE,
                     f"{exc}; no prediction, the trial's real probe decides",
                 )  # fmt: skip
-            from raybatch.memory.probe import probe
 
             return probe(self.workload, config, probe_device).as_prescreen(budget_bytes, f"{exc}; ")
         predicted, breakdown = model.predict(b), model.breakdown(b)

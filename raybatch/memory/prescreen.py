@@ -44,3 +44,16 @@ def needs_at_least(config: dict[str, Any], other: dict[str, Any]) -> bool:
         and min(config[keys.ACCUMULATION_STEPS], 2) >= min(other[keys.ACCUMULATION_STEPS], 2)
         and config.get(keys.WORLD_SIZE, 1) >= other.get(keys.WORLD_SIZE, 1)
     )
+
+
+def learned_oom(config: dict[str, Any], out_of_memory: list[dict[str, Any]]) -> str | None:
+    """Why ``config`` is known not to fit without an estimate: it needs at least the memory
+    of a launched trial that ran out (:func:`needs_at_least`); ``None`` when none did."""
+    failed = next((o for o in out_of_memory if needs_at_least(config, o)), None)
+    if failed is None:
+        return None
+    return (
+        f"needs at least the memory of trial {failed[keys.TUNE_TRIAL_ID]}"
+        f" (micro batch {failed[keys.MICRO_BATCH_SIZE]} x"
+        f" {failed[keys.ACCUMULATION_STEPS]}), which ran out of memory"
+    )

@@ -15,6 +15,7 @@ failure.
 
 from __future__ import annotations
 
+import copy
 import gc
 import time
 from dataclasses import dataclass
@@ -131,8 +132,13 @@ def move_to(batch: Any, device: torch.device | str) -> Any:
     )
 
 
-def probe(workload: Workload, config: TrialConfig, device: str) -> ProbeResult:
+def probe(
+    workload: Workload, config: TrialConfig, device: str, model_copies: int = 1
+) -> ProbeResult:
     """Run one real steady-state step of ``config`` on ``device``; never raise for an OOM.
+
+    ``model_copies`` > 1 keeps that many copies of the model alive through the step (the
+    trial's EMA of the weights is one more), so the peak is the trial's and not a plain step's.
 
     Other exceptions (a bug in the workload, NaN checks...) propagate: they are not a memory
     verdict and the trial reports them as errors.
@@ -147,7 +153,7 @@ def probe(workload: Workload, config: TrialConfig, device: str) -> ProbeResult:
         torch.cuda.reset_peak_memory_stats(dev)
     error = None
     try:
-        _steady_step(workload, config, dev)
+        _steady_step(workload, config, dev, model_copies)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -179,11 +185,14 @@ def release_memory(device: torch.device | str | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-def _steady_step(workload: Workload, config: TrialConfig, device: torch.device) -> None:
+def _steady_step(
+    workload: Workload, config: TrialConfig, device: torch.device, model_copies: int = 1
+) -> None:
     """One real step after the optimizer state exists; everything it builds dies with it."""
     import torch
 
     model = workload.build_model().to(device)
+    copies = [copy.deepcopy(model) for _ in range(model_copies - 1)]  # noqa: F841 (held)
     model.train()
     optimizer = workload.build_optimizer(model, config)
     batch = move_to(workload.example_batch(config.micro_batch_size), device)

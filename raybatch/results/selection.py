@@ -15,6 +15,7 @@ from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.metric import Target
 from raybatch.results.rows import TrialRow
+from raybatch.version import __version__
 
 if TYPE_CHECKING:
     from raybatch.space.search_space import SearchSpace
@@ -73,8 +74,6 @@ def _versions() -> dict[str, str]:
     import optuna
     import ray
     import torch
-
-    from raybatch.version import __version__
 
     return {
         "raybatch": __version__,

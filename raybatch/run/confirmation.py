@@ -20,6 +20,7 @@ from raybatch import keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import compare_paired, ranked
 from raybatch.run.options import SearchOptions
+from raybatch.run.scheduler import CappingScheduler
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus
 
@@ -52,8 +53,6 @@ def confirm(
     if not candidates or not seeds:
         return []
     from ray import tune
-
-    from raybatch.run.scheduler import CappingScheduler
 
     param_space: dict[str, Any] = {
         keys.CANDIDATE: tune.grid_search(list(range(len(candidates)))),
@@ -90,6 +89,19 @@ def confirm(
             recipe, keys.PHASE_CONFIRMATION, trial_id, status, metrics, **run
         ))  # fmt: skip
     return rows
+
+
+def confirmation_slots(candidates: list[TrialRow], placeable_gpus: int) -> int:
+    """Confirmation runs a GPU cluster can hold at once.
+
+    Each run holds whole GPUs: one alone, or one per data-parallel worker. A data-parallel
+    run's Tune trial holds no GPU itself and starts at once, then waits inside ``fit()`` for
+    its workers; started beyond the room there is, it would wait past its hang clock and be
+    ended as hung, losing for being queued. So at most the placeable GPUs over the widest
+    world size run together (at least one).
+    """
+    widest = max((c.world_size for c in candidates), default=1)
+    return max(1, placeable_gpus // max(widest, 1))
 
 
 def confirmation_seeds(options: SearchOptions) -> list[int]:

@@ -33,8 +33,8 @@ from raybatch.errors import (
     SearchInterrupted,
     TrialsFailedError,
 )
-from raybatch.export import BestConfig, write_best
-from raybatch.memory.budget import format_bytes
+from raybatch.export import BEST_YAML, BestConfig, load_best, write_best
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.metric import Target, resolve_target
 from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
@@ -47,10 +47,14 @@ from raybatch.results.rows import (
 from raybatch.results.selection import candidates as top_candidates
 from raybatch.results.selection import choose_winner, comparison_rows, same_knobs
 from raybatch.run.cluster import init_ray
-from raybatch.run.confirmation import confirm, race
+from raybatch.run.confirmation import confirm, confirmation_slots, race
+from raybatch.run.context import search_budget
+from raybatch.run.failfast import FailFast, ray_errors_to
+from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import measure_prior, write_predictions
 from raybatch.run.prior import TimeModel
+from raybatch.run.resources import with_resources
 from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
@@ -60,6 +64,8 @@ from raybatch.run.rundir import (
     read_run,
     write_run_files,
 )
+from raybatch.run.scheduler import CappingScheduler
+from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
     Ladder,
     budget_check,
@@ -71,6 +77,7 @@ from raybatch.run.study import SearchStudy
 from raybatch.run.tune_state import CUT_FOLDER, set_aside_cut_sessions
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
+from raybatch.trial.wrapper import trainable
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 if TYPE_CHECKING:
@@ -156,27 +163,8 @@ class _Plan:
     resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
     model: TimeModel | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def _budget(view: Any, options: SearchOptions, cuda: bool, notes: list[str]) -> int | None:
-    """One trial's memory budget on one GPU of the cluster the search runs on (``None``: a
-    CPU search without ``--memory-budget``).
-
-    Raises:
-        BudgetUnavailableError: GPUs, and NVML answered on none of their nodes.
-    """
-    from raybatch.errors import BudgetUnavailableError
-
-    if options.memory_budget is None and not cuda:
-        return None
-    resolved = view.budget(options.memory_budget)
-    if resolved is None:
-        raise BudgetUnavailableError(
-            "no GPU memory budget: NVML answered on none of the cluster's GPU nodes, so"
-            " give one explicitly, e.g. --memory-budget 8GiB"
-        )
-    notes.append(f"memory budget per GPU: {format_bytes(resolved.bytes)} ({resolved.source})")
-    return int(resolved.bytes)
+    in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
+    placeable: int = 0  # whole GPUs the trials can be placed on (their model's)
 
 
 def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
@@ -192,19 +180,13 @@ def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
 def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
-    from raybatch.memory.estimator import MemoryEstimator
-    from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
-    from raybatch.run.searcher import RaybatchSearcher
-    from raybatch.trial.resources import with_resources
-    from raybatch.trial.wrapper import trainable
-
     view = read_cluster()
     notes: list[str] = list(view.warnings())
     gpus = gpu_request(view, options.gpus_per_trial, options.memory_budget, notes)
     cuda = gpus not in (0, 0.0)
     if cuda:
         view = one_gpu_model(view, options.gpu_model, notes)
-    budget = _budget(view, options, cuda, notes)
+    budget, context = search_budget(view, options, cuda, notes)
     estimator = None
     if budget is not None:
         estimator = MemoryEstimator.for_space(workload, space)
@@ -233,6 +215,7 @@ def _plan(
         probe_margin=margin,
         baseline=baseline,
         gpu_model=options.gpu_model if cuda else None,
+        context_bytes=context,
     )
     settings = {
         "max_time_s": options.max_time_s,
@@ -241,17 +224,19 @@ def _plan(
         "gpu_budget_bytes": budget if cuda else None,
         "data_parallel_gpus": cuda,
         "gpu_model": options.gpu_model if cuda else None,
+        "cuda_context_bytes": context,
         "seed": options.seed,
     }
     fn = trainable(workload, space, target, **settings)
     resourced = with_resources(
         fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator,
-        gpu_model=options.gpu_model if cuda else None,
+        gpu_model=options.gpu_model if cuda else None, context_bytes=context,
     )  # fmt: skip
     hardware = view.describe(cuda)
     return _Plan(
         gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, model,
-        notes,
+        notes, view.trials_at_once(gpus, options.cpus_per_trial),
+        max(view.placeable(True), view.autoscale_gpus),
     )  # fmt: skip
 
 
@@ -265,10 +250,7 @@ def _search_tuner(
     scheduler: Any,
 ) -> Any:
     """The search's ``tune.Tuner``: a new one, or the interrupted one restored."""
-    import ray
     from ray import tune
-
-    from raybatch.trial.resources import trials_in_flight
 
     experiment = path.resolve() / "tune" / "search"
     if resume:
@@ -286,8 +268,7 @@ def _search_tuner(
             search_alg=plan.searcher,
             scheduler=scheduler,
             num_samples=options.trials,
-            max_concurrent_trials=options.max_concurrent
-            or trials_in_flight(ray.cluster_resources(), plan.gpus, options.cpus_per_trial),
+            max_concurrent_trials=options.max_concurrent or plan.in_flight,
         ),
         run_config=tune.RunConfig(
             storage_path=str(experiment.parent),
@@ -328,14 +309,11 @@ def _execute(
     resume: bool,
     verbose: int,
 ) -> SearchResult:
-    from raybatch.run.failfast import FailFast, ray_errors_to
-
     _quiet_tune()
     started_ray = init_ray(options.address)
     plan = _plan_or_forget(path, resume, workload, space, target, options)
     notes = plan.notes
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
-    from raybatch.run.scheduler import CappingScheduler
 
     scheduler = CappingScheduler(
         options.slack,
@@ -373,8 +351,9 @@ def _execute(
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
     # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
     # confirmation is a measurement, so on CPUs it runs one trial at a time.
-    alone = 1 if plan.gpus in (0, 0.0) else options.max_concurrent
     compared = _compared(rows, candidates, plan)
+    slots = options.max_concurrent or confirmation_slots(compared, plan.placeable)
+    alone = slots if plan.cuda else 1
     confirm_rows = confirm(
         path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
     )
@@ -460,7 +439,6 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     Raises:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
-    from raybatch.export import BEST_YAML, load_best
 
     path, _, space, target, options = read_run(run_dir)
     measured_on: dict[str, Any] | None = None
@@ -477,8 +455,6 @@ def rebuild_report(run_dir: str | Path) -> Path:
     Raises:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
-    from raybatch.export import BEST_YAML, load_best
-    from raybatch.memory.estimator import MemoryEstimator
 
     path, ref, space, target, options = read_run(run_dir)
     rows = stored_rows(path)

@@ -18,8 +18,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raybatch.errors import first_line
+from raybatch.errors import Issue, OptionError, first_line
 from raybatch.memory.budget import (
+    CUDA_CONTEXT_OVERHEAD_BYTES,
     DEFAULT_HEADROOM,
     DeviceMemory,
     MemoryBudget,
@@ -28,7 +29,13 @@ from raybatch.memory.budget import (
     parse_size,
     read_all_devices,
 )
-from raybatch.trial.placement import ACCELERATOR_TYPE, autoscaling_max, whole_units
+from raybatch.trial.placement import (
+    ACCELERATOR_TYPE,
+    MAX_TRIALS_PER_GPU,
+    accelerator_type_of,
+    autoscaling_max,
+    whole_units,
+)
 
 NVML_TIMEOUT_S = 30.0
 """How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""
@@ -54,12 +61,41 @@ class NodeView:
     """Ray's ``accelerator_type:<model>`` resources of the node (Ray sets one per GPU model)."""
 
     def gpu_models(self) -> set[str]:
-        """The node's GPU models: Ray's accelerator types, else the names NVML gives."""
+        """The node's GPU models: Ray's accelerator types, else NVML's names put into Ray's
+        words (``NVIDIA A100-SXM4-80GB`` -> ``A100``), so that a node Ray labelled and one
+        only NVML names are not taken for two models."""
         if self.gpus <= 0:
             return set()
         if self.accelerator_types:
             return set(self.accelerator_types)
-        return {d.name for d in self.devices or ()}
+        return {accelerator_type_of(d.name) for d in self.devices or ()}
+
+
+def trials_in_flight(
+    cluster: dict[str, float], gpus_per_trial: str | float, cpus_per_trial: float
+) -> int:
+    """How many trials the cluster can run at once: the search's ``max_concurrent_trials``.
+
+    Why set it at all: with a custom searcher and no concurrency limit, Ray Tune keeps one
+    trial pending at a time (``TUNE_MAX_PENDING_TRIALS_PG`` is 1 for searchers, 200 for its
+    own random search), so trials start one after the other even when the cluster could start
+    several — the reason Tune with a searcher is slower per trial than without. Limiting the
+    trials in flight to what can actually run lets Tune start them together, without asking the
+    sampler for suggestions far ahead of the results (which would make them less informed).
+
+    CPU trials: the cluster's CPUs over ``cpus_per_trial``. GPU trials: also at most the GPUs
+    over ``gpus_per_trial`` (``auto`` packs up to :data:`MAX_TRIALS_PER_GPU` per GPU).
+    An autoscaling cluster's GPUs count at the autoscaler's maximum
+    (:meth:`ClusterView.trials_at_once`): trials pending on GPU nodes not yet up are what
+    makes the autoscaler start them, while one trial at a time would start one node.
+    """
+    limit = math.floor(cluster.get("CPU", 1.0) / cpus_per_trial) if cpus_per_trial > 0 else 1
+    gpus = cluster.get("GPU", 0.0)
+    if gpus_per_trial == "auto" and gpus > 0:
+        limit = min(limit, math.floor(gpus) * MAX_TRIALS_PER_GPU)
+    elif isinstance(gpus_per_trial, int | float) and gpus_per_trial > 0:
+        limit = min(limit, math.floor(gpus / gpus_per_trial + 1e-9))
+    return max(limit, 1)
 
 
 @dataclass(frozen=True)
@@ -86,6 +122,11 @@ class ClusterView:
     def trial_device(self) -> str:
         """``cuda`` when any node declares a GPU, else ``cpu``."""
         return "cuda" if self.gpus > 0 else "cpu"
+
+    def trials_at_once(self, gpus_per_trial: str | float, cpus_per_trial: float) -> int:
+        """:func:`trials_in_flight` on this cluster, its GPUs at the autoscaler's maximum."""
+        room = {"CPU": self.cpus, "GPU": max(self.gpus, float(self.autoscale_gpus))}
+        return trials_in_flight(room, gpus_per_trial, cpus_per_trial)
 
     def placeable(self, use_gpu: bool) -> int:
         """Workers of one GPU (or one CPU) the cluster can hold at once."""
@@ -114,7 +155,10 @@ class ClusterView:
         return min(found, key=lambda nd: nd[1].free_bytes) if found else None
 
     def budget(
-        self, memory_budget: str | int | None = None, headroom: float = DEFAULT_HEADROOM
+        self,
+        memory_budget: str | int | None = None,
+        headroom: float = DEFAULT_HEADROOM,
+        context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
     ) -> MemoryBudget | None:
         """One trial's budget on one GPU: the explicit one, else the smallest GPU's (NVML);
         ``None`` when there are no GPUs or NVML answered on none of the GPU nodes."""
@@ -125,7 +169,7 @@ class ClusterView:
             return None
         node, device = smallest
         where = f" (node {node.address}, the smallest free memory of the cluster's GPUs)"
-        return budget_of(device, headroom, where=where if self._sizes() > 1 else "")
+        return budget_of(device, headroom, context_bytes, where if self._sizes() > 1 else "")
 
     def _sizes(self) -> int:
         return len({d.total_bytes for n in self.nodes for d in (n.devices or ())})
@@ -255,7 +299,6 @@ def gpu_request(
         OptionError: GPUs asked of a cluster that has none and cannot get any, or of an
             autoscaling one without ``--memory-budget``.
     """
-    from raybatch.errors import Issue, OptionError
 
     gpus = view.gpus_per_trial(requested)
     if gpus in (0, 0.0) or view.gpus > 0:
@@ -285,7 +328,6 @@ def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> Clu
         OptionError: The cluster mixes models and none was chosen, or the chosen one is not
             there; the message names the models and ``--gpu-model``.
     """
-    from raybatch.errors import Issue, OptionError
 
     models = view.gpu_models()
     if model is None:

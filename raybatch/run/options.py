@@ -6,7 +6,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from raybatch.errors import Issue, OptionError
+from raybatch.memory.budget import parse_size
 from raybatch.status import HANG_GRACE_S, PAR_FACTOR
+
+GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
+
+
+def gpus_per_trial_ok(value: Any) -> bool:
+    """Whether ``value`` is a GPU request a trial can make: ``"auto"`` or a number >= 0."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return value == "auto" or (number and value >= 0)
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,6 @@ class SearchOptions:
     @property
     def memory_budget_bytes(self) -> int | None:
         """The explicit memory budget in bytes (``None``: none given)."""
-        from raybatch.memory.budget import parse_size
-
         return None if self.memory_budget is None else parse_size(self.memory_budget)
 
     @classmethod
@@ -100,10 +107,6 @@ class SearchOptions:
 
 def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     """``(field, what is wrong)`` for each invalid option."""
-    from raybatch.errors import OptionError
-    from raybatch.memory.budget import parse_size
-    from raybatch.trial.resources import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
-
     found: list[tuple[str, str]] = []
 
     def need(name: str, ok: bool, allowed: str) -> None:

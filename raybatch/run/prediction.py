@@ -21,6 +21,7 @@ from raybatch.run.options import SearchOptions
 from raybatch.run.prior import TimeModel, spearman
 from raybatch.run.seeding import budget_check
 from raybatch.space.search_space import SearchSpace
+from raybatch.trial.gradient_noise import measure_remotely
 from raybatch.trial.placement import model_resource
 from raybatch.workload import Workload
 
@@ -44,7 +45,6 @@ def measure_prior(
     """The time model, measured on one trial's resources (``None``, and a note, if it fails:
     the plan then climbs a geometric ladder of batches instead); kept in ``run_dir`` and read
     back from there when the search resumes."""
-    from raybatch.trial.gradient_noise import measure_remotely
 
     stored = run_dir / PRIOR_FILE if run_dir is not None else None
     if stored is not None and stored.is_file():

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raybatch import keys
+from raybatch.errors import TraceError
 from raybatch.memory.budget import MemoryBudget
+from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.hardware import ClusterView
+from raybatch.run.resources import gpu_fraction
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import unplaceable_reason
-from raybatch.trial.resources import gpu_fraction
 from raybatch.workload import Workload
 
 
@@ -77,9 +79,6 @@ def _recipes(
     device: str,
     gpus: str | float,
 ) -> list[dict[str, Any]]:
-    from raybatch.errors import TraceError
-    from raybatch.memory.estimator import MemoryEstimator
-
     estimator = MemoryEstimator.for_space(workload, space) if budget is not None else None
     use_gpu = device == "cuda"
     room = view.placeable(use_gpu)

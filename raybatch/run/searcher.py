@@ -46,15 +46,16 @@ from ray.tune.search import Searcher
 
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, OptionError, TraceError
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.memory.prescreen import PrescreenResult, needs_at_least
+from raybatch.memory.prescreen import PrescreenResult, learned_oom
+from raybatch.run.resources import gpu_fraction
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import DEFAULT_STUDY, SearchStudy
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.placement import placement_problem, running_ray, worker_room
-from raybatch.trial.resources import gpu_fraction
 from raybatch.trial.settings import parts_of
 
 if TYPE_CHECKING:
@@ -115,11 +116,13 @@ class RaybatchSearcher(Searcher):
             not among the searched ones); default: read from the first opening point.
         gpu_model: The GPU model the search is pinned to (``--gpu-model``): data-parallel
             recipes are placed against that model's GPUs only.
+        context_bytes: One trial's CUDA context (measured by the search): packing pays one each.
     """
 
     # Defaults for a searcher an older raybatch pickled (Tune restores the object on resume).
     data_parallel_gpus: bool | None = None
     gpu_model: str | None = None
+    context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
     _held: tuple[int, dict[str, Any], TrialConfig] | None = None
     _running_workers: dict[str, int] = {}  # noqa: RUF012 (replaced per instance in __init__)
     pack_gpus: bool = False
@@ -146,6 +149,7 @@ class RaybatchSearcher(Searcher):
         probe_margin: float = 0.0,
         baseline: dict[str, Any] | None = None,
         gpu_model: str | None = None,
+        context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
     ) -> None:
         super().__init__(metric=metric, mode="min")
         if penalty is None:
@@ -164,6 +168,7 @@ class RaybatchSearcher(Searcher):
         self._pending_points = list(points_to_evaluate or [])
         self.data_parallel_gpus = data_parallel_gpus
         self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
+        self.context_bytes = context_bytes
         self._running_workers: dict[str, int] = {}  # Tune trial -> data-parallel workers
         self._held = None
         self.pack_gpus = pack_gpus
@@ -189,6 +194,7 @@ class RaybatchSearcher(Searcher):
         if prescreen and budget is not None:
             kwargs.setdefault("estimator", MemoryEstimator.for_space(parts.workload, parts.space))
             kwargs.setdefault("budget_bytes", budget)
+        kwargs.setdefault("context_bytes", parts.settings.cuda_context_bytes)
         return cls(parts.space, penalty=parts.settings.penalty, **kwargs)
 
     @property
@@ -273,18 +279,14 @@ class RaybatchSearcher(Searcher):
                         ot_trial, config, violation, verdict.reason, verdict.predicted_bytes
                     )
                     continue
-            failed = next((o for o in self.out_of_memory if needs_at_least(config, o)), None)
-            if failed is not None:
-                reason = (
-                    f"needs at least the memory of trial {failed[keys.TUNE_TRIAL_ID]}"
-                    f" (micro batch {failed[keys.MICRO_BATCH_SIZE]} x"
-                    f" {failed[keys.ACCUMULATION_STEPS]}), which ran out of memory"
-                )
-                self._reject(ot_trial, config, OOM_VIOLATION, reason, None)
+            learned = learned_oom(config, self.out_of_memory)
+            if learned is not None:
+                self._reject(ot_trial, config, OOM_VIOLATION, learned, None)
                 continue
             if self.pack_gpus and self.estimator is not None and self.budget_bytes is not None:
                 predicted = self.estimator.predict(recipe)
-                config[keys.GPU_SHARE] = gpu_fraction(predicted, self.budget_bytes)
+                share = gpu_fraction(predicted, self.budget_bytes, context_bytes=self.context_bytes)
+                config[keys.GPU_SHARE] = share
             if not self._room_for(recipe):
                 self._held = (ot_trial.number, config, recipe)
                 return None

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from raybatch.memory.probe import move_to
+
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
@@ -114,8 +116,6 @@ def _loader_batches(
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from raybatch.memory.probe import move_to
-
     sampler: DistributedSampler[Any] | None = (
         DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
         if distributed
@@ -182,8 +182,6 @@ def eval_batch_size(requested: int | None, device: torch.device, micro_batch_siz
 def eval_batches(dataset: Dataset[Any], batch_size: int, device: torch.device) -> Iterator[Any]:
     """The validation set in order, in batches of ``batch_size``, on ``device``."""
     from torch.utils.data import DataLoader
-
-    from raybatch.memory.probe import move_to
 
     source = tensor_source(dataset)
     if source is None:

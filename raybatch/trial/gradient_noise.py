@@ -23,10 +23,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from raybatch.errors import RaybatchError
 from raybatch.memory.trace import autocast_context
 from raybatch.run.prior import TimeModel, noise_scale
+from raybatch.shipping import ship_by_value
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.batches import train_batches
+from raybatch.trial.loop import seed_everything
+from raybatch.trial.placement import trial_device
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:
@@ -79,8 +83,6 @@ def _noise_batches(
 
 
 def _within(space: SearchSpace, batch: int) -> bool:
-    from raybatch.errors import RaybatchError
-
     try:
         space.derive(batch)
     except RaybatchError:
@@ -154,8 +156,6 @@ def measure_time_model(
     """
     import torch
 
-    from raybatch.trial.loop import seed_everything
-
     start = time.perf_counter()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     seed_everything(0)
@@ -204,9 +204,6 @@ def measure_remotely(
             that hangs must not hang the search.
     """
     import ray
-
-    from raybatch.shipping import ship_by_value
-    from raybatch.trial.placement import trial_device
 
     ship_by_value(workload)
 

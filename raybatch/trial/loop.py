@@ -35,6 +35,7 @@ from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.trial.batches import eval_batch_size, eval_batches, train_batches
+from raybatch.trial.ema import WeightAverage
 from raybatch.trial.reporting import TrialReporter
 from raybatch.workload import Workload
 
@@ -147,8 +148,6 @@ def _build(
     scheduler = warmup_scheduler(optimizer, config.warmup_steps)
     ema = None
     if options.ema_decay is not None:
-        from raybatch.trial.ema import WeightAverage
-
         ema = WeightAverage(model, options.ema_decay)
     scaler = None
     if workload.amp_dtype == "fp16" and device.type == "cuda":

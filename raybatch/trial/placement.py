@@ -58,12 +58,35 @@ def assigned_gpu_share() -> float | None:
         return None
 
 
+MAX_TRIALS_PER_GPU = 8
+"""Never pack more than this many trials onto one GPU, whatever the estimate says: beyond it
+the trials fight over the SMs, and time-to-target measurements stop meaning anything."""
+
+
 ACCELERATOR_TYPE = "accelerator_type:"
 """Prefix of the resource Ray puts on a GPU node for its GPU model (``accelerator_type:A100``);
 a trial pinned to a model asks for a sliver of it (:func:`model_resource`)."""
 MODEL_RESOURCE_SLIVER = 0.001
 """How much of a node's ``accelerator_type`` a pinned trial or worker asks: any positive
 amount places it on a node of that model, and a thousand fit beside each other."""
+
+
+def accelerator_type_of(nvml_name: str) -> str:
+    """Ray's accelerator type for an NVML device name, as Ray labels a node with it
+    (``NVIDIA A100-SXM4-80GB`` -> ``A100``, ``NVIDIA GeForce RTX 4090`` -> ``GeForce-RTX-4090``).
+
+    Ray's own mapping (``NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type``): it has
+    no public one, and a label of our own would disagree with the ``accelerator_type:``
+    resources Ray puts on other nodes. Imported here, not at the top: a trial runs without Ray
+    (``bench/gpu_offline.sh``). Where Ray cannot be asked, the NVML name is kept.
+    """
+    try:
+        from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+
+        label = NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(nvml_name)
+    except Exception:  # Ray absent, or its private helper moved: keep NVML's name
+        return nvml_name
+    return str(label) if label else nvml_name
 
 
 def model_resource(model: str | None) -> dict[str, float]:
@@ -181,15 +204,18 @@ def packed_memory_fraction(
     return max(cap, 0.0) / total_bytes
 
 
-def limit_packed_memory(device: Any, budget_bytes: int | None) -> float | None:
-    """Cap this trial's allocator to its share of a packed GPU; the fraction set, or None."""
+def limit_packed_memory(
+    device: Any, budget_bytes: int | None, context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
+) -> float | None:
+    """Cap this trial's allocator to its share of a packed GPU; the fraction set, or None.
+    ``context_bytes`` is one process's CUDA context (measured by the search)."""
     import torch
 
     share = assigned_gpu_share()
     if device.type != "cuda" or share is None or budget_bytes is None:
         return None
     total = int(torch.cuda.get_device_properties(device).total_memory)
-    fraction = packed_memory_fraction(share, budget_bytes, total)
+    fraction = packed_memory_fraction(share, budget_bytes, total, context_bytes)
     if fraction is not None:
         torch.cuda.set_per_process_memory_fraction(fraction, device)
     return fraction
@@ -245,8 +271,10 @@ def worker_room(ray: Any, use_gpu: bool, gpu_model: str | None = None) -> int:
 
 __all__ = [
     "ACCELERATOR_TYPE",
+    "MAX_TRIALS_PER_GPU",
     "MODEL_RESOURCE_SLIVER",
     "NOSET_VISIBLE_DEVICES",
+    "accelerator_type_of",
     "assigned_gpu_ids",
     "assigned_gpu_share",
     "autoscaling_max",

@@ -48,6 +48,7 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import first_line
+from raybatch.memory.probe import is_out_of_memory, release_memory
 from raybatch.metric import Target
 from raybatch.status import TrialStatus, objective_value
 
@@ -304,8 +305,6 @@ class TrialReporter:
         """End the trial for an exception: ``infeasible_memory`` for an OOM, else ``error``."""
         import traceback
 
-        from raybatch.memory.probe import is_out_of_memory
-
         text = first_line(exc)
         if is_out_of_memory(exc):
             self.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory {during}: {text}".strip())
@@ -381,7 +380,6 @@ class TrialReporter:
             return False
         if not isinstance(exc, Exception):
             return False
-        from raybatch.memory.probe import release_memory
 
         self.fail(exc, "during training")
         del exc, tb

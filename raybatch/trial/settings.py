@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raybatch.memory.budget import parse_size
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, parse_size
 from raybatch.metric import Target
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import PAR_FACTOR
@@ -47,6 +47,9 @@ class TrialSettings:
             (gloo); the search decides from the cluster. ``None``: GPUs when the cluster has any.
         gpu_model: Pin data-parallel GPU workers to GPUs of this model (the search's
             ``--gpu-model``), as the trial itself is pinned.
+        cuda_context_bytes: One process's CUDA context on the search's GPUs (measured at the
+            search's start, :mod:`raybatch.run.context`): a packed trial's allocator cap
+            leaves room for its own.
         loop: Options of the training loop.
     """
 
@@ -60,6 +63,7 @@ class TrialSettings:
     gpu_budget_bytes: int | None = None
     data_parallel_gpus: bool | None = None
     gpu_model: str | None = None
+    cuda_context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
     loop: LoopOptions = field(default_factory=LoopOptions)
 
     @property

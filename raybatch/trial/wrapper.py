@@ -31,12 +31,17 @@ from dataclasses import replace
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import RaybatchError
+from raybatch.errors import RaybatchError, first_line
+from raybatch.memory.budget import format_bytes, parse_size
+from raybatch.memory.probe import is_out_of_memory, probe, release_memory
 from raybatch.metric import Target, resolve_target
+from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus
+from raybatch.trial.ema import model_bytes
+from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
     assigned_gpu_share,
@@ -95,8 +100,6 @@ def _reporter(
     """
     import torch
 
-    from raybatch.trial.gpu_monitor import DeviceFigures
-
     eval_every = settings.eval_every_samples or default_eval_every(
         len(workload.train_dataset()),  # type: ignore[arg-type]
         space,
@@ -129,7 +132,6 @@ def run_trial(
     in the final report; it never raises into Ray, so the search goes on (or, when every trial
     fails the same way, stops early: :mod:`raybatch.run.failfast`).
     """
-    from raybatch.memory.probe import release_memory
 
     during = "reading the trial's recipe"
     try:
@@ -150,7 +152,7 @@ def run_trial(
     if share:  # the searcher retries a trial that ran out of memory while sharing its GPU
         reporter.note(keys.GPU_SHARE, share)
     try:
-        limit_packed_memory(device, settings.gpu_budget_bytes)
+        limit_packed_memory(device, settings.gpu_budget_bytes, settings.cuda_context_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
             train(workload, recipe, reporter, device, options)
     except Exception as exc:  # a failure ends this trial with a reason, never the search
@@ -183,10 +185,10 @@ def _memory_gate(
     reporter: TrialReporter,
 ) -> bool:
     """Probe on CUDA, pre-screen on CPU with a budget; False (and reported) when it won't fit."""
-    from raybatch.memory.probe import probe
 
+    ema = settings.loop.ema_decay is not None  # the EMA holds one more copy of the model
     if device.type == "cuda":
-        result = probe(workload, recipe, str(device))
+        result = probe(workload, recipe, str(device), model_copies=2 if ema else 1)
         if not result.fits:  # its peak is where it ran out, not the step's: never calibrates
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, result.as_prescreen(None).reason)
             return False
@@ -201,10 +203,11 @@ def _memory_gate(
         return True
     if settings.memory_budget is None:
         return True
-    from raybatch.memory.budget import parse_size
     from raybatch.memory.estimator import MemoryEstimator
 
     budget = parse_size(settings.memory_budget)
+    if ema:  # the trace estimates a plain step; the EMA's copy comes on top of it
+        budget -= model_bytes(workload.build_model())
     verdict = MemoryEstimator(workload, recipe).prescreen(recipe, budget)
     if verdict.fits is False:
         reporter.finish(TrialStatus.INFEASIBLE_MEMORY, verdict.reason)
@@ -222,7 +225,6 @@ def _ddp_overrun(
     """
     if recipe.world_size <= 1 or settings.gpu_budget_bytes is None or reserved is None:
         return None
-    from raybatch.memory.budget import format_bytes
 
     buckets = sum(
         p.numel() * p.element_size() for p in workload.build_model().parameters() if p.requires_grad
@@ -265,8 +267,6 @@ def _worker(loop_config: dict[str, Any]) -> None:
             raise WorkerMemoryError(f"rank {rank}: {gate.reason}")
         train(workload, recipe, reporter, device, _options(settings, config), distributed=True)
     except Exception as exc:
-        from raybatch.memory.probe import is_out_of_memory
-
         if is_out_of_memory(exc):
             raise WorkerMemoryError(f"out of memory while training: {exc}") from None
         raise
@@ -309,8 +309,6 @@ def _failures(exc: BaseException) -> list[BaseException]:
 
 def _memory_failure(exc: BaseException) -> str | None:
     """The reason when a data-parallel run failed for memory on some rank, else ``None``."""
-    from raybatch.errors import first_line
-    from raybatch.memory.probe import is_out_of_memory
 
     failures = _failures(exc)
     for e in failures:
@@ -419,7 +417,6 @@ def trainable(
         >>> fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.97, max_time_s=30)
         >>> # tune.Tuner(raybatch.with_resources(fn, ...), param_space=..., ...)
     """
-    from raybatch.shipping import ship_by_value
 
     resolved = space if isinstance(space, SearchSpace) else load_space(space)
     # The closure below carries the workload to Ray's workers: send its code by value, so a

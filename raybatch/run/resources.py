@@ -19,51 +19,16 @@ from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.run.hardware import read_cluster
+from raybatch.run.options import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
 from raybatch.space.search_space import SearchSpace
-from raybatch.trial.placement import model_resource
+from raybatch.trial.placement import MAX_TRIALS_PER_GPU, model_resource
 from raybatch.trial.settings import parts_of
 from raybatch.workload import Workload
 
 DRIVER_CPUS = 0.01
 """What the Tune trial of a data-parallel run holds itself: it only waits on its Ray Train
 workers, which reserve their own CPUs/GPUs; Ray needs a non-empty request."""
-
-MAX_TRIALS_PER_GPU = 8
-"""Never pack more than this many trials onto one GPU, whatever the estimate says: beyond it
-the trials fight over the SMs, and time-to-target measurements stop meaning anything."""
-
-
-GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
-
-
-def trials_in_flight(
-    cluster: dict[str, float], gpus_per_trial: str | float, cpus_per_trial: float
-) -> int:
-    """How many trials the cluster can run at once: the search's ``max_concurrent_trials``.
-
-    Why set it at all: with a custom searcher and no concurrency limit, Ray Tune keeps one
-    trial pending at a time (``TUNE_MAX_PENDING_TRIALS_PG`` is 1 for searchers, 200 for its
-    own random search), so trials start one after the other even when the cluster could start
-    several — the reason Tune with a searcher is slower per trial than without. Limiting the
-    trials in flight to what can actually run lets Tune start them together, without asking the
-    sampler for suggestions far ahead of the results (which would make them less informed).
-
-    CPU trials: the cluster's CPUs over ``cpus_per_trial``. GPU trials: also at most the GPUs
-    over ``gpus_per_trial`` (``auto`` packs up to :data:`MAX_TRIALS_PER_GPU` per GPU).
-    """
-    limit = math.floor(cluster.get("CPU", 1.0) / cpus_per_trial) if cpus_per_trial > 0 else 1
-    gpus = cluster.get("GPU", 0.0)
-    if gpus_per_trial == "auto" and gpus > 0:
-        limit = min(limit, math.floor(gpus) * MAX_TRIALS_PER_GPU)
-    elif isinstance(gpus_per_trial, int | float) and gpus_per_trial > 0:
-        limit = min(limit, math.floor(gpus / gpus_per_trial + 1e-9))
-    return max(limit, 1)
-
-
-def gpus_per_trial_ok(value: Any) -> bool:
-    """Whether ``value`` is a GPU request a trial can make: ``"auto"`` or a number >= 0."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return value == "auto" or (number and value >= 0)
 
 
 def gpu_fraction(
@@ -105,6 +70,7 @@ def trial_resources(
     memory_budget: str | int | None = None,
     estimator: MemoryEstimator | None = None,
     gpu_model: str | None = None,
+    context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
 ) -> Callable[[dict[str, Any]], dict[str, float]]:
     """The callable for ``tune.with_resources``: config -> ``{"cpu": ..., "gpu": ...}``.
 
@@ -119,6 +85,8 @@ def trial_resources(
         estimator: The estimator to predict with (the search shares its own, which the
             trials' probes calibrate); default: one for the space.
         gpu_model: Pin every GPU trial to GPUs of this model (Ray's ``accelerator_type``).
+        context_bytes: One trial's CUDA context (the search measures it): each packed trial
+            pays its own.
 
     Raises:
         OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
@@ -140,7 +108,7 @@ def trial_resources(
 
         return fixed_resources
 
-    budget = _budget(memory_budget)
+    budget = _budget(memory_budget, gpu_model)
     estimator = estimator or MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
@@ -151,22 +119,21 @@ def trial_resources(
             return {"cpu": cpus_per_trial, "gpu": 1.0, **pin}
         if keys.GPU_SHARE in config:  # decided by the searcher, with a calibrated estimate
             return {"cpu": cpus_per_trial, "gpu": float(config[keys.GPU_SHARE]), **pin}
-        share = gpu_fraction(estimator.predict(recipe), budget)
+        share = gpu_fraction(estimator.predict(recipe), budget, context_bytes=context_bytes)
         return {"cpu": cpus_per_trial, "gpu": share, **pin}
 
     return auto_resources
 
 
-def _budget(memory_budget: str | int | None) -> int:
+def _budget(memory_budget: str | int | None, gpu_model: str | None = None) -> int:
     """One trial's GPU budget in bytes: the explicit one; else, connected to Ray, the
-    cluster's smallest GPU as the GPU nodes' own NVML reads it (the driver may be a CPU-only
-    head); else this machine's NVML."""
+    cluster's smallest GPU (of ``gpu_model``, where trials are pinned to one) as the GPU
+    nodes' own NVML reads it (the driver may be a CPU-only head); else this machine's NVML."""
     import ray
 
     if memory_budget is None and ray.is_initialized():
-        from raybatch.run.hardware import read_cluster
-
-        found = read_cluster().budget()
+        view = read_cluster()
+        found = (view.of_model(gpu_model) if gpu_model else view).budget()
         if found is not None:
             return found.bytes
     return resolve_budget(memory_budget).bytes
@@ -181,6 +148,7 @@ def with_resources(
     memory_budget: str | int | None = None,
     estimator: MemoryEstimator | None = None,
     gpu_model: str | None = None,
+    context_bytes: int | None = None,
 ) -> Any:
     """``tune.with_resources(trainable, trial_resources(...))`` in one call.
 
@@ -192,9 +160,11 @@ def with_resources(
     if workload is None or space is None:
         parts = parts_of(trainable)
         workload, space = workload or parts.workload, space or parts.space
-        memory_budget = memory_budget or parts.settings.memory_budget
+        memory_budget = memory_budget or parts.settings.budget_bytes
         gpu_model = gpu_model or parts.settings.gpu_model
+        context_bytes = context_bytes or parts.settings.cuda_context_bytes
     resources = trial_resources(
-        workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator, gpu_model
-    )
+        workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator, gpu_model,
+        context_bytes or CUDA_CONTEXT_OVERHEAD_BYTES,
+    )  # fmt: skip
     return tune.with_resources(trainable, resources)  # type: ignore[arg-type]
