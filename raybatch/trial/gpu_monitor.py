@@ -84,13 +84,15 @@ class UtilizationMonitor:
             new, own = self._own_process(handle, since_us)
             if new:  # else nothing new: ask again from the same moment next time
                 since_us = int(time.time() * 1e6)
-            if own is not None:
-                self._process.append(own)
             try:
                 rates = self._pynvml.nvmlDeviceGetUtilizationRates(handle)
             except self._pynvml.NVMLError:
                 return
             self._device.append(float(rates.gpu))
+            if not new and self._seen and float(rates.gpu) == 0.0:
+                own = 0.0  # no sample because the whole GPU is idle: idle, not unmeasured
+            if own is not None:
+                self._process.append(own)
 
     def mean(self) -> float | None:
         """Mean utilisation in percent so far (in :attr:`scope`), or ``None`` when nothing
