@@ -72,3 +72,22 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         check=False,
         cwd=Path(__file__).parent,
     )
+
+
+def start_emulated_cluster(script: Path, source: str) -> tuple[subprocess.Popen[str], str]:
+    """Run ``source`` (a script that starts a ``ray.cluster_utils.Cluster``, prints
+    ``ADDRESS <address>`` and keeps it up until its stdin closes) in a helper process: one
+    process holds one Ray, and the test's own may already be up. Returns the helper and the
+    cluster's address; close the helper's stdin to shut the cluster down."""
+    script.write_text(source)
+    helper = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert helper.stdout is not None and helper.stdin is not None
+    line = helper.stdout.readline()
+    assert line.startswith("ADDRESS "), "the emulated cluster did not start"
+    return helper, line.split()[1]

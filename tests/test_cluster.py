@@ -21,6 +21,8 @@ import pytest
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
 from raybatch.run.study import SearchStudy
 
+from .conftest import start_emulated_cluster
+
 pytestmark = pytest.mark.slow
 
 CLUSTER = textwrap.dedent(
@@ -146,19 +148,9 @@ SUGGEST = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    script = tmp_path_factory.mktemp("cluster") / "cluster.py"
-    script.write_text(CLUSTER)
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    line = proc.stdout.readline()
-    assert line.startswith("ADDRESS "), "the emulated cluster did not start"
-    yield line.split()[1]
+    proc, address = start_emulated_cluster(tmp_path_factory.mktemp("cluster") / "c.py", CLUSTER)
+    yield address
+    assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=120)
 

@@ -21,6 +21,8 @@ from raybatch.results.rows import stored_rows
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
 
+from .conftest import start_emulated_cluster
+
 pytestmark = pytest.mark.slow
 
 CLUSTER = textwrap.dedent(
@@ -63,23 +65,13 @@ CLUSTER = textwrap.dedent(
 def test_a_node_that_dies_mid_search_loses_nothing_finished_and_counts_nothing_twice(
     tmp_path: Path,
 ) -> None:
-    script = tmp_path / "cluster.py"
-    script.write_text(CLUSTER)
-    helper = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    helper, address = start_emulated_cluster(tmp_path / "cluster.py", CLUSTER)
     assert helper.stdout is not None and helper.stdin is not None
     try:
-        line = helper.stdout.readline()
-        assert line.startswith("ADDRESS "), "the emulated cluster did not start"
         run_dir, trials = tmp_path / "run", 6
         search = subprocess.Popen(
             [sys.executable, "-m", "raybatch", "search", "raybatch.examples.digits:workload",
-             "--target", "0.97", "--address", line.split()[1], "--gpus-per-trial", "0",
+             "--target", "0.97", "--address", address, "--gpus-per-trial", "0",
              "--trials", str(trials), "--max-concurrent", "4", "--max-time-per-trial", "6",
              "--confirm-seeds", "0", "--no-prior", "--run-dir", str(run_dir), "--quiet"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
