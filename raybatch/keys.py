@@ -71,6 +71,9 @@ VALIDATION_PREFIX: Final = "val_"
 """Every validation metric ``evaluate`` returned is reported as ``val_<name>``."""
 ERROR_TRACEBACK: Final = "error_traceback"
 """Only in the final report of an ``error`` trial: the traceback, for the run's log."""
+WORKERS_PLACED: Final = "workers_placed"
+"""In the first report of a data-parallel trial: its workers are placed and their memory gates
+passed (the scheduler's hang clock runs from that report, not from the wait for GPUs)."""
 SEED: Final = "seed"
 ALONE: Final = "alone"
 """In a trial's config: run on a whole GPU, never packed (confirmation runs, and the retry of a

@@ -199,6 +199,10 @@ def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
     [result] = list(tuner.fit())
     metrics = result.metrics
     assert metrics[keys.STATUS] in ("reached", "censored"), metrics.get(keys.REASON)
+    # The first report says the workers are placed, before any training: the hang clock's start.
+    first = result.metrics_dataframe.iloc[0]
+    assert first[keys.WORKERS_PLACED] and first[keys.STATUS] == "running"
+    assert first[keys.STEPS] == 0
     assert metrics[keys.STEPS] > 0
     # One optimizer step consumes micro 64 x accumulation 2 on each of 2 workers.
     assert metrics[keys.SAMPLES_SEEN] == metrics[keys.STEPS] * 64 * 2 * 2

@@ -273,7 +273,9 @@ def placement_allowance(trial: Any) -> float:
     """How many hang windows a trial may stay silent: two for a data-parallel trial that has
     not reported yet, which may first wait for its workers' GPUs (the searcher launches it only
     when they fit beside the other data-parallel trials, but packed single trials may still
-    hold them until they end, within one trial's time cap); one otherwise."""
+    hold them until they end, within one trial's time cap); one otherwise. A data-parallel
+    trial reports as soon as its workers are placed (:data:`~raybatch.keys.WORKERS_PLACED`),
+    so from then on its clock is a single trial's."""
     config = getattr(trial, "config", None) or {}
     # Tune fills a trial's last result with its own fields (trial id, pid, host) as soon as
     # the actor starts: the trial has reported only once raybatch's status is there.

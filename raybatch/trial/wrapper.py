@@ -265,6 +265,9 @@ def _worker(loop_config: dict[str, Any]) -> None:
         if not _memory_gate(workload, recipe, settings, device, gate):
             rank = ray.train.get_context().get_world_rank()
             raise WorkerMemoryError(f"rank {rank}: {gate.reason}")
+        # Placed and gated: report once now (every rank, as Ray Train wants), so that the
+        # trial's hang clock runs from here and not from its wait for the workers' GPUs.
+        ray.train.report({**reporter.metrics(), keys.WORKERS_PLACED: True})
         train(workload, recipe, reporter, device, _options(settings, config), distributed=True)
     except Exception as exc:
         if is_out_of_memory(exc):
