@@ -108,13 +108,16 @@ def test_no_module_imports_itself_back_through_others() -> None:
     assert cycles == [], cycles[:3]
 
 
-def test_the_rows_and_the_report_lie_below_the_run() -> None:
-    """``raybatch.results`` (rows, selection) and the report never import ``raybatch.run``, not
-    even inside a function: the run imports them, and a finished run's files are read back
-    without the machinery that wrote them."""
+def test_the_rows_the_report_and_the_exports_lie_below_the_run() -> None:
+    """``raybatch.results`` (rows, selection), the report and the exports (``export``,
+    ``formats``) never import ``raybatch.run``, not even inside a function: the run imports
+    them, and a finished run's files are read back and exported without the machinery that
+    wrote them."""
     graph = _module_graph()
-    below = [m for m in graph if m.startswith("raybatch.results") or m == "raybatch.report"]
-    assert "raybatch.results.rows" in below and "raybatch.report" in below
+    sides = ("raybatch.results", "raybatch.formats", "raybatch.report", "raybatch.export")
+    below = [m for m in graph if m.startswith(sides)]
+    assert {"raybatch.results.rows", "raybatch.report", "raybatch.export"} <= set(below)
+    assert "raybatch.formats.hf" in below
     upward = {m: sorted(e for e in graph[m] if e.startswith("raybatch.run")) for m in below}
     assert {m: e for m, e in upward.items() if e} == {}
 

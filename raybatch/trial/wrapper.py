@@ -203,6 +203,8 @@ def _memory_gate(
         return True
     if settings.memory_budget is None:
         return True
+    # Here, not at the top: only a CPU trial with a budget traces its step (fake tensors);
+    # a GPU trial's worker never imports the estimator.
     from raybatch.memory.estimator import MemoryEstimator
 
     budget = parse_size(settings.memory_budget)
