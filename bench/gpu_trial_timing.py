@@ -38,6 +38,7 @@ from raybatch import keys
 from raybatch.memory.probe import probe
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, train
+from raybatch.trial.reporting import TrialReporter
 
 REQUIRES_GPU = True
 RESULTS = Path(__file__).parent / "results" / "gpu_trial_timing.json"
@@ -60,7 +61,7 @@ class LearnableResNet(ResNet18):
         return resnet18(num_classes=10)
 
 
-class EventTimedReporter(raybatch.TrialReporter):
+class EventTimedReporter(TrialReporter):
     """Also times the training with CUDA events recorded *in the stream*, for comparison.
 
     An event's timestamp is taken when the GPU reaches it, not when the host reads a clock:
@@ -70,7 +71,7 @@ class EventTimedReporter(raybatch.TrialReporter):
     it and the ratio would show it; the negative control below does exactly that.
     """
 
-    def start(self) -> raybatch.TrialReporter:
+    def start(self) -> TrialReporter:
         self.event_start = _event()
         self.eval_spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.event_train: list[float] = []

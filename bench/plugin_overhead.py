@@ -7,7 +7,7 @@ default, ``trials`` in the result) through:
   ``param_space`` and the default FIFO scheduler;
 - ``raybatch``: ``tune.Tuner`` with :class:`RaybatchSearcher` (Optuna TPE in SQLite, memory
   pre-screen on) and :class:`CappingScheduler`, the trainable reporting through
-  :class:`raybatch.TrialReporter`.
+  :class:`raybatch.trial.reporting.TrialReporter`.
 
 Runs alternate on one local Ray (plain first in even repeats, raybatch first in odd ones), so
 drift on a shared machine hits both; a repeat is a pair, and the figure is the median over five
@@ -42,6 +42,8 @@ from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.hardware import trials_in_flight
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
+from raybatch.space.tune_space import tune_param_space
+from raybatch.trial.reporting import TrialReporter
 
 RESULTS = Path(__file__).parent / "results" / "plugin_overhead.json"
 SPACE = raybatch.load_space("digits_cnn_sgd")
@@ -52,7 +54,7 @@ def trivial(config: dict[str, Any]) -> None:
 
 
 def through_reporter(config: dict[str, Any]) -> None:
-    with raybatch.TrialReporter(0.5, eval_every_samples=1, max_time_s=60) as run:
+    with TrialReporter(0.5, eval_every_samples=1, max_time_s=60) as run:
         run.add(samples=config["micro_batch_size"], steps=1, loss=1.0)
         run.report(1.0)
 
@@ -61,7 +63,7 @@ def run_plain(trials: int, storage: str) -> float:
     start = time.perf_counter()
     tune.Tuner(
         trivial,
-        param_space=raybatch.tune_param_space(SPACE),
+        param_space=tune_param_space(SPACE),
         tune_config=tune.TuneConfig(num_samples=trials, metric="objective", mode="min"),
         run_config=tune.RunConfig(storage_path=storage, verbose=0),
     ).fit()

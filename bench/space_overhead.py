@@ -26,6 +26,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 import raybatch
 from raybatch import keys
+from raybatch.space.tune_space import optuna_space
 
 RESULTS = Path(__file__).parent / "results" / "space_overhead.json"
 TRIALS = 60
@@ -76,7 +77,7 @@ def main(trials: int = TRIALS, repeats: int = REPEATS, out: Path = RESULTS) -> l
             # Interleaved, so drift on a noisy machine hits both sides alike.
             for name, fn in (
                 ("plain_optuna", plain_space(space)),
-                ("raybatch_space", raybatch.optuna_space(space)),
+                ("raybatch_space", optuna_space(space)),
             ):
                 with tempfile.TemporaryDirectory() as tmp:
                     url = f"sqlite:///{tmp}/optuna.db" if storage_kind == "sqlite" else None

@@ -30,7 +30,7 @@ from ray import tune
 
 import raybatch
 from raybatch.examples.digits import workload
-from raybatch.status import final_status
+from raybatch.status import TrialStatus, final_status
 from raybatch.trial.settings import parts_of
 
 
@@ -64,7 +64,7 @@ def main() -> None:
     # reads it as capped, as the searcher did.
     ended = [(final_status(r.metrics, r.error is not None, penalty), r.config) for r in results]
     for (status, objective), c in sorted(ended, key=lambda e: e[0][1]):
-        ttt = f"{objective:.2f}" if status is raybatch.TrialStatus.REACHED else "-"
+        ttt = f"{objective:.2f}" if status is TrialStatus.REACHED else "-"
         print(
             f"{c['micro_batch_size']:>5} {c['accumulation_steps']:>5}"
             f" {c['effective_batch_size']:>5} {c['lr']:>8.4f}  {status.value:<17} {ttt}"

@@ -23,6 +23,8 @@ from torch import nn
 
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
+from raybatch.space.tune_space import optuna_space
+from raybatch.trial.reporting import TrialReporter
 
 TARGET_ACCURACY = 0.95
 EVAL_EVERY_SAMPLES = 1_024  # the same sample marks for every batch size
@@ -34,7 +36,8 @@ def train_digits(config: dict[str, Any]) -> None:
 
     The recipe (lr, weight decay, warmup, accumulation) comes from raybatch's coupled space;
     the clock, the sample marks, the target check and the final status come from
-    ``raybatch.TrialReporter``, so this loop reports exactly what raybatch's own loop does.
+    ``TrialReporter`` (``raybatch.trial.reporting``), so this loop reports exactly what
+    raybatch's own loop does.
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -54,7 +57,7 @@ def train_digits(config: dict[str, Any]) -> None:
     micro_steps, window_loss = 0, 0.0
     # Ends the trial with a status whatever happens: reached, censored at the cap, diverged,
     # infeasible_memory on an OOM, error on a crash (reported, not raised).
-    with raybatch.TrialReporter(
+    with TrialReporter(
         raybatch.Target(TARGET_ACCURACY), eval_every_samples=EVAL_EVERY_SAMPLES,
         max_time_s=TIME_CAP_S,
     ) as run:  # fmt: skip
@@ -90,7 +93,7 @@ def main() -> None:
 
     space = raybatch.load_space("digits_cnn_sgd")
     searcher = OptunaSearch(
-        space=raybatch.optuna_space(space),
+        space=optuna_space(space),
         metric="objective",  # time to target, or PAR-10 of the cap when not reached
         mode="min",
         sampler=optuna.samplers.TPESampler(seed=0, multivariate=True),

@@ -2,7 +2,7 @@
 
 The public face is the names below, each loaded lazily from the module that defines it
 (PEP 562, :mod:`raybatch._lazy`): ``import raybatch`` costs almost nothing, and a trial worker
-that only needs ``raybatch.TrialReporter`` imports that module alone. Every trial of a search
+imports only the modules its trial needs. Every trial of a search
 runs in a fresh Ray worker process, so an eager package import was paid once per trial
 (measured by ``bench/plugin_overhead.py``). Heavy dependencies (Ray, Optuna, PyTorch) are
 imported only by the functions that need them.
@@ -11,17 +11,18 @@ What is here, by use:
 
 - a search: :func:`search`, :func:`resume`, :class:`SearchOptions`, :func:`analyze_run`; what
   it searches: :class:`SearchSpace`, :func:`load_space`, :class:`TrialConfig`; what it trains:
-  :class:`Workload`, :class:`SimpleWorkload`, :class:`Metric`, :class:`Target`;
+  :class:`Workload`, :class:`Metric`, :class:`Target`;
 - the winner: :func:`load_best`, :class:`BestConfig`;
 - raybatch inside your own Ray Tune run (the plugin): :class:`RaybatchSearcher`,
-  :class:`CappingScheduler`, :func:`trainable`, :func:`with_resources`,
-  :class:`TrialReporter`, :class:`TrialStatus`, :func:`tune_param_space`, :func:`optuna_space`;
+  :class:`CappingScheduler`, :func:`trainable`, :func:`with_resources`;
 - the errors a caller catches: :class:`RaybatchError` (every error raybatch raises on purpose),
   :class:`InputError` (bad input, naming the file and field), :class:`TrialsFailedError`,
   :class:`SearchInterrupted` (resumable).
 
-Everything else is imported from its defining module (``raybatch.errors.SpaceError``,
-``raybatch.memory.budget.parse_size``, ``raybatch.formats.retarget``...); no name has a second
+Everything else is imported from its defining module: a custom loop's
+``raybatch.trial.reporting.TrialReporter``, the statuses in ``raybatch.status``, the space for
+Ray's own searchers in ``raybatch.space.tune_space`` (``optuna_space``, ``tune_param_space``),
+``raybatch.workload.SimpleWorkload``, ``raybatch.errors.SpaceError``...; no name has a second
 address.
 """
 
@@ -43,12 +44,9 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.space.config import TrialConfig
     from raybatch.space.presets import load_space
     from raybatch.space.search_space import SearchSpace
-    from raybatch.space.tune_space import optuna_space, tune_param_space
-    from raybatch.status import TrialStatus
-    from raybatch.trial.reporting import TrialReporter
     from raybatch.trial.wrapper import trainable
     from raybatch.version import __version__
-    from raybatch.workload import SimpleWorkload, Workload
+    from raybatch.workload import Workload
 
 EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("InputError", "RaybatchError", "SearchInterrupted", "TrialsFailedError"),
@@ -61,22 +59,18 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "space.config": ("TrialConfig",),
     "space.presets": ("load_space",),
     "space.search_space": ("SearchSpace",),
-    "space.tune_space": ("optuna_space", "tune_param_space"),
-    "trial.reporting": ("TrialReporter",),
     "run.resources": ("with_resources",),
-    "status": ("TrialStatus",),
     "trial.wrapper": ("trainable",),
     "version": ("__version__",),
-    "workload": ("SimpleWorkload", "Workload"),
+    "workload": ("Workload",),
 }
 """Which module defines each public name (the one table the lazy loader and ``__all__`` use)."""
 
 __all__ = [
     "BestConfig", "CappingScheduler", "InputError", "Metric", "RaybatchError",
-    "RaybatchSearcher", "SearchInterrupted", "SearchOptions", "SearchSpace", "SimpleWorkload",
-    "Target", "TrialConfig", "TrialReporter", "TrialStatus", "TrialsFailedError", "Workload",
-    "__version__", "analyze_run", "load_best", "load_space", "optuna_space", "resume", "search",
-    "trainable", "tune_param_space", "with_resources",
+    "RaybatchSearcher", "SearchInterrupted", "SearchOptions", "SearchSpace", "Target",
+    "TrialConfig", "TrialsFailedError", "Workload", "__version__", "analyze_run", "load_best",
+    "load_space", "resume", "search", "trainable", "with_resources",
 ]  # fmt: skip
 # A literal list, so that mypy and IDEs see the exports; a test checks it names EXPORTS exactly.
 

@@ -137,7 +137,7 @@ def ship_by_value(obj: object) -> list[str]:
     """Register the user code behind ``obj`` to be pickled by value; the module names.
 
     Covers the modules defining ``obj``'s class (and the functions it holds, as a
-    :class:`~raybatch.SimpleWorkload` holds ``model_fn``) and every user module loaded from
+    :class:`~raybatch.workload.SimpleWorkload` holds ``model_fn``) and every user module loaded from
     their folders: the siblings they import. Idempotent.
     """
     from ray import cloudpickle

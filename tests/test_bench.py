@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import raybatch
-from raybatch import TrialStatus, keys
+from raybatch import keys
 from raybatch.results.rows import TrialRow
+from raybatch.status import TrialStatus
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 import torch
 
-from raybatch import SearchSpace, Target, TrialReporter, TrialStatus
+from raybatch import SearchSpace, Target
 from raybatch.space.config import warmup_factor
+from raybatch.status import TrialStatus
 from raybatch.trial.loop import LoopOptions, train
+from raybatch.trial.reporting import TrialReporter
 
 from .workloads import D, MLPWorkload
 

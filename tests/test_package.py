@@ -38,7 +38,7 @@ def test_every_public_name_is_the_object_of_its_defining_module() -> None:
 def test_import_and_the_trial_reporter_load_no_heavy_dependency() -> None:
     """Each trial is a fresh Ray worker: what it imports is paid once per trial."""
     code = (
-        "import sys, raybatch; raybatch.TrialReporter;"
+        "import sys, raybatch; from raybatch.trial.reporting import TrialReporter;"
         "print(sorted(m for m in ('torch', 'ray', 'optuna', 'pydantic', 'yaml',"
         " 'raybatch.space.search_space') if m in sys.modules))"
     )

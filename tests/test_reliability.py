@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import raybatch
-from raybatch import SearchSpace, Target, TrialStatus, keys
+from raybatch import SearchSpace, Target, keys
 from raybatch.cli import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
 from raybatch.results.rows import read_trials_csv
 from raybatch.run.options import SearchOptions
 from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
+from raybatch.status import TrialStatus
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
 

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from raybatch import Target, TrialReporter, TrialStatus, keys
-from raybatch.status import objective_value
+from raybatch import Target, keys
+from raybatch.status import TrialStatus, objective_value
+from raybatch.trial.reporting import TrialReporter
 
 
 class Clock:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import raybatch
-from raybatch import TrialStatus, keys
+from raybatch import keys
 from raybatch.errors import RunDirError
 from raybatch.results.rows import (
     COLUMNS,
@@ -21,6 +21,7 @@ from raybatch.results.rows import (
     stored_rows,
     write_trials_csv,
 )
+from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import raybatch
-from raybatch import SearchSpace, Target, TrialReporter, TrialStatus, keys
+from raybatch import SearchSpace, Target, keys
 from raybatch.examples.digits import DigitsWorkload
+from raybatch.status import TrialStatus
 from raybatch.trial.loop import LoopOptions
+from raybatch.trial.reporting import TrialReporter
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import default_eval_every, run_trial
 

@@ -9,8 +9,14 @@ from typing import Any
 import optuna
 import pytest
 
-from raybatch import SearchSpace, TrialConfig, keys, load_space, optuna_space, tune_param_space
-from raybatch.space.tune_space import DERIVED_KEYS, RECORDED_PER_TRIAL, STUDY_SPACE_ATTR
+from raybatch import SearchSpace, TrialConfig, keys, load_space
+from raybatch.space.tune_space import (
+    DERIVED_KEYS,
+    RECORDED_PER_TRIAL,
+    STUDY_SPACE_ATTR,
+    optuna_space,
+    tune_param_space,
+)
 
 from .conftest import minimal_space
 

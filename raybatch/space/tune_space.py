@@ -115,8 +115,9 @@ def optuna_space(space: SearchSpace) -> OptunaDefineByRun:
     Example:
         >>> from ray.tune.search.optuna import OptunaSearch
         >>> import raybatch
+        >>> from raybatch.space.tune_space import optuna_space
         >>> space = raybatch.load_space("digits_cnn_sgd")
-        >>> searcher = OptunaSearch(space=raybatch.optuna_space(space),
+        >>> searcher = OptunaSearch(space=optuna_space(space),
         ...                         metric="time_to_target_s", mode="min")
     """
     return OptunaDefineByRun(space)
@@ -139,8 +140,9 @@ def tune_param_space(space: SearchSpace) -> dict[str, Any]:
     Example:
         >>> from ray import tune
         >>> import raybatch
+        >>> from raybatch.space.tune_space import tune_param_space
         >>> space = raybatch.load_space("digits_cnn_sgd")
-        >>> param_space = raybatch.tune_param_space(space)
+        >>> param_space = tune_param_space(space)
         >>> sorted(param_space)[:3]
         ['accumulation_steps', 'effective_batch_size', 'lr']
     """

@@ -5,11 +5,11 @@ own loop, so both report the same fields and end with the same statuses:
 
     from ray import tune
     import raybatch
+    from raybatch.trial.reporting import TrialReporter
 
     def train(config):
         cfg = raybatch.TrialConfig.from_dict(config)
-        with raybatch.TrialReporter(raybatch.Target(0.97), eval_every_samples=1024,
-                                    max_time_s=60) as run:
+        with TrialReporter(raybatch.Target(0.97), eval_every_samples=1024, max_time_s=60) as run:
             for batch in loader:
                 ...                                    # your step
                 run.add(samples=len(batch), steps=1, loss=loss.item())
