@@ -4,10 +4,10 @@ A workload that cannot be built in a Ray worker (a missing package, a file that 
 a bug in ``build_model``) fails in every trial the same way; running the rest of the budget
 only repeats the failure. :class:`FailFast` watches the trials' failures — an ``error`` status
 that a trial reported (:meth:`~raybatch.trial.reporting.TrialReporter.fail`) or an exception
-that escaped into Ray (the trainable could not even be unpickled) — and stops the experiment once ``after``
-failures share one cause (exception type and first line) while no trial has ended any other
-way. A failure that depends on the recipe (an OOM, a NaN: other statuses; or an error some
-other trial did not hit) never stops the search.
+that escaped into Ray (the trainable could not even be unpickled) — and stops the experiment
+once ``after`` failures share one cause (exception type and first line) while no trial has
+ended any other way. A failure that depends on the recipe (an OOM, a NaN: other statuses; or an
+error some other trial did not hit) never stops the search.
 
 Every failure's traceback is appended to the run's log (``search.log``), not printed: the
 terminal gets one message from :class:`~raybatch.errors.TrialsFailedError`.
