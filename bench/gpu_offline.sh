@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check on a machine that is offline and has no Ray, Optuna or pydantic installed:
 # python with a CUDA build of torch and nvidia-ml-py is enough, plus this repository and the
-# small wheels in bench/wheels/ (pydantic and its dependencies; README, "GPUs and clusters").
+# small wheels in bench/wheels/ (pydantic and its dependencies; docs/clusters.md).
 # Nothing is installed from an index: the wheels go into a temporary folder on PYTHONPATH.
 #
 # A wheel over the 64 MiB a transfer may carry (Ray's is about 79 MB) travels in parts:

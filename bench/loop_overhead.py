@@ -46,7 +46,8 @@ from raybatch.examples.tabular import TabularWorkload
 from raybatch.space.config import TrialConfig, warmup_factor
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.loop import seed_everything
-from raybatch.trial.wrapper import TrialSettings, default_eval_every, run_trial
+from raybatch.trial.settings import TrialSettings
+from raybatch.trial.wrapper import default_eval_every, run_trial
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "loop_overhead.json"

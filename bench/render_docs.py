@@ -736,9 +736,10 @@ def rendered_blocks(text: str) -> str:
     return text
 
 
-def rendered_pages(readme: Path = README) -> dict[Path, str]:
-    """The README and every docs page holding a generated block, each as it should read."""
-    pages = [readme, *sorted(p for p in DOCS.parent.glob("*.md") if p != DOCS)]
+def rendered_pages(readme: Path = README, docs: Path = DOCS) -> dict[Path, str]:
+    """The README and every page beside ``docs`` (the benchmarks page), each as it should read
+    with its generated blocks rendered afresh (a page without one reads as it does)."""
+    pages = [readme, *sorted(p for p in docs.parent.glob("*.md") if p != docs)]
     return {page: rendered_blocks(page.read_text()) for page in pages}
 
 
@@ -758,7 +759,7 @@ def main(out: Path = DOCS, readme: Path = README) -> str:
     text = render()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    for page, rendered in rendered_pages(readme).items():
+    for page, rendered in rendered_pages(readme, out).items():
         page.write_text(rendered)
     return text
 

@@ -81,7 +81,7 @@ def test_hf_sgd_keeps_its_momentum_and_the_json_form_builds_the_same_args(
 
     best = _best(SGD, 64, 1)
     (tmp_path / "args.json").write_text(best.render("hf-json"))
-    parser = HfArgumentParser(TrainingArguments)  # the README's way to read the file
+    parser = HfArgumentParser(TrainingArguments)  # docs/exports.md's way to read the file
     [parsed] = parser.parse_json_file(tmp_path / "args.json", allow_extra_keys=True)
     assert parsed.learning_rate == pytest.approx(best.config.lr) and parsed.max_grad_norm == 0.0
     kwargs = json.loads(best.render("hf-json"))

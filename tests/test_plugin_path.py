@@ -32,6 +32,10 @@ def test_the_penalty_and_the_hang_clock_follow_the_trainables_time_cap() -> None
     assert searcher.space is SPACE
     assert scheduler.hang_after_s == 7 + HANG_GRACE_S and scheduler.mode == "max"
     assert raybatch.CappingScheduler.for_trainable(fn, slack=3.0).slack == 3.0
+    pinned = _trainable(gpu_model="A100", data_parallel_gpus=True, cuda_context_bytes=300 << 20)
+    searcher = raybatch.RaybatchSearcher.for_trainable(pinned)
+    assert (searcher.gpu_model, searcher.data_parallel_gpus) == ("A100", True)
+    assert searcher.context_bytes == 300 << 20
 
 
 def test_a_misspelt_trial_setting_is_refused_not_dropped() -> None:
@@ -55,6 +59,16 @@ def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:
         _trainable(memory_budget="64MiB"), prescreen=False
     )
     assert off.estimator is None
+
+
+def test_a_searcher_pickled_before_the_in_memory_study_still_checkpoints(tmp_path: Path) -> None:
+    """Tune restores the searcher an older raybatch pickled: its study has no memory storage
+    attribute, and its first checkpoint must not fail for that."""
+    searcher = raybatch.RaybatchSearcher(SPACE, f"sqlite:///{tmp_path / 'optuna.db'}", penalty=60.0)
+    del searcher.record.__dict__["memory_storage"]  # as an older raybatch pickled it
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    searcher.restore(str(tmp_path / "ckpt.pkl"))
+    assert searcher.record.memory_storage is None
 
 
 def test_the_in_memory_study_is_kept_in_the_searchers_checkpoint(tmp_path: Path) -> None:

@@ -177,6 +177,9 @@ def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
     scaling = ClusterView((NodeView("head", "10.0.0.1", 16, 0),), autoscale_gpus=4)
     assert scaling.trials_at_once(1, 1.0) == 4
     assert scaling.trials_at_once("auto", 1.0) == 16
+    # ... also where the head holds no CPU and the CPUs come with the GPU nodes.
+    bare = ClusterView((NodeView("head", "10.0.0.1", 0, 0),), autoscale_gpus=4, autoscale_cpus=32)
+    assert bare.trials_at_once(1, 1.0) == 4
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -17,9 +17,11 @@ from raybatch.memory.budget import read_device_memory
 def measure_context_bytes(cuda_index: int = 0) -> int | None:
     """The memory creating a CUDA context takes on device ``cuda_index``, or ``None``.
 
-    NVML's used memory of the device before and after this process initialises CUDA (and
-    makes its first allocation, which loads the allocator's kernels), less what PyTorch's
-    allocator reserved for that allocation. Call it in a process that has not used CUDA yet.
+    NVML's used memory of the device before and after this process initialises CUDA and runs
+    one small training step's kinds of work (a matmul, a convolution forward and backward), so
+    that cuBLAS's and cuDNN's handles and the kernel modules a trial loads are counted, less
+    what PyTorch's allocator reserved meanwhile (a trial's own memory, which the estimate
+    covers). Call it in a process that has not used CUDA yet.
     ``None`` without CUDA or NVML, or when another process on the GPU freed memory meanwhile
     (the difference is then no measurement).
     """
@@ -31,11 +33,15 @@ def measure_context_bytes(cuda_index: int = 0) -> int | None:
     if before is None:
         return None
     device = torch.device("cuda", cuda_index)
-    probe = torch.empty(1, device=device)
+    weight = torch.randn(8, 3, 3, 3, device=device, requires_grad=True)
+    matrix = torch.randn(64, 64, device=device)
+    image = torch.randn(2, 3, 16, 16, device=device)
+    loss = (matrix @ matrix).sum() + torch.nn.functional.conv2d(image, weight).sum()
+    loss.backward()
     torch.cuda.synchronize(device)
     after = read_device_memory(cuda_index)
     allocator = int(torch.cuda.memory_reserved(device))
-    del probe
+    del weight, matrix, image, loss
     if after is None:
         return None
     context = after.used_bytes - before.used_bytes - allocator

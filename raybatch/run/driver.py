@@ -352,8 +352,8 @@ def _execute(
     # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
     # confirmation is a measurement, so on CPUs it runs one trial at a time.
     compared = _compared(rows, candidates, plan)
-    slots = options.max_concurrent or confirmation_slots(compared, plan.placeable)
-    alone = slots if plan.cuda else 1
+    slots = confirmation_slots(compared, plan.placeable)  # a user's limit may only lower it
+    alone = min(slots, options.max_concurrent or slots) if plan.cuda else 1
     confirm_rows = confirm(
         path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
     )

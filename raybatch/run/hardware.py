@@ -105,6 +105,8 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     autoscale_gpus: int = 0
     """GPUs the autoscaler may still bring up (its config's maximum; 0 without one)."""
+    autoscale_cpus: int = 0
+    """CPUs likewise (a head with no CPUs of its own and its workers at zero)."""
 
     @property
     def gpus(self) -> float:
@@ -125,7 +127,10 @@ class ClusterView:
 
     def trials_at_once(self, gpus_per_trial: str | float, cpus_per_trial: float) -> int:
         """:func:`trials_in_flight` on this cluster, its GPUs at the autoscaler's maximum."""
-        room = {"CPU": self.cpus, "GPU": max(self.gpus, float(self.autoscale_gpus))}
+        room = {
+            "CPU": max(self.cpus, float(self.autoscale_cpus)),
+            "GPU": max(self.gpus, float(self.autoscale_gpus)),
+        }
         return trials_in_flight(room, gpus_per_trial, cpus_per_trial)
 
     def placeable(self, use_gpu: bool) -> int:
@@ -147,7 +152,7 @@ class ClusterView:
         """The cluster as trials pinned to ``model`` see it: its GPU nodes of that model (and
         the nodes without GPUs, which host the driver's side of data-parallel trials)."""
         kept = tuple(n for n in self.nodes if n.gpus <= 0 or model in n.gpu_models())
-        return ClusterView(kept, self.autoscale_gpus)
+        return ClusterView(kept, self.autoscale_gpus, self.autoscale_cpus)
 
     def smallest_gpu(self) -> tuple[NodeView, DeviceMemory] | None:
         """The GPU with the least free memory among those NVML answered for."""
@@ -282,7 +287,7 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
         )
         for r in records
     )
-    return ClusterView(nodes, autoscaling_max("GPU"))
+    return ClusterView(nodes, autoscaling_max("GPU"), autoscaling_max("CPU"))
 
 
 def gpu_request(

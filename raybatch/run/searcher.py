@@ -186,16 +186,15 @@ class RaybatchSearcher(Searcher):
     def for_trainable(
         cls, trainable: Callable[..., Any], *, prescreen: bool = True, **kwargs: Any
     ) -> RaybatchSearcher:
-        """The searcher for a :func:`raybatch.trainable`: its space, the penalty its settings
-        give (10x ``max_time_s``) and, with ``prescreen`` and a budget in those settings, a
-        pre-screen of its workload; ``kwargs`` are the other arguments (``seed``, ...)."""
-        parts = parts_of(trainable)
-        budget = parts.settings.budget_bytes
-        if prescreen and budget is not None:
+        """The searcher for a :func:`raybatch.trainable`: its space, the penalty, GPU model and
+        CUDA context of its settings and, with ``prescreen`` and a budget there, a pre-screen of
+        its workload; ``kwargs`` are the other arguments (``seed``, ...), or override these."""
+        parts, s = parts_of(trainable), parts_of(trainable).settings
+        if prescreen and s.budget_bytes is not None:
             kwargs.setdefault("estimator", MemoryEstimator.for_space(parts.workload, parts.space))
-            kwargs.setdefault("budget_bytes", budget)
-        kwargs.setdefault("context_bytes", parts.settings.cuda_context_bytes)
-        return cls(parts.space, penalty=parts.settings.penalty, **kwargs)
+        mine = {"budget_bytes": s.budget_bytes, "context_bytes": s.cuda_context_bytes,
+                "gpu_model": s.gpu_model, "data_parallel_gpus": s.data_parallel_gpus}  # fmt: skip
+        return cls(parts.space, penalty=s.penalty, **{**mine, **kwargs})
 
     @property
     def study(self) -> optuna.Study:

@@ -81,6 +81,9 @@ class SearchStudy:
         seed: The TPE sampler's seed.
     """
 
+    # A study pickled by an older raybatch (a searcher restored on resume) had no memory storage.
+    memory_storage: optuna.storages.InMemoryStorage | None = None
+
     def __init__(self, storage_url: str | None, study_name: str, seed: int = 0) -> None:
         self.storage_url = storage_url
         self.memory_storage: optuna.storages.InMemoryStorage | None = None

@@ -192,7 +192,10 @@ def _memory_gate(
         if not result.fits:  # its peak is where it ran out, not the step's: never calibrates
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, result.as_prescreen(None).reason)
             return False
-        reporter.note(keys.PROBE_RESERVED_BYTES, result.max_reserved_bytes)
+        reserved = result.max_reserved_bytes
+        if ema and reserved is not None:  # the estimate is of a plain step: calibrate on that
+            reserved -= model_bytes(workload.build_model())
+        reporter.note(keys.PROBE_RESERVED_BYTES, reserved)
         over = _ddp_overrun(workload, recipe, settings, result.max_reserved_bytes)
         if over is not None:
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, over)
