@@ -428,7 +428,9 @@ def check_command(
             chosen = load_space(space or loaded.space or "generic_adamw")
         started = init_ray(address)
         try:
-            report = preflight(read_cluster(), loaded, chosen, memory_budget, gpus)
+            report = preflight(
+                read_cluster(), loaded, chosen, memory_budget, gpus, measure_context=True
+            )
         finally:
             if started:
                 ray.shutdown()

@@ -202,6 +202,11 @@ def test_check_reports_the_gpus_of_the_worker_nodes_not_the_head(
     assert all(r["trials_per_gpu"] >= 1 for r in report["recipes"] if r["world_size"] == 1)
     # The GPU nodes were asked through NVML, which has no driver to read here: said, not hidden.
     assert any("NVML did not answer on GPU node(s)" in w for w in report["warnings"])
+    # As the search does, check measures the CUDA context on a GPU node (no CUDA behind these).
+    assert (
+        "CUDA context assumed 512.00 MiB: NVML or CUDA did not answer on the GPU node"
+        in (report["warnings"])
+    )
 
     without = run_cli("check", "--address", cluster, "--json", cwd=elsewhere)
     assert without.returncode == 0, without.stderr[-3000:]

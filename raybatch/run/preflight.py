@@ -14,8 +14,9 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import TraceError
-from raybatch.memory.budget import MemoryBudget
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, MemoryBudget
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.run.context import cluster_context_bytes
 from raybatch.run.hardware import ClusterView
 from raybatch.run.resources import gpu_fraction
 from raybatch.space.search_space import SearchSpace
@@ -51,23 +52,31 @@ def preflight(
     space: SearchSpace | None = None,
     memory_budget: str | int | None = None,
     gpus_per_trial: str | float | None = None,
+    measure_context: bool = False,
 ) -> Preflight:
     """The search's start-up decisions on ``view``, and per recipe of ``space`` (if given):
-    its predicted peak, trials per GPU, and whether its world size can be placed."""
+    its predicted peak, trials per GPU, and whether its world size can be placed. With
+    ``measure_context`` (connected to the cluster), the CUDA context is measured on a GPU as
+    the search measures it, so the budget and the packing are the search's."""
     warnings = list(view.warnings())
     gpus = view.gpus_per_trial(gpus_per_trial)
     cuda = gpus not in (0, 0.0)
     if cuda and view.gpus == 0:
         warnings.append(f"--gpus-per-trial {gpus} asks for GPUs, but no node has one")
     device = "cuda" if cuda and view.gpus > 0 else "cpu"
-    budget = view.budget(memory_budget) if (cuda or memory_budget is not None) else None
+    context = CUDA_CONTEXT_OVERHEAD_BYTES
+    if cuda and measure_context:
+        context = cluster_context_bytes(view, None, warnings)
+    budget = None
+    if cuda or memory_budget is not None:
+        budget = view.budget(memory_budget, context_bytes=context)
     if cuda and budget is None:
         warnings.append(
             "no GPU memory budget: NVML answered on no GPU node; a search needs --memory-budget"
         )
     recipes = []
     if workload is not None and space is not None:
-        recipes = _recipes(view, workload, space, budget, device, gpus)
+        recipes = _recipes(view, workload, space, budget, device, gpus, context)
     return Preflight(view, device, budget, recipes, warnings)
 
 
@@ -78,6 +87,7 @@ def _recipes(
     budget: MemoryBudget | None,
     device: str,
     gpus: str | float,
+    context: int,
 ) -> list[dict[str, Any]]:
     estimator = MemoryEstimator.for_space(workload, space) if budget is not None else None
     use_gpu = device == "cuda"
@@ -94,7 +104,7 @@ def _recipes(
         per_gpu: int | None = None
         if use_gpu and recipe.world_size == 1:
             if gpus == "auto" and predicted is not None and budget is not None:
-                per_gpu = round(1 / gpu_fraction(predicted, budget.bytes))
+                per_gpu = round(1 / gpu_fraction(predicted, budget.bytes, context_bytes=context))
             elif isinstance(gpus, int | float) and gpus > 0:
                 per_gpu = max(int(1 / gpus + 1e-9), 1)
         rows.append(
