@@ -189,7 +189,8 @@ class RaybatchSearcher(Searcher):
         """The searcher for a :func:`raybatch.trainable`: its space, the penalty, GPU model and
         CUDA context of its settings and, with ``prescreen`` and a budget there, a pre-screen of
         its workload; ``kwargs`` are the other arguments (``seed``, ...), or override these."""
-        parts, s = parts_of(trainable), parts_of(trainable).settings
+        parts = parts_of(trainable)
+        s = parts.settings
         if prescreen and s.budget_bytes is not None:
             kwargs.setdefault("estimator", MemoryEstimator.for_space(parts.workload, parts.space))
         mine = {"budget_bytes": s.budget_bytes, "context_bytes": s.cuda_context_bytes,
