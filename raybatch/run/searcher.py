@@ -52,6 +52,7 @@ from raybatch.memory.prescreen import PrescreenResult, learned_oom
 from raybatch.run.resources import gpu_fraction
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import DEFAULT_STUDY, SearchStudy
+from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
@@ -60,8 +61,6 @@ from raybatch.trial.settings import parts_of
 
 if TYPE_CHECKING:
     import optuna
-
-    from raybatch.space.config import TrialConfig
 
 MAX_PRESCREEN_ATTEMPTS = 200
 """Suggestions in a row the pre-screen may reject before the searcher gives up (the space's
@@ -265,7 +264,7 @@ class RaybatchSearcher(Searcher):
                 continue
             self._note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
-            recipe = self.space.recipe_of(config)  # read from the config, not derived again
+            recipe = TrialConfig.from_dict(config)  # the define-by-run's, derived once
             problem = self._placement(recipe)
             if problem is not None:
                 self._reject(ot_trial, config, OOM_VIOLATION, problem, None, memory=False)
