@@ -208,6 +208,15 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
         share = resources(space.derive(64).to_dict())["gpu"]
         expected = gpu_fraction(predicted, budget_view.budget().bytes)  # type: ignore[union-attr]
         assert 0 < share == expected
+    # A larger CUDA context: the budget leaves room for it and each share pays it.
+    context = 6 * gib
+    resources = trial_resources(
+        DigitsWorkload(), space, "auto", gpu_model="A100", context_bytes=context
+    )
+    budget = view.of_model("A100").budget(context_bytes=context).bytes  # type: ignore[union-attr]
+    share = resources(space.derive(64).to_dict())["gpu"]
+    default = gpu_fraction(predicted, view.of_model("A100").budget().bytes)  # type: ignore[union-attr]
+    assert share == gpu_fraction(predicted, budget, context_bytes=context) > default
     # Pinned to the A100s, the T4's little free memory does not shrink the budget.
     assert view.of_model("A100").budget().bytes > view.budget().bytes  # type: ignore[union-attr]
 

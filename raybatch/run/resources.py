@@ -108,7 +108,7 @@ def trial_resources(
 
         return fixed_resources
 
-    budget = _budget(memory_budget, gpu_model)
+    budget = _budget(memory_budget, gpu_model, context_bytes)
     estimator = estimator or MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
@@ -125,18 +125,21 @@ def trial_resources(
     return auto_resources
 
 
-def _budget(memory_budget: str | int | None, gpu_model: str | None = None) -> int:
+def _budget(memory_budget: str | int | None, gpu_model: str | None, context_bytes: int) -> int:
     """One trial's GPU budget in bytes: the explicit one; else, connected to Ray, the
     cluster's smallest GPU (of ``gpu_model``, where trials are pinned to one) as the GPU
-    nodes' own NVML reads it (the driver may be a CPU-only head); else this machine's NVML."""
+    nodes' own NVML reads it (the driver may be a CPU-only head); else this machine's NVML.
+    Either NVML budget leaves room for one CUDA context of ``context_bytes``, the figure the
+    trials' shares are computed with."""
     import ray
 
     if memory_budget is None and ray.is_initialized():
         view = read_cluster()
-        found = (view.of_model(gpu_model) if gpu_model else view).budget()
+        pinned = view.of_model(gpu_model) if gpu_model else view
+        found = pinned.budget(context_bytes=context_bytes)
         if found is not None:
             return found.bytes
-    return resolve_budget(memory_budget).bytes
+    return resolve_budget(memory_budget, context_overhead_bytes=context_bytes).bytes
 
 
 def with_resources(
