@@ -12,6 +12,7 @@ import pytest
 import raybatch
 from raybatch import keys
 from raybatch.errors import RunDirError
+from raybatch.metric import Target
 from raybatch.results.rows import (
     COLUMNS,
     TRIALS_CSV,
@@ -21,6 +22,7 @@ from raybatch.results.rows import (
     stored_rows,
     write_trials_csv,
 )
+from raybatch.results.selection import choose_winner
 from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
@@ -54,7 +56,7 @@ def test_a_row_is_its_recipe_and_its_figures_typed() -> None:
     assert (row.micro_batch_size, row.accumulation_steps, row.effective_batch_size) == (32, 2, 64)
     assert row.lr == pytest.approx(SPACE.derive(32, 2, 1, 1.3).lr)
     assert isinstance(row.samples_to_target, int) and row.time_to_target_s == 1.5
-    assert row.recipe(SPACE) == SPACE.derive(32, 2, 1, 1.3)  # the knobs identify the recipe
+    assert row.config == SPACE.derive(32, 2, 1, 1.3)  # the row carries the recipe it measured
     with pytest.raises(dataclasses.FrozenInstanceError):
         row.status = TrialStatus.CAPPED  # type: ignore[misc]
     # Only a trial's reported figures come from a Tune result; a misspelt figure is an error.
@@ -74,6 +76,18 @@ def test_trials_csv_round_trips_every_row_exactly(tmp_path: Path) -> None:
     back = stored_rows(tmp_path)
     assert back == rows  # a Tune id that looks like a number (00012e45) stays text
     assert status_counts(back) == {"reached": 1, "prescreened_out": 1}  # confirmations apart
+
+
+def test_a_row_read_back_holds_columns_and_gets_its_recipe_only_under_the_space(
+    tmp_path: Path,
+) -> None:
+    rows = _rows()
+    write_trials_csv(tmp_path / TRIALS_CSV, rows)
+    back = stored_rows(tmp_path)
+    assert "config" not in COLUMNS and all(r.config is None for r in back)
+    assert [r.derived_under(SPACE).config for r in back] == [r.config for r in rows]
+    with pytest.raises(ValueError, match="carry no recipe"):
+        choose_winner(Target(0.97), back, confirmed=False)
 
 
 def test_a_csv_from_an_older_run_without_some_columns_still_reads(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from raybatch.run import searcher as searcher_module
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
 from raybatch.run.study import STATUS_ATTR, status_of
+from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
@@ -98,6 +99,27 @@ def test_suggestions_over_the_budget_are_told_infeasible_and_never_launched(
         t for t in searcher.study.trials if t.user_attrs.get(STATUS_ATTR) == "reached"
     ]
     assert all(t.constraints["memory"] == 0 for t in launched_trials)
+
+
+def test_prescreened_rows_carry_the_recipes_the_searcher_derived_not_derived_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raybatch.run.driver import _prescreened_rows
+
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    searcher = _searcher(tmp_path, budget=estimator.predict(SPACE.derive(64, 4)))
+    for i in range(12):
+        assert searcher.suggest(f"t{i}") is not None
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
+    expected = [SPACE.derive_from(p) for p in searcher.prescreened]
+
+    def derived_again(*args: Any, **kw: Any) -> None:
+        raise AssertionError("a pre-screened recipe was derived a second time")
+
+    monkeypatch.setattr(SearchSpace, "derive", derived_again)
+    rows = _prescreened_rows(searcher.record)  # read back from the study, as after a resume
+    assert rows and [r.config for r in rows] == expected
+    assert all(r.status is TrialStatus.PRESCREENED_OUT and r.reason for r in rows)
 
 
 def test_the_sampler_learns_the_infeasible_region(tmp_path: Path) -> None:
@@ -514,7 +536,7 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     # The run's rows at the end leave them out (no recipe to show), instead of failing there.
     from raybatch.run.driver import _prescreened_rows
 
-    assert all(r.micro_batch_size != 256 for r in _prescreened_rows(SPACE, searcher.record))
+    assert all(r.micro_batch_size != 256 for r in _prescreened_rows(searcher.record))
 
 
 @pytest.mark.usefixtures("ray_session")

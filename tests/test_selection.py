@@ -57,7 +57,7 @@ def test_the_baseline_wins_when_it_confirms_fastest() -> None:
     winner = select_winner(rows, confirmed=True)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
     assert winner.median == pytest.approx(1.1)
-    best = choose_winner(SPACE, Target(0.97), rows, confirmed=True)
+    best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 256
     assert best.provenance[keys.TRIAL_ID] == "s1"  # the search trial that ran it
 
@@ -87,14 +87,14 @@ def test_one_confirmation_miss_rules_a_recipe_out_however_fast_its_other_runs() 
 def test_nothing_that_always_reached_means_no_winner() -> None:
     rows = _confirmed(CANDIDATE, 0.5, None) + _confirmed(BASELINE, None, None)
     assert select_winner(rows, confirmed=True) is None
-    assert choose_winner(SPACE, Target(0.97), rows, confirmed=True) is None
+    assert choose_winner(Target(0.97), rows, confirmed=True) is None
 
 
 def test_without_confirmation_the_search_rows_decide() -> None:
     rows = _searched((CANDIDATE, 1.0), (BASELINE, 0.8), (REFERENCE, None))
     winner = select_winner(rows, confirmed=False)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
-    best = choose_winner(SPACE, Target(0.97), rows, confirmed=False)
+    best = choose_winner(Target(0.97), rows, confirmed=False)
     assert best is not None and best.provenance["time_to_target_s_runs"] == [0.8]
 
 
@@ -116,7 +116,7 @@ def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> N
     rows = _seeded(CANDIDATE, 1.0, 1.30, 1.31) + _seeded(BASELINE, 1.1, 1.25, 1.4)
     winner = select_winner(rows, confirmed=True)
     assert winner is not None and _knobs_of(winner.runs) == CANDIDATE
-    best = choose_winner(SPACE, Target(0.97), rows, confirmed=True)
+    best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None
     runner_up = best.provenance["runner_up"]
     assert runner_up["micro_batch_size"] == 256
@@ -146,7 +146,7 @@ def test_the_race_adds_seeds_to_the_two_best_until_one_is_three_pairs_ahead(
     times = {CANDIDATE: {4: 1.0, 5: 1.0, 6: 1.0}, BASELINE: {4: 1.2, 5: 1.2, 6: 1.2}}
     asked: list[list[int]] = []
 
-    def runs(path, resourced, space, candidates, options, verbose, concurrent, whole_gpus=False,
+    def runs(path, resourced, candidates, options, verbose, concurrent, whole_gpus=False,
              seeds=None):  # type: ignore[no-untyped-def]  # fmt: skip
         asked.append(list(seeds))
         out = []
@@ -158,14 +158,14 @@ def test_the_race_adds_seeds_to_the_two_best_until_one_is_three_pairs_ahead(
     monkeypatch.setattr(confirmation, "confirm", runs)
     rows = _seeded(CANDIDATE, 1.0, 1.3, 1.31) + _seeded(BASELINE, 1.1, 1.25, 1.4)
     rows += _seeded(REFERENCE, 3.0, 3.0, 3.0)
-    extra = confirmation.race(tmp_path, None, SPACE, rows, SearchOptions(), 0, 1)
+    extra = confirmation.race(tmp_path, None, rows, SearchOptions(), 0, 1)
     assert asked == [[4], [5]]
     assert {_knobs_of([r]) for r in extra} == {CANDIDATE, BASELINE}
-    best = choose_winner(SPACE, Target(0.97), rows + extra, confirmed=True)
+    best = choose_winner(Target(0.97), rows + extra, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 32
     assert best.provenance["runner_up"]["within_noise"] is False
     # Without a race budget nothing more runs.
-    assert confirmation.race(tmp_path, None, SPACE, rows, SearchOptions(race_seeds=0), 0, 1) == []
+    assert confirmation.race(tmp_path, None, rows, SearchOptions(race_seeds=0), 0, 1) == []
 
 
 def test_confirmation_runs_on_gpus_start_only_as_many_as_their_workers_fit() -> None:

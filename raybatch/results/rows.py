@@ -13,7 +13,7 @@ import csv
 import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,11 @@ class TrialRow:
     seed: int | None = None
     predicted_time_s: float | None = None
     reason: str | None = None
+    config: TrialConfig | None = field(default=None, compare=False, repr=False)
+    """The recipe itself, not a column: on a row built from one (the searcher's, carried
+    through Tune's config and back), so that what follows the search reads the record it
+    measured instead of deriving it again. A row read back from ``trials.csv`` has its columns
+    only; :meth:`derived_under` gives it its recipe again."""
 
     @classmethod
     def of(
@@ -86,7 +91,9 @@ class TrialRow:
             raise TypeError(f"status must be a TrialStatus, got {status!r}")
         recipe_cells = {k: getattr(recipe, k) for k in _RECIPE_COLUMNS}
         named = {keys.PHASE: phase, keys.TRIAL_ID: trial_id, keys.STATUS: status}
-        return _converted(cls, {**figures, **named, **recipe_cells})
+        return dataclasses.replace(
+            _converted(cls, {**figures, **named, **recipe_cells}), config=recipe
+        )
 
     @classmethod
     def from_result(
@@ -112,7 +119,7 @@ class TrialRow:
 
     def to_csv(self) -> dict[str, Any]:
         """The CSV cells (the status as its string)."""
-        cells = dataclasses.asdict(self)
+        cells = {k: getattr(self, k) for k in COLUMNS}
         cells[keys.STATUS] = self.status.value
         return cells
 
@@ -128,9 +135,10 @@ class TrialRow:
         """The raw knobs by name (a Tune config's, for :meth:`SearchSpace.derive_from`)."""
         return dict(zip(keys.RAW_KNOBS, self.knobs, strict=True))
 
-    def recipe(self, space: SearchSpace) -> TrialConfig:
-        """The full recipe of the row's knobs under ``space``'s rules."""
-        return space.derive(*self.knobs)
+    def derived_under(self, space: SearchSpace) -> TrialRow:
+        """The row with its recipe (:attr:`config`): that of its knobs under ``space``'s
+        rules. For rows read back from ``trials.csv``, which keep the recipe's columns only."""
+        return dataclasses.replace(self, config=space.derive(*self.knobs))
 
     @property
     def reached(self) -> bool:
@@ -152,7 +160,7 @@ class TrialRow:
         return default if value is None else value
 
 
-COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow))
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow) if f.name != "config")
 """``trials.csv``'s columns, in order: :class:`TrialRow`'s fields."""
 
 REPORTED = (

@@ -9,16 +9,13 @@ import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.metric import Target
 from raybatch.results.rows import TrialRow
 from raybatch.version import __version__
-
-if TYPE_CHECKING:
-    from raybatch.space.search_space import SearchSpace
 
 
 def _knobs(row: TrialRow) -> tuple[float, ...]:
@@ -225,7 +222,6 @@ def select_winner(rows: list[TrialRow], confirmed: bool) -> Measured | None:
 
 
 def choose_winner(
-    space: SearchSpace,
     target: Target,
     rows: list[TrialRow],
     confirmed: bool,
@@ -236,7 +232,12 @@ def choose_winner(
     ``confirmed``: whether the search ran a confirmation (then its runs alone judge).
     ``measured_on`` holds what the rows cannot say: ``device`` (the hardware the trials ran
     on, as the search saw the cluster) and ``amp_dtype`` (the workload's autocast, which the
-    framework exports need); without it, ``device`` is this machine's.
+    framework exports need); without it, ``device`` is this machine's. The winner's recipe is
+    the one its rows carry (:attr:`TrialRow.config`); rows read back from ``trials.csv`` get
+    theirs with :meth:`TrialRow.derived_under` first.
+
+    Raises:
+        ValueError: The winner's rows carry no recipe.
     """
     order = ranked(rows, confirmed)
     if not order:
@@ -244,7 +245,9 @@ def choose_winner(
     winner = order[0]
     first = winner.runs[0]
     searched = [r for r in rows if r.phase == keys.PHASE_SEARCH and same_knobs(r, [first])]
-    recipe = first.recipe(space)
+    recipe = next((r.config for r in winner.runs if r.config is not None), None)
+    if recipe is None:
+        raise ValueError("the winner's rows carry no recipe: derive them under the space first")
     peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
     samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
     provenance = {
@@ -257,7 +260,7 @@ def choose_winner(
         "amp_dtype": None,
         "versions": _versions(),
         keys.TRIAL_ID: (searched or winner.runs)[0].trial_id,
-        "space": space.name,
+        "space": recipe.space,
         "target": str(target),
         "search_trials": sum(1 for r in rows if r.phase == keys.PHASE_SEARCH),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -21,15 +21,15 @@ from raybatch.results.rows import TrialRow
 from raybatch.results.selection import compare_paired, ranked
 from raybatch.run.options import SearchOptions
 from raybatch.run.scheduler import CappingScheduler
-from raybatch.space.search_space import SearchSpace
+from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 
 
 class _Pick:
-    """``tune.sample_from`` callable: one knob of the candidate a confirmation trial runs."""
+    """``tune.sample_from`` callable: one value of the recipe a confirmation trial runs."""
 
-    def __init__(self, candidates: list[TrialRow], key: str) -> None:
-        self.values = [c[key] for c in candidates]
+    def __init__(self, recipes: list[dict[str, Any]], key: str) -> None:
+        self.values = [r[key] for r in recipes]
         self.key = key
 
     def __call__(self, config: dict[str, Any]) -> Any:
@@ -39,7 +39,6 @@ class _Pick:
 def confirm(
     path: Path,
     resourced: Any,
-    space: SearchSpace,
     candidates: list[TrialRow],
     options: SearchOptions,
     verbose: int,
@@ -48,18 +47,26 @@ def confirm(
     seeds: list[int] | None = None,
 ) -> list[TrialRow]:
     """Re-run each candidate on the same fresh seeds (default: ``confirm_seeds`` of them; no
-    capping: every run must finish honestly); with ``whole_gpus``, each run alone on its GPU."""
+    capping: every run must finish honestly); with ``whole_gpus``, each run alone on its GPU.
+
+    Each run's config carries its candidate's recipe (:attr:`TrialRow.config`, the one the
+    search measured), and its row carries it back: nothing is derived again here.
+
+    Raises:
+        ValueError: A candidate carries no recipe (a row read back from ``trials.csv``).
+    """
     seeds = seeds if seeds is not None else confirmation_seeds(options)
     if not candidates or not seeds:
         return []
     from ray import tune
 
+    recipes = [_recipe_of(c).to_dict() for c in candidates]
     param_space: dict[str, Any] = {
         keys.CANDIDATE: tune.grid_search(list(range(len(candidates)))),
         keys.SEED: tune.grid_search(seeds),
     }
-    for key in keys.RAW_KNOBS:
-        param_space[key] = tune.sample_from(_Pick(candidates, key))
+    for key in recipes[0]:
+        param_space[key] = tune.sample_from(_Pick(recipes, key))
     if whole_gpus:
         param_space[keys.ALONE] = True
     storage = str((path / "tune").resolve())
@@ -84,11 +91,17 @@ def confirm(
         status = TrialStatus(metrics.get(keys.STATUS, TrialStatus.ERROR.value))
         trial_id = str(metrics.get(keys.TRIAL_ID, ""))
         run = {keys.CANDIDATE: result.config[keys.CANDIDATE], keys.SEED: result.config[keys.SEED]}
-        recipe = space.recipe_of(result.config)
+        recipe = TrialConfig.from_dict(result.config, "a confirmation run's Tune config")
         rows.append(TrialRow.from_result(
             recipe, keys.PHASE_CONFIRMATION, trial_id, status, metrics, **run
         ))  # fmt: skip
     return rows
+
+
+def _recipe_of(candidate: TrialRow) -> TrialConfig:
+    if candidate.config is None:
+        raise ValueError(f"candidate {candidate.trial_id} carries no recipe to confirm")
+    return candidate.config
 
 
 def confirmation_slots(candidates: list[TrialRow], placeable_gpus: int) -> int:
@@ -112,7 +125,6 @@ def confirmation_seeds(options: SearchOptions) -> list[int]:
 def race(
     path: Path,
     resourced: Any,
-    space: SearchSpace,
     rows: list[TrialRow],
     options: SearchOptions,
     verbose: int,
@@ -134,6 +146,6 @@ def race(
         if paired is None or paired.decisive:
             break
         two = [order[0].runs[0], order[1].runs[0]]
-        extra += confirm(path, resourced, space, two, options, verbose, max_concurrent,
+        extra += confirm(path, resourced, two, options, verbose, max_concurrent,
                          whole_gpus, seeds=[first + round_])  # fmt: skip
     return extra

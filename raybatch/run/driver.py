@@ -75,6 +75,7 @@ from raybatch.run.seeding import (
 )
 from raybatch.run.study import SearchStudy
 from raybatch.run.tune_state import CUT_FOLDER, set_aside_cut_sessions
+from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.wrapper import trainable
@@ -339,13 +340,13 @@ def _execute(
             f" continue with `raybatch resume {path}`"
         )
     # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
-    rows = _search_rows(space, results, options.penalty, scheduler.capped_at_level)
+    rows = _search_rows(results, options.penalty, scheduler.capped_at_level)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
-    rows += _prescreened_rows(space, plan.searcher.record)
+    rows += _prescreened_rows(plan.searcher.record)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     candidates = top_candidates(rows, options.confirm_top)
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
@@ -354,11 +355,8 @@ def _execute(
     compared = _compared(rows, candidates, plan)
     slots = confirmation_slots(compared, plan.placeable)  # a user's limit may only lower it
     alone = min(slots, options.max_concurrent or slots) if plan.cuda else 1
-    confirm_rows = confirm(
-        path, plan.resourced, space, compared, options, verbose, alone, whole_gpus=plan.cuda
-    )
-    rows += confirm_rows
-    rows += race(path, plan.resourced, space, rows, options, verbose, alone, whole_gpus=plan.cuda)
+    rows += confirm(path, plan.resourced, compared, options, verbose, alone, whole_gpus=plan.cuda)
+    rows += race(path, plan.resourced, rows, options, verbose, alone, whole_gpus=plan.cuda)
     # What the rows cannot say: the hardware, the workload's autocast, and the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry.
     measured_on: dict[str, Any] = {
@@ -367,8 +365,8 @@ def _execute(
         "grad_clip_norm": None,
     }
     if plan.model is not None:
-        rows, measured_on["prior"] = write_predictions(space, rows, plan.model, notes)
-    best = choose_winner(space, target, rows, options.confirm_seeds > 0, measured_on)
+        rows, measured_on["prior"] = write_predictions(rows, plan.model, notes)
+    best = choose_winner(target, rows, options.confirm_seeds > 0, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
         write_best(path, best)
@@ -379,9 +377,9 @@ def _execute(
     return result
 
 
-def _search_rows(
-    space: SearchSpace, results: Any, penalty: float, at_level: dict[str, float]
-) -> list[TrialRow]:
+def _search_rows(results: Any, penalty: float, at_level: dict[str, float]) -> list[TrialRow]:
+    """The search trials' rows, each with the recipe its config carries: the searcher's,
+    derived once where the knobs were chosen (and checked against them at the trial's door)."""
     rows = []
     for result in results:
         metrics = dict(result.metrics or {})
@@ -398,25 +396,23 @@ def _search_rows(
         if result.error is not None:
             metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"
         metrics[keys.OBJECTIVE] = value
-        recipe = space.recipe_of(result.config)
+        recipe = TrialConfig.from_dict(result.config, "a search trial's Tune config")
         trial_id = str(metrics.get(keys.TRIAL_ID, ""))
         rows.append(TrialRow.from_result(recipe, keys.PHASE_SEARCH, trial_id, status, metrics))
     return rows
 
 
-def _prescreened_rows(space: SearchSpace, record: SearchStudy) -> list[TrialRow]:
-    """Pre-screened-out configs, read back from the study (so they survive a resume). A
-    combination the space's rules refused has no recipe to show: it is left out of the rows
-    (the study keeps it, with its reason)."""
+def _prescreened_rows(record: SearchStudy) -> list[TrialRow]:
+    """Pre-screened-out configs with the recipes the searcher derived, read back from the
+    study (so they survive a resume). A combination the space's rules refused has no recipe
+    to show: it is left out of the rows (the study keeps it, with its reason)."""
     rows = []
     for p in record.prescreened():
-        try:
-            recipe = space.derive_from({**space.reference_config().to_dict(), **p.params})
-        except ConfigError:
+        if p.recipe is None:
             continue
         rows.append(
             TrialRow.of(
-                recipe,
+                p.recipe,
                 keys.PHASE_PRESCREEN,
                 f"optuna_{p.number}",
                 TrialStatus.PRESCREENED_OUT,
@@ -446,7 +442,21 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
         stored = load_best(path).provenance
         kept = ("device", "amp_dtype", "grad_clip_norm", "prior")
         measured_on = {k: stored[k] for k in kept if k in stored}
-    return choose_winner(space, target, stored_rows(path), options.confirm_seeds > 0, measured_on)
+    return choose_winner(
+        target, _derived(space, stored_rows(path)), options.confirm_seeds > 0, measured_on
+    )
+
+
+def _derived(space: SearchSpace, rows: list[TrialRow]) -> list[TrialRow]:
+    """Stored rows with their recipes again (a row whose knobs the space now refuses keeps its
+    columns only: it cannot win, but it is not dropped)."""
+    out = []
+    for r in rows:
+        try:
+            out.append(r.derived_under(space))
+        except ConfigError:
+            out.append(r)
+    return out
 
 
 def rebuild_report(run_dir: str | Path) -> Path:

@@ -84,11 +84,11 @@ def measure_prior(
 
 
 def write_predictions(
-    space: SearchSpace, rows: list[TrialRow], model: TimeModel, notes: list[str]
+    rows: list[TrialRow], model: TimeModel, notes: list[str]
 ) -> tuple[list[TrialRow], dict[str, Any]]:
     """Each row with its predicted time (the model's relative time, scaled by the one constant
     that best matches the search's measured times), and how well the model ranked them."""
-    relative = [model.predicted_time(r.recipe(space)) for r in rows]
+    relative = [model.predicted_time(r) for r in rows]
     pairs = [
         (p, r.time_to_target_s)
         for p, r in zip(relative, rows, strict=True)
@@ -103,7 +103,7 @@ def write_predictions(
     if rho is not None:
         notes.append(f"the time model ranked the {len(pairs)} trials that reached the target"
                      f" with Spearman {rho:.2f} against their measured times")  # fmt: skip
-    grid = {c.effective_batch_size: c for c in (r.recipe(space) for r in rows)}
+    grid = {r.effective_batch_size: r for r in rows}
     return rows, {
         "noise_scale": model.noise.to_dict(),
         "predicted_best_effective_batch": model.best_effective_batch(list(grid.values())),

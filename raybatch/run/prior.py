@@ -31,9 +31,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from raybatch.space.config import TrialConfig
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -107,6 +105,18 @@ def noise_scale(
     )
 
 
+class Batching(Protocol):
+    """What the time model reads of a recipe: its batching. A :class:`TrialConfig` has it,
+    and so has a :class:`~raybatch.results.rows.TrialRow`, whose recipe columns carry it."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def accumulation_steps(self) -> int: ...
+    @property
+    def effective_batch_size(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class TimeModel:
     """Relative time to target of a recipe: ``(1 + B_noise / B) x`` its optimizer step's time.
@@ -137,7 +147,7 @@ class TimeModel:
         t0, t1 = math.log(self.micro_step_s[lower]), math.log(self.micro_step_s[upper])
         return math.exp(t0 + w * (t1 - t0))
 
-    def step_time(self, recipe: TrialConfig) -> float:
+    def step_time(self, recipe: Batching) -> float:
         return recipe.accumulation_steps * self.micro_time(recipe.micro_batch_size) + (
             self.optimizer_step_s
         )
@@ -148,14 +158,14 @@ class TimeModel:
             return math.inf
         return 1 + self.noise.b_simple / effective_batch
 
-    def predicted_time(self, recipe: TrialConfig) -> float:
+    def predicted_time(self, recipe: Batching) -> float:
         """Time to target in units of ``S_min`` optimizer steps' seconds (relative)."""
         factor = self.steps_factor(recipe.effective_batch_size)
         if math.isinf(factor):  # no estimate: only throughput orders the recipes
             return self.step_time(recipe) / recipe.effective_batch_size
         return factor * self.step_time(recipe)
 
-    def best_effective_batch(self, recipes: Sequence[TrialConfig]) -> int:
+    def best_effective_batch(self, recipes: Sequence[Batching]) -> int:
         """The effective batch of the recipe predicted fastest among ``recipes``."""
         return min(recipes, key=self.predicted_time).effective_batch_size
 

@@ -414,7 +414,7 @@ class RaybatchSearcher(Searcher):
         predicted_bytes: int | None,
         memory: bool = True,
     ) -> None:
-        self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes)
+        self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes, config)
         self._opening_done(ot_trial.number, None, memory=memory)
         self.prescreened.append(
             {
@@ -471,7 +471,7 @@ class RaybatchSearcher(Searcher):
         measured = result.get(keys.PROBE_RESERVED_BYTES)
         if self.estimator is None or not measured:
             return
-        recipe = self.space.derive_from(self.record.config_of(number))
+        recipe = TrialConfig.from_dict(self.record.config_of(number))  # the launched recipe
         try:
             self.estimator.observe(recipe, int(measured))
         except TraceError:  # an untraceable workload has no model to calibrate

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
+from raybatch.errors import ConfigError
+from raybatch.space.config import TrialConfig
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
 if TYPE_CHECKING:
@@ -67,6 +69,9 @@ class Prescreened:
     params: dict[str, Any]
     reason: str | None
     predicted_bytes: int | None
+    recipe: TrialConfig | None = None
+    """The recipe the searcher derived and kept out (``None``: the space's rules refused the
+    combination, or a study written before raybatch recorded it)."""
 
 
 class SearchStudy:
@@ -166,9 +171,13 @@ class SearchStudy:
         penalty: float,
         reason: str,
         predicted_bytes: int | None,
+        config: dict[str, Any] | None = None,
     ) -> None:
-        """Tell a config that is not launched: infeasible (positive constraint), penalised."""
+        """Tell a config that is not launched: infeasible (positive constraint), penalised;
+        its recipe (``config``, derived by the searcher) is kept for the run's rows."""
         trial.set_constraint(MEMORY_CONSTRAINT, max(violation, 1e-9))
+        if config is not None:
+            trial.set_user_attr(CONFIG_ATTR, config)
         trial.set_user_attr(STATUS_ATTR, TrialStatus.PRESCREENED_OUT.value)
         trial.set_user_attr(REASON_ATTR, reason)
         trial.set_user_attr(PREDICTED_BYTES_ATTR, predicted_bytes)
@@ -288,6 +297,7 @@ class SearchStudy:
                 dict(t.params),
                 t.user_attrs.get(REASON_ATTR),
                 t.user_attrs.get(PREDICTED_BYTES_ATTR),
+                _recipe(t.user_attrs.get(CONFIG_ATTR)),
             )
             for t in self.study.get_trials(deepcopy=False)
             if t.user_attrs.get(STATUS_ATTR) == TrialStatus.PRESCREENED_OUT.value
@@ -309,3 +319,14 @@ def status_of(trial: optuna.trial.FrozenTrial) -> str:
     if recorded is None and trial.state == optuna.trial.TrialState.FAIL:
         return TrialStatus.LOST_AT_INTERRUPTION.value
     return str(recorded) if recorded is not None else TrialStatus.RUNNING.value
+
+
+def _recipe(config: Any) -> TrialConfig | None:
+    """The recipe a rejected trial's recorded config carries; ``None`` where it carries none
+    (knobs the space's rules refused have no recipe)."""
+    if not isinstance(config, dict):
+        return None
+    try:
+        return TrialConfig.from_dict(config)
+    except ConfigError:
+        return None
