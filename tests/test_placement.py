@@ -203,3 +203,44 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
     assert fixed.gpus_per_trial(None) == 0 and gpu_request(fixed, None, None, []) == 0
     with pytest.raises(OptionError, match=r"gpus_per_trial: is 1\.0, but no node"):
         gpu_request(fixed, 1.0, "16GiB", [])
+
+
+def test_an_autoscaler_s_gpus_count_for_a_pinned_model_only_where_its_node_types_are_that_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The autoscaler's config (Ray's own protobuf) declares 2 nodes of 8 A100s and 4 of one
+    T4: a search pinned to A100 waits for 16 GPUs, not 20; node types that name no model cannot
+    be told apart, so all of their GPUs count."""
+    from ray._private.state import state
+    from ray.core.generated import autoscaler_pb2
+
+    import raybatch.run.hardware as hardware
+    from raybatch.errors import OptionError
+    from raybatch.trial import placement
+
+    def config(*groups: tuple[str | None, int, int]) -> autoscaler_pb2.ClusterConfig:
+        out = autoscaler_pb2.ClusterConfig()
+        for model, gpus, count in groups:
+            group = out.node_group_configs.add(name=model or "gpu", max_count=count)
+            group.resources["GPU"], group.resources["CPU"] = gpus, 8
+            if model is not None:
+                group.resources[f"accelerator_type:{model}"] = 1
+        return out
+
+    monkeypatch.setattr(state, "get_cluster_config", lambda: config(("A100", 8, 2), ("T4", 1, 4)))
+    assert placement.autoscaling_max("GPU", "A100") == 16
+    assert placement.autoscaling_max("GPU", "T4") == 4
+    assert placement.autoscaling_max("GPU", "H100") == 0
+    assert placement.autoscaling_max("CPU", "A100") == 16  # the CPUs of the A100 nodes
+    assert placement.autoscaling_gpus_by_model() == (("A100", 16), ("T4", 4))
+    head = NodeView("head", "10.0.0.1", 8, 0)
+    view = ClusterView((head,), 20, 48, placement.autoscaling_gpus_by_model())
+    assert view.of_model("A100").autoscale_gpus == 16  # was the autoscaler's 20 of any model
+    notes: list[str] = []
+    assert hardware.one_gpu_model(view, "T4", notes).autoscale_gpus == 4  # none alive yet
+    with pytest.raises(OptionError, match=r"mixes GPU models \(A100, T4\)"):
+        hardware.one_gpu_model(view, None, [])  # the models still to come are mixed too
+    monkeypatch.setattr(state, "get_cluster_config", lambda: config((None, 4, 3)))
+    assert placement.autoscaling_max("GPU", "A100") == 12  # no model named: every type counts
+    assert placement.autoscaling_gpus_by_model() == ()
+    assert ClusterView((head,), 12, 24).of_model("A100").autoscale_gpus == 12

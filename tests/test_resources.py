@@ -267,3 +267,38 @@ def test_a_larger_cuda_context_packs_fewer_trials_and_caps_them_lower() -> None:
         DigitsWorkload(), "digits_cnn_sgd", 0.97, gpu_budget_bytes=gib, cuda_context_bytes=large
     )
     assert raybatch.RaybatchSearcher.for_trainable(fn).context_bytes == large
+
+
+def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The context measured at a GPU search's start reaches the budget, the searcher's packing,
+    the trainable's allocator caps and the resources' shares: none of them keeps 512 MiB."""
+    import raybatch.run.driver as driver
+    import raybatch.run.hardware as hardware
+    from raybatch.memory.budget import DeviceMemory
+    from raybatch.run.options import SearchOptions
+    from raybatch.trial.settings import parts_of
+
+    gib = 2**30
+    measured = 3 * gib  # far from the 512 MiB assumed where nothing can be measured
+    gpu = DeviceMemory("A100", 40 * gib, 38 * gib, 2 * gib, 0)
+    view = hardware.ClusterView(
+        (hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,), accelerator_types=("A100",)),)
+    )
+    monkeypatch.setattr(driver, "read_cluster", lambda: view)
+    monkeypatch.setattr("raybatch.run.context.cluster_context_bytes", lambda *a: measured)
+    received: dict[str, int] = {}
+
+    def resources(fn, *args, context_bytes, **kw):  # type: ignore[no-untyped-def]
+        received["trainable"] = parts_of(fn).settings.cuda_context_bytes
+        received["resources"] = context_bytes
+        return fn
+
+    monkeypatch.setattr(driver, "with_resources", resources)
+    space = raybatch.load_space("digits_cnn_sgd")
+    options = SearchOptions(prior=False)
+    plan = driver._plan(tmp_path, DigitsWorkload(), space, raybatch.Target(0.9), options)
+    assert plan.cuda and plan.searcher.context_bytes == measured
+    assert received == {"trainable": measured, "resources": measured}
+    assert plan.budget == view.budget(context_bytes=measured).bytes  # type: ignore[union-attr]

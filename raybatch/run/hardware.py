@@ -33,6 +33,7 @@ from raybatch.trial.placement import (
     ACCELERATOR_TYPE,
     MAX_TRIALS_PER_GPU,
     accelerator_type_of,
+    autoscaling_gpus_by_model,
     autoscaling_max,
     whole_units,
 )
@@ -107,6 +108,8 @@ class ClusterView:
     """GPUs the autoscaler may still bring up (its config's maximum; 0 without one)."""
     autoscale_cpus: int = 0
     """CPUs likewise (a head with no CPUs of its own and its workers at zero)."""
+    autoscale_models: tuple[tuple[str, int], ...] = ()
+    """The autoscaler's GPUs per model its node types declare (empty: none names one)."""
 
     @property
     def gpus(self) -> float:
@@ -145,14 +148,19 @@ class ClusterView:
         return "auto" if self.gpus > 0 or self.autoscale_gpus > 0 else 0
 
     def gpu_models(self) -> list[str]:
-        """Every GPU model of the cluster (empty when neither Ray nor NVML names one)."""
-        return sorted({m for n in self.nodes for m in n.gpu_models()})
+        """Every GPU model of the cluster, alive or that its autoscaler may start (empty when
+        neither Ray nor NVML names one)."""
+        to_come = {m for m, gpus in self.autoscale_models if gpus > 0}
+        return sorted({m for n in self.nodes for m in n.gpu_models()} | to_come)
 
     def of_model(self, model: str) -> ClusterView:
         """The cluster as trials pinned to ``model`` see it: its GPU nodes of that model (and
         the nodes without GPUs, which host the driver's side of data-parallel trials)."""
         kept = tuple(n for n in self.nodes if n.gpus <= 0 or model in n.gpu_models())
-        return ClusterView(kept, self.autoscale_gpus, self.autoscale_cpus)
+        # The autoscaler's GPUs of this model only, where its node types say which is which.
+        by_model = dict(self.autoscale_models)
+        gpus = by_model.get(model, 0) if by_model else self.autoscale_gpus
+        return ClusterView(kept, gpus, self.autoscale_cpus, self.autoscale_models)
 
     def smallest_gpu(self) -> tuple[NodeView, DeviceMemory] | None:
         """The GPU with the least free memory among those NVML answered for."""
@@ -287,7 +295,9 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
         )
         for r in records
     )
-    return ClusterView(nodes, autoscaling_max("GPU"), autoscaling_max("CPU"))
+    return ClusterView(
+        nodes, autoscaling_max("GPU"), autoscaling_max("CPU"), autoscaling_gpus_by_model()
+    )
 
 
 def gpu_request(
@@ -345,7 +355,10 @@ def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> Clu
             raise OptionError([Issue("gpu_model", message)])
         return view
     name = model.removeprefix(ACCELERATOR_TYPE)
-    labelled = sorted({t for n in view.nodes if n.gpus > 0 for t in n.accelerator_types})
+    labelled = sorted(
+        {t for n in view.nodes if n.gpus > 0 for t in n.accelerator_types}
+        | {m for m, gpus in view.autoscale_models if gpus > 0}  # node types still to come
+    )
     if name not in labelled:  # trials are pinned through Ray's resource: it must exist
         found = ", ".join(labelled) or "none (no node has an accelerator_type resource)"
         message = (

@@ -97,11 +97,20 @@ def model_resource(model: str | None) -> dict[str, float]:
     return {f"{ACCELERATOR_TYPE}{name}": MODEL_RESOURCE_SLIVER}
 
 
-def autoscaling_max(kind: str) -> int:
+def autoscaling_max(kind: str, gpu_model: str | None = None) -> int:
     """How many ``kind`` (``"GPU"``, ``"CPU"``) the cluster's autoscaler may bring up in all
     (its node types x their max counts); 0 without an autoscaler. An autoscaling cluster whose
     GPU workers are at zero has no GPU node alive yet, and still is a GPU cluster. Ray has no
-    public call for this: the one its own libraries use is read, and any failure means 0."""
+    public call for this: the one its own libraries use is read, and any failure means 0.
+
+    With ``gpu_model``, only the node types that declare that model
+    (``accelerator_type:<model>``) count: trials pinned to an A100 do not wait for the T4s the
+    autoscaler may start. Node types that name no model at all cannot be told apart; then
+    every one counts, as before a model was chosen.
+    """
+    if gpu_model is not None:
+        groups = _node_groups()
+        return _model_max(kind, gpu_model, groups) if groups is not None else 0
     try:
         from ray._private.state import state
 
@@ -111,6 +120,44 @@ def autoscaling_max(kind: str) -> int:
     if not maxes:
         return 0
     return int(min(float(maxes.get(kind, 0) or 0), 1e6))
+
+
+def autoscaling_gpus_by_model() -> tuple[tuple[str, int], ...]:
+    """The GPUs the autoscaler may bring up, per model its node types declare
+    (``accelerator_type:<model>``); empty without an autoscaler or where no node type names
+    its model."""
+    groups = _node_groups() or []
+    named = {k for resources, _ in groups for k in resources if k.startswith(ACCELERATOR_TYPE)}
+    models = sorted(k.removeprefix(ACCELERATOR_TYPE) for k in named)
+    return tuple((m, _model_max("GPU", m, groups)) for m in models)
+
+
+def _node_groups() -> list[tuple[dict[str, float], int]] | None:
+    """The autoscaler's node types as (resources, max count); ``None`` without one."""
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+        if config is None:
+            return None
+        return [(dict(g.resources), int(g.max_count)) for g in config.node_group_configs]
+    except Exception:  # no autoscaler, an older or newer Ray: nothing known
+        return None
+
+
+def _model_max(kind: str, gpu_model: str, groups: list[tuple[dict[str, float], int]]) -> int:
+    """:func:`autoscaling_max` of ``kind`` over the node types of ``gpu_model``; over all of
+    them where none names a model."""
+    wanted = f"{ACCELERATOR_TYPE}{gpu_model.removeprefix(ACCELERATOR_TYPE)}"
+    named = any(k.startswith(ACCELERATOR_TYPE) for resources, _ in groups for k in resources)
+    total = 0.0
+    for resources, max_count in groups:
+        if named and wanted not in resources:
+            continue
+        if max_count == -1 or resources.get(kind, 0) == -1:  # unbounded, as Ray reads it
+            return int(1e6)
+        total += max(max_count, 0) * float(resources.get(kind, 0) or 0)
+    return int(min(total, 1e6))
 
 
 NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
@@ -266,7 +313,8 @@ def worker_room(ray: Any, use_gpu: bool, gpu_model: str | None = None) -> int:
     """One-GPU (or one-CPU) workers the cluster can hold: those of its alive nodes (of
     ``gpu_model``, if pinned), or what its autoscaler may bring up, whichever is more."""
     room = placeable_workers(ray.nodes(), use_gpu, gpu_model)
-    return max(room, autoscaling_max("GPU" if use_gpu else "CPU"))  # nodes still to come
+    still_to_come = autoscaling_max("GPU", gpu_model) if use_gpu else autoscaling_max("CPU")
+    return max(room, still_to_come)
 
 
 __all__ = [
@@ -277,6 +325,7 @@ __all__ = [
     "accelerator_type_of",
     "assigned_gpu_ids",
     "assigned_gpu_share",
+    "autoscaling_gpus_by_model",
     "autoscaling_max",
     "choose_device",
     "cuda_index_of",
