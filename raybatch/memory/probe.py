@@ -31,6 +31,7 @@ from raybatch.workload import Workload
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
 # Library allocation failures that PyTorch surfaces as a plain RuntimeError rather than
 # torch.cuda.OutOfMemoryError (cuBLAS/cuDNN handles and workspaces, and PyTorch releases
@@ -81,6 +82,9 @@ class ProbeResult:
     max_reserved_bytes: int | None
     seconds: float
     error: str | None = None
+    model_bytes: int | None = None
+    """One copy of the model's parameters and buffers (:func:`model_bytes`), as built for the
+    step: what a trial's EMA adds, read here so that nothing builds the model again for it."""
 
     def as_prescreen(self, budget_bytes: int | None, prefix: str = "") -> PrescreenResult:
         """The probe's verdict in the pre-screen's terms.
@@ -152,8 +156,9 @@ def probe(
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     error = None
+    built: list[int] = []  # the model's bytes, once it is built (an OOM may come before)
     try:
-        _steady_step(workload, config, dev, model_copies)
+        _steady_step(workload, config, dev, model_copies, built)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -172,7 +177,15 @@ def probe(
         max_reserved_bytes=reserved,
         seconds=time.perf_counter() - start,
         error=error,
+        model_bytes=built[0] if built else None,
     )
+
+
+def model_bytes(model: nn.Module) -> int:
+    """What one more copy of ``model`` holds (parameters and buffers): the EMA's cost in
+    memory, which the probe's step and the trace's estimate of a plain step do not include."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def release_memory(device: torch.device | str | None = None) -> None:
@@ -186,12 +199,20 @@ def release_memory(device: torch.device | str | None = None) -> None:
 
 
 def _steady_step(
-    workload: Workload, config: TrialConfig, device: torch.device, model_copies: int = 1
+    workload: Workload,
+    config: TrialConfig,
+    device: torch.device,
+    model_copies: int = 1,
+    built: list[int] | None = None,
 ) -> None:
-    """One real step after the optimizer state exists; everything it builds dies with it."""
+    """One real step after the optimizer state exists; everything it builds dies with it.
+    The model's bytes are appended to ``built`` as soon as it exists."""
     import torch
 
-    model = workload.build_model().to(device)
+    model = workload.build_model()
+    if built is not None:
+        built.append(model_bytes(model))
+    model = model.to(device)
     copies = [copy.deepcopy(model) for _ in range(model_copies - 1)]  # noqa: F841 (held)
     model.train()
     optimizer = workload.build_optimizer(model, config)

@@ -51,11 +51,4 @@ class WeightAverage:
         self.updates += 1
 
 
-def model_bytes(model: nn.Module) -> int:
-    """What one more copy of ``model`` holds (parameters and buffers): the EMA's cost in
-    memory, which the probe's step and the trace's estimate of a plain step do not include."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-__all__ = ["WeightAverage", "model_bytes"]
+__all__ = ["WeightAverage"]

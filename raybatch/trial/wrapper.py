@@ -33,14 +33,13 @@ from typing import Any
 from raybatch import keys
 from raybatch.errors import RaybatchError, first_line
 from raybatch.memory.budget import format_bytes, parse_size
-from raybatch.memory.probe import is_out_of_memory, probe, release_memory
+from raybatch.memory.probe import is_out_of_memory, model_bytes, probe, release_memory
 from raybatch.metric import Target, resolve_target
 from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus
-from raybatch.trial.ema import model_bytes
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
@@ -194,7 +193,7 @@ def _memory_gate(
             return False
         reserved = result.max_reserved_bytes
         if ema and reserved is not None:  # the estimate is of a plain step: calibrate on that
-            reserved -= model_bytes(workload.build_model())
+            reserved -= result.model_bytes or 0  # the copy the probe built, counted there
         reporter.note(keys.PROBE_RESERVED_BYTES, reserved)
         over = _ddp_overrun(workload, recipe, settings, result.max_reserved_bytes)
         if over is not None:
