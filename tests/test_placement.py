@@ -244,3 +244,8 @@ def test_an_autoscaler_s_gpus_count_for_a_pinned_model_only_where_its_node_types
     assert placement.autoscaling_max("GPU", "A100") == 12  # no model named: every type counts
     assert placement.autoscaling_gpus_by_model() == ()
     assert ClusterView((head,), 12, 24).of_model("A100").autoscale_gpus == 12
+    # A CPU-only node type without bound adds no GPUs to any model (read as Ray reads it).
+    monkeypatch.setattr(state, "get_cluster_config", lambda: config(("A100", 8, 2), (None, 0, -1)))
+    assert placement.autoscaling_max("GPU", "A100") == 16
+    assert placement.autoscaling_max("GPU", "accelerator_type:A100") == 16
+    assert view.of_model("accelerator_type:A100").autoscale_gpus == 16

@@ -22,10 +22,12 @@ def test_probe_on_cpu_runs_one_step_and_measures_nothing_it_cannot() -> None:
     assert result.fits is True
     assert result.error is None
     assert (result.max_allocated_bytes, result.max_reserved_bytes) == (None, None)
-    # The model's own bytes, read from the model the step built (a trial with an EMA subtracts
-    # them from its calibration figure without building the model once more).
+    # With an EMA's copy held through the step, the model's own bytes, read from the model the
+    # step built (the trial subtracts them from its calibration without building it again).
+    assert result.model_bytes is None  # one copy: nothing asked
+    held = probe(MLPWorkload(), CONFIG, "cpu", model_copies=2)
     params = MLPWorkload().build_model()
-    assert result.model_bytes == sum(p.numel() * p.element_size() for p in params.parameters())
+    assert held.model_bytes == sum(p.numel() * p.element_size() for p in params.parameters())
 
 
 def test_injected_cuda_oom_is_caught_reported_and_memory_released() -> None:

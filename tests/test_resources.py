@@ -61,6 +61,28 @@ def test_fixed_gpus_and_data_parallel_drivers() -> None:
     assert resources({"micro_batch_size": 64, "world_size": 4}) == {"cpu": DRIVER_CPUS, "gpu": 0}
 
 
+def test_resources_read_the_recipe_a_config_carries_and_derive_only_bare_knobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The searcher's configs carry the recipe it derived: Tune's per-trial resource request
+    reads it instead of deriving it again; a hand-written config of knobs is derived."""
+    from raybatch.space.search_space import SearchSpace
+
+    space = raybatch.load_space("deit_vit_adamw")
+    carried = space.derive(64, world_size=4).to_dict()
+    resources = trial_resources(DigitsWorkload(), space, gpus_per_trial=0.5, cpus_per_trial=2)
+    derive = SearchSpace.derive
+    calls: list[int] = []
+
+    def counted(self: SearchSpace, *args: object, **kw: object) -> object:
+        calls.append(1)
+        return derive(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SearchSpace, "derive", counted)
+    assert resources(carried) == {"cpu": DRIVER_CPUS, "gpu": 0} and calls == []
+    assert resources({"micro_batch_size": 64, "world_size": 4})["gpu"] == 0 and calls == [1]
+
+
 def test_bad_gpus_per_trial_is_refused() -> None:
     with pytest.raises(OptionError, match="gpus_per_trial: must be 'auto' or a number"):
         trial_resources(DigitsWorkload(), raybatch.load_space("digits_cnn_sgd"), "many")

@@ -11,7 +11,7 @@ import pytest
 
 import raybatch
 from raybatch import keys
-from raybatch.errors import RunDirError
+from raybatch.errors import ConfigError, RunDirError
 from raybatch.metric import Target
 from raybatch.results.rows import (
     COLUMNS,
@@ -86,7 +86,7 @@ def test_a_row_read_back_holds_columns_and_gets_its_recipe_only_under_the_space(
     back = stored_rows(tmp_path)
     assert "config" not in COLUMNS and all(r.config is None for r in back)
     assert [r.derived_under(SPACE).config for r in back] == [r.config for r in rows]
-    with pytest.raises(ValueError, match="carry no recipe"):
+    with pytest.raises(ConfigError, match="carries no recipe"):
         choose_winner(Target(0.97), back, confirmed=False)
 
 

@@ -15,6 +15,7 @@ failure.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import time
@@ -83,8 +84,9 @@ class ProbeResult:
     seconds: float
     error: str | None = None
     model_bytes: int | None = None
-    """One copy of the model's parameters and buffers (:func:`model_bytes`), as built for the
-    step: what a trial's EMA adds, read here so that nothing builds the model again for it."""
+    """One copy of the model's parameters and buffers (:func:`model_bytes`), as built for a
+    step that holds more than one (``model_copies``): what a trial's EMA adds, read here so
+    that nothing builds the model again for it (``None``: one copy, or lazy modules)."""
 
     def as_prescreen(self, budget_bytes: int | None, prefix: str = "") -> PrescreenResult:
         """The probe's verdict in the pre-screen's terms.
@@ -210,8 +212,9 @@ def _steady_step(
     import torch
 
     model = workload.build_model()
-    if built is not None:
-        built.append(model_bytes(model))
+    if built is not None and model_copies > 1:  # only the copies' cost is asked for
+        with contextlib.suppress(ValueError):  # lazy modules: no size before a forward pass
+            built.append(model_bytes(model))
     model = model.to(device)
     copies = [copy.deepcopy(model) for _ in range(model_copies - 1)]  # noqa: F841 (held)
     model.train()

@@ -31,7 +31,7 @@ TRIALS_CSV = "trials.csv"
 @dataclass(frozen=True)
 class TrialRow:
     """A trial's recipe and what it measured; the field names are ``trials.csv``'s columns
-    (and :mod:`raybatch.keys`'s names).
+    (and :mod:`raybatch.keys`'s names), all but :attr:`config`, the recipe itself.
 
     ``time_to_target_s`` is the objective (training only); ``elapsed_to_target_s`` is the same
     moment with evaluation counted, as the objective was before, kept for comparison.
@@ -161,7 +161,7 @@ class TrialRow:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow) if f.name != "config")
-"""``trials.csv``'s columns, in order: :class:`TrialRow`'s fields."""
+"""``trials.csv``'s columns, in order: :class:`TrialRow`'s fields but ``config``."""
 
 REPORTED = (
     keys.TIME_TO_TARGET_S, keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raybatch import keys
+from raybatch.errors import ConfigError, Issue
 from raybatch.export import BestConfig
 from raybatch.metric import Target
 from raybatch.results.rows import TrialRow
@@ -237,7 +238,8 @@ def choose_winner(
     theirs with :meth:`TrialRow.derived_under` first.
 
     Raises:
-        ValueError: The winner's rows carry no recipe.
+        ConfigError: The winner's rows carry no recipe (rows read back and not derived, or
+            knobs the run's space now refuses).
     """
     order = ranked(rows, confirmed)
     if not order:
@@ -247,7 +249,8 @@ def choose_winner(
     searched = [r for r in rows if r.phase == keys.PHASE_SEARCH and same_knobs(r, [first])]
     recipe = next((r.config for r in winner.runs if r.config is not None), None)
     if recipe is None:
-        raise ValueError("the winner's rows carry no recipe: derive them under the space first")
+        problem = "carries no recipe: derive the rows under the run's space (derived_under)"
+        raise ConfigError([Issue("recipe", problem)], f"trial {first.trial_id}")
     peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
     samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
     provenance = {

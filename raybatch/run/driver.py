@@ -346,7 +346,7 @@ def _execute(
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
-    rows += _prescreened_rows(plan.searcher.record)
+    rows += _prescreened_rows(plan.searcher.record, space)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     candidates = top_candidates(rows, options.confirm_top)
     # CPU trials running side by side share memory bandwidth and caches, which hurts large
@@ -402,17 +402,22 @@ def _search_rows(results: Any, penalty: float, at_level: dict[str, float]) -> li
     return rows
 
 
-def _prescreened_rows(record: SearchStudy) -> list[TrialRow]:
+def _prescreened_rows(record: SearchStudy, space: SearchSpace) -> list[TrialRow]:
     """Pre-screened-out configs with the recipes the searcher derived, read back from the
-    study (so they survive a resume). A combination the space's rules refused has no recipe
-    to show: it is left out of the rows (the study keeps it, with its reason)."""
+    study (so they survive a resume). A study written before raybatch kept those recipes has
+    only the knobs: they are derived under ``space``. A combination the space's rules refused
+    has no recipe to show: it is left out of the rows (the study keeps it, with its reason)."""
     rows = []
     for p in record.prescreened():
-        if p.recipe is None:
-            continue
+        recipe = p.recipe
+        if recipe is None:
+            try:
+                recipe = space.derive_from({**space.reference_config().to_dict(), **p.params})
+            except ConfigError:
+                continue
         rows.append(
             TrialRow.of(
-                p.recipe,
+                recipe,
                 keys.PHASE_PRESCREEN,
                 f"optuna_{p.number}",
                 TrialStatus.PRESCREENED_OUT,
@@ -448,8 +453,9 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
 
 
 def _derived(space: SearchSpace, rows: list[TrialRow]) -> list[TrialRow]:
-    """Stored rows with their recipes again (a row whose knobs the space now refuses keeps its
-    columns only: it cannot win, but it is not dropped)."""
+    """Stored rows with their recipes again. A row whose knobs the space now refuses (an
+    edited ``space.yaml``) keeps its columns only: it still counts, and should it win,
+    :func:`choose_winner` says that its recipe is missing."""
     out = []
     for r in rows:
         try:

@@ -156,6 +156,7 @@ class ClusterView:
     def of_model(self, model: str) -> ClusterView:
         """The cluster as trials pinned to ``model`` see it: its GPU nodes of that model (and
         the nodes without GPUs, which host the driver's side of data-parallel trials)."""
+        model = model.removeprefix(ACCELERATOR_TYPE)  # Ray's resource name, or the model's
         kept = tuple(n for n in self.nodes if n.gpus <= 0 or model in n.gpu_models())
         # The autoscaler's GPUs of this model only, where its node types say which is which.
         by_model = dict(self.autoscale_models)

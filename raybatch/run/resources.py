@@ -21,6 +21,7 @@ from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.hardware import read_cluster
 from raybatch.run.options import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
+from raybatch.space.config import RECIPE_KEYS, TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import MAX_TRIALS_PER_GPU, model_resource
 from raybatch.trial.settings import parts_of
@@ -100,7 +101,7 @@ def trial_resources(
         fixed = float(gpus_per_trial)
 
         def fixed_resources(config: dict[str, Any]) -> dict[str, float]:
-            if space.recipe_of(config).world_size > 1:
+            if _recipe(space, config).world_size > 1:
                 return {"cpu": DRIVER_CPUS, "gpu": 0.0}
             if fixed > 0 and runs_alone(config):
                 return {"cpu": cpus_per_trial, "gpu": max(fixed, 1.0), **pin}
@@ -112,7 +113,7 @@ def trial_resources(
     estimator = estimator or MemoryEstimator.for_space(workload, space)
 
     def auto_resources(config: dict[str, Any]) -> dict[str, float]:
-        recipe = space.recipe_of(config)
+        recipe = _recipe(space, config)
         if recipe.world_size > 1:
             return {"cpu": DRIVER_CPUS, "gpu": 0.0}
         if runs_alone(config):
@@ -171,3 +172,12 @@ def with_resources(
         context_bytes or CUDA_CONTEXT_OVERHEAD_BYTES,
     )  # fmt: skip
     return tune.with_resources(trainable, resources)  # type: ignore[arg-type]
+
+
+def _recipe(space: SearchSpace, config: dict[str, Any]) -> TrialConfig:
+    """The recipe a trial's config carries (the searcher's, derived once where its knobs were
+    chosen), read rather than derived again; a hand-written config's, from its knobs. The
+    trial checks at its door that a carried recipe agrees with its knobs."""
+    if all(k in config for k in RECIPE_KEYS if k != keys.OPTIMIZER_KWARGS):
+        return TrialConfig.from_dict(config, "a trial's Tune config")
+    return space.recipe_of(config)

@@ -108,9 +108,10 @@ def autoscaling_max(kind: str, gpu_model: str | None = None) -> int:
     autoscaler may start. Node types that name no model at all cannot be told apart; then
     every one counts, as before a model was chosen.
     """
-    if gpu_model is not None:
-        groups = _node_groups()
-        return _model_max(kind, gpu_model, groups) if groups is not None else 0
+    groups = _node_groups() if gpu_model is not None else None
+    named = any(k.startswith(ACCELERATOR_TYPE) for r, _ in groups or () for k in r)
+    if gpu_model is not None and groups is not None and named:  # at most the whole cluster's
+        return min(_model_max(kind, gpu_model, groups), autoscaling_max(kind))
     try:
         from ray._private.state import state
 
@@ -146,17 +147,18 @@ def _node_groups() -> list[tuple[dict[str, float], int]] | None:
 
 
 def _model_max(kind: str, gpu_model: str, groups: list[tuple[dict[str, float], int]]) -> int:
-    """:func:`autoscaling_max` of ``kind`` over the node types of ``gpu_model``; over all of
-    them where none names a model."""
+    """:func:`autoscaling_max` of ``kind`` over the node types that declare ``gpu_model``, read
+    as Ray reads its config (a type of none of it, or none to start, adds nothing; -1 is
+    unbounded)."""
     wanted = f"{ACCELERATOR_TYPE}{gpu_model.removeprefix(ACCELERATOR_TYPE)}"
-    named = any(k.startswith(ACCELERATOR_TYPE) for resources, _ in groups for k in resources)
     total = 0.0
     for resources, max_count in groups:
-        if named and wanted not in resources:
+        amount = float(resources.get(kind, 0) or 0)
+        if wanted not in resources or max_count == 0 or amount == 0:
             continue
-        if max_count == -1 or resources.get(kind, 0) == -1:  # unbounded, as Ray reads it
+        if max_count == -1 or amount == -1:
             return int(1e6)
-        total += max(max_count, 0) * float(resources.get(kind, 0) or 0)
+        total += max_count * amount
     return int(min(total, 1e6))
 
 
