@@ -23,7 +23,7 @@ from raybatch.results.rows import read_trials_csv
 from raybatch.run.driver import analyze_run
 from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
-from raybatch.run.tune_state import CUT_FOLDER, set_aside_cut_sessions
+from raybatch.run.tune_state import CUT_FOLDER, check_restorable, set_aside_cut_sessions
 
 
 def _finished_ids(run_dir: Path) -> set[str]:
@@ -196,3 +196,24 @@ def test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore(tmp_path
     (tmp_path / f"experiment_state-{new}.json").write_text("{}")
     (tmp_path / f"search_gen_state-{new}.json").write_bytes(state)
     assert set_aside_cut_sessions(tmp_path) == []
+
+
+def test_a_first_session_cut_short_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """A kill during Tune's copy in the search's first session leaves no whole state to fall
+    back on: resume says so at once, naming the file, instead of Tune's unpickling error."""
+    from raybatch.errors import RunDirError
+
+    experiment = tmp_path / "run" / "tune" / "search"
+    experiment.mkdir(parents=True)
+    state = pickle.dumps({"searcher": list(range(50))})
+    session = "2026-01-01_10-00-00"
+    (experiment / f"experiment_state-{session}.json").write_text(json.dumps({"trial_data": []}))
+    (experiment / f"search_gen_state-{session}.json").write_bytes(state)
+    check_restorable(experiment, tmp_path / "run")  # whole: nothing to say
+    (experiment / f"search_gen_state-{session}.json").write_bytes(state[: len(state) // 2])
+    assert set_aside_cut_sessions(experiment) == []  # nothing older to restore instead
+    with pytest.raises(RunDirError) as refused:
+        check_restorable(experiment, tmp_path / "run")
+    message = str(refused.value)
+    assert f"tune/search/search_gen_state-{session}.json: cut short by the kill" in message
+    assert "cannot be resumed" in message and "optuna.db" in message

@@ -74,7 +74,7 @@ from raybatch.run.seeding import (
     reference_point,
 )
 from raybatch.run.study import SearchStudy
-from raybatch.run.tune_state import CUT_FOLDER, set_aside_cut_sessions
+from raybatch.run.tune_state import CUT_FOLDER, check_restorable, set_aside_cut_sessions
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
@@ -260,6 +260,7 @@ def _search_tuner(
             plan.notes.append(f"Tune state cut short by the kill set aside in {CUT_FOLDER}/: {cut}")
         if not tune.Tuner.can_restore(str(experiment)):
             raise RunDirError([Issue("tune/search", "no Ray Tune experiment to resume")], str(path))
+        check_restorable(experiment, path)
         return tune.Tuner.restore(
             str(experiment), trainable=plan.resourced, resume_unfinished=True, resume_errored=True
         )

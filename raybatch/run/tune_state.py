@@ -22,6 +22,8 @@ import json
 import pickletools
 from pathlib import Path
 
+from raybatch.errors import Issue, RunDirError
+
 # The kinds of file a Tune session writes, as (prefix, suffix) around the session string.
 _KINDS = (
     ("experiment_state-", ".json"),
@@ -63,17 +65,56 @@ def set_aside_cut_sessions(experiment: Path) -> list[str]:
 
     A session is whole when it holds an experiment state, every kind of file the older
     sessions hold, and each of its files reads to its end. Returns the sessions set aside
-    (empty when the newest is whole, or when none is: then Tune's own error says why).
+    (empty when the newest is whole, or when none is: :func:`check_restorable` says so).
     """
+    sessions = _sessions(experiment)
+    newest_whole = _newest_whole(sessions)
+    if newest_whole is None:
+        return []
+    cut = [s for s in sorted(sessions) if s > newest_whole]
+    for session in cut:
+        (experiment / CUT_FOLDER).mkdir(exist_ok=True)
+        for path in sessions[session].values():
+            path.rename(experiment / CUT_FOLDER / path.name)
+    return cut
+
+
+def check_restorable(experiment: Path, run_dir: Path) -> None:
+    """Refuse, in seconds and naming the file, a Tune state with no whole session: a kill
+    during Tune's copy in the search's first session leaves nothing older to restore, and
+    ``Tuner.restore`` would fail on the truncated file with an error that says none of this.
+
+    Raises:
+        RunDirError: A state file is cut short and no session is whole.
+    """
+    sessions = _sessions(experiment)
+    if not sessions or _newest_whole(sessions) is not None:
+        return
+    cut = sorted(p.name for files in sessions.values() for p in files.values() if not _whole(p))
+    missing = "no experiment state" if not cut else "cut short by the kill"
+    why = (
+        f"{missing}, and no older whole state: the driver was killed while Ray Tune copied its"
+        " state in the search's first session, so this run cannot be resumed; the trials that"
+        " finished are kept in optuna.db; start the search again in a new run directory"
+    )
+    where = f"{experiment.name}/{cut[0]}" if cut else experiment.name
+    raise RunDirError([Issue(f"tune/{where}", why)], str(run_dir))
+
+
+def _sessions(experiment: Path) -> dict[str, dict[str, Path]]:
+    """Each session's state files by kind."""
     sessions: dict[str, dict[str, Path]] = {}
     for path in experiment.iterdir() if experiment.is_dir() else ():
         found = _session_of(path.name)
         if found and path.is_file():
             sessions.setdefault(found[1], {})[found[0]] = path
-    order = sorted(sessions)
+    return sessions
+
+
+def _newest_whole(sessions: dict[str, dict[str, Path]]) -> str | None:
     kinds_seen: set[str] = set()
     newest_whole = None
-    for session in order:
+    for session in sorted(sessions):
         files = sessions[session]
         whole = (
             "experiment_state-" in files
@@ -83,11 +124,4 @@ def set_aside_cut_sessions(experiment: Path) -> list[str]:
         kinds_seen |= set(files)
         if whole:
             newest_whole = session
-    if newest_whole is None:
-        return []
-    cut = [s for s in order if s > newest_whole]
-    for session in cut:
-        (experiment / CUT_FOLDER).mkdir(exist_ok=True)
-        for path in sessions[session].values():
-            path.rename(experiment / CUT_FOLDER / path.name)
-    return cut
+    return newest_whole
