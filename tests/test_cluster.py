@@ -140,7 +140,7 @@ SUGGEST = textwrap.dedent(
     config = searcher.suggest("t0")
     print("OUT " + json.dumps({
         "launched_world_size": config["world_size"],
-        "reasons": {str(p["world_size"]): p["reason"] for p in searcher.prescreened},
+        "reasons": {str(p.params["world_size"]): p.reason for p in searcher.prescreened},
     }))
     """
 )

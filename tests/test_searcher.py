@@ -89,7 +89,9 @@ def test_suggestions_over_the_budget_are_told_infeasible_and_never_launched(
         launched.append(config["micro_batch_size"])
         searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
     assert max(launched) <= 64
-    assert searcher.prescreened and all(p["micro_batch_size"] > 64 for p in searcher.prescreened)
+    assert searcher.prescreened and all(
+        p.params["micro_batch_size"] > 64 for p in searcher.prescreened
+    )
     # Optuna was told: each rejection is a completed trial with a positive constraint.
     rejected = [
         t for t in searcher.study.trials if t.user_attrs.get(STATUS_ATTR) == PRESCREENED_OUT
@@ -112,7 +114,7 @@ def test_prescreened_rows_carry_the_recipes_the_searcher_derived_not_derived_aga
     for i in range(12):
         assert searcher.suggest(f"t{i}") is not None
         searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
-    expected = [SPACE.derive_from(p) for p in searcher.prescreened]
+    expected = [p.recipe for p in searcher.prescreened]
 
     def derived_again(*args: Any, **kw: Any) -> None:
         raise AssertionError("a pre-screened recipe was derived a second time")
@@ -155,7 +157,7 @@ def test_the_sampler_learns_the_infeasible_region(tmp_path: Path) -> None:
             searcher.suggest(f"t{i}")
             searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
         asked = len(searcher.study.trials)
-        late_rejections += sum(p["optuna_trial"] >= asked - 20 for p in searcher.prescreened)
+        late_rejections += sum(p.number >= asked - 20 for p in searcher.prescreened)
     assert late_rejections / 80 < 0.25, late_rejections
 
 
@@ -178,12 +180,27 @@ def test_a_real_oom_is_told_infeasible_and_never_launched_again(tmp_path: Path) 
     assert not [c for c in launched if c[0] >= 128 and c[1] > 1]
     # ... while what may still fit (128 x 1 keeps no gradient buffer alive) stays allowed.
     rejected = searcher.prescreened
-    assert rejected and all(p["micro_batch_size"] >= 128 and p["accumulation_steps"] > 1
-                            for p in rejected)  # fmt: skip
-    assert all("trial oom (micro batch 128 x 2), which ran out of memory" in p["reason"]
+    knobs = [p.params for p in rejected]
+    assert knobs and all(k["micro_batch_size"] >= 128 and k["accumulation_steps"] > 1
+                         for k in knobs)  # fmt: skip
+    assert all("trial oom (micro batch 128 x 2), which ran out of memory" in str(p.reason)
                for p in rejected)  # fmt: skip
     feasible = [t for t in searcher.study.trials[1:] if t.user_attrs[STATUS_ATTR] == "reached"]
     assert all(t.constraints["memory"] == 0 for t in feasible)
+
+
+def test_rejections_logged_as_dicts_by_an_older_raybatch_restore_typed(tmp_path: Path) -> None:
+    import pickle
+
+    recipe = SPACE.derive(256, 2)
+    logged = {**recipe.to_dict(), keys.STATUS: PRESCREENED_OUT, keys.REASON: "over the budget",
+              keys.PREDICTED_BYTES: 123, keys.OPTUNA_TRIAL: 7}  # fmt: skip
+    (tmp_path / "older.pkl").write_bytes(pickle.dumps({"prescreened": [logged]}))
+    searcher = _searcher(tmp_path)
+    searcher.restore(str(tmp_path / "older.pkl"))
+    [entry] = searcher.prescreened
+    assert (entry.number, entry.reason, entry.predicted_bytes) == (7, "over the budget", 123)
+    assert entry.recipe == recipe and entry.params[keys.MICRO_BATCH_SIZE] == 256
 
 
 def test_a_learned_oom_survives_a_checkpoint(tmp_path: Path) -> None:
@@ -366,7 +383,7 @@ def test_a_world_size_the_cluster_cannot_place_is_prescreened_with_the_count(
             assert config is not None and config[keys.WORLD_SIZE] in allowed
             searcher.on_trial_complete(f"t{i}", _result("reached", 1.0))
         kind = "GPUs" if gpus else "CPUs"
-        rejected = {p[keys.WORLD_SIZE]: p[keys.REASON] for p in searcher.prescreened}
+        rejected = {p.params[keys.WORLD_SIZE]: p.reason for p in searcher.prescreened}
         assert rejected, "the sampler proposed no unplaceable world size in 12 trials"
         for world, reason in rejected.items():
             assert reason == f"needs {world} {kind}, the cluster has {0 if gpus else 3}"
@@ -452,7 +469,7 @@ def test_an_opening_point_that_runs_out_of_memory_is_replaced_by_a_smaller_batch
                            (128, 1, 0.5)]  # fmt: skip
     assert searcher.record.baseline() == {"micro_batch_size": 128, "accumulation_steps": 1}
     # 256 was pre-screened out each time the queue offered it again: nothing ran at 256.
-    assert all(p["micro_batch_size"] == 256 for p in searcher.prescreened)
+    assert all(p.params["micro_batch_size"] == 256 for p in searcher.prescreened)
 
 
 def test_a_config_over_the_budget_by_less_than_the_margin_is_launched_for_its_probe(
@@ -472,12 +489,12 @@ def test_a_config_over_the_budget_by_less_than_the_margin_is_launched_for_its_pr
     with_margin.on_trial_complete("a", _result("reached", 1.0))
     config = with_margin.suggest("b")
     assert isinstance(config, dict) and config["micro_batch_size"] != 256
-    assert next(p["micro_batch_size"] for p in with_margin.prescreened) == 256
+    assert next(p.params["micro_batch_size"] for p in with_margin.prescreened) == 256
     (tmp_path / "strict").mkdir()
     strict = _searcher(tmp_path / "strict", budget=budget, points_to_evaluate=points)
     config = strict.suggest("a")
     assert isinstance(config, dict) and config["micro_batch_size"] < 128
-    assert [p["micro_batch_size"] for p in strict.prescreened][:2] == [128, 256]
+    assert [p.params["micro_batch_size"] for p in strict.prescreened][:2] == [128, 256]
 
 
 def test_a_replacement_that_is_already_planned_does_not_stall_the_ladder(tmp_path: Path) -> None:
@@ -542,8 +559,9 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
         launched.append(config[keys.MICRO_BATCH_SIZE])
         searcher.on_trial_complete(f"t{i}", _result("reached", 1.0 + i))
     assert 256 not in launched
-    refused = [p for p in searcher.prescreened if "refused by this test" in p[keys.REASON]]
-    assert refused and all(p[keys.MICRO_BATCH_SIZE] == 256 for p in refused)
+    refused = [p for p in searcher.prescreened if "refused by this test" in str(p.reason)]
+    assert refused and all(p.params[keys.MICRO_BATCH_SIZE] == 256 for p in refused)
+    assert all(p.recipe is None for p in refused)  # the rules refused it: no recipe
     # The run's rows at the end leave them out (no recipe to show), instead of failing there.
     from raybatch.run.driver import _prescreened_rows
 
@@ -598,8 +616,8 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
     monkeypatch.setattr(searcher_module, "placement_problem",
                         lambda *a: "needs 2 CPUs, the cluster has 1")  # fmt: skip
     assert searcher.suggest("x") is not None  # the search goes on
-    told = [p for p in searcher.prescreened if p.get("optuna_trial") == trial.number]
-    assert told and told[0][keys.REASON] == "needs 2 CPUs, the cluster has 1"
+    told = [p for p in searcher.prescreened if p.number == trial.number]
+    assert told and told[0].reason == "needs 2 CPUs, the cluster has 1"
 
 
 def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window() -> None:

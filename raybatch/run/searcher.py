@@ -51,7 +51,7 @@ from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import PrescreenResult, learned_oom
 from raybatch.run.resources import gpu_fraction
 from raybatch.run.seeding import Ladder
-from raybatch.run.study import DEFAULT_STUDY, SearchStudy
+from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
@@ -162,7 +162,7 @@ class RaybatchSearcher(Searcher):
         self._define = OptunaDefineByRun(space, record=False)  # suggest() stores the config
         self._trial_numbers: dict[str, int] = {}
         self._completed: set[str] = set()
-        self.prescreened: list[dict[str, Any]] = []
+        self.prescreened: list[Prescreened] = []  # this process's rejections, typed as rows
         self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
         self._pending_points = list(points_to_evaluate or [])
         self.data_parallel_gpus = data_parallel_gpus
@@ -290,7 +290,7 @@ class RaybatchSearcher(Searcher):
                 self._held = (ot_trial.number, config, recipe)
                 return None
             return self._launch(ot_trial, config, recipe, trial_id)
-        last = self.prescreened[-1][keys.REASON] if self.prescreened else "?"
+        last = self.prescreened[-1].reason if self.prescreened else "?"
         self.record.gave_up(
             f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the last:"
             f" {last}); the space's smallest recipes may already be too large for this cluster"
@@ -416,15 +416,7 @@ class RaybatchSearcher(Searcher):
     ) -> None:
         self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes, config)
         self._opening_done(ot_trial.number, None, memory=memory)
-        self.prescreened.append(
-            {
-                **config,
-                keys.STATUS: TrialStatus.PRESCREENED_OUT.value,
-                keys.REASON: reason,
-                keys.PREDICTED_BYTES: predicted_bytes,
-                keys.OPTUNA_TRIAL: ot_trial.number,
-            }
-        )
+        self.prescreened.append(Prescreened.of(ot_trial.number, config, reason, predicted_bytes))
 
     # ------------------------------------------------------------------ results
 
@@ -494,6 +486,7 @@ class RaybatchSearcher(Searcher):
                 setattr(self, attr, state[key])
         self._sweep_indices = state.get("sweep")
         self._running_workers = dict(self._running_workers)
+        self.prescreened = [Prescreened.of_logged(p) for p in self.prescreened]  # older: dicts
         self.record.use_memory_storage(state.get("memory_storage"))
         self._held = None  # a held data-parallel recipe is asked again
         self._pending_points = []

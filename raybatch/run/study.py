@@ -73,6 +73,25 @@ class Prescreened:
     """The recipe the searcher derived and kept out (``None``: the space's rules refused the
     combination, or a study written before raybatch recorded it)."""
 
+    @classmethod
+    def of(
+        cls, number: int, config: dict[str, Any], reason: str | None, predicted_bytes: int | None
+    ) -> Prescreened:
+        """The rejection of Optuna trial ``number``: its ``config`` (the searcher's recipe, or
+        the bare knobs the space's rules refused) with the recipe read from it."""
+        return cls(number, dict(config), reason, predicted_bytes, _recipe(config))
+
+    @classmethod
+    def of_logged(cls, entry: Prescreened | dict[str, Any]) -> Prescreened:
+        """A searcher's logged rejection, typed: a searcher checkpointed by an older raybatch
+        logged them as flat dicts (the config beside the reason, bytes and trial number)."""
+        if isinstance(entry, Prescreened):
+            return entry
+        extra = (keys.STATUS, keys.REASON, keys.PREDICTED_BYTES, keys.OPTUNA_TRIAL)
+        config = {k: v for k, v in entry.items() if k not in extra}
+        number = int(entry.get(keys.OPTUNA_TRIAL, -1))
+        return cls.of(number, config, entry.get(keys.REASON), entry.get(keys.PREDICTED_BYTES))
+
 
 class SearchStudy:
     """An Optuna study with the sampler raybatch searches with.
