@@ -275,7 +275,9 @@ def test_a_trial_hung_inside_a_step_is_stopped_by_the_driver_and_the_search_goes
     data = SPACE.model_dump()
     data["search"]["lr_multiplier"] = None
     space = SearchSpace.from_dict(data)
-    options = SearchOptions(trials=3, max_time_s=4, hang_grace_s=6, gpus_per_trial=0,
+    # Caps with room for a loaded machine, where a worker's start-up alone can take seconds:
+    # only the hung trial waits them out.
+    options = SearchOptions(trials=3, max_time_s=10, hang_grace_s=10, gpus_per_trial=0,
                             cpus_per_trial=0.5, max_concurrent=3, capping=False,
                             confirm_seeds=0, prior=False)  # fmt: skip
     started = time.monotonic()
