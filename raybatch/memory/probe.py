@@ -208,7 +208,8 @@ def _steady_step(
     built: list[int] | None = None,
 ) -> None:
     """One real step after the optimizer state exists; everything it builds dies with it.
-    The model's bytes are appended to ``built`` as soon as it exists."""
+    With more than one model copy held, the model's bytes go into ``built`` as soon as it
+    exists."""
     import torch
 
     model = workload.build_model()

@@ -63,7 +63,8 @@ and 1.680 vs 1.286 on three members, for one better median (1.065 vs 1.097)."""
 
 @dataclass(frozen=True)
 class Prescreened:
-    """A config the pre-screen kept from launching, as the study recorded it."""
+    """A config the pre-screen kept from launching, as the study recorded it (``params``: the
+    knobs Optuna sampled) or as the searcher logged it (``params``: its whole config)."""
 
     number: int
     params: dict[str, Any]
