@@ -150,8 +150,11 @@ class ClusterView:
     def gpu_models(self) -> list[str]:
         """Every GPU model of the cluster, alive or that its autoscaler may start (empty when
         neither Ray nor NVML names one)."""
-        to_come = {m for m, gpus in self.autoscale_models if gpus > 0}
-        return sorted({m for n in self.nodes for m in n.gpu_models()} | to_come)
+        return sorted({m for n in self.nodes for m in n.gpu_models()} | self.models_to_come())
+
+    def models_to_come(self) -> set[str]:
+        """The GPU models of the autoscaler's node types that may bring up GPUs."""
+        return {m for m, gpus in self.autoscale_models if gpus > 0}
 
     def of_model(self, model: str) -> ClusterView:
         """The cluster as trials pinned to ``model`` see it: its GPU nodes of that model (and
@@ -357,8 +360,7 @@ def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> Clu
         return view
     name = model.removeprefix(ACCELERATOR_TYPE)
     labelled = sorted(
-        {t for n in view.nodes if n.gpus > 0 for t in n.accelerator_types}
-        | {m for m, gpus in view.autoscale_models if gpus > 0}  # node types still to come
+        {t for n in view.nodes if n.gpus > 0 for t in n.accelerator_types} | view.models_to_come()
     )
     if name not in labelled:  # trials are pinned through Ray's resource: it must exist
         found = ", ".join(labelled) or "none (no node has an accelerator_type resource)"
