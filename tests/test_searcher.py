@@ -397,7 +397,8 @@ def _plan_searcher(tmp_path: Path, model: Any = None, **kw: Any) -> RaybatchSear
 
     baseline = max_batch_point(SPACE, lambda recipe: True)
     points = opening_points(SPACE, baseline, reference_point(SPACE))
-    return _searcher(tmp_path, points_to_evaluate=points, ladder=Ladder(SPACE, model=model), **kw)
+    return _searcher(tmp_path, points_to_evaluate=points, ladder=Ladder(SPACE, model=model),
+                     baseline=baseline, **kw)  # fmt: skip
 
 
 def _knobs(config: dict[str, Any]) -> tuple[int, int, float]:
@@ -408,8 +409,8 @@ def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr
     tmp_path: Path,
 ) -> None:
     """The largest batch (256) at 1, 2, 4 and 0.5x the rule's LR and the reference run first;
-    4x was fastest, so the ladder runs a quarter and a sixteenth of the batch at 4x, and the
-    first also at 8x and 2x."""
+    4x was fastest, so the ladder runs a quarter and a sixteenth of the batch at 4x (the rule's
+    carry) and at 256's own LR (the constant carry: 16x and 64x, within the space's 8x)."""
     searcher = _plan_searcher(tmp_path)
     times = {1.0: 3.0, 2.0: 2.0, 4.0: 1.5, 0.5: None}
     opening = []
@@ -426,7 +427,7 @@ def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr
         assert isinstance(config, dict)
         ladder.append(_knobs(config))
         searcher.on_trial_complete(f"l{i}", _result("reached", 2.0))
-    assert ladder == [(64, 1, 4.0), (16, 1, 4.0), (64, 1, 8.0), (64, 1, 2.0)]
+    assert ladder == [(64, 1, 4.0), (64, 1, 8.0), (16, 1, 4.0), (16, 1, 8.0)]
 
 
 def test_the_ladder_comes_once_the_opening_has_finished_and_tpe_fills_in_meanwhile(
@@ -444,8 +445,9 @@ def test_the_ladder_comes_once_the_opening_has_finished_and_tpe_fills_in_meanwhi
     assert not searcher.record.ladder_queued()
     searcher.on_trial_complete("o3", _result("reached", 2.0))
     config = searcher.suggest("l0")
-    # The ladder at 1x: 64 (a quarter of 256) is the reference, already run, so 16 comes.
-    assert isinstance(config, dict) and _knobs(config) == (16, 1, 1.0)
+    # The ladder at 1x: 64 (a quarter of 256) at 1x is the reference, already run, so 64 at
+    # 256's own LR (4x) comes first.
+    assert isinstance(config, dict) and _knobs(config) == (64, 1, 4.0)
     assert searcher.record.ladder_queued()
 
 
@@ -467,7 +469,8 @@ def test_an_opening_point_that_runs_out_of_memory_is_replaced_by_a_smaller_batch
     # 256 x 2/4/0.5 are rejected as needing the memory that ran out, each replaced at 128.
     assert batches[:5] == [(64, 1, 1.0), (128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0),
                            (128, 1, 0.5)]  # fmt: skip
-    assert searcher.record.baseline() == {"micro_batch_size": 128, "accumulation_steps": 1}
+    assert searcher.record.baseline() == {"micro_batch_size": 128, "accumulation_steps": 1,
+                                          "world_size": 1}  # fmt: skip
     # 256 was pre-screened out each time the queue offered it again: nothing ran at 256.
     assert all(p.params["micro_batch_size"] == 256 for p in searcher.prescreened)
 
@@ -633,3 +636,61 @@ def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window
     assert placement_allowance(reported) == 1.0  # placed and reporting: the usual window
     single = SimpleNamespace(config={keys.WORLD_SIZE: 1}, last_result={})
     assert placement_allowance(single) == 1.0
+
+
+def _driver_searcher(tmp_path: Path) -> RaybatchSearcher:
+    """The searcher exactly as ``raybatch search`` builds it: through the driver's own plan
+    (the opening points leave out ``world_size``, a single-choice knob of this space, while
+    the driver's baseline names it: the case that kept the LR carry from running)."""
+    from raybatch.examples.digits import workload
+    from raybatch.metric import resolve_target
+    from raybatch.run.driver import _plan
+    from raybatch.run.options import SearchOptions
+
+    target = resolve_target("accuracy>=0.9", workload.metrics)
+    plan = _plan(tmp_path, workload, SPACE, target, SearchOptions(trials=12, prior=False))
+    assert plan.baseline[keys.WORLD_SIZE] == 1 and keys.WORLD_SIZE not in plan.searcher.opening[0]
+    return plan.searcher
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_driver_built_searcher_carries_the_largest_batchs_best_lr_to_the_ladder(
+    tmp_path: Path,
+) -> None:
+    """256 reached fastest at 2x the rule's LR: the ladder runs its batches at 2x (the rule's
+    carry) and at the largest batch's own LR (the constant carry), not at 1x."""
+    searcher = _driver_searcher(tmp_path)
+    times = {1.0: 3.0, 2.0: 1.5, 4.0: 2.0, 0.5: 4.0}
+    for i in range(len(searcher.opening)):
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict)
+        t = times[config["lr_multiplier"]] if config["micro_batch_size"] == 256 else 2.5
+        searcher.on_trial_complete(f"o{i}", _result("reached", t))
+    assert searcher._best_multiplier() == 2.0
+    ladder = []
+    for i in range(4):
+        config = searcher.suggest(f"l{i}")
+        assert isinstance(config, dict)
+        ladder.append(_knobs(config))
+        searcher.on_trial_complete(f"l{i}", _result("reached", 2.0))
+    # A quarter (64) and a sixteenth (16) of 256, each at 2x and at 256's absolute LR.
+    assert ladder == [(64, 1, 2.0), (64, 1, 8.0), (16, 1, 2.0), (16, 1, 8.0)]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_driver_built_searcher_steps_the_sweep_down_when_the_largest_batch_runs_out(
+    tmp_path: Path,
+) -> None:
+    """The largest batch ran out of memory for real: the rest of its LR sweep runs at 128."""
+    searcher = _driver_searcher(tmp_path)
+    first = searcher.suggest("o0")
+    assert isinstance(first, dict) and first["micro_batch_size"] == 256
+    searcher.on_trial_complete("o0", _result("infeasible_memory"))
+    launched = []
+    for i in range(1, 6):
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict)
+        launched.append(_knobs(config))
+        searcher.on_trial_complete(f"o{i}", _result("reached", 2.0))
+    assert {(128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0), (128, 1, 0.5)} <= set(launched)
+    assert searcher.baseline[keys.MICRO_BATCH_SIZE] == 128

@@ -360,7 +360,10 @@ class RaybatchSearcher(Searcher):
         return self._sweep_indices
 
     def _at_baseline(self, point: dict[str, Any]) -> bool:
-        return all(point.get(k) == v for k, v in self.baseline.items())
+        """Whether an opening point runs the largest batch. A knob the point leaves out is one
+        the space does not search (a single choice, e.g. ``world_size`` [1]): it is the
+        baseline's by construction, so only the knobs the point names are compared."""
+        return all(point.get(k, v) == v for k, v in self.baseline.items())
 
     def _best_multiplier(self) -> float:
         """The LR multiplier that reached the target fastest at the largest batch (1.0 when
