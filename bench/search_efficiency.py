@@ -51,6 +51,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -58,6 +59,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).parent))
 
 from provenance import measured_at, write_result
+from ray.tune.schedulers import TrialScheduler
 from simulator import (
     ACCUMULATION,
     LR_MULTIPLIER,
@@ -70,7 +72,11 @@ from simulator import (
 )
 
 from raybatch import keys
-from raybatch.run.scheduler import DEFAULT_LEVEL_SLACK, Trajectory, behind
+from raybatch.results.rows import TrialRow
+from raybatch.results.selection import select_winner
+from raybatch.run.confirmation import Race
+from raybatch.run.options import SearchOptions
+from raybatch.run.scheduler import DEFAULT_LEVEL_SLACK, CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
     Ladder,
@@ -80,6 +86,8 @@ from raybatch.run.seeding import (
     reference_point,
     searched_knobs,
 )
+from raybatch.status import TrialStatus
+from raybatch.trial.reporting import HEARTBEATS
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (5, 10, 20, 40, 80)
@@ -87,8 +95,13 @@ PREFIXES = (5, 8, 10, 12, 15, 20, 25, 30, 40, 60, 80)
 STRATEGIES = ("max_batch", "max_batch_lr_sweep", "random", "optuna_tpe", "asha", "asha_tpe",
               "hyperband", "raybatch", "raybatch_no_model", "raybatch_no_fidelity",
               "raybatch_no_plan", "raybatch_no_prescreen")  # fmt: skip
-SLACK = 1.2
-PROBE_MARGIN = 0.2
+SLACK = SearchOptions().slack
+PROBE_MARGIN = SearchOptions().probe_margin
+CONFIRM_TOP = SearchOptions().confirm_top
+CONFIRM_SEEDS = SearchOptions().confirm_seeds
+SLOTS = 2
+"""Trials at once: what a default search runs on this machine's two cores (one CPU each)."""
+SIM_SPACE = sim_space()
 SWEEP = (0.5, 1.0, 2.0, 4.0)
 ETA = 3
 
@@ -112,10 +125,177 @@ def _finder_cost(member: Member) -> float:
     return cost
 
 
+# ---------------------------------------------------------------- the search, on a sim clock
+
+
+class _Capping:
+    """raybatch's capping: the shipped :class:`CappingScheduler`, fed each mark as Tune feeds
+    it (``on_trial_result``, then ``on_trial_complete``)."""
+
+    def __init__(self, level_slack: float | None) -> None:
+        self.scheduler = CappingScheduler(SLACK, level_slack=level_slack)
+
+    def mark(self, trial_id: str, t: float, progress: float | None) -> bool:
+        reached = progress is not None and progress >= 1.0
+        result = {keys.STATUS: "reached" if reached else "running", keys.TRAIN_S: t,
+                  keys.METRIC: progress, keys.TIME_TO_TARGET_S: t if reached else None}  # fmt: skip
+        trial = SimpleNamespace(trial_id=trial_id)
+        stop = self.scheduler.on_trial_result(None, trial, result) == TrialScheduler.STOP
+        return stop and not reached
+
+    def end(self, trial_id: str, reached_s: float | None) -> None:
+        status = "reached" if reached_s is not None else "censored"
+        result = {keys.STATUS: status, keys.TIME_TO_TARGET_S: reached_s}
+        self.scheduler.on_trial_complete(None, SimpleNamespace(trial_id=trial_id), result)
+
+
+class _AshaOnTime:
+    """Ray Tune's ASHA rule with ``time_attr`` on training time: rungs at ``max_t / 3^k``
+    seconds, reduction factor 3; a trial below the top third recorded at a rung stops."""
+
+    def __init__(self, max_t: float) -> None:
+        self.rungs = [max_t / ETA**k for k in (4, 3, 2, 1)]
+        self.recorded: dict[float, list[float]] = {r: [] for r in self.rungs}
+        self.passed: dict[str, int] = {}
+
+    def mark(self, trial_id: str, t: float, progress: float | None) -> bool:
+        progress = progress or 0.0
+        i = self.passed.get(trial_id, 0)
+        while i < len(self.rungs) and t >= self.rungs[i]:
+            rung = self.recorded[self.rungs[i]]
+            rung.append(progress)
+            i += 1
+            self.passed[trial_id] = i
+            ordered = sorted(rung)
+            cutoff = ordered[min(len(ordered) - 1, int((1 - 1 / ETA) * len(ordered)))]
+            if len(rung) > 1 and progress < cutoff and progress < 1.0:
+                return True
+        return False
+
+    def end(self, trial_id: str, reached_s: float | None) -> None:
+        return None
+
+
+class _HyperbandOnTime:
+    """Optuna's HyperbandPruner over TPE, reported on training time (whole seconds)."""
+
+    def __init__(self, trials: dict[str, optuna.Trial]) -> None:
+        self.trials = trials
+
+    def mark(self, trial_id: str, t: float, progress: float | None) -> bool:
+        if progress is None:
+            return False
+        trial = self.trials[trial_id]
+        trial.report(progress, max(int(t), 1))
+        return progress < 1.0 and bool(trial.should_prune())
+
+    def end(self, trial_id: str, reached_s: float | None) -> None:
+        return None
+
+
+def simulate_search(member: Member, rng: random.Random, n: int,
+                    suggest: Callable[[str], tuple[int, int, float] | None],
+                    tell: Callable[[str, Trial], None], rule: Any, slots: int = SLOTS,
+                    ) -> list[Trial]:  # fmt: skip
+    """``n`` trials, ``slots`` at a time, on a simulated clock: each trial's marks arrive in
+    clock order across the running trials, and ``rule`` (the capping scheduler, or a peer's
+    early-stopping rule) sees them as Tune's scheduler would, beside its neighbours. Returns the
+    trials in launch order, each with what it held its device for (``cost``)."""
+    clock = 0.0
+    running: dict[str, dict[str, Any]] = {}
+    trials: dict[str, Trial] = {}
+    order: list[str] = []
+
+    def launch() -> bool:
+        trial_id = f"t{len(order)}"
+        knobs = suggest(trial_id)
+        if knobs is None:
+            return False
+        full = _outcome(member, knobs, rng)  # uncapped; the rule decides where it ends
+        order.append(trial_id)
+        running[trial_id] = {"knobs": knobs, "full": full, "i": 0, "start": clock,
+                             "reports": _reports(member, full)}  # fmt: skip
+        return True
+
+    def finish(trial_id: str, status: str, train: float, reached_s: float | None) -> None:
+        run = running.pop(trial_id)
+        full = run["full"]
+        marks = [m for m in full["marks"] if m[0] <= train]
+        cost = full["cost"] if status == full["status"] else (
+            member.held_before_training() + train + len(marks) * member.eval_cost())  # fmt: skip
+        trial = {"knobs": run["knobs"], "status": status, "time": reached_s, "cost": cost,
+                 "train": train, "marks": marks}  # fmt: skip
+        trials[trial_id] = trial
+        rule.end(trial_id, reached_s)
+        tell(trial_id, trial)
+
+    while len(running) < slots and len(order) < n and launch():
+        pass
+    while running:
+
+        def next_at(item: tuple[str, dict[str, Any]]) -> float:
+            run = item[1]
+            reports = run["reports"]
+            if run["i"] < len(reports):
+                return run["start"] + member.held_before_training() + reports[run["i"]][0]
+            return run["start"] + run["full"]["cost"]
+
+        trial_id, run = min(running.items(), key=next_at)
+        clock = next_at((trial_id, run))
+        reports = run["reports"]
+        if run["i"] < len(reports):
+            t, progress = reports[run["i"]]
+            run["i"] += 1
+            if progress is not None and progress >= 1.0:
+                rule.mark(trial_id, t, progress)
+                finish(trial_id, "reached", t, t)
+            elif rule.mark(trial_id, t, progress):
+                finish(trial_id, "capped", t, None)
+            else:
+                continue
+        else:  # ran out of marks without reaching: censored at its cap, or oom / diverged
+            finish(trial_id, run["full"]["status"], run["full"]["train"], None)
+        while len(running) < slots and len(order) < n and launch():
+            pass
+    return [trials[i] for i in order]
+
+
+def _reports(member: Member, full: Trial) -> list[tuple[float, float | None]]:
+    """What a trial reports, in order: its evaluation marks, and between them a heartbeat at
+    least every ``max_time_s / HEARTBEATS`` of training carrying the last mark's value (as
+    :class:`~raybatch.trial.reporting.TrialReporter` does), up to where the run ended."""
+    marks = full["marks"]
+    end = marks[-1][0] if full["status"] == "reached" else full["train"]
+    beat = member.max_time_s / HEARTBEATS
+    out: list[tuple[float, float | None]] = []
+    last: float | None = None
+    i, t = 0, 0.0
+    while True:
+        due = t + beat
+        if i < len(marks) and marks[i][0] <= due:
+            t, last = marks[i]
+            out.append((t, last))
+            i += 1
+            if last >= 1.0:
+                return out
+        elif due < end:
+            t = due
+            out.append((t, last))
+        else:
+            return out
+
+
 def run_max_batch(member: Member, rng: random.Random, n: int, sweep: tuple[float, ...] = (1.0,)
                   ) -> list[Trial]:  # fmt: skip
+    """Lightning's power finder, then the largest batch that fits at the rule's LR (one trial,
+    no capping) or, ``sweep``, at each LR of the sweep, capped and run as raybatch runs its
+    trials (two at a time, the same capping scheduler)."""
     largest = member.max_fitting_micro()
-    trials = [_outcome(member, (largest, 1, m), rng) for m in sweep]
+    points = [(largest, 1, m) for m in sweep]
+    rule = _Capping(DEFAULT_LEVEL_SLACK) if len(sweep) > 1 else _Capping(None)
+    trials = simulate_search(member, rng, len(points), lambda i: points[int(i[1:])]
+                             if int(i[1:]) < len(points) else None, lambda i, t: None,
+                             rule, slots=SLOTS if len(sweep) > 1 else 1)  # fmt: skip
     trials[0]["cost"] += _finder_cost(member)
     return trials
 
@@ -131,60 +311,42 @@ def _tpe_knobs(t: optuna.Trial) -> tuple[int, int, float]:
             t.suggest_float(keys.LR_MULTIPLIER, *LR_MULTIPLIER, log=True))  # fmt: skip
 
 
-def _asha_stop(rungs: dict[int, list[float]]) -> Callable[[float, float], bool]:
-    """Ray Tune's ASHA rule on one trial: at rung marks 1, 3, 9..., stop below the top 1/3."""
-    seen = [0]
-
-    def stop(_t: float, progress: float) -> bool:
-        seen[0] += 1
-        mark = seen[0]
-        if round(math.log(mark, ETA), 9) % 1:  # not a rung
-            return False
-        recorded = rungs.setdefault(mark, [])
-        recorded.append(progress)
-        ordered = sorted(recorded)
-        cutoff = ordered[min(len(ordered) - 1, int((1 - 1 / ETA) * len(ordered)))]
-        return len(recorded) > 1 and progress < cutoff
-
-    return stop
-
-
 def run_random(member: Member, rng: random.Random, n: int, asha: bool = False) -> list[Trial]:
-    rungs: dict[int, list[float]] = {}
-    return [_outcome(member, _random_knobs(rng), rng, stop=_asha_stop(rungs) if asha else None)
-            for _ in range(n)]  # fmt: skip
+    """Random search, capped as raybatch is, or under ASHA on training time."""
+    rule = _AshaOnTime(member.max_time_s) if asha else _Capping(DEFAULT_LEVEL_SLACK)
+    return simulate_search(member, rng, n, lambda _: _random_knobs(rng), lambda i, t: None, rule)
 
 
 def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | None = None
             ) -> list[Trial]:  # fmt: skip
-    """TPE as Optuna's defaults give it; ``early``: ``asha`` or ``hyperband`` stopping."""
-    pruner = optuna.pruners.HyperbandPruner(reduction_factor=ETA) if early == "hyperband" else None
+    """TPE as Optuna's defaults give it, capped as raybatch is; ``early``: ``asha`` or
+    ``hyperband`` on training time instead."""
+    pruner = None
+    if early == "hyperband":
+        pruner = optuna.pruners.HyperbandPruner(
+            min_resource=max(int(member.max_time_s / ETA**4), 1),
+            max_resource=int(member.max_time_s), reduction_factor=ETA,
+        )  # fmt: skip
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), pruner=pruner)
-    rungs: dict[int, list[float]] = {}
-    trials = []
-    for _ in range(n):
-        t = study.ask()
-        stop: Any = _asha_stop(rungs) if early == "asha" else None
-        if early == "hyperband":
-            stop = _pruner_stop(t)
-        trial = _outcome(member, _tpe_knobs(t), rng, stop=stop)
+    asked: dict[str, optuna.Trial] = {}
+    rule: Any = {"asha": _AshaOnTime(member.max_time_s),
+                 "hyperband": _HyperbandOnTime(asked)}.get(early or "")  # fmt: skip
+    rule = rule or _Capping(DEFAULT_LEVEL_SLACK)
+
+    def suggest(trial_id: str) -> tuple[int, int, float]:
+        asked[trial_id] = study.ask()
+        return _tpe_knobs(asked[trial_id])
+
+    def tell(trial_id: str, trial: Trial) -> None:
         if trial["status"] == "capped" and early == "hyperband":
-            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            study.tell(asked[trial_id], state=optuna.trial.TrialState.PRUNED)
         else:
-            study.tell(t, trial["time"] if trial["time"] is not None else 10 * member.max_time_s)
-        trials.append(trial)
-    return trials
+            study.tell(
+                asked[trial_id],
+                trial["time"] if trial["time"] is not None else 10 * member.max_time_s,
+            )
 
-
-def _pruner_stop(t: optuna.Trial) -> Callable[[float, float], bool]:
-    step = [0]
-
-    def stop(_t: float, progress: float) -> bool:
-        step[0] += 1
-        t.report(progress, step[0])
-        return bool(t.should_prune())
-
-    return stop
+    return simulate_search(member, rng, n, suggest, tell, rule)
 
 
 def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: bool
@@ -209,52 +371,39 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
         study_name=f"sim-{member.name}-{seed}", penalty=10 * member.max_time_s,
         estimator=estimator, budget_bytes=int(member.budget),
         points_to_evaluate=points, seed=seed, ladder=ladder,
-        probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline if plan else None,
+        probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline,
     )  # fmt: skip
     return searcher, prior.cost_s if prior is not None else 0.0
 
 
-def _level_stop(incumbent: Trajectory | None, level_slack: float | None
-                ) -> tuple[Trajectory, Callable[[float, float], bool] | None]:  # fmt: skip
-    trajectory = Trajectory("max")
-
-    def stop(t: float, progress: float) -> bool:
-        trajectory.add(t, progress)
-        assert incumbent is not None and level_slack is not None
-        return behind(incumbent, trajectory, t, level_slack)
-
-    return trajectory, (stop if incumbent is not None and level_slack is not None else None)
+_TUNE_STATUS = {"oom": "infeasible_memory", "capped": "running"}
+"""A simulated trial's end as the searcher reads Tune's last result (a capped trial's last
+report says ``running``: the scheduler stopped it)."""
 
 
 def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescreen: bool = True,
                  plan: bool = True, model: bool = True, fidelity: bool = True
                  ) -> list[Trial]:  # fmt: skip
+    """The shipped searcher (plan, pre-screen, ladder, TPE) and the shipped capping scheduler,
+    two trials at a time as a default search runs on this machine's two slots."""
     searcher, prior_cost = _searcher(member, seed, prescreen, plan, model)
-    level_slack = DEFAULT_LEVEL_SLACK if fidelity else None
-    trials: list[Trial] = []
-    best: float | None = None
-    incumbent: Trajectory | None = None
-    for i in range(n):
-        config = searcher.suggest(f"t{i}")
-        assert isinstance(config, dict)
-        knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
-                 config[keys.LR_MULTIPLIER])  # fmt: skip
-        _, stop = _level_stop(incumbent, level_slack)
-        trial = _outcome(member, knobs, rng, SLACK * best if best is not None else None, stop)
-        status = {"oom": "infeasible_memory", "capped": "running"}.get(
-            trial["status"], trial["status"]
-        )
-        result = {keys.STATUS: status, keys.TIME_TO_TARGET_S: trial["time"],
-                  keys.OBJECTIVE: trial["time"], keys.ELAPSED_S: trial["cost"]}  # fmt: skip
-        searcher.on_trial_complete(f"t{i}", result)
-        if trial["time"] is not None and (best is None or trial["time"] < best):
-            best = trial["time"]
-            incumbent = Trajectory("max")
-            for t, progress in trial["marks"]:
-                incumbent.add(t, progress)
-            incumbent.reached_s = best
+
+    def suggest(trial_id: str) -> tuple[int, int, float] | None:
+        config = searcher.suggest(trial_id)
+        if not isinstance(config, dict):
+            return None
+        return (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
+                config[keys.LR_MULTIPLIER])  # fmt: skip
+
+    def tell(trial_id: str, trial: Trial) -> None:
+        status = _TUNE_STATUS.get(trial["status"], trial["status"])
+        searcher.on_trial_complete(trial_id, {
+            keys.STATUS: status, keys.TIME_TO_TARGET_S: trial["time"],
+            keys.OBJECTIVE: trial["time"], keys.ELAPSED_S: trial["cost"]})  # fmt: skip
         trial["prescreened"] = len(searcher.prescreened)
-        trials.append(trial)
+
+    rule = _Capping(DEFAULT_LEVEL_SLACK if fidelity else None)
+    trials = simulate_search(member, rng, n, suggest, tell, rule)
     if trials:
         trials[0]["cost"] += prior_cost
     return trials
@@ -275,46 +424,65 @@ def run(strategy: str, member: Member, seed: int, n: int) -> list[Trial]:
                         fidelity=strategy != "raybatch_no_fidelity")  # fmt: skip
 
 
-def race(member: Member, trials: list[Trial], rng: random.Random, rounds: int = 5
-         ) -> tuple[tuple[int, int, float] | None, float]:  # fmt: skip
-    """The confirmation every strategy gets: its two fastest distinct recipes race on paired
-    seeds (2 to ``rounds`` rounds, the second run of a pair stopped at ``SLACK`` x the first's
-    time), the winner faster in most pairs. Returns the pick and what the runs cost."""
-    reached = sorted((t for t in trials if t["time"] is not None), key=lambda t: t["time"])
-    chosen: list[tuple[int, int, float]] = []
-    for t in reached:
-        if t["knobs"] not in chosen:
-            chosen.append(t["knobs"])
-    if len(chosen) < 2:
-        return (chosen[0] if chosen else None), 0.0
-    a, b = chosen[:2]
-    cost, wins = 0.0, []
-    for i in range(rounds):
-        first, second = (a, b) if i % 2 == 0 else (b, a)
-        one = member.run(*first, rng)
-        cost += one["cost"]
-        other = member.run(*second, rng, cap_s=SLACK * one["time"] if one["time"] else None)
-        cost += other["cost"]
-        first_won = other["time"] is None or (
-            one["time"] is not None and one["time"] < other["time"]
-        )
-        wins.append((first == a) == first_won)
-        if len(wins) >= 2 and (all(wins) or not any(wins)):
-            break
-    return (a if sum(wins) * 2 >= len(wins) else b), cost
+# ---------------------------------------------------------------- the confirmation, shipped
+
+_ROW_STATUS = {"reached": TrialStatus.REACHED, "capped": TrialStatus.CAPPED,
+               "censored": TrialStatus.CENSORED, "oom": TrialStatus.INFEASIBLE_MEMORY,
+               "diverged": TrialStatus.DIVERGED}  # fmt: skip
+
+
+def _row(knobs: tuple[int, int, float], phase: str, name: str, trial: Trial, seed: int
+         ) -> TrialRow:  # fmt: skip
+    micro, accumulation, multiplier = knobs
+    return TrialRow.of(
+        SIM_SPACE.derive(micro, accumulation, 1, multiplier), phase, name,
+        _ROW_STATUS[trial["status"]], time_to_target_s=trial["time"], train_s=trial["train"],
+        held_s=trial["cost"], seed=seed,
+    )  # fmt: skip
+
+
+def confirm(member: Member, trials: list[Trial], rng: random.Random
+            ) -> tuple[tuple[int, int, float] | None, float]:  # fmt: skip
+    """Every strategy's confirmation: the shipped :class:`~raybatch.run.confirmation.Race` over
+    its trials' rows, each round's runs in order, the challenger capped at ``SLACK`` x the
+    leader's time (what the round's capping scheduler does), and the shipped selection. Returns
+    the pick and what the confirmation runs held their devices for."""
+    rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
+    race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK)
+    cost = 0.0
+    while (round_ := race.next_round()) is not None:
+        new, leader_s = [], None
+        for i, entrant in enumerate(round_.entrants):
+            knobs = (entrant.micro_batch_size, entrant.accumulation_steps, entrant.lr_multiplier)
+            cap = SLACK * leader_s if i and leader_s is not None else None
+            ran = _outcome(member, knobs, rng, cap_s=cap)
+            cost += ran["cost"]
+            new.append(_row(knobs, keys.PHASE_CONFIRMATION, f"c{round_.seed}.{i}", ran,
+                            round_.seed))  # fmt: skip
+            if i == 0:
+                leader_s = ran["time"]
+        race.add(new)
+    winner = select_winner(race.rows, confirmed=True)
+    if winner is None:
+        return None, cost
+    first = winner.runs[0]
+    return (first.micro_batch_size, first.accumulation_steps, first.lr_multiplier), cost
 
 
 def score(member: Member, trials: list[Trial], optimum: float, rng: random.Random
           ) -> dict[str, float]:  # fmt: skip
-    """Regret of the confirmed pick, compute (confirmation included) and OOM crashes."""
-    chosen, extra = race(member, trials, rng)
+    """Regret of the confirmed pick, compute (every device second, confirmation included, in
+    seconds and in trainings of the grid's optimum) and OOM crashes."""
+    chosen, extra = confirm(member, trials, rng)
     cost = sum(t["cost"] for t in trials) + extra
+    train = sum(t.get("train", 0.0) for t in trials)
     regret = member.true_time(*chosen) / optimum if chosen is not None else math.inf
     if math.isinf(regret):
         regret = 10 * member.max_time_s / optimum  # PAR-10: nothing usable was found
     return {
         "regret": regret,
         "compute": cost,
+        "compute_train": train,
         "oom_crashes": sum(1 for t in trials if t["status"] == "oom"),
         "prescreened_out": trials[-1].get("prescreened", 0) if trials else 0,
     }

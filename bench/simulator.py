@@ -81,6 +81,11 @@ class Member:
         mem_per_sample: Activation bytes per sample of micro batch.
         budget: The GPU memory budget.
         oom_cost_s: What an out-of-memory trial costs (start-up and the failed step).
+        startup_s: What every trial holds its device for before its clock starts (process,
+            data loading, the memory probe), as a fraction of the reference recipe's time to
+            target: charged, never part of the time to target.
+        eval_s: What one evaluation holds the device for, as such a fraction (charged, off
+            the clock).
         noise: Sigma of the multiplicative log-normal timing noise.
         max_time_s: A trial's time cap.
         estimate_error: Relative error of the memory estimate the pre-screen uses (+0.1:
@@ -105,6 +110,8 @@ class Member:
     mem_per_sample: float
     budget: float
     oom_cost_s: float = 20.0
+    startup_s: float = 0.03
+    eval_s: float = 0.002
     noise: float = 0.05
     max_time_s: float = 600.0
     estimate_error: float = 0.0
@@ -141,11 +148,26 @@ class Member:
             return math.inf
         return self.steps(micro, accumulation, multiplier) * self.step_time(micro, accumulation)
 
+    def reference_time(self) -> float:
+        """The reference recipe's noise-free time to target (256 x 1 at the rule's LR: what a
+        user knows before any search; the scale of the start-up and the evaluation marks)."""
+        return self.steps(256, 1, 1.0) * self.step_time(256, 1)
+
     def mark_samples(self) -> float:
-        """Samples between evaluations: a sixteenth of the samples to target of the best
-        recipe (the same for every recipe, as raybatch's sample marks are)."""
-        _, (micro, accumulation, multiplier) = _optimum(self)
-        return self.steps(micro, accumulation, multiplier) * micro * accumulation / 16
+        """Samples between evaluations: the same for every recipe, as raybatch's sample marks
+        are (a quarter epoch), here a sixteenth of the reference recipe's samples to target --
+        a property of the task, never of where the optimum is."""
+        return self.steps(256, 1, 1.0) * 256 / 16
+
+    def held_before_training(self) -> float:
+        """What a trial holds its device for before its clock starts (start-up, data, the
+        probe): :attr:`startup_s` x the reference's time to target."""
+        return self.startup_s * self.reference_time()
+
+    def eval_cost(self) -> float:
+        """What one evaluation mark holds the device for: :attr:`eval_s` x the reference's
+        time to target."""
+        return self.eval_s * self.reference_time()
 
     def shape(self, micro: int, accumulation: int, multiplier: float) -> float:
         """The progress curve's exponent: a larger LR scale (longer warmup) starts slower."""
@@ -156,17 +178,20 @@ class Member:
         self, micro: int, accumulation: int, multiplier: float, rng: random.Random,
         cap_s: float | None = None, stop: Any = None,
     ) -> dict[str, Any]:  # fmt: skip
-        """One trial: its status, measured time to target, the GPU seconds it cost, and the
-        marks it reported (``(train_s, progress)``; progress 1 is the target).
+        """One trial: its status, measured time to target, the device seconds it held (its
+        start-up and evaluations too), its training seconds, and the marks it reported
+        (``(train_s, progress)``; progress 1 is the target).
 
         ``stop(train_s, progress)`` is asked at each mark (a scheduler's early stop); ``True``
         ends the trial there as ``capped``. ``cap_s`` stops it once its time passes the cap.
         """
         if not self.fits(micro):
-            return {"status": "oom", "time": None, "cost": self.oom_cost_s, "marks": []}
+            return {"status": "oom", "time": None, "cost": self.oom_cost_s, "train": 0.0,
+                    "marks": []}  # fmt: skip
         if self.diverges(micro, accumulation, multiplier):
-            cost = 20 * self.step_time(micro, accumulation)  # stopped at once on NaN
-            return {"status": "diverged", "time": None, "cost": cost, "marks": []}
+            train = 20 * self.step_time(micro, accumulation)  # stopped at once on NaN
+            return {"status": "diverged", "time": None, "cost": self.held_before_training() + train,
+                    "train": train, "marks": []}  # fmt: skip
         speed = rng.lognormvariate(0, self.noise)  # this run's timing noise
         # Start-up (first-step allocations, kernel selection) lands on the first marks.
         startup = rng.uniform(0, 0.05) * _optimum(self)[0]
@@ -178,31 +203,38 @@ class Member:
         every = self.mark_samples()
         marks: list[tuple[float, float]] = []
         samples = 0.0
+
+        def held(train: float) -> float:
+            return self.held_before_training() + train + len(marks) * self.eval_cost()
+
         while True:
             samples += every
             t = samples * per_sample + startup
             if t > limit:
                 status = "capped" if cap_s is not None and cap_s < self.max_time_s else "censored"
-                return {"status": status, "time": None, "cost": limit, "marks": marks}
+                return {"status": status, "time": None, "cost": held(limit), "train": limit,
+                        "marks": marks}  # fmt: skip
             if samples >= needed:
                 marks.append((t, 1.0))
-                return {"status": "reached", "time": t, "cost": t, "marks": marks}
+                return {"status": "reached", "time": t, "cost": held(t), "train": t,
+                        "marks": marks}  # fmt: skip
             progress = (samples / needed) ** shape * (1 + rng.gauss(0, 0.02))
             marks.append((t, min(progress, 0.999)))
             if stop is not None and stop(t, marks[-1][1]):
-                return {"status": "capped", "time": None, "cost": t, "marks": marks}
+                return {"status": "capped", "time": None, "cost": held(t), "train": t,
+                        "marks": marks}  # fmt: skip
 
     def measured_noise_scale(self) -> float:
         """What the prior's gradient-noise measurement finds (off by ``noise_scale_error``)."""
         return self.b_noise * self.noise_scale_error
 
     def prior_cost_s(self) -> float:
-        """What measuring the prior costs: 32 big batches of 8 small ones, and 4 passes (one to
-        warm up, 3 timed) per micro batch that fits (as :mod:`raybatch.trial.gradient_noise`
-        does)."""
+        """What measuring the prior costs: its task's start-up and data, 32 big batches of 8
+        small ones, and 4 passes (one to warm up, 3 timed) per micro batch that fits (as
+        :mod:`raybatch.trial.gradient_noise` does)."""
         noise = 32 * 8 * self.step_time(MICRO[0], 1)
         timing = sum(4 * self.step_time(m, 1) for m in MICRO if self.fits(m))
-        return noise + timing
+        return self.held_before_training() + noise + timing
 
     def optimum(self) -> tuple[float, tuple[int, int, float]]:
         """The true best time over the grid (multipliers on a fine log grid) and where."""

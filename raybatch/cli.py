@@ -206,10 +206,6 @@ def estimate_command(
 
 
 _EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
-RaceSeedsOpt = Annotated[
-    int,
-    typer.Option("--race-seeds", help="More paired seeds for the two best while within noise."),
-]
 NoPriorOpt = Annotated[
     bool, typer.Option("--no-prior", help="Do not measure the time model before searching.")
 ]
@@ -247,9 +243,12 @@ def search_command(
     max_concurrent: Annotated[int | None, typer.Option("--max-concurrent")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     no_capping: Annotated[bool, typer.Option("--no-capping")] = False,
-    confirm_top: Annotated[int, typer.Option("--confirm-top")] = 3,
-    confirm_seeds: Annotated[int, typer.Option("--confirm-seeds")] = 3,
-    race_seeds: RaceSeedsOpt = 4,
+    confirm_top: Annotated[
+        int, typer.Option("--confirm-top", help="Best recipes that may enter the race (0: none).")
+    ] = 2,
+    confirm_seeds: Annotated[
+        int, typer.Option("--confirm-seeds", help="At most this many fresh seeds in the race.")
+    ] = 2,
     no_prior: NoPriorOpt = False,
     level_slack: LevelSlackOpt = 1.5,
     hang_grace: Annotated[
@@ -285,7 +284,6 @@ def search_command(
                 capping=not no_capping,
                 confirm_top=confirm_top,
                 confirm_seeds=confirm_seeds,
-                race_seeds=race_seeds,
                 prior=not no_prior,
                 level_slack=level_slack or None,
                 hang_grace_s=hang_grace,
@@ -458,7 +456,6 @@ _SEARCH_FLAGS = {
     "max_concurrent": "--max-concurrent",
     "confirm_top": "--confirm-top",
     "confirm_seeds": "--confirm-seeds",
-    "race_seeds": "--race-seeds",
     "level_slack": "--level-slack",
     "hang_grace_s": "--hang-grace",
     "eval_every_samples": "--eval-every",

@@ -195,46 +195,66 @@ def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
+_COMPARED = (
+    ("max_batch_tuned", "the largest batch that fits at its best swept LR"),
+    ("max_batch", "the largest batch that fits at the rule's LR"),
+    ("reference", "the reference recipe"),
+)
+
+
+def _ratio_text(compared: dict[str, Any]) -> str:
+    ratio, bound = compared.get("ratio"), compared.get("bound")
+    if compared.get("is_winner"):
+        return "is the winner itself"
+    if ratio is None:
+        return f"ended {compared.get('status')} in the search"
+    if bound == "at_least":
+        return f"at least {ratio:.2f}x slower (stopped before the target)"
+    if ratio >= 1:
+        return f"{ratio:.2f}x slower"
+    return f"{1 / ratio:.2f}x faster on the search's run (it lost the confirmation)"
+
+
 def verdict(result: SearchResult, target: Target) -> str:
-    """One plain-language line: the winner, and how it compares with the largest batch."""
+    """Plain-language lines: the winner with its LR and how often it reached the target, the
+    runner-up seed by seed (or "within noise"), the simple alternatives (the largest batch at
+    its best swept LR and at the rule's, the reference), and what the search cost."""
     if result.best is None:
-        return f"No recipe reached {target} in every confirmation run."
+        if not any(r.reached for r in result.rows if r.phase == keys.PHASE_SEARCH):
+            return f"No trial of the search reached {target}: there was nothing to confirm."
+        return f"No recipe reached {target} in every run that judged it."
     c = result.best.config
-    median = result.best.provenance["median_time_to_target_s"]
-    count = len(result.best.provenance["time_to_target_s_runs"])
-    text = (
-        f"micro batch {c.micro_batch_size} x {c.accumulation_steps} accumulation"
-        f" (effective {c.effective_batch_size}, lr {c.lr:.4g}) reaches {target} in"
-        f" {median:.2f} s of training (median of {count} runs)"
-    )
-    baseline = _summary(_matching(result.rows, result.baseline))
-    if result.baseline is not None and runs_point(c.to_dict(), result.baseline):
-        text += (
-            ". It is the largest batch that fits, at the rule's LR: here the largest batch is"
-            " already the optimum — no smaller batch, accumulation or LR reached the target"
-            " faster in confirmation"
-        )
-    elif baseline is not None:
-        runs = result.best.provenance["time_to_target_s_runs"]
-        slower = bool(baseline["time"]) and baseline["time"] >= median
-        if slower and max(runs) >= min(baseline["times"]):
-            # Medians of a few runs that overlap do not rank two recipes; say so, not "1.1x".
-            text += (f"; the largest batch that fits, {baseline['label']}, took"
-                     f" {baseline['time']:.2f} s: their runs overlap, so the difference is within"
-                     " run-to-run noise")  # fmt: skip
-        elif slower:
-            text += (f", {baseline['time'] / median:.1f}x faster than the largest batch that fits,"
-                     f" {baseline['label']} ({baseline['time']:.2f} s)")  # fmt: skip
-        elif baseline["time"]:
-            missed = baseline["runs"] - len(baseline["times"])
-            text += (f"; the largest batch that fits, {baseline['label']}, measured"
-                     f" {baseline['time']:.2f} s when it got there but missed the target in"
-                     f" {missed} of {baseline['runs']} runs")  # fmt: skip
+    p = result.best.provenance
+    runs = p["time_to_target_s_runs"]
+    lines = [
+        f"Winner: micro batch {c.micro_batch_size} x {c.accumulation_steps} accumulation"
+        f" (effective {c.effective_batch_size}) at {c.lr_multiplier:.3g}x the rule's LR"
+        f" (lr {c.lr:.4g}) reaches {target} in {p['median_time_to_target_s']:.2f} s of"
+        f" training (median; it reached the target in {len(runs)} of {len(runs)} runs)."
+    ]
+    runner = p.get("runner_up")
+    if runner:
+        name = (f"{runner['micro_batch_size']} x {runner['accumulation_steps']} at"
+                f" {runner['lr_multiplier']:.3g}x")  # fmt: skip
+        if runner.get("within_noise"):
+            how = (f"within noise of it (paired ratio {runner['paired_ratio']:.2f}, inside the"
+                   f" {runner.get('indifference', 0.1):.0%} indifference zone)")  # fmt: skip
         else:
-            text += (
-                f"; the largest batch that fits, {baseline['label']}, ended {baseline['status']}"
-            )
-    return text + "."
+            how = f"{runner['paired_ratio']:.2f}x faster than it seed by seed"
+        lines.append(f"Runner-up {name}: the winner is {how}, {runner['wins']} of"
+                     f" {runner['pairs']} pairs won.")  # fmt: skip
+    for key, name in _COMPARED:
+        compared = p.get("compared", {}).get(key)
+        if compared is not None:
+            lines.append(f"Against {name}, {compared['recipe']}: {_ratio_text(compared)}.")
+    cost = p.get("search_cost")
+    if cost:
+        lines.append(
+            f"This search cost {cost['trainings']:.1f} trainings of the recipe it found"
+            f" ({cost['device_s']:.0f} device seconds over {cost['runs']} runs;"
+            f" {cost['trainings_train']:.1f} counting training seconds alone)."
+        )
+    return "\n".join(lines)
 
 
 def write_report(
@@ -279,7 +299,7 @@ def write_report(
 <style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem}}</style>
 </head><body>
 <h1>raybatch search: {html.escape(space.name)}</h1>
-<p><b>{html.escape(verdict(result, target))}</b></p>
+<p><b>{"<br>".join(html.escape(line) for line in verdict(result, target).splitlines())}</b></p>
 <p>Trials by status: {html.escape(", ".join(f"{k} {v}" for k, v in sorted(counts.items())))}.
 Budget: {format_bytes(budget) if budget else "none (CPU run, no pre-screen)"}.</p>
 <p>Times to target count training only (waiting for data included): evaluation is raybatch's

@@ -1,4 +1,5 @@
-"""The report's one-line verdict says what the confirmation runs support, and no more."""
+"""The report's verdict says what the runs support, and no more: the winner, the runner-up seed
+by seed, the simple alternatives (bounds where they were stopped) and what the search cost."""
 
 from __future__ import annotations
 
@@ -8,72 +9,83 @@ from typing import Any
 import pytest
 
 import raybatch
-from raybatch.export import BestConfig
 from raybatch.report import verdict
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TrialRow
+from raybatch.results.selection import choose_winner
 from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 BASELINE = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
 
 
-def _rows(micro: int, accumulation: int, times: list[float], phase: str = "confirmation",
-          status: TrialStatus = TrialStatus.REACHED) -> list[TrialRow]:  # fmt: skip
-    recipe = SPACE.derive(micro, accumulation)
-    reached = status is TrialStatus.REACHED
-    return [
-        TrialRow.of(recipe, phase, "t", status, time_to_target_s=t if reached else None,
-                    samples_to_target=1000, throughput=100.0 if reached else None)
-        for t in times
-    ]  # fmt: skip
-
-
-def _result(winner_times: list[float], baseline_times: list[float]) -> SearchResult:
-    rows = _rows(32, 4, winner_times) + _rows(256, 1, baseline_times)
-    best = BestConfig(
-        SPACE.derive(32, 4),
-        {"median_time_to_target_s": sorted(winner_times)[1],
-         "time_to_target_s_runs": winner_times},
+def _row(knobs: tuple[int, int, float], phase: str, time_s: float | None, seed: int,
+         status: TrialStatus | None = None, train_s: float | None = None) -> TrialRow:  # fmt: skip
+    micro, accumulation, multiplier = knobs
+    status = status or (TrialStatus.REACHED if time_s is not None else TrialStatus.CENSORED)
+    return TrialRow.of(
+        SPACE.derive(micro, accumulation, 1, multiplier), phase, f"{phase}{knobs}{seed}", status,
+        time_to_target_s=time_s, train_s=train_s or time_s, held_s=(train_s or time_s or 0) * 3,
+        seed=seed,
     )  # fmt: skip
+
+
+WINNER, RUNNER = (32, 4, 1.0), (64, 1, 2.0)
+
+
+def _result(rows: list[TrialRow]) -> SearchResult:
+    """As the driver builds it: the winner chosen from the rows, with its comparisons."""
+    best = choose_winner(raybatch.Target(0.97), rows, confirmed=True,
+                         measured_on={"baseline_point": BASELINE})  # fmt: skip
     return SearchResult(Path("."), rows, best, BASELINE, None)
 
 
-def test_a_clear_gap_to_the_largest_batch_is_stated_as_a_speed_up() -> None:
-    text = verdict(_result([0.50, 0.52, 0.55], [0.80, 0.90, 1.00]), raybatch.Target(0.97))
-    assert "1.7x faster than the largest batch that fits, 256 x 1 (0.90 s)" in text
+def _race(runner_s: float | None) -> list[TrialRow]:
+    """The search's runs of the two best, and one round of the race."""
+    rows = [_row(WINNER, "search", 0.5, 0), _row(RUNNER, "search", 0.6, 0),
+            _row(WINNER, "confirmation", 0.52, 1)]  # fmt: skip
+    if runner_s is None:
+        rows.append(_row(RUNNER, "confirmation", None, 1, TrialStatus.CAPPED, train_s=0.62))
+    else:
+        rows.append(_row(RUNNER, "confirmation", runner_s, 1))
+    return rows
 
 
-def test_overlapping_runs_are_called_noise_not_a_speed_up() -> None:
-    text = verdict(_result([0.34, 0.42, 0.53], [0.39, 0.45, 0.65]), raybatch.Target(0.97))
-    assert "faster" not in text
-    assert "256 x 1, took 0.45 s: their runs overlap" in text and "run-to-run noise" in text
+def test_a_largest_batch_stopped_before_the_target_is_stated_as_a_bound() -> None:
+    rows = [*_race(None), _row((256, 1, 1.0), "search", None, 0, TrialStatus.CAPPED, 1.25),
+            _row((256, 1, 2.0), "search", 0.8, 0)]  # fmt: skip
+    text = verdict(_result(rows), raybatch.Target(0.97))
+    assert "at its best swept LR, 256 x 1 at 2x the rule's LR (lr 0.2): 1.60x slower" in text
+    assert "at the rule's LR, 256 x 1 at 1x the rule's LR (lr 0.1): at least 2.50x slower" in text
+    assert "reached the target in 2 of 2 runs" in text and "lr 0.05" in text
 
 
-def test_a_baseline_that_never_reported_is_shown_by_its_status() -> None:
-    result = _result([0.5, 0.5, 0.5], [])
-    result.rows += _rows(256, 1, [1.0], phase="search", status=TrialStatus.CENSORED)
+def test_a_runner_up_inside_the_indifference_zone_is_called_within_noise() -> None:
+    text = verdict(_result(_race(0.5)), raybatch.Target(0.97))
+    assert "within noise of it" in text and "10% indifference zone" in text
+
+
+def test_a_runner_up_capped_on_the_fresh_seed_never_wins_and_the_cost_is_said() -> None:
+    result = _result(_race(None))
+    assert result.best is not None and result.best.config.micro_batch_size == 32
     text = verdict(result, raybatch.Target(0.97))
-    assert "the largest batch that fits, 256 x 1, ended censored" in text
+    # Held seconds: 3x each run's training (1.5 + 1.8 + 1.56 + 1.86), over the winner's 0.51 s.
+    assert "This search cost 13.2 trainings of the recipe it found" in text
 
 
-def test_when_the_largest_batch_wins_the_verdict_says_it_is_the_optimum() -> None:
-    """A useful answer, not a failure: the search confirms that nothing beats the max batch."""
-    rows = _rows(256, 1, [0.40, 0.42, 0.41]) + _rows(32, 4, [0.50, 0.52, 0.55])
-    runs = [0.40, 0.42, 0.41]
-    best = BestConfig(
-        SPACE.derive(256, 1), {"median_time_to_target_s": 0.41, "time_to_target_s_runs": runs}
-    )
-    text = verdict(SearchResult(Path("."), rows, best, BASELINE, None), raybatch.Target(0.97))
-    assert "It is the largest batch that fits, at the rule's LR" in text
-    assert "here the largest batch is already the optimum" in text
+def test_when_the_largest_batch_wins_the_verdict_says_so() -> None:
+    """A useful answer, not a failure: nothing beat the largest batch at its best LR."""
+    rows = [_row((256, 1, 2.0), "search", 0.4, 0), _row(WINNER, "search", 0.5, 0),
+            _row((256, 1, 2.0), "confirmation", 0.41, 1),
+            _row(WINNER, "confirmation", None, 1, TrialStatus.CAPPED, 0.49)]  # fmt: skip
+    text = verdict(_result(rows), raybatch.Target(0.97))
+    assert "best swept LR, 256 x 1 at 2x the rule's LR (lr 0.2): is the winner itself" in text
 
 
-def test_a_baseline_faster_when_it_arrived_but_that_missed_is_said_to_have_missed() -> None:
-    result = _result([0.50, 0.52, 0.55], [0.30, 0.31])
-    result.rows += _rows(256, 1, [1.0], status=TrialStatus.CENSORED)
-    text = verdict(result, raybatch.Target(0.97))
-    assert "256 x 1, measured 0.30 s when it got there but missed the target in 1 of 3 runs" in text
+def test_a_search_where_nothing_reached_says_there_was_nothing_to_confirm() -> None:
+    rows = [_row(WINNER, "search", None, 0, TrialStatus.DIVERGED)]
+    text = verdict(_result(rows), raybatch.Target(0.97))
+    assert text == "No trial of the search reached accuracy>=0.97: there was nothing to confirm."
 
 
 def test_the_comparison_plot_draws_every_run_not_only_the_medians(

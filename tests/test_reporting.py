@@ -98,20 +98,32 @@ def test_the_time_cap_counts_training_only() -> None:
 
 def test_the_device_is_synchronised_at_marks_never_between_them() -> None:
     """On CUDA a sync per step makes small launch-bound batches look slow: between marks the
-    time cap is read from the host clock; only marks (and the end) wait for the device."""
+    time cap is read from the host clock; only marks, heartbeats (one per 0.31 s of a 10 s
+    cap here) and the end wait for the device."""
     syncs: list[int] = []
-    run, _reports, clock = make(synchronize=lambda: syncs.append(1), eval_every_samples=1000)
+    run, reports, clock = make(synchronize=lambda: syncs.append(1), eval_every_samples=1000)
     syncs.clear()  # start() reads the clock once
     for _ in range(99):
         clock.now += 0.01
         run.add(samples=10, steps=1)
-    assert syncs == []
+    assert len(syncs) == len(reports) == 3  # 99 steps, 3 heartbeats: one sync each
     run.add(samples=10, steps=1)
     assert run.eval_due
     with run.evaluating():
         clock.now += 0.1
     run.report(0.5)
-    assert 0 < len(syncs) <= 4
+    assert 3 < len(syncs) <= 3 + 4
+
+
+def test_between_far_apart_marks_a_heartbeat_reports_the_training_time() -> None:
+    """A trial whose next mark is far off (a small batch) still reports its training time at
+    least every ``heartbeat_s``: the capping scheduler can act only on a report."""
+    run, reports, clock = make(eval_every_samples=10**6, heartbeat_s=1.0)
+    for _ in range(20):
+        clock.now += 0.25
+        run.add(samples=10, steps=1)
+    assert [round(r[keys.TRAIN_S], 2) for r in reports] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert {r[keys.STATUS] for r in reports} == {"running"} and reports[-1][keys.METRIC] is None
 
 
 def test_caps_can_wait_for_the_marks() -> None:

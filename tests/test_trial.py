@@ -68,7 +68,9 @@ def test_digits_reaches_its_target_with_consistent_fields() -> None:
     assert final[keys.OBJECTIVE] == final[keys.TIME_TO_TARGET_S]
     assert 0.0 <= final[keys.DATA_WAIT_FRACTION] < 1.0 and final[keys.THROUGHPUT] > 0
     assert [r[keys.STATUS] for r in reports[:-1]] == ["running"] * (len(reports) - 1)
-    assert [r[keys.EVAL_MARK] for r in reports] == [mark * (i + 1) for i in range(len(reports))]
+    # Evaluations at every mark (heartbeats between them, on a slow machine, repeat the last).
+    marks = [m for m in dict.fromkeys(r[keys.EVAL_MARK] for r in reports) if m]
+    assert marks == [mark * (i + 1) for i in range(len(marks))]
 
 
 def test_too_high_a_learning_rate_diverges_quickly() -> None:

@@ -15,8 +15,15 @@ from raybatch import keys
 from raybatch.errors import ConfigError, Issue
 from raybatch.export import BestConfig
 from raybatch.metric import Target
+from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
+from raybatch.status import TrialStatus
 from raybatch.version import __version__
+
+INDIFFERENCE = 1.10
+"""The indifference zone of a paired comparison: two recipes whose median paired ratio is
+within 10 % of 1 are "within noise" of each other (the same recipe's runs spread about that
+much on a shared machine, ``bench/results/real_training.json``'s ``rerun_spread``)."""
 
 
 def _knobs(row: TrialRow) -> tuple[float, ...]:
@@ -68,6 +75,73 @@ def candidates(rows: list[TrialRow], top: int) -> list[TrialRow]:
     return out
 
 
+def _label(row: TrialRow) -> str:
+    return (
+        f"{row.micro_batch_size} x {row.accumulation_steps}"
+        + (f" x {row.world_size} workers" if row.world_size > 1 else "")
+        + f" at {row.lr_multiplier:.3g}x the rule's LR (lr {row.lr:.4g})"
+    )
+
+
+def _against(row: TrialRow | None, winner_s: float, winner: Measured) -> dict[str, Any] | None:
+    """One comparison, from the search run alone (same seed as the winner's search run).
+
+    A run that reached gives a measured ratio; one stopped before the target (capped or
+    censored at its time cap) gives a lower bound, its training seconds over the winner's
+    time: a capped run proves "at least this much slower", and running it on to the target
+    would prove nothing more at full price."""
+    if row is None:
+        return None
+    out: dict[str, Any] = {"recipe": _label(row), **row.knob_dict(),
+                           "status": row.status.value}  # fmt: skip
+    if same_knobs(row, winner.runs[:1]):
+        return {**out, "is_winner": True, "ratio": 1.0, "bound": "measured"}
+    if row.reached and row.time_to_target_s is not None:
+        return {**out, "ratio": row.time_to_target_s / winner_s, "bound": "measured",
+                "time_to_target_s": row.time_to_target_s}  # fmt: skip
+    if row.status in (TrialStatus.CAPPED, TrialStatus.CENSORED) and row.train_s:
+        return {**out, "ratio": row.train_s / winner_s, "bound": "at_least",
+                "train_s": row.train_s}  # fmt: skip
+    return {**out, "ratio": None, "bound": None, "reason": row.reason}
+
+
+def _first(rows: list[TrialRow]) -> TrialRow | None:
+    return rows[0] if rows else None
+
+
+def comparisons(
+    rows: list[TrialRow],
+    winner: Measured,
+    baseline: dict[str, Any] | None,
+    reference: dict[str, Any] | None,
+) -> dict[str, dict[str, Any]]:
+    """The winner against the simple alternatives, each from its search run: the largest batch
+    that fits at the rule's LR (``max_batch``), the same batch at its best LR of the plan's
+    sweep (``max_batch_tuned``) and the reference recipe (``reference``). Ratios > 1: the
+    winner is faster; ``bound: at_least`` where the alternative never reached the target."""
+    searched = [r for r in rows if r.phase == keys.PHASE_SEARCH]
+    mine = [r for r in searched if same_knobs(r, winner.runs[:1]) and r.reached]
+    winner_s = _time(mine[0]) if mine else winner.median
+    out: dict[str, dict[str, Any]] = {}
+    tuned: TrialRow | None = None
+    if baseline is not None:
+        knobs = baseline.items()
+        at_batch = [r for r in searched if all(int(r.knob_dict()[k]) == int(v) for k, v in knobs)]
+        reached = sorted((r for r in at_batch if r.reached), key=_time)
+        stopped = sorted(at_batch, key=lambda r: -(r.train_s or 0.0))
+        tuned = reached[0] if reached else (stopped[0] if stopped else None)
+    chosen: list[tuple[str, TrialRow | None]] = [
+        ("max_batch", _first(comparison_rows(searched, baseline))),
+        ("max_batch_tuned", tuned),
+        ("reference", _first(comparison_rows(searched, reference))),
+    ]
+    for name, row in chosen:
+        compared = _against(row, winner_s, winner)
+        if compared is not None:
+            out[name] = compared
+    return out
+
+
 def _versions() -> dict[str, str]:
     import optuna
     import ray
@@ -115,16 +189,39 @@ class Measured:
 def measured_recipes(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
     """Every recipe with the runs that judge it, in the order first seen.
 
-    With a confirmation, a recipe is judged by its confirmation runs alone — search candidates,
-    the max-batch baseline and the reference alike, since they ran side by side under the same
-    seeds; without one, by its search rows.
+    With a confirmation, the recipes it ran are judged by their confirmation runs *and* their
+    search runs: every search trial runs on the search's seed, so the search's run of two
+    recipes is their first pair (the confirmation adds fresh seeds). A search run the capping
+    scheduler stopped is left out: it was stopped to save time for another, not measured. A
+    recipe the confirmation did not run is not judged. Without a confirmation, a recipe is
+    judged by its search rows.
     """
-    phase = keys.PHASE_CONFIRMATION if confirmed else keys.PHASE_SEARCH
+    judged: set[tuple[float, ...]] | None = None
+    phases: tuple[str, ...] = (keys.PHASE_SEARCH,)
+    if confirmed:
+        judged = {_knobs(r) for r in rows if r.phase == keys.PHASE_CONFIRMATION}
+        phases = (keys.PHASE_CONFIRMATION, keys.PHASE_SEARCH)
     groups: dict[tuple[float, ...], list[TrialRow]] = {}
     for row in rows:
-        if row.phase == phase:
-            groups.setdefault(_knobs(row), []).append(row)
-    return [Measured(runs, [_time(r) for r in runs if r.reached]) for runs in groups.values()]
+        if row.phase not in phases or (judged is not None and _knobs(row) not in judged):
+            continue
+        if confirmed and not judges(row):
+            continue
+        groups.setdefault(_knobs(row), []).append(row)
+    return [measured(runs) for runs in groups.values()]
+
+
+def judges(row: TrialRow) -> bool:
+    """Whether a row judges its recipe in a confirmed search: every confirmation run, and the
+    search runs the capping scheduler did not stop (those were stopped for another's sake)."""
+    if row.phase == keys.PHASE_CONFIRMATION:
+        return True
+    return row.phase == keys.PHASE_SEARCH and row.status is not TrialStatus.CAPPED
+
+
+def measured(runs: list[TrialRow]) -> Measured:
+    """A recipe's runs with the times of those that reached the target."""
+    return Measured(runs, [_time(r) for r in runs if r.reached])
 
 
 def paired_times(a: Measured, b: Measured) -> list[tuple[float, float]]:
@@ -150,7 +247,9 @@ class Paired:
     """The winner against the runner-up, seed by seed.
 
     Attributes:
-        ratio: Median over pairs of runner-up time / winner time (> 1: the winner is faster).
+        ratio: Runner-up time / winner time, the median over pairs taken in log space (so the
+            comparison is symmetric: ``b`` against ``a`` is exactly ``1 / ratio``; > 1: the
+            winner is faster).
         wins: Pairs the winner won.
         pairs: Pairs compared.
     """
@@ -158,6 +257,11 @@ class Paired:
     ratio: float
     wins: int
     pairs: int
+
+    def within_noise(self, zone: float = INDIFFERENCE) -> bool:
+        """Whether the median paired ratio lies inside the indifference zone (``1/zone`` to
+        ``zone``): the two are called equal, "within noise", whatever the pairs' signs."""
+        return 1 / zone < self.ratio < zone
 
     @property
     def decisive(self) -> bool:
@@ -172,39 +276,39 @@ def compare_paired(winner: Measured, runner_up: Measured) -> Paired | None:
     pairs = paired_times(winner, runner_up)
     if not pairs:
         return None
-    ratio = statistics.median(b / a if math.isfinite(a) else 0.0 for a, b in pairs)
-    return Paired(ratio, sum(1 for a, b in pairs if a < b), len(pairs))
+    logs = [_log_ratio(a, b) for a, b in pairs]
+    return Paired(math.exp(statistics.median(logs)), sum(1 for a, b in pairs if a < b), len(pairs))
+
+
+RATIO_CLAMP = 100.0
+"""A pair where one run missed the target has no finite ratio; it counts as this far apart."""
+
+
+def _log_ratio(a: float, b: float) -> float:
+    """``log(b / a)``, clamped: one missed run (infinite time) counts as :data:`RATIO_CLAMP`."""
+    bound = math.log(RATIO_CLAMP)
+    if not math.isfinite(a):
+        return -bound
+    if not math.isfinite(b):
+        return bound
+    return max(-bound, min(bound, math.log(b / a)))
 
 
 def ranked(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
     """The recipes that reached the target in every run that judges them, best first: by
-    median, except that the top two are ordered by their paired runs when they share seeds."""
-    measured = measured_recipes(rows, confirmed)
-    shared = _shared_seeds(measured)
-    # Eligible: reached the target on every seed all recipes ran. The race's extra seeds are
-    # run by the two best alone: a miss there loses a pair, it does not hand a third the win.
-    eligible = sorted((m for m in measured if _reached_on(m, shared)), key=lambda m: m.median)
+    median, except that the top two are ordered by their paired runs when they share seeds.
+
+    A recipe that missed the target once (censored, diverged, or capped in a confirmation run
+    at a slack of its rival's time on the same seed) never wins, however fast its other runs.
+    """
+    eligible = sorted(
+        (m for m in measured_recipes(rows, confirmed) if m.always_reached), key=lambda m: m.median
+    )
     if len(eligible) >= 2:
         paired = compare_paired(eligible[0], eligible[1])
         if paired is not None and paired.ratio < 1:
             eligible[0], eligible[1] = eligible[1], eligible[0]
     return eligible
-
-
-def _shared_seeds(measured: list[Measured]) -> set[int] | None:
-    """The seeds every recipe ran on (``None``: rows without seeds, judge every run)."""
-    runs = [r for m in measured for r in m.runs]
-    if not runs or any(r.seed is None for r in runs):
-        return None
-    seeds = [{r.seed for r in m.runs if r.seed is not None} for m in measured]
-    return set.intersection(*seeds)
-
-
-def _reached_on(m: Measured, seeds: set[int] | None) -> bool:
-    if not seeds:
-        return m.always_reached
-    judged = [r for r in m.runs if r.seed in seeds]
-    return bool(judged) and all(r.reached for r in judged)
 
 
 def select_winner(rows: list[TrialRow], confirmed: bool) -> Measured | None:
@@ -232,8 +336,11 @@ def choose_winner(
 
     ``confirmed``: whether the search ran a confirmation (then its runs alone judge).
     ``measured_on`` holds what the rows cannot say: ``device`` (the hardware the trials ran
-    on, as the search saw the cluster) and ``amp_dtype`` (the workload's autocast, which the
-    framework exports need); without it, ``device`` is this machine's. The winner's recipe is
+    on, as the search saw the cluster), ``amp_dtype`` (the workload's autocast, which the
+    framework exports need), ``baseline_point`` and ``reference_point`` (the largest batch as
+    found and the reference, which the verdict compares with: ``compared``) and
+    ``prior_device_s`` (the time model's measurement, part of ``search_cost``); without it,
+    ``device`` is this machine's. The winner's recipe is
     the one its rows carry (:attr:`TrialRow.config`); rows read back from ``trials.csv`` get
     theirs with :meth:`TrialRow.derived_under` first.
 
@@ -277,7 +384,14 @@ def choose_winner(
                 "paired_ratio": paired.ratio,
                 "wins": paired.wins,
                 "pairs": paired.pairs,
-                "within_noise": None if paired.pairs < 2 else not paired.decisive,
+                "within_noise": paired.within_noise(),
+                "indifference": INDIFFERENCE - 1,
             }
-    provenance.update(measured_on or {})
+    given = dict(measured_on or {})
+    provenance["compared"] = comparisons(
+        rows, winner, given.get("baseline_point"), given.get("reference_point")
+    )
+    prior_s = float(given.get("prior_device_s") or 0.0)
+    provenance["search_cost"] = search_cost(rows, winner.median, prior_s).to_dict()
+    provenance.update(given)
     return BestConfig(recipe, provenance)

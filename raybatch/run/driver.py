@@ -8,10 +8,12 @@
    largest batch at an LR sweep, the reference, then the ladder the prior chooses -- then
    Optuna TPE, pre-screened for memory) and :class:`~raybatch.run.scheduler.CappingScheduler`
    (capping at every level of the metric), over :func:`raybatch.trainable` trials;
-3. confirmation: the ``confirm_top`` fastest candidates, the max-batch baseline and the
-   reference re-run with fresh seeds; the winner is the recipe, whichever it is, with the
-   lowest median time to target among those that reached it every time;
-4. the record: ``trials.csv``, ``best_config.yaml``/``.json`` and the report.
+3. confirmation: a race of the two best recipes on paired seeds, the search's run the first
+   pair, the challenger capped at a slack of the leader (:mod:`raybatch.run.confirmation`);
+   the winner never missed the target; the largest batch (at the rule's LR and at its best
+   swept LR) and the reference are compared from their search runs, as bounds where stopped;
+4. the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, every
+   device second, in trainings of the recipe found) and the report.
 
 The files it writes are described in :mod:`raybatch.run.rundir`.
 """
@@ -44,10 +46,9 @@ from raybatch.results.rows import (
     stored_rows,
     write_trials_csv,
 )
-from raybatch.results.selection import candidates as top_candidates
-from raybatch.results.selection import choose_winner, comparison_rows, same_knobs
+from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
-from raybatch.run.confirmation import confirm, confirmation_slots, race
+from raybatch.run.confirmation import run_race
 from raybatch.run.context import search_budget
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
@@ -165,7 +166,7 @@ class _Plan:
     model: TimeModel | None = None
     notes: list[str] = field(default_factory=list)
     in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
-    placeable: int = 0  # whole GPUs the trials can be placed on (their model's)
+    prior_device_s: float = 0.0  # what measuring the time model held a device for
 
 
 def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
@@ -237,7 +238,7 @@ def _plan(
     return _Plan(
         gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, model,
         notes, view.trials_at_once(gpus, options.cpus_per_trial),
-        max(view.placeable(True), view.autoscale_gpus),
+        model.cost_s if model is not None else 0.0,
     )  # fmt: skip
 
 
@@ -283,25 +284,6 @@ def _search_tuner(
     )
 
 
-def _compared(rows: list[TrialRow], candidates: list[TrialRow], plan: _Plan) -> list[TrialRow]:
-    """The candidates, plus the baseline and the reference, for the confirmation.
-
-    The baseline and the reference are re-run beside the candidates, under the same
-    conditions, and compete with them for the win (``selection.select_winner``). One that was
-    capped is re-run too: capping stopped it for being slower than the incumbent, which is
-    exactly the comparison the verdict states, so it is measured to the end (uncapped) rather
-    than assumed. One that
-    ran out of memory, hung, diverged or was censored at the time cap would only fail again
-    at full cost; the report shows its search status.
-    """
-    rerun = (TrialStatus.REACHED, TrialStatus.CAPPED)
-    return candidates + [
-        r
-        for r in comparison_rows(rows, plan.baseline, plan.reference)
-        if not same_knobs(r, candidates) and r.status in rerun
-    ]
-
-
 def _execute(
     path: Path,
     workload: Workload,
@@ -341,7 +323,7 @@ def _execute(
             f" continue with `raybatch resume {path}`"
         )
     # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
-    rows = _search_rows(results, options.penalty, scheduler.capped_at_level)
+    rows = _search_rows(results, options, scheduler.capped_at_level)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
@@ -349,25 +331,22 @@ def _execute(
         )
     rows += _prescreened_rows(plan.searcher.record, space)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-    candidates = top_candidates(rows, options.confirm_top)
-    # CPU trials running side by side share memory bandwidth and caches, which hurts large
-    # batches more than small ones (on this 2-core machine it reordered digits' recipes); the
-    # confirmation is a measurement, so on CPUs it runs one trial at a time.
-    compared = _compared(rows, candidates, plan)
-    slots = confirmation_slots(compared, plan.placeable)  # a user's limit may only lower it
-    alone = min(slots, options.max_concurrent or slots) if plan.cuda else 1
-    rows += confirm(path, plan.resourced, compared, options, verbose, alone, whole_gpus=plan.cuda)
-    rows += race(path, plan.resourced, rows, options, verbose, alone, whole_gpus=plan.cuda)
-    # What the rows cannot say: the hardware, the workload's autocast, and the loop's gradient
-    # clipping (a search trains with raybatch's default loop: none), which exports carry.
+    if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
+        rows += run_race(path, plan.resourced, rows, options, verbose, whole_gpus=plan.cuda)
+    # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
+    # clipping (a search trains with raybatch's default loop: none), which exports carry; the
+    # points the verdict compares with; and the time model's device seconds, part of the cost.
     measured_on: dict[str, Any] = {
         "device": plan.hardware,
         "amp_dtype": workload.amp_dtype,
         "grad_clip_norm": None,
+        "baseline_point": plan.baseline,
+        "reference_point": plan.reference,
+        "prior_device_s": plan.prior_device_s,
     }
     if plan.model is not None:
         rows, measured_on["prior"] = write_predictions(rows, plan.model, notes)
-    best = choose_winner(target, rows, options.confirm_seeds > 0, measured_on)
+    best = choose_winner(target, rows, options.confirms, measured_on)
     write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
         write_best(path, best)
@@ -378,9 +357,12 @@ def _execute(
     return result
 
 
-def _search_rows(results: Any, penalty: float, at_level: dict[str, float]) -> list[TrialRow]:
+def _search_rows(results: Any, options: SearchOptions, at_level: dict[str, float]
+                 ) -> list[TrialRow]:  # fmt: skip
     """The search trials' rows, each with the recipe its config carries: the searcher's,
-    derived once where the knobs were chosen (and checked against them at the trial's door)."""
+    derived once where the knobs were chosen (and checked against them at the trial's door),
+    and the seed every search trial trains on (the confirmation's first pair)."""
+    penalty = options.penalty
     rows = []
     for result in results:
         metrics = dict(result.metrics or {})
@@ -399,7 +381,9 @@ def _search_rows(results: Any, penalty: float, at_level: dict[str, float]) -> li
         metrics[keys.OBJECTIVE] = value
         recipe = TrialConfig.from_dict(result.config, "a search trial's Tune config")
         trial_id = str(metrics.get(keys.TRIAL_ID, ""))
-        rows.append(TrialRow.from_result(recipe, keys.PHASE_SEARCH, trial_id, status, metrics))
+        rows.append(TrialRow.from_result(
+            recipe, keys.PHASE_SEARCH, trial_id, status, metrics, seed=options.seed
+        ))  # fmt: skip
     return rows
 
 
@@ -446,11 +430,10 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     measured_on: dict[str, Any] | None = None
     if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
         stored = load_best(path).provenance
-        kept = ("device", "amp_dtype", "grad_clip_norm", "prior")
+        kept = ("device", "amp_dtype", "grad_clip_norm", "prior", "baseline_point",
+                "reference_point", "prior_device_s")  # fmt: skip
         measured_on = {k: stored[k] for k in kept if k in stored}
-    return choose_winner(
-        target, _derived(space, stored_rows(path)), options.confirm_seeds > 0, measured_on
-    )
+    return choose_winner(target, _derived(space, stored_rows(path)), options.confirms, measured_on)
 
 
 def _derived(space: SearchSpace, rows: list[TrialRow]) -> list[TrialRow]:

@@ -43,11 +43,12 @@ class SearchOptions:
             let it choose the batches the plan tries after the largest batch's LR sweep.
         probe_margin: On GPUs, launch a config the memory estimate puts over the budget by at
             most this fraction, for the trial's real probe step to decide.
-        confirm_top: Candidates re-run after the search (one at a time when trials run on
-            CPUs, which contend for memory bandwidth; side by side on GPUs).
-        confirm_seeds: Fresh seeds per candidate (the same for every candidate: paired).
-        race_seeds: At most this many more seeds for the two best confirmed recipes while
-            their paired runs disagree (0: no race; none either with ``confirm_seeds`` < 2).
+        confirm_top: The search's best recipes that may enter the confirmation's race: the
+            two best race on paired seeds; the next enters when one misses the target (0: no
+            confirmation). See :mod:`raybatch.run.confirmation`.
+        confirm_seeds: At most this many fresh seeds (race rounds, each run one at a time,
+            the challenger capped at ``slack`` x the leader); two agreeing pairs (the search's
+            run and one round) or a pair within the indifference zone end it sooner.
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
         gpu_model: On a cluster that mixes GPU models, the one every trial runs on (Ray's
@@ -73,9 +74,8 @@ class SearchOptions:
     level_slack: float | None = 1.5
     prior: bool = True
     probe_margin: float = 0.2
-    confirm_top: int = 3
-    confirm_seeds: int = 3
-    race_seeds: int = 4
+    confirm_top: int = 2
+    confirm_seeds: int = 2
     eval_every_samples: int | None = None
     max_failures: int = 2
     hang_grace_s: float = HANG_GRACE_S
@@ -94,6 +94,11 @@ class SearchOptions:
     @property
     def penalty(self) -> float:
         return PAR_FACTOR * self.max_time_s
+
+    @property
+    def confirms(self) -> bool:
+        """Whether the search ends with a confirmation (then its runs judge the winner)."""
+        return self.confirm_top > 0 and self.confirm_seeds > 0
 
     @property
     def memory_budget_bytes(self) -> int | None:
@@ -126,7 +131,6 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     need("probe_margin", _is_number(margin) and 0 <= margin <= 1, "a number in [0, 1]")
     need("confirm_top", _is_int(o.confirm_top) and o.confirm_top >= 0, "an integer >= 0")
     need("confirm_seeds", _is_int(o.confirm_seeds) and o.confirm_seeds >= 0, "an integer >= 0")
-    need("race_seeds", _is_int(o.race_seeds) and o.race_seeds >= 0, "an integer >= 0")
     need("eval_every_samples", _none_or(o.eval_every_samples, 1), "an integer >= 1 or None")
     need(
         "max_failures",

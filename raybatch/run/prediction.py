@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,11 @@ def measure_prior(
         if cuda and options.gpu_model:  # measured on the GPUs the trials will run on
             resources["resources"] = model_resource(options.gpu_model)
         timeout = max(options.max_time_s, MEASURE_TIMEOUT_FLOOR_S)
+        started = time.perf_counter()
         model = measure_remotely(workload, space, micros, resources, timeout)
+        # The task's whole wall time held the device (its start-up and data loading too), not
+        # only the timed measurements inside it: that is what the search is charged.
+        model = replace(model, cost_s=time.perf_counter() - started)
     except Exception as exc:  # the workload's own failure shows again in its first trial
         notes.append(f"the time model could not be measured ({type(exc).__name__}: {exc});"
                      " the plan tried a geometric ladder of batches instead")  # fmt: skip

@@ -99,6 +99,10 @@ def behind(incumbent: Trajectory, trial: Trajectory, train_s: float, level_slack
     steps have the same small LR at every multiplier, so recipes that part ways later look
     alike there, and a hiccup of a tenth of a second would read as "behind"; a diverging or
     stalled recipe is still stopped early.
+
+    ``incumbent`` need not have reached the target yet: a trial running beside ``trial`` is
+    judged up to its latest mark (the trials of a search's opening start together, with no
+    incumbent to cap against).
     """
     end = incumbent.reached_s or (incumbent.times[-1] if incumbent.times else None)
     if end is None:
@@ -196,16 +200,23 @@ class CappingScheduler(FIFOScheduler):
         if cap is not None and trained > cap:
             self.capped[trial.trial_id] = float(trained)
             return TrialScheduler.STOP
-        incumbent = self._incumbent
-        if (
-            self.level_slack is not None
-            and incumbent is not None
-            and behind(incumbent, trajectory, float(trained), self.level_slack)
+        if self.level_slack is not None and self._behind_any(
+            trial.trial_id, trajectory, float(trained)
         ):
             self.capped[trial.trial_id] = float(trained)
             self.capped_at_level[trial.trial_id] = float(trained)
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
+
+    def _behind_any(self, trial_id: str, trajectory: Trajectory, trained: float) -> bool:
+        """Behind the incumbent at some level; before any trial has reached the target, behind
+        another trial running beside it (the trials started together are compared with each
+        other at equal training time: no trial runs uncapped for want of an incumbent)."""
+        assert self.level_slack is not None
+        if self._incumbent is not None:
+            return behind(self._incumbent, trajectory, trained, self.level_slack)
+        others = (t for other_id, t in self._trajectories.items() if other_id != trial_id)
+        return any(behind(other, trajectory, trained, self.level_slack) for other in others)
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
         """The trial's trajectory, with this result's mark added (if it carries one)."""

@@ -61,6 +61,11 @@ def _tune_report(metrics: dict[str, Any]) -> None:
     tune.report(metrics)
 
 
+HEARTBEATS = 32
+"""Reports between marks per time cap, at least: a trial capped at ``slack x`` the incumbent is
+stopped within ``max_time_s / 32`` of training past its cap (1.9 s at the CLI's 60 s)."""
+
+
 class TrialReporter:
     """Clock, sample marks, target and budgets of one trial; reports to Ray Tune.
 
@@ -75,8 +80,12 @@ class TrialReporter:
         report_fn: Where reports go (default ``ray.tune.report``; Ray Train workers pass
             ``ray.train.report``).
         synchronize: Called before every clock read at a mark (``torch.cuda.synchronize`` on
-            CUDA); never between marks.
+            CUDA) and at a heartbeat; never at other steps.
         extra: Called at each report for device figures (peak memory, GPU utilisation).
+        heartbeat_s: Between marks, report at least once per this many seconds of training
+            (default: :data:`HEARTBEATS` reports per ``max_time_s``), so that a scheduler can
+            cap a trial whose next mark is far off (a small batch, a slow recipe): the
+            capping rule reads ``train_s``, and it can act only on a report.
         check_budgets_between_marks: Check the time and sample caps at every :meth:`add`
             (default). Data-parallel workers turn it off: there every decision to stop must be
             agreed by all workers, which costs a collective, so caps are checked at marks only.
@@ -95,6 +104,7 @@ class TrialReporter:
         extra: Callable[[], dict[str, Any]] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         check_budgets_between_marks: bool = True,
+        heartbeat_s: float | None = None,
     ) -> None:
         if eval_every_samples <= 0:
             raise ValueError(f"eval_every_samples must be positive, got {eval_every_samples}")
@@ -110,6 +120,8 @@ class TrialReporter:
         self._extra = extra
         self._clock = clock
         self.check_budgets_between_marks = check_budgets_between_marks
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max_time_s / HEARTBEATS
+        self._reported_train_s = 0.0
 
         self.status = TrialStatus.RUNNING
         self.reason = ""
@@ -124,6 +136,9 @@ class TrialReporter:
         self.elapsed_to_target_s: float | None = None
         self.samples_to_target: int | None = None
         self._start: float | None = None
+        self.held_since = time.perf_counter()
+        """When the trial began holding its device (the wrapper sets its own entry): the
+        origin of ``held_s``, a plain wall clock, never synchronised."""
         self._eval_s = 0.0
         self._data_wait_s = 0.0
         self.reports: int = 0
@@ -205,7 +220,9 @@ class TrialReporter:
         if loss is not None:
             self.check_loss(loss)
         if not self.stopped and not self.eval_due and self.check_budgets_between_marks:
-            self._check_budgets(synchronize=False)
+            train_s = self._check_budgets(synchronize=False)
+            if not self.stopped and train_s - self._reported_train_s >= self.heartbeat_s:
+                self._emit()  # a heartbeat: the scheduler can cap between evaluations
         return self.stopped
 
     def check_loss(self, loss: float) -> bool:
@@ -225,7 +242,8 @@ class TrialReporter:
             )
         return self.stopped
 
-    def _check_budgets(self, synchronize: bool = True) -> None:
+    def _check_budgets(self, synchronize: bool = True) -> float:
+        """Stop on an exhausted time or sample budget; the training time it read."""
         train_s = 0.0
         if self._start is not None:
             train_s = self._now(synchronize) - self._start - self._eval_s
@@ -241,6 +259,7 @@ class TrialReporter:
                 f"sample budget of {self.max_samples} spent without reaching"
                 f" {self.target.metric} {self.target.value:g}",
             )
+        return train_s
 
     # ------------------------------------------------------------------ reports
 
@@ -328,6 +347,7 @@ class TrialReporter:
             keys.ELAPSED_S: elapsed,
             keys.TRAIN_S: train_s,
             keys.EVAL_S: self._eval_s,
+            keys.HELD_S: time.perf_counter() - self.held_since,
             keys.SAMPLES_SEEN: self.samples_seen,
             keys.STEPS: self.steps,
             keys.EVAL_MARK: self.last_mark,
@@ -355,7 +375,9 @@ class TrialReporter:
 
     def _emit(self) -> None:
         self.reports += 1
-        self._report_fn(self.metrics())
+        out = self.metrics()
+        self._reported_train_s = float(out[keys.TRAIN_S])
+        self._report_fn(out)
 
     # ------------------------------------------------------------------ context manager
 

@@ -132,6 +132,7 @@ def run_trial(
     fails the same way, stops early: :mod:`raybatch.run.failfast`).
     """
 
+    held_since = time.perf_counter()  # what the trial costs starts here, not at its clock
     during = "reading the trial's recipe"
     try:
         recipe = space.recipe_of(config)  # knobs the space refuses end the trial, not Ray's
@@ -144,8 +145,10 @@ def run_trial(
         reporter = _reporter(workload, space, settings, device, report_fn)
     except Exception as exc:  # no recipe, no device or no data: no reporter to use yet
         reporter = _bare_reporter(settings, report_fn)
+        reporter.held_since = held_since
         reporter.fail(exc, during)
         return reporter
+    reporter.held_since = held_since
     _set_threads_to_assigned_cpus()
     share = assigned_gpu_share()
     if share:  # the searcher retries a trial that ran out of memory while sharing its GPU

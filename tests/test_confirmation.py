@@ -1,0 +1,154 @@
+"""The confirmation's race (:class:`raybatch.run.confirmation.Race`), driven round by round as
+the driver drives it, with the rows a round returns; the verdict's comparisons and the cost."""
+
+from __future__ import annotations
+
+import pytest
+
+import raybatch
+from raybatch import Target, keys
+from raybatch.results.cost import search_cost
+from raybatch.results.rows import TrialRow
+from raybatch.results.selection import choose_winner
+from raybatch.run.confirmation import Race, Round
+from raybatch.status import TrialStatus
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+A = (64, 1, 4.0)
+B = (128, 1, 2.0)
+C = (32, 1, 2.0)
+MAX_BATCH = (256, 1, 1.0)
+SLACK = 1.2
+
+
+def _row(knobs: tuple[int, int, float], phase: str, time_s: float | None, seed: int,
+         status: TrialStatus | None = None, train_s: float | None = None,
+         held_s: float | None = None) -> TrialRow:  # fmt: skip
+    micro, accumulation, multiplier = knobs
+    reached = time_s is not None
+    status = status or (TrialStatus.REACHED if reached else TrialStatus.CENSORED)
+    return TrialRow.of(
+        SPACE.derive(micro, accumulation, 1, multiplier), phase, f"{phase}-{knobs}-{seed}", status,
+        time_to_target_s=time_s, train_s=train_s if train_s is not None else time_s,
+        held_s=held_s, seed=seed,
+    )  # fmt: skip
+
+
+def _search(*runs: tuple[tuple[int, int, float], float | None]) -> list[TrialRow]:
+    return [_row(k, keys.PHASE_SEARCH, t, seed=0) for k, t in runs]
+
+
+def _knobs(row: TrialRow) -> tuple[int, int, float]:
+    return row.micro_batch_size, row.accumulation_steps, row.lr_multiplier
+
+
+def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None]]
+          ) -> list[Round]:  # fmt: skip
+    """Run the race as the driver does: each round in order, the later runs capped at SLACK x
+    the first's time on that seed (what the round's CappingScheduler does)."""
+    rounds = []
+    while (round_ := race.next_round()) is not None:
+        rounds.append(round_)
+        rows, leader_s = [], None
+        for i, entrant in enumerate(round_.entrants):
+            t = times[_knobs(entrant)][round_.seed]
+            cap = None if leader_s is None else SLACK * leader_s
+            if i and cap is not None and (t is None or t > cap):
+                rows.append(_row(_knobs(entrant), keys.PHASE_CONFIRMATION, None, round_.seed,
+                                 TrialStatus.CAPPED, train_s=cap))  # fmt: skip
+                continue
+            rows.append(_row(_knobs(entrant), keys.PHASE_CONFIRMATION, t, round_.seed))
+            if i == 0:
+                leader_s = t
+        race.add(rows)
+    return rounds
+
+
+def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped() -> None:
+    """The search's run is the first pair (A 1.0 against B 1.5); on seed 1 A again reaches
+    first and B cannot reach by 1.2x A's time: one round, one training and 1.2 of a cap."""
+    rows = _search((A, 1.0), (B, 1.5), (C, 2.0))
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    rounds = _play(race, {A: {1: 1.0}, B: {1: 1.6}})
+    assert [[_knobs(e) for e in r.entrants] for r in rounds] == [[A, B]]
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and (best.config.micro_batch_size, best.config.lr_multiplier) == (64, 4)
+    assert best.provenance["time_to_target_s_runs"] == [1.0, 1.0]
+    cost = race.rows[-1]
+    assert cost.status is TrialStatus.CAPPED and cost.train_s == pytest.approx(1.2)
+
+
+def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None:
+    """Search: A 1.0, B 1.5; seed 1: A 1.6, B 1.1 (B reaches within its cap): the pairs
+    disagree and their median ratio (1.5 and 0.69: 1.02) is within noise: it ends there."""
+    rows = _search((A, 1.0), (B, 1.5))
+    race = Race(rows, top=2, seeds=[1, 2, 3], slack=SLACK)
+    rounds = _play(race, {A: {1: 1.6}, B: {1: 1.1}})
+    assert len(rounds) == 1
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.provenance["runner_up"]["within_noise"] is True
+
+
+def test_a_split_outside_the_indifference_zone_runs_one_more_seed() -> None:
+    """Search: A 1.0, B 2.0 (ratio 2.0); seed 1: B 1.0, A 1.15 (ratio 0.87): median 1.32,
+    outside the zone and the pairs disagree: seed 2 decides (A 1.0, B capped)."""
+    rows = _search((A, 1.0), (B, 2.0))
+    race = Race(rows, top=2, seeds=[1, 2, 3], slack=SLACK)
+    rounds = _play(race, {A: {1: 1.15, 2: 1.0}, B: {1: 1.0, 2: 2.0}})
+    assert [r.seed for r in rounds] == [1, 2]
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == 64
+
+
+def test_a_leader_that_misses_drops_out_and_the_next_candidate_enters() -> None:
+    """A misses the target on seed 1 (censored at its cap): it is out; with three candidates
+    allowed, C races B from the next seed on."""
+    rows = _search((A, 1.0), (B, 1.5), (C, 1.8))
+    race = Race(rows, top=3, seeds=[1, 2, 3], slack=SLACK)
+    rounds = _play(race, {A: {1: None}, B: {1: 1.5, 2: 1.5}, C: {2: 1.7}})
+    assert [[_knobs(e) for e in r.entrants] for r in rounds] == [[A, B], [B, C]]
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == 128
+
+
+def test_a_lone_candidate_runs_once_more_and_no_race_without_seeds() -> None:
+    rows = _search((A, 1.0), (B, None))
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    assert [[_knobs(e) for e in r.entrants] for r in _play(race, {A: {1: 1.1}})] == [[A]]
+    assert Race(rows, top=2, seeds=[], slack=SLACK).next_round() is None
+
+
+def test_the_verdict_compares_with_the_largest_batch_as_a_bound_when_it_was_capped() -> None:
+    """The largest batch at the rule's LR was capped at 2.5 s in the search, at 2x it reached
+    in 1.6 s: "at least 2.5x slower" and "1.6x slower" than the winner's 1.0 s."""
+    capped = _row(MAX_BATCH, keys.PHASE_SEARCH, None, 0, TrialStatus.CAPPED, train_s=2.5)
+    tuned = _row((256, 1, 2.0), keys.PHASE_SEARCH, 1.6, 0)
+    rows = [capped, tuned, *_search((A, 1.0), (B, 1.5))]
+    rows.append(_row(A, keys.PHASE_CONFIRMATION, 1.0, 1))
+    rows.append(_row(B, keys.PHASE_CONFIRMATION, None, 1, TrialStatus.CAPPED, train_s=1.2))
+    baseline = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
+    best = choose_winner(Target(0.97), rows, confirmed=True,
+                         measured_on={"baseline_point": baseline})  # fmt: skip
+    assert best is not None
+    compared = best.provenance["compared"]
+    assert compared["max_batch"]["bound"] == "at_least"
+    assert compared["max_batch"]["ratio"] == pytest.approx(2.5)
+    assert compared["max_batch_tuned"]["bound"] == "measured"
+    assert compared["max_batch_tuned"]["ratio"] == pytest.approx(1.6)
+
+
+def test_the_cost_counts_every_device_second_in_trainings_of_the_winner() -> None:
+    """Held seconds (start-up, data, probe, evaluation) and the time model count, not only the
+    training; pre-screened configs never ran and cost nothing."""
+    rows = [
+        _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=4.0),
+        _row(B, keys.PHASE_SEARCH, None, 0, TrialStatus.CAPPED, train_s=1.2, held_s=3.0),
+        _row(A, keys.PHASE_CONFIRMATION, 1.0, 1, held_s=4.0),
+        TrialRow.of(SPACE.derive(256), keys.PHASE_PRESCREEN, "p", TrialStatus.PRESCREENED_OUT),
+    ]
+    cost = search_cost(rows, unit_s=1.0, extra_device_s=5.0)
+    assert cost.trainings == pytest.approx(16.0) and cost.trainings_train == pytest.approx(3.2)
+    assert cost.runs == 3
+    assert "16.0 trainings" in cost.sentence()
+    with pytest.raises(ValueError, match="positive"):
+        search_cost(rows, unit_s=0.0)
