@@ -547,8 +547,7 @@ def render() -> str:
     for name in gpu_files:
         data = _load(name)
         if data is not None:
-            body = _gpu_section(name, data)
-            lines += [*body[:2], measured(data), "", *body[2:]]
+            lines += _gpu_section(name, data)  # it says what code it measured
     missing = [n for n in gpu_files if _load(n) is None]
     if missing:
         lines += [
@@ -588,7 +587,7 @@ def _gpu_section(name: str, data: dict[str, Any]) -> list[str]:
         ]
         lines.append("")
     for key, value in data.items():
-        if key in ("benchmark", "device", "torch", "date", "targets"):
+        if key in ("benchmark", "device", "torch", "date", "targets", "measured_at"):
             continue
         if isinstance(value, dict):
             for inner, item in value.items():
