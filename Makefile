@@ -50,11 +50,15 @@ bench: $(STAMP)
 	$(BIN)/python bench/gpu_check.py
 	$(BIN)/python bench/render_docs.py
 
-# Every GPU verification, on a machine with an NVIDIA GPU (a CUDA build of torch: set
-# TORCH_PIN to one); writes bench/results/gpu_*.json and renders them into docs/benchmarks.md.
-# No set-up and no index: it runs on an offline GPU machine's own python (bench/gpu_offline.sh).
+# Every GPU verification, in one call on a machine with an NVIDIA GPU, offline included: its own
+# python with a CUDA torch and nvidia-ml-py is enough (no set-up, no index, no Ray, Optuna or
+# pydantic). Checks each target and writes gpu_*.json, with the commit (git, else
+# RAYBATCH_COMMIT) and a hash of the source, to RAYBATCH_RESULTS_DIR (default bench/results/):
+#     RAYBATCH_COMMIT=<sha> RAYBATCH_RESULTS_DIR=<dir> make gpu-check
+# Exit status (bench/gpu_offline.sh): 0 every target met; 1 a target missed, or a check crashed
+# or ran out of its 7-minute budget; 2 no CUDA device here (it stops at once, runs nothing).
 gpu-check:
-	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) bash bench/gpu_offline.sh
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) bash bench/gpu_offline.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,27 +1,45 @@
 """Verify the GPU paths that only a real NVIDIA GPU can exercise (``make gpu-check`` runs this
 after ``gpu_memory_accuracy.py`` and ``gpu_trial_timing.py``).
 
-1. **NVML fields**: every GPU of the machine as raybatch reads it (name, total, free, other
-   processes' use — or ``None`` where NVML may not list processes), the budget it derives,
+1. **Packed trials, all at their caps at once** (run first, while this process holds no CUDA
+   context). ``k`` = 3 processes each hold ``1/k`` of the GPU and cap their allocators with
+   the shipped ``packed_memory_fraction(1/k, budget, total, context)``, the budget read from
+   NVML and the context measured by a fresh process, as a search does. Each builds a real
+   model (an MLP with AdamW), runs its steps once, then fills its slot to within
+   ``SLOT_MARGIN_BYTES`` of its cap; at a barrier all train at once for ``STEP_S`` while NVML's
+   device use is sampled. At a second barrier one of them trains a step on ``OVERRUN_FACTOR``
+   times the micro batch, whose activations overrun its cap (its slot held, the device still
+   had room), while its neighbours keep training. Targets: no process runs out of memory
+   while all are at their caps and each trains; the device use of the ``k`` (NVML, contexts
+   included) stays within the budget plus one context, the ``k`` slots' total, plus
+   ``ALLOWANCE_BYTES`` per process; what each uses beyond its allocator (its real context)
+   is within the measured context plus that allowance; the overrunning step gets the OOM
+   itself, from its cap (the device had the room), while every neighbour was training, and
+   every neighbour trains on without one.
+2. **NVML fields**: every GPU of the machine as raybatch reads it (name, total, free, other
+   processes' use, or ``None`` where NVML may not list processes), the budget it derives,
    and the utilisation monitor's figure and scope (``process`` where NVML gives per-process
-   utilisation, else ``device``) over two seconds of matmuls.
-2. **A real probe OOM is freed, and the next trial is unaffected**: the probe of a micro batch
-   that cannot fit says infeasible and leaves the allocated memory where it was; then a real
-   trial (``run_trial``, the wrapper's own path, device from the process) trains normally.
-3. **Two packed trials**: two processes each holding half a GPU cap their allocators with
-   ``packed_memory_fraction(0.5, budget, total)``; the one that stays within its slot keeps
-   running, the one that overruns gets the OOM — itself, not its neighbour — and the two caps
-   plus two CUDA contexts stay within the budget plus one context.
+   utilisation, else ``device``) over two seconds of matmuls. Targets: the GPUs are read, the
+   budget is positive, the monitor reads a utilisation above zero.
+3. **A real probe OOM is freed, and the next trial is unaffected**: the probe of a micro
+   batch that cannot fit says infeasible and leaves the allocated memory where it was (within
+   ``FREED_TOLERANCE_BYTES``); then a real trial (``run_trial``, the wrapper's own path,
+   device from the process, its own probe first) reaches its target.
 
-Run on a GPU machine: .venv/bin/python bench/gpu_check.py (writes bench/results/gpu_check.json).
-Without CUDA it says so and exits.
+A check that crashes is recorded with its error and misses its target; the others still run.
+
+Run on a GPU machine: python bench/gpu_check.py (writes gpu_check.json to
+``$RAYBATCH_RESULTS_DIR``, default bench/results/); exits 3 when a target is missed. Without
+CUDA it says so, writes nothing and exits 0. About a minute on an H100.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +47,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from provenance import write_result
+from gpu_recipes import StoredSpace, at_micro_batch, recipe
+from gpu_targets import Goal, at_least, at_most, finish, holds
+from provenance import measured_tree
 
 import raybatch
+from raybatch.errors import first_line
 from raybatch.memory.budget import (
     CUDA_CONTEXT_OVERHEAD_BYTES,
     read_all_devices,
@@ -41,12 +62,251 @@ from raybatch.memory.budget import (
 from raybatch.trial.placement import packed_memory_fraction
 
 REQUIRES_GPU = True
-RESULTS = Path(__file__).parent / "results" / "gpu_check.json"
-SLACK_BYTES = 64 * 2**20
-"""How far inside (or past) its cap each packed process allocates."""
+NAME = "gpu_check"
+PACKED = 3
+"""Processes packed on the GPU, each holding ``1/PACKED`` of it."""
+SLOT_MARGIN_BYTES = 256 * 2**20
+"""How far inside its cap each packed process fills its slot before training."""
+ALLOWANCE_BYTES = 64 * 2**20
+"""Per process: kernel modules a training step loads beyond the context measurement's."""
+STEP_S = 3.0
+WIDTH, LAYERS, MICRO_BATCH = 4096, 6, 8192
+"""The packed processes' MLP: 100M parameters (1.6 GB with AdamW's state and gradients) and
+about 1.5 GB of activations a step: a real step, a few a second with three sharing a GPU."""
+OVERRUN_FACTOR = 3
+"""The overrunning step's micro batch, in micro batches: its activations need some 2 GB more
+than its slot has left, and the device has room for them (the cap, not the device, refuses)."""
+OVERRUN_AFTER_S = 0.5
+FREED_TOLERANCE_BYTES = 2**20
+OOM_MICRO_BATCH = 1 << 17
+"""ResNet-18 at 64x64 on 131072 images: some 250 GB of activations, beyond any one GPU."""
+BARRIER_TIMEOUT_S = 180.0
 
 
-def nvml_fields() -> dict[str, Any]:
+# ---------------------------------------------------------------- 1. packed trials
+
+
+def _mlp() -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(LAYERS - 1):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
+
+
+def _step(model: torch.nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+
+def _train_for(seconds: float, step: Callable[[], None]) -> dict[str, Any]:
+    """One step, then more until ``seconds`` have passed, or until one runs out of memory."""
+    start, steps, oom = time.time(), 0, None
+    try:
+        while steps == 0 or time.time() - start < seconds:
+            step()
+            steps += 1
+    except torch.cuda.OutOfMemoryError as exc:
+        oom = first_line(exc)
+    return {"steps": steps, "oom": oom, "start": start, "end": time.time()}
+
+
+def _wait(barrier: Any) -> bool:
+    try:
+        barrier.wait(BARRIER_TIMEOUT_S)
+    except threading.BrokenBarrierError:
+        return False
+    return True
+
+
+def _packed_trial(
+    rank: int, budget: int, context_bytes: int, overrun: bool, barrier: Any, out: Any
+) -> None:
+    """One packed trial: cap, fill the slot, train with the others, overrun if asked."""
+    record: dict[str, Any] = {"rank": rank, "overruns": overrun}
+    try:
+        total = torch.cuda.get_device_properties(0).total_memory
+        fraction = packed_memory_fraction(1 / PACKED, budget, total, context_bytes)
+        if fraction is None:
+            raise RuntimeError("packed_memory_fraction gave no cap for a 1/k share")
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        cap = int(fraction * total)
+        record.update(fraction=fraction, cap_bytes=cap)
+        model = _mlp().cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(MICRO_BATCH, WIDTH, device="cuda")
+        y = torch.randint(0, 10, (MICRO_BATCH,), device="cuda")
+        if overrun:  # its next, larger batch is already loaded: the step is what overruns
+            big_x, big_y = x.repeat(OVERRUN_FACTOR, 1), y.repeat(OVERRUN_FACTOR)
+        _step(model, optimizer, x, y)  # the optimizer's state, cuBLAS, the kernels
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        _step(model, optimizer, x, y)
+        record["step_peak_bytes"] = torch.cuda.max_memory_allocated() - before
+        ballast = torch.empty(  # noqa: F841 (held: the slot is full)
+            cap - torch.cuda.memory_reserved() - SLOT_MARGIN_BYTES, dtype=torch.uint8, device="cuda"
+        ).fill_(1)
+        torch.cuda.synchronize()
+        record["reserved_at_cap_bytes"] = torch.cuda.memory_reserved()
+    except Exception as exc:
+        record["setup_error"] = f"{type(exc).__name__}: {first_line(exc)}"
+    ready = "setup_error" not in record
+    _wait(barrier)  # 1: every slot is full
+    if ready:
+        record["at_caps"] = _train_for(STEP_S, lambda: _step(model, optimizer, x, y))
+    _wait(barrier)  # 2: one overruns while the others train on
+    if ready and overrun:
+        time.sleep(OVERRUN_AFTER_S)  # the neighbours are training by now
+        device = read_device_memory(0)
+        record["device_free_before_overrun_bytes"] = None if device is None else device.free_bytes
+        record["overrun"] = _train_for(0.0, lambda: _step(model, optimizer, big_x, big_y))
+    elif ready:
+        record["beside_overrun"] = _train_for(STEP_S, lambda: _step(model, optimizer, x, y))
+    record["max_reserved_bytes"] = torch.cuda.max_memory_reserved() if ready else None
+    _wait(barrier)  # 3: done
+    out.put(record)
+
+
+class _Sampler:
+    """NVML's device use, sampled in a thread until stopped; the peak of each phase."""
+
+    def __init__(self) -> None:
+        self.phase = "starting"
+        self.peaks: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            device = read_device_memory(0)
+            if device is not None:
+                self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), device.used_bytes)
+            time.sleep(0.02)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _context_process(out: Any) -> None:
+    """A fresh process measures its own CUDA context, as the search's measuring task does."""
+    from raybatch.memory.context import measure_context_bytes
+
+    out.put(measure_context_bytes(0))
+
+
+def packed_trials() -> tuple[dict[str, Any], list[Goal]]:
+    import torch.multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    queue = spawn.Queue()
+    measurer = spawn.Process(target=_context_process, args=(queue,))
+    measurer.start()
+    measured = queue.get(timeout=120)
+    measurer.join()
+    context_bytes = measured or CUDA_CONTEXT_OVERHEAD_BYTES
+    baseline = read_device_memory(0)
+    if baseline is None:
+        raise RuntimeError("NVML cannot read the device: the packing check needs it")
+    budget = resolve_budget(context_overhead_bytes=context_bytes).bytes
+    barrier = spawn.Barrier(PACKED + 1)
+    trials = [
+        spawn.Process(target=_packed_trial, args=(i, budget, context_bytes, i == 0, barrier, queue))
+        for i in range(PACKED)
+    ]
+    with _Sampler() as sampler:
+        for p in trials:
+            p.start()
+        sampler.phase = "filling"
+        _wait(barrier)
+        sampler.phase = "at_caps"
+        _wait(barrier)
+        sampler.phase = "overrun"
+        _wait(barrier)
+        records = sorted((queue.get(timeout=60) for _ in trials), key=lambda r: r["rank"])
+    for p in trials:
+        p.join(timeout=60)
+    used_by_trials = max(sampler.peaks.values(), default=0) - baseline.used_bytes
+    reserved = sum(r.get("reserved_at_cap_bytes") or 0 for r in records)
+    at_caps_used = sampler.peaks.get("at_caps", 0) - baseline.used_bytes
+    beyond_allocator = (at_caps_used - reserved) / PACKED
+    over, neighbours = records[0], records[1:]
+    overrun = over.get("overrun", {})
+    needed = OVERRUN_FACTOR * over.get("step_peak_bytes", 0)
+    data = {
+        "processes": PACKED,
+        "budget_bytes": budget,
+        "context_bytes_measured": measured,
+        "context_bytes_assumed": CUDA_CONTEXT_OVERHEAD_BYTES,
+        "slots_with_contexts_bytes": budget + context_bytes,
+        "device_used_before_bytes": baseline.used_bytes,
+        "device_used_peaks_bytes": sampler.peaks,
+        "device_used_by_trials_bytes": used_by_trials,
+        "reserved_at_caps_bytes": reserved,
+        "overrun_step_needs_about_bytes": needed,
+        "beyond_allocator_per_process_bytes": beyond_allocator,
+        "trials": records,
+    }
+    at_caps = [r.get("at_caps", {}) for r in records]
+    beside = [n.get("beside_overrun", {}) for n in neighbours]
+    when = overrun.get("end", -1.0)  # the OOM
+    overlapped = bool(beside) and all(
+        b.get("start", 1e30) <= when <= b.get("end", -1e30) for b in beside
+    )
+    trained_on = bool(beside) and all(
+        b.get("steps", 0) > 0 and b.get("oom") is None for b in beside
+    )
+    goals = [
+        holds(
+            "packed_all_filled_their_slots",
+            all("setup_error" not in r for r in records),
+            "every process filled its slot",
+        ),
+        holds(
+            "packed_none_oom_at_caps",
+            all(a.get("steps", 0) > 0 and a.get("oom") is None for a in at_caps),
+            "every process trains at its cap without an OOM",
+        ),
+        at_most(
+            "packed_device_use_bytes",
+            used_by_trials,
+            budget + context_bytes + PACKED * ALLOWANCE_BYTES,
+        ),
+        at_most("packed_context_bytes", beyond_allocator, context_bytes + ALLOWANCE_BYTES),
+        holds(
+            "overrun_step_gets_the_oom",
+            overrun.get("oom") is not None,
+            "the overrunning step runs out of memory",
+        ),
+        holds(
+            "overrun_from_its_cap_not_the_device",
+            (over.get("device_free_before_overrun_bytes") or 0) > needed > 0,
+            "the device had room for the step: the cap refused it",
+        ),
+        holds(
+            "overrun_while_neighbours_train",
+            overlapped,
+            "the OOM came while every neighbour was training",
+        ),
+        holds(
+            "neighbours_train_on",
+            trained_on,
+            "every neighbour trains through the overrun without an OOM",
+        ),
+    ]
+    return data, goals
+
+
+# ---------------------------------------------------------------- 2. NVML fields
+
+
+def nvml_fields() -> tuple[dict[str, Any], list[Goal]]:
     from dataclasses import asdict
 
     from raybatch.trial.gpu_monitor import UtilizationMonitor
@@ -60,8 +320,9 @@ def nvml_fields() -> dict[str, Any]:
     torch.cuda.synchronize()
     time.sleep(0.2)
     monitor.stop()
+    del a
     budget = resolve_budget()
-    return {
+    data = {
         "devices": None if devices is None else [asdict(d) for d in devices],
         "device_0": None if (d := read_device_memory(0)) is None else asdict(d),
         "budget_bytes": budget.bytes,
@@ -69,26 +330,49 @@ def nvml_fields() -> dict[str, Any]:
         "utilization_percent": monitor.mean(),
         "utilization_scope": monitor.scope,
     }
+    goals = [
+        at_least("nvml_devices_read", len(devices or []), 1),
+        at_least("nvml_budget_bytes", budget.bytes, 1),
+        at_least("nvml_utilization_under_matmuls_percent", monitor.mean(), 1),
+    ]
+    return data, goals
 
 
-def probe_oom_then_trial() -> dict[str, Any]:
-    from gpu_trial_timing import SPACE, LearnableResNet
+# ---------------------------------------------------------------- 3. probe OOM, then a trial
 
+
+def probe_oom_then_trial() -> tuple[dict[str, Any], list[Goal]]:
+    from gpu_trial_timing import LearnableResNet
+
+    from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory.probe import probe, release_memory
     from raybatch.trial.settings import TrialSettings
     from raybatch.trial.wrapper import run_trial
 
-    workload = LearnableResNet()
     release_memory("cuda:0")
     before = torch.cuda.memory_allocated(0)
-    too_big = probe(workload, SPACE.derive(1 << 16), "cuda:0")
+    too_big = probe(
+        LearnableResNet(),
+        at_micro_batch(recipe("resnet50_imagenet_sgd", None), OOM_MICRO_BATCH),
+        "cuda:0",
+    )
     after = torch.cuda.memory_allocated(0)
     reports: list[dict[str, Any]] = []
-    settings = TrialSettings(target=raybatch.Target(0.3), max_time_s=20.0, eval_every_samples=2048)
-    reporter = run_trial(workload, SPACE, settings, {"micro_batch_size": 64}, reports.append)
+    settings = TrialSettings(target=raybatch.Target(0.9), max_time_s=30.0, eval_every_samples=512)
+    reporter = run_trial(
+        DigitsWorkload(),
+        StoredSpace("digits_cnn_sgd"),  # type: ignore[arg-type]
+        settings,
+        {"micro_batch_size": 64},
+        reports.append,
+    )
     release_memory("cuda:0")
-    return {
-        "oom_probe": {"fits": too_big.fits, "error": too_big.error},
+    data = {
+        "oom_probe": {
+            "micro_batch_size": OOM_MICRO_BATCH,
+            "fits": too_big.fits,
+            "error": too_big.error,
+        },
         "allocated_before_probe": before,
         "allocated_after_probe": after,
         "next_trial_status": reporter.status.value,
@@ -96,88 +380,52 @@ def probe_oom_then_trial() -> dict[str, Any]:
         "next_trial_reports": len(reports),
         "allocated_after_trial": torch.cuda.memory_allocated(0),
     }
+    goals = [
+        holds("oom_probe_says_infeasible", too_big.fits is False, "the probe says it cannot fit"),
+        at_most("oom_probe_left_allocated_bytes", abs(after - before), FREED_TOLERANCE_BYTES),
+        holds(
+            "next_trial_reaches_target",
+            reporter.status.value == "reached",
+            "the next trial reaches its target",
+        ),
+    ]
+    return data, goals
 
 
-def _packed_process(fraction: float, nbytes: int, hold_s: float, out: Any) -> None:
-    """One packed trial: cap the allocator, allocate ``nbytes``, hold it, say what happened."""
-    import torch
-
-    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+def _guarded(name: str, check: Callable[[], tuple[dict[str, Any], list[Goal]]]
+             ) -> tuple[dict[str, Any], list[Goal]]:  # fmt: skip
+    """Run one check; a crash is recorded and misses the check's target."""
     try:
-        block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        block.fill_(1)
-        torch.cuda.synchronize()
-        time.sleep(hold_s)
-        out.put({"allocated": nbytes, "oom": False})
-    except torch.cuda.OutOfMemoryError as exc:
-        out.put({"allocated": 0, "oom": True, "error": str(exc).splitlines()[0]})
+        return check()
+    except Exception as exc:
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {first_line(exc)}"
+        return {"error": error}, [holds(f"{name}_ran", False, "the check ran to its end")]
 
 
-def _context_process(out: Any) -> None:
-    """A fresh process measures its own CUDA context, as the search's measuring task does."""
-    from raybatch.memory.context import measure_context_bytes
-
-    out.put(measure_context_bytes(0))
-
-
-def packed_pair() -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    measurer = context.Process(target=_context_process, args=(queue,))
-    measurer.start()
-    measured = queue.get(timeout=120)
-    measurer.join()
-    context_bytes = measured or CUDA_CONTEXT_OVERHEAD_BYTES
-    total = torch.cuda.get_device_properties(0).total_memory
-    budget = resolve_budget(context_overhead_bytes=context_bytes).bytes
-    fraction = packed_memory_fraction(0.5, budget, total, context_bytes)
-    assert fraction is not None
-    cap = int(fraction * total)
-    within = context.Process(target=_packed_process, args=(fraction, cap - SLACK_BYTES, 6.0, queue))
-    over = context.Process(target=_packed_process, args=(fraction, cap + SLACK_BYTES, 0.0, queue))
-    within.start()
-    time.sleep(2.0)  # the first holds its slot while the second overruns
-    used = read_device_memory(0)
-    over.start()
-    outcomes = sorted((queue.get(timeout=120) for _ in range(2)), key=lambda r: r["oom"])
-    within.join()
-    over.join()
-    return {
-        "budget_bytes": budget,
-        "total_bytes": total,
-        "fraction": fraction,
-        "cap_bytes": cap,
-        "context_bytes_measured": measured,
-        "context_bytes_assumed": CUDA_CONTEXT_OVERHEAD_BYTES,
-        "two_slots_with_contexts_bytes": 2 * (cap + context_bytes),
-        "budget_plus_one_context_bytes": budget + context_bytes,
-        "nvml_used_while_one_held_bytes": None if used is None else used.used_bytes,
-        "within_slot": outcomes[0],
-        "over_slot": outcomes[1],
-        "neighbour_unaffected": not outcomes[0]["oom"] and outcomes[1]["oom"],
-    }
-
-
-def main() -> None:
+def main() -> int:
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run this on a GPU machine.")
-        return
+        print(f"{NAME}: no CUDA device here; run this on a GPU machine.")
+        return 0
+    at = measured_tree()
     start = time.time()
-    data = {
-        "benchmark": "gpu_check",
+    data: dict[str, Any] = {
+        "benchmark": NAME,
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
-        "nvml": nvml_fields(),
-        "probe_oom_then_trial": probe_oom_then_trial(),
-        "packed_pair": packed_pair(),
     }
+    goals: list[Goal] = []
+    for name, check in (
+        ("packed_trials", packed_trials),  # first: this process holds no CUDA memory yet
+        ("nvml", nvml_fields),
+        ("probe_oom_then_trial", probe_oom_then_trial),
+    ):
+        data[name], more = _guarded(name, check)
+        goals += more
     data["wall_s"] = time.time() - start
-    write_result(RESULTS, data)
-    print(json.dumps(data, indent=2))
+    return finish(NAME, data, goals, at)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,59 +1,65 @@
 #!/usr/bin/env bash
-# The GPU check on a machine that is offline and has no Ray, Optuna or pydantic installed:
-# python with a CUDA build of torch and nvidia-ml-py is enough, plus this repository and the
-# small wheels in bench/wheels/ (pydantic and its dependencies; docs/clusters.md).
-# Nothing is installed from an index: the wheels go into a temporary folder on PYTHONPATH.
+# The GPU checks in one call, on a machine that is offline: a python with a CUDA build of torch
+# and nvidia-ml-py, and this repository. Nothing is installed, and no Ray, Optuna or pydantic
+# is needed (the Ray leg runs where they are installed: docs/clusters.md).
 #
-# A wheel over the 64 MiB a transfer may carry (Ray's is about 79 MB) travels in parts:
-#     bash bench/gpu_offline.sh --split path/to/ray-*.whl     # here: writes bench/wheels/*.part-*
-# and this script joins them back before installing. With Ray and Optuna present too, it also
-# runs `raybatch check` and a short search on the GPU; without them it says those are skipped.
+#     RAYBATCH_COMMIT=<sha> RAYBATCH_RESULTS_DIR=<dir> bash bench/gpu_offline.sh   # make gpu-check
 #
-# Usage: bash bench/gpu_offline.sh [--split WHEEL] ; PYTHON=python3.12 to choose the python.
-set -euo pipefail
+# Each check runs under `timeout`, all of them within GPU_CHECK_BUDGET_S (420 s); one that
+# misses a target, crashes or runs out of time does not stop the next. The results, gpu_*.json
+# (with the commit and a hash of the source) and this log, go to $RAYBATCH_RESULTS_DIR
+# (default bench/results/, where docs/benchmarks.md is then rendered from them).
+#
+# Exit status: 0 when every check ran and met its targets; 1 when a target was missed, or a
+# check crashed or ran out of time (each is named at the end); 2 when there is no CUDA device
+# here (nothing is run). PYTHON chooses the python (default python3).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WHEELS=bench/wheels
+BUDGET_S=${GPU_CHECK_BUDGET_S:-420}
+RESULTS=${RAYBATCH_RESULTS_DIR:-bench/results}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-if [[ "${1:-}" == "--split" ]]; then
-    mkdir -p "$WHEELS"
-    split -b 60m "$2" "$WHEELS/$(basename "$2").part-"
-    # The whole wheel is over what a transfer carries: only its parts stay beside the others.
-    if [[ "$(cd "$(dirname "$2")" && pwd)" == "$PWD/$WHEELS" ]]; then rm -f "$2"; fi
-    ls -l "$WHEELS"
-    exit 0
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "gpu-check: $PY has no torch; set PYTHON to the python with a CUDA build of torch" >&2
+    exit 2
 fi
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu-check: no CUDA device here (torch.cuda.is_available() is False); nothing was run" >&2
+    exit 2
+fi
+mkdir -p "$RESULTS"
+exec > >(tee "$RESULTS/gpu-check.log") 2>&1
 
-DEPS=$(mktemp -d)
-trap 'rm -rf "$DEPS"' EXIT
-if compgen -G "$WHEELS/*.part-*" >/dev/null; then
-    for first in "$WHEELS"/*.part-aa; do
-        whl=${first%.part-aa}
-        cat "$whl".part-* > "$DEPS/$(basename "$whl")"
-    done
-fi
-if compgen -G "$WHEELS/*.whl" >/dev/null; then cp "$WHEELS"/*.whl "$DEPS"/; fi
-# Each wheel on its own: one that does not install here (another python) is said and skipped,
-# and the checks that need only torch and NVML still run.
-if compgen -G "$DEPS/*.whl" >/dev/null; then
-    for whl in "$DEPS"/*.whl; do
-        "$PY" -m pip install --quiet --no-index --no-deps --target "$DEPS/site" "$whl" \
-            || echo "gpu-check: could not install $(basename "$whl") here; skipped"
-    done
-fi
-export PYTHONPATH="$PWD:$DEPS/site${PYTHONPATH:+:$PYTHONPATH}"
+start=$SECONDS
+failed=()
+check() {  # check NAME CAP_S: one script, within its cap and what is left of the budget
+    local left=$((BUDGET_S - (SECONDS - start)))
+    local cap=$(($2 < left ? $2 : left))
+    if ((cap < 10)); then
+        failed+=("$1 (not run: the ${BUDGET_S} s budget is spent)")
+        return
+    fi
+    echo "gpu-check: $1, at most $cap s"
+    timeout --kill-after=10 "$cap" "$PY" "bench/$1.py"
+    local status=$?
+    case $status in
+        0) ;;
+        3) failed+=("$1 (a target missed)") ;;
+        124 | 137) failed+=("$1 (out of time after $cap s)") ;;
+        *) failed+=("$1 (crashed, exit status $status)") ;;
+    esac
+}
+check gpu_trial_timing 90
+check gpu_check 150
+check gpu_memory_accuracy 240
 
-"$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device here (torch.cuda.is_available() is False)')"
-"$PY" bench/gpu_memory_accuracy.py
-"$PY" bench/gpu_trial_timing.py
-"$PY" bench/gpu_check.py
-if "$PY" -c "import ray, optuna" 2>/dev/null; then
-    "$PY" -m raybatch check --json
-    RUN=$(mktemp -d)
-    "$PY" -m raybatch search raybatch.examples.digits:workload --target 0.97 --trials 6 \
-        --max-time-per-trial 20 --run-dir "$RUN/run" --quiet
-    rm -rf "$RUN"
-else
-    echo "gpu-check: skipped raybatch check and the search on the GPU: Ray and Optuna are not here"
+if [[ -z "${RAYBATCH_RESULTS_DIR:-}" ]]; then
+    "$PY" bench/render_docs.py || failed+=("render_docs (crashed)")
 fi
-"$PY" bench/render_docs.py
+echo "gpu-check: $((SECONDS - start)) s"
+if ((${#failed[@]})); then
+    printf 'gpu-check: FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "gpu-check: every target met"

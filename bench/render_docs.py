@@ -547,8 +547,7 @@ def render() -> str:
     for name in gpu_files:
         data = _load(name)
         if data is not None:
-            body = _gpu_section(name, data)
-            lines += [*body[:2], measured(data), "", *body[2:]]
+            lines += _gpu_section(name, data)  # it says what code it measured
     missing = [n for n in gpu_files if _load(n) is None]
     if missing:
         lines += [
@@ -573,8 +572,22 @@ def _gpu_section(name: str, data: dict[str, Any]) -> list[str]:
         f" the full record is `bench/results/{name}.json`.",
         "",
     ]
+    targets = data.get("targets", {})
+    if targets:
+        missed = [name for name, t in targets.items() if not t["met"]]
+        lines += [
+            f"Targets: {len(targets) - len(missed)} of {len(targets)} met"
+            + (f"; missed: {', '.join(missed)}." if missed else "."),
+            "",
+        ]
+        lines += [
+            f"- {'met' if t['met'] else '**missed**'}: {name} = {_figure(t['measured'])}"
+            f" (target {t['target']})"
+            for name, t in targets.items()
+        ]
+        lines.append("")
     for key, value in data.items():
-        if key in ("benchmark", "device", "torch", "date"):
+        if key in ("benchmark", "device", "torch", "date", "targets", "measured_at"):
             continue
         if isinstance(value, dict):
             for inner, item in value.items():
@@ -583,6 +596,10 @@ def _gpu_section(name: str, data: dict[str, Any]) -> list[str]:
         elif isinstance(value, int | float | bool | str):
             lines.append(f"- {key}: {value}")
     return [*lines, ""]
+
+
+def _figure(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _tally(workloads: dict[str, Any], recipe: str) -> str:

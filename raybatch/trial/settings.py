@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, parse_size
 from raybatch.metric import Target
-from raybatch.space.search_space import SearchSpace
 from raybatch.status import PAR_FACTOR
 from raybatch.trial.loop import LoopOptions
 from raybatch.workload import Workload
+
+if TYPE_CHECKING:  # typing only: a trial's import path holds no pydantic
+    from raybatch.space.search_space import SearchSpace
 
 PARTS_ATTRIBUTE = "raybatch_parts"
 """The attribute of a :func:`raybatch.trainable` function that holds its :class:`TrialParts`."""

@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import RaybatchError, first_line
@@ -37,8 +37,6 @@ from raybatch.memory.probe import is_out_of_memory, model_bytes, probe, release_
 from raybatch.metric import Target, resolve_target
 from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig
-from raybatch.space.presets import load_space
-from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
@@ -53,6 +51,11 @@ from raybatch.trial.placement import (
 from raybatch.trial.reporting import ReportFn, TrialReporter
 from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialParts, TrialSettings, settings_of
 from raybatch.workload import Workload
+
+# Typing only: a trial's import path holds no pydantic (the offline GPU check runs trials
+# on a machine without it); trainable() imports the space where it loads one.
+if TYPE_CHECKING:
+    from raybatch.space.search_space import SearchSpace
 
 EVALS_PER_EPOCH = 4
 
@@ -427,6 +430,9 @@ def trainable(
         >>> fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.97, max_time_s=30)
         >>> # tune.Tuner(raybatch.with_resources(fn, ...), param_space=..., ...)
     """
+
+    from raybatch.space.presets import load_space
+    from raybatch.space.search_space import SearchSpace
 
     resolved = space if isinstance(space, SearchSpace) else load_space(space)
     # The closure below carries the workload to Ray's workers: send its code by value, so a

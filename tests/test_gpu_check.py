@@ -1,0 +1,304 @@
+"""The GPU check's offline start, its targets, its results folder and its record of the code.
+
+What needs a GPU runs on one (``make gpu-check``); these prove, on any machine, that the
+scripts start on the lent GPU machine (torch and NVML, no Ray, Optuna or pydantic), that a
+missed target fails the check, and that a result says which code it measured.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+GPU_SCRIPTS = ("gpu_trial_timing", "gpu_check", "gpu_memory_accuracy")
+HIDDEN = ("ray", "optuna", "pydantic")
+
+HIDE = """
+import importlib.abc, sys
+
+class _Absent(importlib.abc.MetaPathFinder):
+    # What the lent GPU machine lacks: importing it fails, as it would there.
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {hidden!r}:
+            raise ImportError(f"No module named {{name!r}} (not on the GPU machine)")
+
+sys.meta_path.insert(0, _Absent())
+"""
+
+
+def _load(name: str) -> ModuleType:
+    """A bench module, imported as the scripts import their siblings (``bench/`` on the path)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def offline(tmp_path: Path) -> dict[str, str]:
+    """The environment of the lent GPU machine, as far as a CPU machine can stand for it: Ray,
+    Optuna and pydantic cannot be imported (a ``sitecustomize`` on ``PYTHONPATH``), CUDA is
+    hidden (no visible device), and results go to a folder of the test's own."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=HIDDEN))
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{hide}{os.pathsep}{REPO}",
+        "CUDA_VISIBLE_DEVICES": "",
+        "RAYBATCH_RESULTS_DIR": str(tmp_path / "results"),
+    }
+
+
+def _python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+
+def test_the_hiding_hides_ray_optuna_pydantic_and_cuda(
+    offline: dict[str, str], tmp_path: Path
+) -> None:
+    """The control: under the fixture, what the GPU machine lacks cannot be imported here."""
+    done = _python(
+        """
+        import importlib, torch
+        for name in ("ray", "optuna", "pydantic"):
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                print("hidden", name)
+        print("cuda", torch.cuda.is_available())
+        """,
+        offline,
+        tmp_path,
+    )
+    assert done.stdout.split("\n")[:4] == [*(f"hidden {n}" for n in HIDDEN), "cuda False"]
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS)
+def test_each_gpu_script_starts_offline_and_says_there_is_no_cuda(
+    script: str, offline: dict[str, str], tmp_path: Path
+) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / f"{script}.py")], env=offline,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"{script}: no CUDA device here; run this on a GPU machine."
+    assert not (tmp_path / "results").exists()  # nothing written without a GPU
+
+
+def test_the_gpu_checks_whole_import_path_and_a_trial_run_offline(
+    offline: dict[str, str], tmp_path: Path
+) -> None:
+    """Beyond each script's top: every module its checks import inside functions, every
+    stored recipe, and a real trial through ``run_trial`` (the probe-then-trial check's path)
+    with the stored recipes standing in for the space, on the CPU."""
+    done = _python(
+        """
+        import sys
+        sys.path.insert(0, "BENCH")
+        import gpu_check, gpu_memory_accuracy, gpu_trial_timing
+        from gpu_recipes import USED, StoredSpace, recipe
+        import raybatch
+        from raybatch.examples.digits import DigitsWorkload
+        from raybatch.memory.context import measure_context_bytes
+        from raybatch.trial.gpu_monitor import UtilizationMonitor
+        from raybatch.trial.settings import TrialSettings
+        from raybatch.trial.wrapper import run_trial
+
+        print("recipes", sum(recipe(n, b).micro_batch_size > 0 for n, s in USED.items() for b in s))
+        rows = gpu_memory_accuracy.predictions({"mlp": [2, 4]}, dtypes=(None,))
+        print("predicted", all(r["predicted_bytes"] > 0 for r in rows))
+        settings = TrialSettings(raybatch.Target(0.5), max_time_s=20, eval_every_samples=512)
+        reporter = run_trial(DigitsWorkload(), StoredSpace("digits_cnn_sgd"), settings,
+                             {"micro_batch_size": 64}, lambda r: None)
+        print("trial", reporter.status.value)
+        loaded = {m.split(".")[0] for m in sys.modules}
+        print("loaded", sorted(loaded & {"ray", "optuna", "pydantic"}))
+        """.replace("BENCH", str(BENCH)),
+        offline,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    recipes = sum(len(sizes) for sizes in _load("gpu_recipes").USED.values())
+    assert done.stdout.splitlines() == [f"recipes {recipes}", "predicted True", "trial reached",
+                                        "loaded []"]  # fmt: skip
+
+
+def test_make_gpu_check_stops_at_once_without_cuda(offline: dict[str, str]) -> None:
+    env = {**offline, "PYTHON": sys.executable, "PIP_INDEX_URL": "http://0.0.0.0:9/none"}
+    done = subprocess.run(["bash", str(BENCH / "gpu_offline.sh")], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert "gpu-check: no CUDA device here" in done.stderr
+    assert not Path(offline["RAYBATCH_RESULTS_DIR"]).exists()
+
+
+# ---------------------------------------------------------------- targets
+
+
+def test_a_target_is_met_only_by_a_measured_value_on_its_side() -> None:
+    t = _load("gpu_targets")
+    assert t.at_most("e", 0.01, 0.02).met and not t.at_most("e", 0.03, 0.02).met
+    assert t.at_least("n", 3, 3).met and not t.at_least("n", 2, 3).met
+    assert t.within("r", 1.0, 0.98, 1.02).met and not t.within("r", 0.9, 0.98, 1.02).met
+    assert t.holds("h", True).met and not t.holds("h", False).met and not t.holds("h", 1).met
+    for unmeasured in (None, math.nan, math.inf, True):  # a bool is no measurement of a size
+        assert not t.at_most("e", unmeasured, 1e9).met
+        assert not t.at_least("e", unmeasured, -1e9).met
+
+
+def test_a_missed_target_fails_the_check_and_says_which(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = _load("gpu_targets")
+    monkeypatch.setenv("RAYBATCH_RESULTS_DIR", str(tmp_path))
+    met = [t.at_most("clock_error", 0.001, 0.02), t.holds("no_oom", True)]
+    assert t.exit_status(met) == 0
+    assert t.exit_status([]) == t.MISSED  # a check that states no target checks nothing
+    goals = [*met, t.at_most("clock_error_unsynchronised", 0.3, 0.02)]
+    at = {"commit": "abc", "clean": None, "date": "d"}
+    assert t.finish("gpu_x", {"benchmark": "gpu_x"}, goals, at) == t.MISSED == 3
+    out = capsys.readouterr().out
+    assert "gpu_x: MISSED clock_error_unsynchronised: 0.3 (target <= 0.02)" in out
+    assert "gpu_x: 1 target(s) missed" in out
+    record = json.loads((tmp_path / "gpu_x.json").read_text())
+    assert record["targets"]["clock_error_unsynchronised"] == {
+        "target": "<= 0.02", "measured": 0.3, "met": False,
+    }  # fmt: skip
+    assert record["targets"]["no_oom"]["met"] is True and record["measured_at"] == at
+
+
+def test_gpu_offline_sh_goes_on_past_a_failed_check_and_fails_at_the_end(tmp_path: Path) -> None:
+    """The runner, with the three scripts replaced by stand-ins: one misses a target, one
+    crashes, one passes, each still runs, and the run fails naming the two."""
+    copy = tmp_path / "repo"
+    (copy / "bench").mkdir(parents=True)
+    (copy / "bench" / "gpu_offline.sh").write_text((BENCH / "gpu_offline.sh").read_text())
+    stand_ins = {"gpu_trial_timing": "sys.exit(3)", "gpu_check": "raise RuntimeError('boom')",
+                 "gpu_memory_accuracy": "pass"}  # fmt: skip
+    for name, body in stand_ins.items():
+        (copy / "bench" / f"{name}.py").write_text(f"import sys\nprint('ran {name}')\n{body}\n")
+    fake_torch = tmp_path / "fake" / "torch"
+    fake_torch.mkdir(parents=True)
+    (fake_torch / "__init__.py").write_text(
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return True\n"
+    )
+    results = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path / "fake"),
+           "RAYBATCH_RESULTS_DIR": str(results)}  # fmt: skip
+    done = subprocess.run(["bash", str(copy / "bench" / "gpu_offline.sh")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    for name in stand_ins:
+        assert f"ran {name}" in done.stdout
+    assert "gpu-check: FAILED: gpu_trial_timing (a target missed)" in done.stdout
+    assert "gpu-check: FAILED: gpu_check (crashed, exit status 1)" in done.stdout
+    assert "gpu_memory_accuracy (" not in done.stdout
+    assert "ran gpu_check" in (results / "gpu-check.log").read_text()
+
+
+# ---------------------------------------------------------------- the results and their code
+
+
+def test_results_go_to_the_folder_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    provenance = _load("provenance")
+    monkeypatch.delenv("RAYBATCH_RESULTS_DIR", raising=False)
+    assert provenance.results_dir() == REPO / "bench" / "results"
+    monkeypatch.setenv("RAYBATCH_RESULTS_DIR", str(tmp_path / "out"))
+    assert provenance.results_dir() == tmp_path / "out"
+
+
+def test_a_result_records_the_commit_from_git_with_the_source_hash() -> None:
+    provenance = _load("provenance")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    at = provenance.measured_tree()
+    assert at["commit"] == head and at["commit_from"] == "git"
+    assert at["source_sha256"] == provenance.source_sha256()
+
+
+def test_a_copy_without_git_records_the_given_commit_and_a_hash_that_matches_it(
+    tmp_path: Path,
+) -> None:
+    """The lent machine's case: the tree of HEAD copied without its git directory says the
+    commit it was given, and its source hash is the one git computes for HEAD."""
+    provenance = _load("provenance")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    tar = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=REPO,
+                         capture_output=True, check=True).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(copy, filter="data")
+    (copy / "bench" / "results" / "gpu_check.json").write_text("{}")  # results are not code
+    (copy / "bench" / "__pycache__").mkdir(exist_ok=True)
+    (copy / "bench" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    env = {**os.environ, "RAYBATCH_COMMIT": "0123abc", "GIT_CEILING_DIRECTORIES": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import json, provenance; print(json.dumps(provenance.measured_tree()))"],
+        cwd=copy / "bench", env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    at = json.loads(done.stdout)
+    assert (at["commit"], at["commit_from"], at["clean"]) == ("0123abc", "RAYBATCH_COMMIT", None)
+    assert at["source_sha256"] == provenance.commit_source_sha256("HEAD")
+    (copy / "raybatch" / "keys.py").write_text("# edited\n")  # other code: another hash
+    assert provenance.source_sha256(copy) != at["source_sha256"]
+
+
+# ---------------------------------------------------------------- the stored recipes
+
+
+def test_the_stored_recipes_are_what_the_presets_derive() -> None:
+    recipes = _load("gpu_recipes")
+    stored = json.loads(recipes.FILE.read_text())
+    assert stored == json.loads(json.dumps(recipes.derive_all())), (
+        "run python bench/gpu_recipes.py and commit bench/gpu_recipes.json"
+    )
+
+
+def test_a_recipe_at_another_micro_batch_has_the_memory_the_preset_derives() -> None:
+    """``at_micro_batch`` keeps the reference's LR: the memory estimate must not notice."""
+    import raybatch
+    from raybatch.memory.estimator import MemoryEstimator
+
+    recipes = _load("gpu_recipes")
+    models = _load("models")
+    space = raybatch.load_space("generic_adamw")
+    reference = recipes.recipe("generic_adamw")
+    estimator = MemoryEstimator(models.MLP(), reference, anchors=(1, 64))
+    for b in (1, 7, 300, 5000):
+        moved, derived = recipes.at_micro_batch(reference, b), space.derive(b)
+        assert estimator.predict(moved) == estimator.predict(derived)
+        assert (moved.micro_batch_size, moved.effective_batch_size) == (b, b)
+        assert (moved.optimizer, moved.optimizer_kwargs) == (
+            derived.optimizer, dict(derived.optimizer_kwargs),
+        )  # fmt: skip
+
+
+def test_the_stored_space_gives_only_stored_recipes() -> None:
+    import raybatch
+
+    recipes = _load("gpu_recipes")
+    stored = recipes.StoredSpace("digits_cnn_sgd")
+    assert stored.recipe_of({"micro_batch_size": 64, "seed": 3}) == raybatch.load_space(
+        "digits_cnn_sgd"
+    ).derive(64)
+    with pytest.raises(KeyError, match="only the micro batch"):
+        stored.recipe_of({"micro_batch_size": 64, "accumulation_steps": 2})
+    with pytest.raises(KeyError, match=r"run python bench/gpu_recipes\.py"):
+        stored.recipe_of({"micro_batch_size": 65})
