@@ -118,16 +118,19 @@ def commit_source_sha256(commit: str) -> str:
 
 
 def measured_tree() -> dict[str, Any]:
-    """:func:`measured_at`, plus where the commit came from (``git``, ``RAYBATCH_COMMIT`` or
-    None) and :func:`source_sha256` of the tree: what a result of the GPU checks records."""
+    """:func:`measured_at`, plus where the commit came from (``RAYBATCH_COMMIT`` when it is
+    set, else ``git``, or None) and :func:`source_sha256` of the tree: what a result of the GPU
+    checks records (``python bench/provenance.py COMMIT`` gives the hash a commit must match)."""
     at = measured_at()
-    from_git = _git("rev-parse", "HEAD") is not None
+    head = _git("rev-parse", "HEAD")
     given = os.environ.get("RAYBATCH_COMMIT")
-    return {
-        **at,
-        "commit_from": "git" if from_git else "RAYBATCH_COMMIT" if given else None,
-        "source_sha256": source_sha256(),
-    }
+    if given:
+        # Said by whoever sent the tree, it wins: a lent machine's copy may carry a git
+        # directory of an older commit with today's files over it (seen: HEAD at the session's
+        # first commit, "dirty"). The source hash below tells which is right.
+        return {**at, "commit": given, "clean": None, "commit_from": "RAYBATCH_COMMIT",
+                "git_head": head, "source_sha256": source_sha256()}  # fmt: skip
+    return {**at, "commit_from": "git" if head else None, "source_sha256": source_sha256()}
 
 
 def write_result(path: Path, data: dict[str, Any], at: dict[str, Any] | None = None) -> None:

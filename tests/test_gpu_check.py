@@ -258,6 +258,19 @@ def test_a_copy_without_git_records_the_given_commit_and_a_hash_that_matches_it(
     assert at["source_sha256"] == provenance.commit_source_sha256("HEAD")
     (copy / "raybatch" / "keys.py").write_text("# edited\n")  # other code: another hash
     assert provenance.source_sha256(copy) != at["source_sha256"]
+    # A copy that carries a git directory of another commit (as a lent machine's may): the
+    # commit its sender names wins, and git's own HEAD is kept beside it.
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "older"]):
+        subprocess.run([*git, *args], cwd=copy, check=True, capture_output=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-c",
+         "import json, provenance; print(json.dumps(provenance.measured_tree()))"],
+        cwd=copy / "bench", env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    told = json.loads(again.stdout)
+    assert (told["commit"], told["commit_from"]) == ("0123abc", "RAYBATCH_COMMIT")
+    assert told["git_head"] and told["git_head"] != "0123abc"
 
 
 # ---------------------------------------------------------------- the stored recipes
