@@ -206,6 +206,12 @@ def estimate_command(
 
 
 _EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
+ConfirmTopOpt = Annotated[
+    int, typer.Option("--confirm-top", help="Best recipes that may enter the race (0: none).")
+]
+ConfirmSeedsOpt = Annotated[
+    int, typer.Option("--confirm-seeds", help="At most this many fresh seeds in the race.")
+]
 NoPriorOpt = Annotated[
     bool, typer.Option("--no-prior", help="Do not measure the time model before searching.")
 ]
@@ -243,12 +249,8 @@ def search_command(
     max_concurrent: Annotated[int | None, typer.Option("--max-concurrent")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     no_capping: Annotated[bool, typer.Option("--no-capping")] = False,
-    confirm_top: Annotated[
-        int, typer.Option("--confirm-top", help="Best recipes that may enter the race (0: none).")
-    ] = 2,
-    confirm_seeds: Annotated[
-        int, typer.Option("--confirm-seeds", help="At most this many fresh seeds in the race.")
-    ] = 2,
+    confirm_top: ConfirmTopOpt = 2,
+    confirm_seeds: ConfirmSeedsOpt = 2,
     no_prior: NoPriorOpt = False,
     level_slack: LevelSlackOpt = 1.5,
     hang_grace: Annotated[

@@ -174,7 +174,11 @@ def test_capped_trials_stop_near_slack_times_the_incumbent(clocked_runs: dict[bo
     for i, row in enumerate(rows):
         if row[keys.STATUS] != "capped":
             continue
-        incumbent = min(r[keys.TIME_TO_TARGET_S] for r in rows[:i] if r[keys.STATUS] == "reached")
+        before = [r[keys.TIME_TO_TARGET_S] for r in rows[:i] if r[keys.STATUS] == "reached"]
+        if not before:  # capped beside a neighbour before any trial reached: behind it
+            assert "intermediate level" in row[keys.REASON]
+            continue
+        incumbent = min(before)
         micro = row[keys.MICRO_BATCH_SIZE]
         interval = CLOCKED_SECONDS[micro] * CLOCKED_EVAL_EVERY / CLOCKED_TARGET_SAMPLES
         assert row[keys.TRAIN_S] < CLOCKED_SECONDS[micro]
@@ -183,7 +187,8 @@ def test_capped_trials_stop_near_slack_times_the_incumbent(clocked_runs: dict[bo
             assert CLOCKED_SECONDS[micro] > DEFAULT_LEVEL_SLACK * incumbent
         else:
             assert row[keys.TRAIN_S] >= DEFAULT_SLACK * incumbent * 0.999
-        assert row[keys.ELAPSED_S] > row[keys.TRAIN_S]
+        # Evaluations are off the clock (a trial capped at a heartbeat may have had none).
+        assert row[keys.ELAPSED_S] >= row[keys.TRAIN_S]
         checked += 1
     assert checked
 
