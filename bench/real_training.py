@@ -7,14 +7,14 @@ wide MLP on generated data whose optimum is not the largest batch), every space 
 LR over 1/4-8x the rule's:
 
 1. ``searches`` (>= 3) independent raybatch searches (``raybatch.search``: local Ray, Optuna in
-   SQLite, the plan, level capping, confirmation and race), seeds 0, 1, 2..., each giving its
-   winner, its compute (training seconds of every search and confirmation run and the time
-   model's measurement, in units of the winner's median time to target) and how its time
-   model ranked its trials (Spearman);
+   SQLite, the plan, capping, the confirmation's race), seeds 0, 1, 2..., each giving its
+   winner, its cost (every second its trials and its time model held the device:
+   ``cost_trainings_device``; training seconds alone: ``cost_trainings_train``; both in units
+   of the grid's best recipe's time to target) and how its time model ranked its trials;
 2. the max batch's LR is swept (multipliers 0.5, 1, 2, 4 of the rule's LR, ``sweep_runs`` runs
    each): the best one is the ``max_batch_tuned`` baseline -- a fair heuristic tunes its LR too;
-3. a grid: every micro batch of the space (accumulation 1) at LR multipliers 1, 2 and 4,
-   ``grid_runs`` runs each -- the measured best effective batch, against the time model's;
+3. a grid: every micro batch of the space (accumulation 1) at LR multipliers 0.5 to 8,
+   ``grid_runs`` runs each -- the measured best, the unit of cost, against the time model's;
 4. every recipe (each search's winner, ``max_batch`` at the rule's LR, ``max_batch_tuned``,
    ``reference``, and the grid's best) is re-run ``reruns`` times, *interleaved* (the order
    rotated each round), with fresh seeds, on one torch thread.
@@ -23,6 +23,7 @@ Ratios: for each compared recipe, median training time to target over its runs /
 the winners' runs (> 1: the winners are faster), with a bootstrap 95% interval over the
 (round, search) pairs; a run that missed the target counts as 10 x the cap (PAR-10). An
 interval that contains 1 means the difference is within run-to-run noise, and is said so.
+``rerun_spread``: the grid best's run-to-run coefficient of variation (what a case can tell).
 
 Run: .venv/bin/python bench/real_training.py  (writes bench/results/real_training.json and
 bench/results/noise_scale.json)
@@ -47,6 +48,7 @@ from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload
 from raybatch.examples.wide import WideWorkload
+from raybatch.results.cost import search_cost
 from raybatch.run.options import SearchOptions
 from raybatch.run.prior import spearman
 from raybatch.space.search_space import SearchSpace
@@ -64,7 +66,7 @@ CASES: list[Case] = [
     ("wide_mlp", WideWorkload(), "raybatch.examples.wide:workload", 0.82, None),
 ]  # fmt: skip
 SWEEP = (0.5, 1.0, 2.0, 4.0)
-GRID_LRS = (1.0, 2.0, 4.0)
+GRID_LRS = (0.5, 1.0, 2.0, 4.0, 8.0)
 PAR = 10.0
 NOISE_RESULTS = Path(__file__).parent / "results" / "noise_scale.json"
 
@@ -76,21 +78,26 @@ def _median(times: list[float | None]) -> float | None:
 
 def _search(name: str, workload: Workload, ref: str, target: float, space: SearchSpace,
             trials: int, max_time_s: float, confirm_seeds: int, seed: int
-            ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """One search; its winner's raw knobs, the max-batch and reference points, and a summary."""
+            ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """One search; its winner's raw knobs (None: no winner), the max-batch and reference
+    points, and a summary with what it cost (every device second, and training alone)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-{seed}-")) / "run"
     options = SearchOptions(trials=trials, max_time_s=max_time_s, gpus_per_trial=0, seed=seed,
                             confirm_seeds=confirm_seeds)  # fmt: skip
     start = time.perf_counter()
     result = raybatch.search(workload, space, target, run_dir, options, ref, verbose=0)
     wall = time.perf_counter() - start
-    if result.best is None:
-        raise RuntimeError(f"{name}: no recipe reached {target} in every confirmation run")
-    best = result.best.config
     points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
+    prior_s = float(((result.best.provenance.get("prior") or {}) if result.best else {}).get(
+        "cost_s") or 0.0)  # fmt: skip
+    spent = search_cost(result.rows, 1.0, prior_s)  # seconds; in trainings once the grid ran
+    if result.best is None:  # said in the record, not raised: the other searches still count
+        print(f"{name}: search {seed} found no recipe that reached {target} every time")
+        return None, points, {"seed": seed, "search_wall_s": wall, "winner": None,
+                              "device_s": spent.device_s, "train_s": spent.train_s}  # fmt: skip
+    best = result.best.config
     median = result.best.provenance["median_time_to_target_s"]
     prior = result.best.provenance.get("prior") or {}
-    trained = sum(r.train_s or 0.0 for r in result.rows)
     reached = [
         r
         for r in result.rows
@@ -104,7 +111,9 @@ def _search(name: str, workload: Workload, ref: str, target: float, space: Searc
         "confirmed_median_s": median,
         "within_noise_of_runner_up": (result.best.provenance.get("runner_up") or {}).get(
             "within_noise"),
-        "compute_trainings": (trained + float(prior.get("cost_s") or 0.0)) / median,
+        "device_s": spent.device_s,
+        "train_s": spent.train_s,
+        "cost_trainings_winner": spent.device_s / median,
         "runs": sum(1 for r in result.rows if r.phase != keys.PHASE_PRESCREEN),
         "noise_scale": prior.get("noise_scale"),
         "predicted_best_effective_batch": prior.get("predicted_best_effective_batch"),
@@ -112,6 +121,14 @@ def _search(name: str, workload: Workload, ref: str, target: float, space: Searc
                              [r.time_to_target_s or 0.0 for r in reached]),
     }  # fmt: skip
     return summary["winner"], points, summary
+
+
+def _spread(runs: list[dict[str, Any]]) -> float | None:
+    """The same recipe's run-to-run coefficient of variation (reached runs; None under 2)."""
+    times = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+    if len(times) < 2:
+        return None
+    return statistics.stdev(times) / statistics.mean(times)
 
 
 def _rerun(
@@ -202,13 +219,19 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
     best_multiplier, sweep = _tuned_max_batch(workload, space, target, max_batch, sweep_runs,
                                               max_time_s)  # fmt: skip
     grid = _grid(workload, space, target, grid_runs, max_time_s, grid_lrs)
-    recipes = {f"raybatch_seed{s['seed']}": knobs for knobs, _, s in found}
+    recipes = {f"raybatch_seed{s['seed']}": knobs for knobs, _, s in found if knobs is not None}
     recipes["max_batch"] = max_batch
     recipes["max_batch_tuned"] = {**max_batch, keys.LR_MULTIPLIER: best_multiplier}
     recipes["reference"] = {**points["reference"], keys.LR_MULTIPLIER: 1.0}
     recipes["grid_best"] = grid["best_recipe"]
     runs = _rerun(workload, space, target, recipes, reruns, max_time_s)
     winners = [n for n in recipes if n.startswith("raybatch")]
+    # The unit of cost: the grid's best recipe's time to target (what a user could have had),
+    # from its interleaved reruns; the searches' device and training seconds in that unit.
+    unit = _median([r["time_to_target_s"] for r in runs["grid_best"]])
+    for _, _, summary in found:
+        summary["cost_trainings_device"] = summary["device_s"] / unit if unit else None
+        summary["cost_trainings_train"] = summary["train_s"] / unit if unit else None
     out_recipes = {}
     for recipe, knobs in recipes.items():
         derived = space.derive_from(knobs)
@@ -233,7 +256,10 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
         "max_batch_lr_sweep": {"medians": sweep, "best_multiplier": best_multiplier},
         "grid": {k: v for k, v in grid.items() if k != "best_recipe"},
         "recipes": out_recipes,
-        "compared": _compare(runs, winners, max_time_s),
+        "compared": _compare(runs, winners, max_time_s) if winners else {},
+        "rerun_spread": _spread(runs["grid_best"]),
+        "rerun_spread_by_recipe": {n: _spread(r) for n, r in runs.items()},
+        "cost_unit_s": unit,
     }
 
 

@@ -342,9 +342,20 @@ def _real_training(data: dict[str, Any]) -> list[str]:
     out.append("")
     for name, w in data["workloads"].items():
         walls = [s["search_wall_s"] for s in w["searches"]]
-        compute = [s.get("compute_trainings") for s in w["searches"]]
-        cost = (f"; compute {min(compute):.0f}-{max(compute):.0f} trainings of the winner"
-                if None not in compute else "")  # fmt: skip
+        device = [s.get("cost_trainings_device") for s in w["searches"]]
+        train = [s.get("cost_trainings_train") for s in w["searches"]]
+        cost = (f"; cost {min(device):.0f}-{max(device):.0f} trainings of the grid's best,"
+                f" every device second ({min(train):.0f}-{max(train):.0f} in training seconds"
+                " alone)" if None not in device + train else "")  # fmt: skip
+        old = [s.get("compute_trainings") for s in w["searches"]]
+        if None in device and None not in old:  # a record from before device seconds counted
+            cost = (
+                f"; compute {min(old):.0f}-{max(old):.0f} trainings of the winner"
+                " (training seconds only: measured before every device second counted)"
+            )
+        spread = w.get("rerun_spread")
+        if spread is not None:
+            cost += f"; the grid best's run-to-run spread {spread:.0%}"
         out.append(
             f"- {name} (space `{w['space']}`, target {w['target']}): searches took"
             f" {min(walls):.0f}-{max(walls):.0f} s each, confirmation included{cost}; the max"
