@@ -30,12 +30,13 @@ ARGS = ["raybatch.examples.tabular:workload", "--target", "accuracy>=0.87", "--t
 
 
 def _runs(rows: list[TrialRow], knobs: dict[str, Any]) -> list[dict[str, float | None]]:
-    """The confirmation runs of one recipe: time, samples to target and throughput."""
+    """The runs that judged one recipe (its search run and its confirmation runs, as the
+    selection reads them): time, samples to target and throughput."""
     return [
         {"time_s": r.time_to_target_s, "samples": r.samples_to_target,
          "throughput": r.throughput}
         for r in rows
-        if r.phase == keys.PHASE_CONFIRMATION and r.reached
+        if r.phase in (keys.PHASE_SEARCH, keys.PHASE_CONFIRMATION) and r.reached
         and all(float(r[k]) == float(v) for k, v in knobs.items())
     ]  # fmt: skip
 
@@ -57,9 +58,6 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
     best = json.loads((run_dir / "best_config.json").read_text())
     rows = stored_rows(run_dir)
     winner = {k: best["config"][k] for k in keys.RAW_KNOBS}
-    largest = max(r.micro_batch_size for r in rows if r.phase == keys.PHASE_SEARCH)
-    baseline = {keys.MICRO_BATCH_SIZE: largest, keys.ACCUMULATION_STEPS: 1,
-                keys.LR_MULTIPLIER: 1.0}  # fmt: skip
     data = {
         "benchmark": "demo_search",
         "command": "raybatch search "
@@ -72,7 +70,8 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
             if not line.startswith(("best config:", "report:"))
         ],
         "winner": {"knobs": winner, "runs": _runs(rows, winner)},
-        "largest_batch": {"knobs": baseline, "runs": _runs(rows, baseline)},
+        "compared": best["provenance"].get("compared", {}),
+        "search_cost": best["provenance"].get("search_cost"),
     }
     write_result(out, data, at)
     print("\n".join(data["output"]))

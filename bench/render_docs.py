@@ -715,18 +715,18 @@ def demo() -> str:
     data = _load("demo_search")
     if data is None:
         return "(run `bench/demo_search.py` to fill this in)"
-    win, big = data["winner"], data["largest_batch"]
-    overlap = (
-        win["runs"] and big["runs"]
-        and max(r["time_s"] for r in win["runs"]) >= min(r["time_s"] for r in big["runs"])
-    )  # fmt: skip
+    win = data["winner"]
     minutes, seconds = divmod(round(data["wall_s"]), 60)
-    figures = {
-        name: (_span(r["runs"], "time_s", ".2f"), _span(r["runs"], "samples", ".0f"),
-               _span(r["runs"], "throughput", ".0f", 1000))
-        for name, r in (("winner", win), ("largest", big))
-    }  # fmt: skip
-    verdict_note = "; the two overlap, so the verdict calls the gap noise." if overlap else "."
+    times = _span(win["runs"], "time_s", ".2f")
+    cost = data.get("search_cost") or {}
+    tuned = (data.get("compared") or {}).get("max_batch_tuned") or {}
+    against = ""
+    if tuned.get("ratio") is not None and not tuned.get("is_winner"):
+        bound = "at least " if tuned.get("bound") == "at_least" else ""
+        against = (
+            f" The largest batch at its best swept LR ({tuned['recipe']}) was"
+            f" {bound}{tuned['ratio']:.2f}x the winner's time in its search run."
+        )
     return "\n".join([
         "```console",
         f"$ {data['command']} --run-dir runs/tabular",
@@ -737,14 +737,14 @@ def demo() -> str:
         "```",
         "",
         f"(That is what the demo's command printed here, in {minutes} min {seconds} s on 2 cores"
-        " (`bench/demo_search.py`, `bench/results/demo_search.json`). Its confirmation runs:"
-        " the winner {0[0]} s of training to the target, {0[1]} samples, {0[2]}k samples/s;"
-        " the largest batch ({1} x 1, the rule's LR) {2[0]} s, {2[1]} samples, {2[2]}k"
-        " samples/s".format(figures["winner"], big["knobs"]["micro_batch_size"],
-                            figures["largest"])
-        + verdict_note
+        " (`bench/demo_search.py`, `bench/results/demo_search.json`). The winner's runs (its"
+        f" search run and its confirmation runs) took {times} s of training to the target."
+        + against
+        + (f" The search cost {cost['trainings']:.1f} trainings of the recipe it found, every"
+           f" device second counted ({cost['trainings_train']:.1f} in training seconds alone)."
+           if cost else "")
         + " Timings on a shared 2-core machine vary by tens of percent between runs, which is"
-        " why the winner is confirmed.)",
+        " why the winner is confirmed on paired seeds.)",
     ])  # fmt: skip
 
 

@@ -271,7 +271,7 @@ def test_real_training_reruns_every_recipe_interleaved_with_fresh_seeds() -> Non
     assert module._median([1.0, None, 3.0]) == 3.0 and module._median([None, None, 1.0]) is None
 
 
-def test_the_demo_record_keeps_what_the_search_printed_and_the_confirmation_runs() -> None:
+def test_the_demo_record_keeps_what_the_search_printed_and_the_winners_runs() -> None:
     module = _load("demo_search")
     printed = ["(Ray's box)", "status   count", "-------  -----", "reached  3", "", "verdict."]
     assert printed[module._first_status_line(printed) :][0] == "status   count"
@@ -282,8 +282,9 @@ def test_the_demo_record_keeps_what_the_search_printed_and_the_confirmation_runs
         return TrialRow.of(space.derive(micro), phase, "t", TrialStatus.REACHED, **figures)
 
     knobs = {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}
-    runs = module._runs([row(64), row(1024), row(64, keys.PHASE_SEARCH)], knobs)
-    assert runs == [{"time_s": 1.5, "samples": 8192, "throughput": 50000.0}]
+    runs = module._runs([row(64), row(1024), row(64, keys.PHASE_SEARCH),
+                         row(64, keys.PHASE_PRESCREEN)], knobs)  # fmt: skip
+    assert runs == [{"time_s": 1.5, "samples": 8192, "throughput": 50000.0}] * 2
 
 
 def test_real_training_ratios_carry_an_interval_and_say_when_it_is_noise() -> None:
