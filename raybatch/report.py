@@ -210,6 +210,11 @@ def _ratio_text(compared: dict[str, Any]) -> str:
         return f"ended {compared.get('status')} in the search"
     if bound == "at_least":
         return f"at least {ratio:.2f}x slower (stopped before the target)"
+    if bound == "paired":
+        pairs = f"{compared['wins']} of {compared['pairs']} pairs won by the winner"
+        if compared.get("within_noise"):
+            return f"within noise (paired ratio {ratio:.2f}; {pairs})"
+        return f"{ratio:.2f}x slower seed by seed ({pairs})"
     if ratio >= 1:
         return f"{ratio:.2f}x slower"
     return f"{1 / ratio:.2f}x faster on the search's run (it lost the confirmation)"

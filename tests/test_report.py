@@ -102,3 +102,13 @@ def test_the_comparison_plot_draws_every_run_not_only_the_medians(
     report._plot_comparison(entries, Path("unused.png"))
     dots = [c for c in saved[0].axes[0].collections if c.get_offsets().shape[0]]
     assert sorted(len(c.get_offsets()) for c in dots) == [2, 3]
+
+
+def test_an_alternative_that_raced_the_winner_is_compared_seed_by_seed() -> None:
+    """The largest batch at its best LR was the runner-up: the verdict compares it over the
+    race's pairs (within noise here), not from its one search run (1.2x)."""
+    tuned = (256, 1, 2.0)
+    rows = [_row(WINNER, "search", 0.5, 0), _row(tuned, "search", 0.6, 0),
+            _row(WINNER, "confirmation", 0.52, 1), _row(tuned, "confirmation", 0.5, 1)]  # fmt: skip
+    text = verdict(_result(rows), raybatch.Target(0.97))
+    assert "(lr 0.2): within noise (paired ratio 1.07; 1 of 2 pairs won by the winner)" in text

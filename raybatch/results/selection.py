@@ -83,8 +83,10 @@ def _label(row: TrialRow) -> str:
     )
 
 
-def _against(row: TrialRow | None, winner_s: float, winner: Measured) -> dict[str, Any] | None:
-    """One comparison, from the search run alone (same seed as the winner's search run).
+def _against(row: TrialRow | None, winner_s: float, winner: Measured,
+             raced: list[Measured]) -> dict[str, Any] | None:  # fmt: skip
+    """One comparison: paired over the race's seeds where the alternative raced the winner,
+    else from the search run alone (same seed as the winner's search run).
 
     A run that reached gives a measured ratio; one stopped before the target (capped or
     censored at its time cap) gives a lower bound, its training seconds over the winner's
@@ -96,6 +98,11 @@ def _against(row: TrialRow | None, winner_s: float, winner: Measured) -> dict[st
                            "status": row.status.value}  # fmt: skip
     if same_knobs(row, winner.runs[:1]):
         return {**out, "is_winner": True, "ratio": 1.0, "bound": "measured"}
+    rival = next((m for m in raced if same_knobs(row, m.runs[:1])), None)
+    paired = compare_paired(winner, rival) if rival is not None else None
+    if paired is not None and paired.pairs >= 2:
+        return {**out, "ratio": paired.ratio, "bound": "paired", "pairs": paired.pairs,
+                "wins": paired.wins, "within_noise": paired.within_noise()}  # fmt: skip
     if row.reached and row.time_to_target_s is not None:
         return {**out, "ratio": row.time_to_target_s / winner_s, "bound": "measured",
                 "time_to_target_s": row.time_to_target_s}  # fmt: skip
@@ -114,11 +121,13 @@ def comparisons(
     winner: Measured,
     baseline: dict[str, Any] | None,
     reference: dict[str, Any] | None,
+    raced: list[Measured] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The winner against the simple alternatives, each from its search run: the largest batch
     that fits at the rule's LR (``max_batch``), the same batch at its best LR of the plan's
     sweep (``max_batch_tuned``) and the reference recipe (``reference``). Ratios > 1: the
-    winner is faster; ``bound: at_least`` where the alternative never reached the target."""
+    winner is faster; ``bound: at_least`` where the alternative never reached the target,
+    ``paired`` where it raced the winner (``raced``: the recipes the confirmation judged)."""
     searched = [r for r in rows if r.phase == keys.PHASE_SEARCH]
     mine = [r for r in searched if same_knobs(r, winner.runs[:1]) and r.reached]
     winner_s = _time(mine[0]) if mine else winner.median
@@ -136,7 +145,7 @@ def comparisons(
         ("reference", _first(comparison_rows(searched, reference))),
     ]
     for name, row in chosen:
-        compared = _against(row, winner_s, winner)
+        compared = _against(row, winner_s, winner, raced or [])
         if compared is not None:
             out[name] = compared
     return out
@@ -389,8 +398,9 @@ def choose_winner(
             }
     given = dict(measured_on or {})
     provenance["compared"] = comparisons(
-        rows, winner, given.get("baseline_point"), given.get("reference_point")
-    )
+        rows, winner, given.get("baseline_point"), given.get("reference_point"),
+        measured_recipes(rows, confirmed),
+    )  # fmt: skip
     prior_s = float(given.get("prior_device_s") or 0.0)
     provenance["search_cost"] = search_cost(rows, winner.median, prior_s).to_dict()
     provenance.update(given)
