@@ -94,7 +94,7 @@ from raybatch.run.seeding import (
     searched_knobs,
 )
 from raybatch.status import TrialStatus
-from raybatch.trial.reporting import HEARTBEATS
+from raybatch.trial.reporting import heartbeat_for
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (5, 10, 20, 40, 80)
@@ -269,11 +269,12 @@ def simulate_search(member: Member, rng: random.Random, n: int,
 
 def _reports(member: Member, full: Trial) -> list[tuple[float, float | None]]:
     """What a trial reports, in order: its evaluation marks, and between them a heartbeat at
-    least every ``max_time_s / HEARTBEATS`` of training carrying the last mark's value (as
-    :class:`~raybatch.trial.reporting.TrialReporter` does), up to where the run ended."""
+    least every :func:`~raybatch.trial.reporting.heartbeat_for` its cap, carrying the last
+    mark's value (as :class:`~raybatch.trial.reporting.TrialReporter` does), up to where the
+    run ended."""
     marks = full["marks"]
     end = marks[-1][0] if full["status"] == "reached" else full["train"]
-    beat = member.max_time_s / HEARTBEATS
+    beat = heartbeat_for(member.max_time_s)
     out: list[tuple[float, float | None]] = []
     last: float | None = None
     i, t = 0, 0.0

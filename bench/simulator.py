@@ -153,11 +153,17 @@ class Member:
         user knows before any search; the scale of the start-up and the evaluation marks)."""
         return self.steps(256, 1, 1.0) * self.step_time(256, 1)
 
+    def epoch_samples(self) -> float:
+        """The task's epoch: an eighth of the samples the reference batch (256) needs at its
+        best LR -- the task trains to its target in about 8 epochs at the reference batch, as
+        the bundled examples do in a few. A property of the task, not of the optimum."""
+        best = self.best_multiplier * (256 / 256) ** self.lr_batch_exponent
+        return self.steps(256, 1, best) * 256 / 8
+
     def mark_samples(self) -> float:
-        """Samples between evaluations: the same for every recipe, as raybatch's sample marks
-        are (a quarter epoch), here a sixteenth of the reference recipe's samples to target --
-        a property of the task, never of where the optimum is."""
-        return self.steps(256, 1, 1.0) * 256 / 16
+        """Samples between evaluations: a quarter epoch, the same for every recipe, as
+        raybatch's default sample marks are."""
+        return self.epoch_samples() / 4
 
     def held_before_training(self) -> float:
         """What a trial holds its device for before its clock starts (start-up, data, the

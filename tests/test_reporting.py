@@ -126,6 +126,15 @@ def test_between_far_apart_marks_a_heartbeat_reports_the_training_time() -> None
     assert {r[keys.STATUS] for r in reports} == {"running"} and reports[-1][keys.METRIC] is None
 
 
+def test_the_heartbeat_is_a_32nd_of_the_cap_and_never_over_five_seconds() -> None:
+    """A cap of hours must not let a trial train minutes past a capping decision."""
+    from raybatch.trial.reporting import heartbeat_for
+
+    assert heartbeat_for(60.0) == pytest.approx(60.0 / 32)
+    assert heartbeat_for(3600.0) == 5.0
+    assert make(max_time_s=3600.0)[0].heartbeat_s == 5.0
+
+
 def test_caps_can_wait_for_the_marks() -> None:
     """Data-parallel workers must agree to stop, so there the caps are checked at marks."""
     run, _reports, clock = make(max_time_s=1.0, check_budgets_between_marks=False)

@@ -63,7 +63,16 @@ def _tune_report(metrics: dict[str, Any]) -> None:
 
 HEARTBEATS = 32
 """Reports between marks per time cap, at least: a trial capped at ``slack x`` the incumbent is
-stopped within ``max_time_s / 32`` of training past its cap (1.9 s at the CLI's 60 s)."""
+stopped within ``max_time_s / 32`` of training past its cap (1.9 s at the CLI's 60 s)..."""
+HEARTBEAT_MAX_S = 5.0
+"""...and within 5 s whatever the cap: a cap of hours must not let a trial run minutes past a
+cap of seconds. A report every 5 s costs one device sync and one Tune result."""
+
+
+def heartbeat_for(max_time_s: float) -> float:
+    """The longest a trial trains between two reports (:data:`HEARTBEATS`,
+    :data:`HEARTBEAT_MAX_S`)."""
+    return min(max_time_s / HEARTBEATS, HEARTBEAT_MAX_S)
 
 
 class TrialReporter:
@@ -83,7 +92,7 @@ class TrialReporter:
             CUDA) and at a heartbeat; never at other steps.
         extra: Called at each report for device figures (peak memory, GPU utilisation).
         heartbeat_s: Between marks, report at least once per this many seconds of training
-            (default: :data:`HEARTBEATS` reports per ``max_time_s``), so that a scheduler can
+            (default: :func:`heartbeat_for` ``max_time_s``), so that a scheduler can
             cap a trial whose next mark is far off (a small batch, a slow recipe): the
             capping rule reads ``train_s``, and it can act only on a report.
         check_budgets_between_marks: Check the time and sample caps at every :meth:`add`
@@ -120,7 +129,7 @@ class TrialReporter:
         self._extra = extra
         self._clock = clock
         self.check_budgets_between_marks = check_budgets_between_marks
-        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max_time_s / HEARTBEATS
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else heartbeat_for(max_time_s)
         self._reported_train_s = 0.0
 
         self.status = TrialStatus.RUNNING
