@@ -3,6 +3,8 @@ the driver drives it, with the rows a round returns; the verdict's comparisons a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import raybatch
@@ -152,3 +154,26 @@ def test_the_cost_counts_every_device_second_in_trainings_of_the_winner() -> Non
     assert "16.0 trainings" in cost.sentence()
     with pytest.raises(ValueError, match="positive"):
         search_cost(rows, unit_s=0.0)
+
+
+def test_a_packed_search_run_is_no_pair_of_the_race() -> None:
+    """A search run packed beside neighbours ran at their pace: it does not judge its recipe
+    (the confirmation's lone runs do), so a fast packed run cannot carry a recipe through."""
+    packed = dataclasses.replace(_row(A, keys.PHASE_SEARCH, 0.5, 0), gpu_share=0.5)
+    confirmed = [_row(k, keys.PHASE_CONFIRMATION, t, seed)
+                 for seed in (1, 2) for k, t in ((A, 1.3), (B, 1.0))]  # fmt: skip
+    rows = [packed, _row(B, keys.PHASE_SEARCH, 1.0, 0), *confirmed]
+    best = choose_winner(Target(0.97), rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == 128
+    assert best.provenance["time_to_target_s_runs"] == [1.0, 1.0, 1.0]
+
+
+def test_trials_take_a_whole_gpu_unless_packing_is_asked_for() -> None:
+    """Packing is an opt-in (``gpus_per_trial="auto"``): by default a GPU cluster's trials run
+    alone on their GPUs, so their times compare."""
+    from raybatch.run.hardware import ClusterView, NodeView
+
+    gpu_node = NodeView("n", "10.0.0.2", 8, 2)
+    assert ClusterView((gpu_node,)).gpus_per_trial(None) == 1
+    assert ClusterView((gpu_node,)).gpus_per_trial("auto") == "auto"
+    assert ClusterView((NodeView("c", "10.0.0.3", 8, 0),)).gpus_per_trial(None) == 0

@@ -192,7 +192,7 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
 
     head = NodeView("head", "10.0.0.1", 8, 0)
     autoscaling = ClusterView((head,), autoscale_gpus=8)
-    assert autoscaling.gpus_per_trial(None) == "auto"
+    assert autoscaling.gpus_per_trial(None) == 1
     notes: list[str] = []
     assert gpu_request(autoscaling, 1.0, "16GiB", notes) == 1.0
     assert notes == ["no GPU node is alive yet: GPU trials wait for the autoscaler to start one"

@@ -235,7 +235,11 @@ def test_an_oom_in_one_of_four_concurrent_trials_leaves_the_others_running(
     assert all("out of memory while training" in r["reason"] for r in oom)
     others = [r for r in search if r not in oom]
     assert len(others) >= 4
-    assert all(r["status"] == "reached" for r in others), [r["reason"] for r in others]
+    # Each ran to its own end: the target, or (on a slow machine) its own time cap; none was
+    # taken down with the trial that ran out of memory.
+    ends = [(r["status"], r["reason"]) for r in others]
+    assert all(s == "reached" or (s == "censored" and "time cap" in why) for s, why in ends), ends
+    assert any(s == "reached" for s, _ in ends), ends
     # Taught, not hidden: the study holds each as infeasible; anything proposed afterwards
     # needing as much memory was rejected before launch, naming an OOM trial.
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")

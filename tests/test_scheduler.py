@@ -184,3 +184,26 @@ def test_trials_started_together_are_capped_against_each_other_before_any_reache
     assert s.capped_at_level == {"b": 4.6} and s.cap_s is None
     # The leader itself is never stopped by those behind it.
     assert s.on_trial_result(None, _trial("a"), _report(5.0, 0.75)) == TrialScheduler.CONTINUE
+
+
+def test_on_an_emulated_packed_gpu_no_trial_is_capped_because_of_a_neighbour() -> None:
+    """An emulated GPU whose step time grows with the number of trials packed on it: the same
+    recipe takes 10 s alone, 20 s beside one neighbour, 30 s beside two. A lone trial reaches in
+    10 s and becomes the incumbent; the packed trials, slowed by their neighbours past 1.2 x
+    that, are never capped for it, and a packed time never becomes the incumbent either."""
+    s = CappingScheduler(slack=1.2, level_slack=1.5)
+    alone = {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 10.0, keys.TRAIN_S: 10.0}
+    s.on_trial_result(None, _trial("alone"), alone)
+    s.on_trial_complete(None, _trial("alone"), alone)
+    for neighbours in (1, 2):
+        slowdown = 1 + neighbours
+        for t in range(1, 10 * slowdown):
+            packed = {**_report(float(t), t / (10 * slowdown)), keys.GPU_SHARE: 0.5}
+            decision = s.on_trial_result(None, _trial(f"packed{neighbours}"), packed)
+            assert decision == TrialScheduler.CONTINUE
+        done = {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0, keys.GPU_SHARE: 0.5}
+        s.on_trial_complete(None, _trial(f"packed{neighbours}"), done)
+    assert s.capped == {} and s.best_time_to_target_s == 10.0
+    # A lone trial is still capped against the lone incumbent.
+    late = {keys.STATUS: "running", keys.TRAIN_S: 12.5, keys.METRIC: 0.5}
+    assert s.on_trial_result(None, _trial("slow"), late) == TrialScheduler.STOP

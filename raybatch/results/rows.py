@@ -60,6 +60,7 @@ class TrialRow:
     eval_s: float | None = None
     elapsed_s: float | None = None
     held_s: float | None = None
+    gpu_share: float | None = None
     metric: float | None = None
     peak_memory_bytes: int | None = None
     throughput: float | None = None
@@ -166,8 +167,8 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow) if
 
 REPORTED = (
     keys.TIME_TO_TARGET_S, keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S,
-    keys.EVAL_S, keys.ELAPSED_S, keys.HELD_S, keys.METRIC, keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT,
-    keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, keys.REASON,
+    keys.EVAL_S, keys.ELAPSED_S, keys.HELD_S, keys.GPU_SHARE, keys.METRIC,
+    keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT, keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, keys.REASON,
 )  # fmt: skip
 """The columns a trial's own reports fill (:mod:`raybatch.trial.reporting`), and the driver's
 ``objective`` and ``reason``; the seed, candidate and prediction are the driver's to add."""

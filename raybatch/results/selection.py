@@ -221,11 +221,22 @@ def measured_recipes(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
 
 
 def judges(row: TrialRow) -> bool:
-    """Whether a row judges its recipe in a confirmed search: every confirmation run, and the
-    search runs the capping scheduler did not stop (those were stopped for another's sake)."""
+    """Whether a row judges its recipe in a confirmed search: every confirmation run (each runs
+    alone on its device), and the search runs the capping scheduler did not stop (those were
+    stopped for another's sake) that ran alone (a packed run's time depends on its neighbours:
+    it is not comparable with a lone one)."""
     if row.phase == keys.PHASE_CONFIRMATION:
         return True
-    return row.phase == keys.PHASE_SEARCH and row.status is not TrialStatus.CAPPED
+    return (
+        row.phase == keys.PHASE_SEARCH
+        and row.status is not TrialStatus.CAPPED
+        and not is_packed(row.gpu_share)
+    )
+
+
+def is_packed(share: Any) -> bool:
+    """Whether a trial shared its GPU with others (a fraction of one GPU)."""
+    return share is not None and 0 < float(share) < 1
 
 
 def measured(runs: list[TrialRow]) -> Measured:

@@ -141,11 +141,17 @@ class ClusterView:
         return whole_units(n.gpus if use_gpu else n.cpus for n in self.nodes)
 
     def gpus_per_trial(self, requested: str | float | None) -> str | float:
-        """What each trial asks for: the user's request, else ``auto`` on a cluster with
-        GPUs (alive, or that its autoscaler may start), else 0 (CPU trials)."""
+        """What each trial asks for: the user's request, else one whole GPU on a cluster with
+        GPUs (alive, or that its autoscaler may start), else 0 (CPU trials).
+
+        A whole GPU by default: a trial packed beside others shares the GPU's compute with a
+        number of neighbours that changes as they come and go, so its time to target is not
+        comparable with a lone trial's. Packing (``"auto"``) is an opt-in for screening many
+        small recipes at once; capping and the confirmation judge only times measured alone.
+        """
         if requested is not None:
             return requested
-        return "auto" if self.gpus > 0 or self.autoscale_gpus > 0 else 0
+        return 1 if self.gpus > 0 or self.autoscale_gpus > 0 else 0
 
     def gpu_models(self) -> list[str]:
         """Every GPU model of the cluster, alive or that its autoscaler may start (empty when

@@ -37,6 +37,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raybatch import keys
+from raybatch.results.selection import is_packed
 from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
 
@@ -188,6 +189,10 @@ class CappingScheduler(FIFOScheduler):
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         if self.hang_after_s is not None:
             self._running_since[trial.trial_id] = time.monotonic()  # it is alive: re-arm
+        if is_packed(result.get(keys.GPU_SHARE)):
+            # Its clock runs at the pace its neighbours leave it: neither capped nor an
+            # incumbent (only times measured alone are compared; its own time cap still holds).
+            return TrialScheduler.CONTINUE
         trajectory = self._follow(trial.trial_id, result)
         if result.get(keys.STATUS) == TrialStatus.REACHED.value:
             self._record(result.get(keys.TIME_TO_TARGET_S), trajectory)
@@ -260,6 +265,8 @@ class CappingScheduler(FIFOScheduler):
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
         trajectory = self._trajectories.pop(trial.trial_id, None)
+        if result and is_packed(result.get(keys.GPU_SHARE)):
+            return
         if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
             self._record(result.get(keys.TIME_TO_TARGET_S), trajectory)
 

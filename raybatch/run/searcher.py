@@ -49,6 +49,7 @@ from raybatch.errors import ConfigError, Issue, OptionError, TraceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import PrescreenResult, learned_oom
+from raybatch.results.selection import is_packed
 from raybatch.run.resources import gpu_fraction
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
@@ -459,8 +460,7 @@ class RaybatchSearcher(Searcher):
     @staticmethod
     def _packed(result: dict[str, Any]) -> bool:
         """Whether the trial shared its GPU with others."""
-        share = result.get(keys.GPU_SHARE)
-        return share is not None and 0 < float(share) < 1
+        return is_packed(result.get(keys.GPU_SHARE))
 
     def _calibrate(self, number: int, result: dict[str, Any]) -> None:
         measured = result.get(keys.PROBE_RESERVED_BYTES)
