@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,7 @@ from raybatch import cli_format
 from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.space.presets import list_presets, load_space
 
+EXIT_NO_RECIPE = 1  # the search ran and no recipe reached the target
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 _CLI = "command line"  # the "file" an error names when the bad input is an option
@@ -302,6 +303,7 @@ def search_command(
             loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1
         )
     cli_format.print_summary(result, parsed_target)
+    _fail_without_recipe(result, parsed_target)
 
 
 @app.command("init-workload")
@@ -326,7 +328,8 @@ def resume_command(
     run_dir: Annotated[str, typer.Argument(help="The run directory of an interrupted search.")],
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
 ) -> None:
-    """Continue an interrupted search; completed trials are kept, never re-run."""
+    """Continue an interrupted search; completed trials are kept, never re-run. A finished
+    run is left alone (its result is printed again); to search again, start a new search."""
     from raybatch.run.driver import resume
     from raybatch.run.rundir import read_run
 
@@ -334,6 +337,17 @@ def resume_command(
         _, _, _, target, _ = read_run(run_dir)
         result = resume(run_dir, 0 if quiet else 1)
     cli_format.print_summary(result, target)
+    _fail_without_recipe(result, target)
+
+
+def _fail_without_recipe(result: Any, target: Any) -> None:
+    """A search that found no recipe fails (exit 1), saying why in one line."""
+    from raybatch.results.outcome import no_winner_reason
+
+    if result.best is None:
+        why = no_winner_reason(result.rows, target)
+        typer.echo(f"raybatch: error: no recipe reached {target}: {why}", err=True)
+        raise typer.Exit(EXIT_NO_RECIPE)
 
 
 @app.command("export")
@@ -377,7 +391,13 @@ def export_command(
             space = read_run(run_dir)[2] if in_run else None
             best = best.retarget(world_size, space)
             note = best.provenance.get("retargeted", {}).get("note")
-        text = best.write(output, fmt, gpus_per_node) if output else best.render(fmt, gpus_per_node)
+        try:
+            if output:
+                text = best.write(output, fmt, gpus_per_node)
+            else:
+                text = best.render(fmt, gpus_per_node)
+        except InputError as exc:  # an option's value: the command line's, not <python>'s
+            raise (exc.located(_CLI) if exc.source == "<python>" else exc) from None
         if fmt in ("hf-json", "deepspeed") and not best.amp_recorded:  # JSON has no comments
             note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED
     if note:

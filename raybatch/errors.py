@@ -114,6 +114,14 @@ class RunDirError(InputError):
     """A run directory (or a file in it) is missing, incomplete or not a raybatch run."""
 
 
+class RunLockedError(RunDirError):
+    """Another driver (``raybatch search`` or ``resume``) holds the run directory's lock."""
+
+
+class NothingFitsError(RaybatchError):
+    """Not even the space's smallest recipe fits the memory budget: there is nothing to search."""
+
+
 class OptionError(InputError):
     """A value given to a command or a call that it cannot take: an option (``gpus_per_trial``,
     ``--format``), a target (``accuracy>=0.97``), a size (``--memory-budget 8GiB``), or an

@@ -371,15 +371,30 @@ def load_best(path: str | Path) -> BestConfig:
     if path.is_dir():
         path = path / BEST_YAML
     if not path.is_file():
-        raise RunDirError(
-            [Issue("best_config", "not found; has the search in this run directory finished?")],
-            str(path),
+        finished = (path.parent / "trials.csv").is_file()  # the run's record: it has finished
+        why = (
+            "not found: the search in this run directory finished without a winner (no recipe"
+            " reached the target; see report.html)"
+            if finished
+            else "not found: the search in this run directory has not finished (continue it"
+            " with `raybatch resume`)"
         )
+        raise RunDirError([Issue("best_config", why)], str(path))
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise RunDirError([Issue("(yaml syntax)", str(exc))], str(path)) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise RunDirError([Issue("(yaml syntax)", _damaged(exc))], str(path)) from None
     if not isinstance(data, dict) or "config" not in data:
         raise RunDirError([Issue("config", "missing: not a raybatch best config")], str(path))
+    if not isinstance(data.get("provenance") or {}, dict):
+        raise RunDirError([Issue("provenance", _damaged("not a mapping"))], str(path))
     config = TrialConfig.from_dict(data["config"], source=str(path))
     return BestConfig(config, dict(data.get("provenance") or {}), str(path))
+
+
+def _damaged(why: object) -> str:
+    first = str(why).strip().splitlines()[0] if str(why).strip() else "unreadable"
+    return (
+        f"damaged ({first}); the run's trials.csv still holds every trial: the winner can be"
+        " chosen again from it (raybatch.analyze_run)"
+    )

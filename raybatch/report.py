@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
+from raybatch.export import BEST_YAML
 from raybatch.memory.budget import format_bytes
 from raybatch.metric import Target
-from raybatch.results.rows import TrialRow, status_counts
+from raybatch.results.outcome import no_winner_reason
+from raybatch.results.rows import TrialRow, plain_text, status_counts
 from raybatch.results.selection import runs_point, select_winner
 from raybatch.space.search_space import SearchSpace
 
@@ -226,7 +228,9 @@ def verdict(result: SearchResult, target: Target) -> str:
     its best swept LR and at the rule's, the reference), and what the search cost."""
     if result.best is None:
         if not any(r.reached for r in result.rows if r.phase == keys.PHASE_SEARCH):
-            return f"No trial of the search reached {target}: there was nothing to confirm."
+            why = no_winner_reason(result.rows, target)
+            return (f"No trial of the search reached {target}: there was nothing to confirm.\n"
+                    f"{why[0].upper()}{why[1:]}.")  # fmt: skip
         return f"No recipe reached {target} in every run that judged it."
     c = result.best.config
     p = result.best.provenance
@@ -298,7 +302,12 @@ def write_report(
     images = ["time_vs_batch.png", *(["memory.png"] if has_memory else []), "history.png",
               *(["predicted.png"] if has_prior else []),
               *(["comparison.png"] if entries else [])]  # fmt: skip
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in result.notes)
+    notes = "".join(f"<li>{html.escape(plain_text(n))}</li>" for n in result.notes)
+    winner_link = (
+        f'; the winner: <a href="{BEST_YAML}">{BEST_YAML}</a>'
+        if result.best is not None and (run_dir / BEST_YAML).is_file()
+        else "; no winner, so no best_config.yaml"
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>raybatch: {html.escape(space.name)}</title>
 <style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem}}</style>
@@ -314,8 +323,8 @@ measuring device, not part of your training, so its time is shown apart.</p>
 <th>samples to target</th><th>samples/s</th></tr>{table}</table>
 <ul>{notes}</ul>
 {"".join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}
-<p>Every trial: <a href="trials.csv">trials.csv</a>; the winner: <a href="best_config.yaml">best_config.yaml</a>;
-the study: <code>optuna-dashboard sqlite:///{html.escape(str(run_dir.resolve()))}/optuna.db</code>.</p>
+<p>Every trial: <a href="trials.csv">trials.csv</a>{winner_link};
+the study, from the run directory: <code>optuna-dashboard sqlite:///optuna.db</code>.</p>
 </body></html>
 """
     out = run_dir / REPORT

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -185,6 +186,15 @@ _INTS = frozenset(
 _TEXTS = frozenset({keys.PHASE, keys.TRIAL_ID, keys.REASON})
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves): a trial's reason
+    may quote a traceback coloured for a terminal, which trials.csv and the report show as is."""
+    return _ANSI_ESCAPE.sub("", text)
+
+
 def _converted(cls: type[TrialRow], values: Mapping[str, Any]) -> TrialRow:
     out: dict[str, Any] = {}
     for name in COLUMNS:
@@ -196,7 +206,7 @@ def _converted(cls: type[TrialRow], values: Mapping[str, Any]) -> TrialRow:
         elif value is None:
             out[name] = "" if name in (keys.PHASE, keys.TRIAL_ID) else None
         elif name in _TEXTS:
-            out[name] = str(value)
+            out[name] = plain_text(str(value))
         elif name in _INTS:
             out[name] = _integer(name, value)
         else:
@@ -242,13 +252,37 @@ def stored_rows(run_dir: Path) -> list[TrialRow]:
     path = run_dir / TRIALS_CSV
     if not path.is_file():
         raise RunDirError([Issue(TRIALS_CSV, "missing: the search has not finished")], str(run_dir))
+    try:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        cells_of_rows = read_trials_csv(path)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise RunDirError([Issue(TRIALS_CSV, _damaged(str(exc)))], str(run_dir)) from None
+    missing = [c for c in _REQUIRED if c not in header]
+    if missing:
+        why = _damaged(f"its header lacks {', '.join(missing)}")
+        raise RunDirError([Issue(TRIALS_CSV, why)], str(run_dir))
+    if not cells_of_rows:
+        raise RunDirError([Issue(TRIALS_CSV, _damaged("it holds no trial"))], str(run_dir))
     rows = []
-    for line, cells in enumerate(read_trials_csv(path), start=2):
+    for line, cells in enumerate(cells_of_rows, start=2):
         try:
             rows.append(TrialRow.from_csv(cells))
         except (ValueError, OverflowError) as exc:
-            raise RunDirError([Issue(f"line {line}", str(exc))], str(path)) from None
+            raise RunDirError([Issue(f"line {line}", _damaged(str(exc)))], str(path)) from None
     return rows
+
+
+_REQUIRED = (keys.PHASE, keys.TRIAL_ID, keys.STATUS, keys.MICRO_BATCH_SIZE)
+"""Columns every trials.csv raybatch wrote holds (older runs lack some others)."""
+
+
+def _damaged(why: str) -> str:
+    return (
+        f"damaged ({why}); optuna.db and tune/ still hold the search's trials: delete"
+        " trials.csv and run `raybatch resume` on the run to write it again (the confirmation"
+        " runs again)"
+    )
 
 
 def status_counts(rows: Iterable[TrialRow]) -> dict[str, int]:
@@ -258,6 +292,6 @@ def status_counts(rows: Iterable[TrialRow]) -> dict[str, int]:
 
 
 __all__ = [
-    "COLUMNS", "REPORTED", "TRIALS_CSV", "TrialRow", "read_trials_csv", "status_counts",
-    "stored_rows", "write_trials_csv",
+    "COLUMNS", "REPORTED", "TRIALS_CSV", "TrialRow", "plain_text", "read_trials_csv",
+    "status_counts", "stored_rows", "write_trials_csv",
 ]  # fmt: skip

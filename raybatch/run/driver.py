@@ -30,6 +30,7 @@ from raybatch import keys
 from raybatch.errors import (
     ConfigError,
     Issue,
+    NothingFitsError,
     RaybatchError,
     RunDirError,
     SearchInterrupted,
@@ -52,6 +53,7 @@ from raybatch.run.confirmation import run_race
 from raybatch.run.context import search_budget
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
+from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import measure_prior, write_predictions
 from raybatch.run.prior import TimeModel
@@ -71,11 +73,18 @@ from raybatch.run.seeding import (
     Ladder,
     budget_check,
     max_batch_point,
+    nothing_fits,
     opening_points,
     reference_point,
 )
-from raybatch.run.study import SearchStudy
-from raybatch.run.tune_state import CUT_FOLDER, check_restorable, set_aside_cut_sessions
+from raybatch.run.study import SearchStudy, check_study_file
+from raybatch.run.tune_state import (
+    CUT_FOLDER,
+    TUNER_FILE,
+    check_experiment,
+    restored_parts,
+    set_aside_cut_sessions,
+)
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
@@ -121,19 +130,46 @@ def search(
     if options.address is not None:
         init_ray(options.address)
     ref = absolute_reference(workload_ref) if workload_ref else f"<object {workload.name}>"
-    write_run_files(path, ref, space, target, options)
-    return _execute(path, workload, space, target, options, resume=False, verbose=verbose)
+    with RunLock(path, "search"):
+        if (path / RUN_FILE).exists():  # another search started here since the check above
+            raise RunDirError(
+                [Issue(RUN_FILE, "exists: another search started in this directory")], str(path)
+            )
+        write_run_files(path, ref, space, target, options)
+        return _execute(path, workload, space, target, options, resume=False, verbose=verbose)
 
 
 def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
     """Continue an interrupted search: completed trials are kept, never re-run.
 
+    A finished run (its ``trials.csv`` written) is left alone: its stored result is returned,
+    with a note, and nothing runs. To search again, start a new search in another directory.
+
     Raises:
-        RunDirError: Not a run directory, or its search never started.
+        RunLockedError: Another driver is running in this run directory.
+        RunDirError: Not a run directory, its search never started, or a file it needs is
+            damaged (named, with what survives).
     """
     path, ref, space, target, options = read_run(run_dir)
-    workload = load_workload(ref)
-    return _execute(path, workload, space, target, options, resume=True, verbose=verbose)
+    with RunLock(path, "resume") as lock:
+        if (path / TRIALS_CSV).is_file():
+            return _finished(path)
+        check_study_file(path / OPTUNA_DB, path)
+        check_experiment(path / "tune" / "search", path)
+        workload = load_workload(ref)
+        notes = [lock.taken_over] if lock.taken_over else []
+        return _execute(path, workload, space, target, options, resume=True, verbose=verbose,
+                        notes=notes)  # fmt: skip
+
+
+def _finished(path: Path) -> SearchResult:
+    """A finished run's result, read back from its files; nothing runs again."""
+    result = stored_result(path)
+    result.notes.append(
+        "this run's search had finished: nothing was run again; to search again, start"
+        " `raybatch search` with another --run-dir"
+    )
+    return result
 
 
 def _quiet_tune() -> None:
@@ -179,6 +215,11 @@ def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
         raise
 
 
+def _study_url(path: Path) -> str:
+    """The run's Optuna storage, where the run directory is now."""
+    return f"sqlite:///{(path / OPTUNA_DB).resolve()}"
+
+
 def _plan(
     path: Path, workload: Workload, space: SearchSpace, target: Target, options: SearchOptions
 ) -> _Plan:
@@ -197,6 +238,10 @@ def _plan(
 
     # Only a real probe can overrule the estimate: on CPUs the trial's gate is the estimate.
     margin = options.probe_margin if cuda and options.prescreen else 0.0
+    if estimator is not None and budget is not None and options.prescreen:
+        why = nothing_fits(space, estimator, budget, margin)
+        if why is not None:
+            raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
     model = None
@@ -204,7 +249,7 @@ def _plan(
         model = measure_prior(workload, space, estimator, budget, cuda, options, notes, path)
     searcher = RaybatchSearcher(
         space,
-        storage_url=f"sqlite:///{(path / OPTUNA_DB).resolve()}",
+        storage_url=_study_url(path),
         study_name=STUDY_NAME,
         penalty=options.penalty,
         estimator=estimator if options.prescreen else None,
@@ -259,12 +304,22 @@ def _search_tuner(
         cut = set_aside_cut_sessions(experiment)
         if cut:
             plan.notes.append(f"Tune state cut short by the kill set aside in {CUT_FOLDER}/: {cut}")
-        if not tune.Tuner.can_restore(str(experiment)):
-            raise RunDirError([Issue("tune/search", "no Ray Tune experiment to resume")], str(path))
-        check_restorable(experiment, path)
-        return tune.Tuner.restore(
+        tuner = tune.Tuner.restore(
             str(experiment), trainable=plan.resourced, resume_unfinished=True, resume_errored=True
         )
+        # Tune restores the searcher and callbacks pickled when the search started, with the
+        # paths of that run directory: pointed here, a copied or moved run resumes into itself.
+        searcher, run_config = restored_parts(tuner)
+        if not isinstance(searcher, RaybatchSearcher):
+            why = "holds no raybatch searcher: this is not a raybatch search's experiment"
+            raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
+        searcher.record.relocate(_study_url(path))
+        run_config.callbacks = [
+            watch if isinstance(c, FailFast) else c for c in run_config.callbacks or []
+        ]
+        if isinstance(run_config.stop, FailFast):
+            run_config.stop = watch
+        return tuner
     return tune.Tuner(
         plan.resourced,
         tune_config=tune.TuneConfig(
@@ -292,11 +347,12 @@ def _execute(
     options: SearchOptions,
     resume: bool,
     verbose: int,
+    notes: list[str] | None = None,
 ) -> SearchResult:
     _quiet_tune()
     started_ray = init_ray(options.address)
     plan = _plan_or_forget(path, resume, workload, space, target, options)
-    notes = plan.notes
+    notes = plan.notes = [*(notes or []), *plan.notes]
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
 
     scheduler = CappingScheduler(
@@ -347,11 +403,10 @@ def _execute(
     if plan.model is not None:
         rows, measured_on["prior"] = write_predictions(rows, plan.model, notes)
     best = choose_winner(target, rows, options.confirms, measured_on)
-    write_trials_csv(path / TRIALS_CSV, rows)
     if best is not None:
         write_best(path, best)
-    else:
-        notes.append("no recipe reached the target in every confirmation run")
+    # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
+    write_trials_csv(path / TRIALS_CSV, rows)
     result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes)
     write_report(result, space, target, plan.estimator, plan.budget)
     return result
@@ -429,7 +484,10 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
     path, _, space, target, options = read_run(run_dir)
     measured_on: dict[str, Any] | None = None
     if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
-        stored = load_best(path).provenance
+        try:
+            stored = load_best(path).provenance
+        except RaybatchError:  # damaged: the rows alone choose the winner again
+            stored = {}
         kept = ("device", "amp_dtype", "grad_clip_norm", "prior", "baseline_point",
                 "reference_point", "prior_device_s")  # fmt: skip
         measured_on = {k: stored[k] for k in kept if k in stored}
@@ -457,8 +515,7 @@ def rebuild_report(run_dir: str | Path) -> Path:
     """
 
     path, ref, space, target, options = read_run(run_dir)
-    rows = stored_rows(path)
-    best = load_best(path) if (path / BEST_YAML).is_file() else None
+    stored = stored_result(path)
     estimator, budget = None, options.memory_budget
     if budget is not None:
         try:
@@ -468,9 +525,23 @@ def rebuild_report(run_dir: str | Path) -> Path:
         if workload is not None:
             estimator = MemoryEstimator.for_space(workload, space)
     budget_bytes = options.memory_budget_bytes
-    baseline = max_batch_point(space, budget_check(estimator, budget_bytes))
-    result = SearchResult(path, rows, best, baseline, reference_point(space))
-    return write_report(result, space, target, estimator, budget_bytes)
+    stored.baseline = max_batch_point(space, budget_check(estimator, budget_bytes))
+    return write_report(stored, space, target, estimator, budget_bytes)
 
 
-__all__ = ["analyze_run", "rebuild_report", "resume", "search"]
+def stored_result(run_dir: str | Path) -> SearchResult:
+    """A finished run's result from its files alone: ``trials.csv`` and, when the search
+    found a winner, ``best_config.yaml``.
+
+    Raises:
+        RunDirError: Not a run directory, its search has not finished (no trials.csv), or a
+            file is damaged (named).
+    """
+    path, _, space, _, _ = read_run(run_dir)
+    rows = stored_rows(path)
+    best = load_best(path) if (path / BEST_YAML).is_file() else None
+    baseline = best.provenance.get("baseline_point") if best is not None else None
+    return SearchResult(path, rows, best, baseline, reference_point(space))
+
+
+__all__ = ["analyze_run", "rebuild_report", "resume", "search", "stored_result"]

@@ -4,13 +4,18 @@ Layout of a run directory::
 
     run.json            workload reference, target and options (what resume needs)
     space.yaml          the space used, as validated
+    driver.lock         held by the driver running here (raybatch.run.lock)
     optuna.db           the Optuna study (optuna-dashboard sqlite:///RUN_DIR/optuna.db)
     tune/search/        Ray Tune's experiment (storage), resumable
     tune/confirm/       the confirmation runs
-    trials.csv          one row per trial and per pre-screened config (raybatch.results.rows)
+    trials.csv          one row per trial and per pre-screened config (raybatch.results.rows),
+                        written when the search ends: a run with it has finished
     search.log          the traceback of every trial that failed
-    best_config.yaml    the winner with provenance (also .json)
+    best_config.yaml    the winner with provenance (also .json), when a recipe won
     report.html         the report, beside its PNGs
+
+Every path raybatch keeps is relative to the run directory, or re-pointed at it on resume
+(the searcher Ray Tune restores), so a copied or moved directory resumes into itself.
 """
 
 from __future__ import annotations
@@ -91,11 +96,19 @@ def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, Searc
     for name in (RUN_FILE, SPACE_FILE):
         if not (path / name).is_file():
             raise RunDirError([Issue(name, "missing: not a raybatch run directory")], str(path))
-    run = json.loads((path / RUN_FILE).read_text())
     space = SearchSpace.from_yaml(path / SPACE_FILE)
     try:
+        run = json.loads((path / RUN_FILE).read_text())
         options = SearchOptions(**run["options"])
+        return path, str(run["workload"]), space, Target(**run["target"]), options
     except OptionError as exc:
         names = {name: f"options.{name}" for name in SearchOptions.field_names()}
         raise RunDirError(exc.renamed(names, "").issues, str(path / RUN_FILE)) from None
-    return path, run["workload"], space, Target(**run["target"]), options
+    except (ValueError, TypeError, KeyError) as exc:  # JSON, a missing or mistyped entry
+        why = (
+            f"damaged ({type(exc).__name__}: {exc}): it holds the workload, target and options"
+            " the search started with, and resume needs it; the trials are kept in optuna.db"
+            " and tune/ (and trials.csv, best_config.yaml if the search finished); restore the"
+            " file from a copy"
+        )
+        raise RunDirError([Issue(RUN_FILE, why)], str(path)) from None

@@ -17,6 +17,7 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import RaybatchError
+from raybatch.memory.budget import format_bytes
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 
@@ -79,6 +80,21 @@ def max_batch_point(space: SearchSpace, fits: Callable[[TrialConfig], bool]) -> 
             return knobs
     return {keys.MICRO_BATCH_SIZE: min(s.micro_batch_size), keys.ACCUMULATION_STEPS: accumulation,
             keys.WORLD_SIZE: world}  # fmt: skip
+
+
+def nothing_fits(
+    space: SearchSpace, estimator: Any, budget: int, margin: float = 0.0
+) -> str | None:
+    """Why not even the space's smallest micro batch fits the budget (``None``: it fits), said
+    before any trial: the searcher would otherwise reject every suggestion until it gave up."""
+    smallest = max_batch_point(space, lambda _: False)  # none fits: the smallest micro batch
+    predicted = int(estimator.predict(space.derive(**smallest)))
+    if predicted <= budget * (1 + margin):
+        return None
+    return (
+        f"no micro batch fits {format_bytes(budget)}: the smallest"
+        f" ({smallest[keys.MICRO_BATCH_SIZE]}) needs {format_bytes(predicted)}"
+    )
 
 
 LR_SWEEP = (1.0, 2.0, 4.0, 0.5)

@@ -15,11 +15,14 @@ the same parameters (``study.add_trial``), so TPE still learns from it.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.errors import ConfigError
+from raybatch.errors import ConfigError, Issue, RunDirError
 from raybatch.space.config import TrialConfig
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
@@ -59,6 +62,33 @@ and kept for a while, because it won on the first simulated family; on the faire
 (estimator error, an LR rule 3.5x off, seeds far from the optimum; ``bench/search_efficiency.py``,
 20 seeds, 20 trials) it lost the tail: 90th-percentile regret 1.317 vs 1.121, 1.349 vs 1.185
 and 1.680 vs 1.286 on three members, for one better median (1.065 vs 1.097)."""
+
+
+def check_study_file(db: Path, run_dir: Path) -> None:
+    """Refuse a damaged SQLite study before a resume opens it, naming the file: SQLAlchemy
+    would raise its own traceback ("database disk image is malformed") from deep inside the
+    searcher. Without Optuna: SQLite's ``quick_check`` and the tables' presence.
+    A missing file is left to the search (a search stopped before its first suggestion).
+
+    Raises:
+        RunDirError: The file is not a readable Optuna study.
+    """
+    if not db.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True)) as c:
+            check = c.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(str(check[0] if check else "no answer"))
+            c.execute("SELECT COUNT(*) FROM studies").fetchone()
+            c.execute("SELECT COUNT(*) FROM trials").fetchone()
+    except sqlite3.Error as exc:
+        why = (
+            f"damaged ({exc}): the Optuna study cannot be read, so this search cannot be"
+            " resumed; the Ray Tune results in tune/search/ are kept; start the search again"
+            " in a new run directory"
+        )
+        raise RunDirError([Issue(db.name, why)], str(run_dir)) from None
 
 
 @dataclass(frozen=True)
@@ -120,6 +150,15 @@ class SearchStudy:
         # below writes it (a copy made by pickling reads storage afresh).
         self._gave_up: str | None = None
         self._gave_up_read = False
+
+    def relocate(self, storage_url: str) -> None:
+        """Use ``storage_url`` from now on: a searcher unpickled from a run directory that was
+        copied or moved still names the old one's database."""
+        if self.storage_url is None:
+            return  # in memory: the study travels in the searcher's checkpoint
+        self.storage_url = storage_url
+        self._study = None
+        self._live = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The study holds a database engine; it is reopened from the URL after unpickling.

@@ -21,8 +21,12 @@ from __future__ import annotations
 import json
 import pickletools
 from pathlib import Path
+from typing import Any
 
 from raybatch.errors import Issue, RunDirError
+
+TUNER_FILE = "tuner.pkl"
+"""The Tuner Ray Tune pickles when the experiment starts (searcher and callbacks included)."""
 
 # The kinds of file a Tune session writes, as (prefix, suffix) around the session string.
 _KINDS = (
@@ -99,6 +103,49 @@ def check_restorable(experiment: Path, run_dir: Path) -> None:
     )
     where = f"{experiment.name}/{cut[0]}" if cut else experiment.name
     raise RunDirError([Issue(f"tune/{where}", why)], str(run_dir))
+
+
+def check_experiment(experiment: Path, run_dir: Path) -> None:
+    """Refuse, in seconds and naming the file, a Ray Tune experiment that cannot be restored:
+    none at all, its ``tuner.pkl`` damaged, or no whole session (:func:`check_restorable`).
+
+    Raises:
+        RunDirError: What is missing or damaged, what survives and what can be done.
+    """
+    from ray import tune
+
+    where = f"tune/{experiment.name}"
+    if not tune.Tuner.can_restore(str(experiment)):
+        why = (
+            "no Ray Tune experiment to resume: the search was stopped before its first trial;"
+            " start it again in a new run directory"
+        )
+        raise RunDirError([Issue(where, why)], str(run_dir))
+    if not _whole(experiment / TUNER_FILE):
+        why = (
+            "damaged (it does not read to its end): Ray Tune cannot restore the search; the"
+            " trials that finished are kept in optuna.db and tune/; start the search again in"
+            " a new run directory"
+        )
+        raise RunDirError([Issue(f"{where}/{TUNER_FILE}", why)], str(run_dir))
+    check_restorable(experiment, run_dir)
+
+
+def restored_parts(tuner: Any) -> tuple[Any, Any]:
+    """The search algorithm and ``RunConfig`` a restored ``Tuner`` will run: Tune unpickled
+    them from ``tuner.pkl`` as they were when the search started, paths included. Ray Tune has
+    no public way to replace them, so they are read where ``Tuner.restore`` put them; a Ray
+    that keeps them elsewhere fails here, rather than resume into another run directory.
+    """
+    internal = getattr(tuner, "_local_tuner", None)
+    tune_config = getattr(internal, "_tune_config", None)
+    run_config = getattr(internal, "_run_config", None)
+    if tune_config is None or run_config is None:
+        raise RuntimeError(
+            "this version of Ray Tune keeps a restored Tuner's search algorithm elsewhere:"
+            " raybatch cannot point it at the run directory (tuner._local_tuner._tune_config)"
+        )
+    return tune_config.search_alg, run_config
 
 
 def _sessions(experiment: Path) -> dict[str, dict[str, Path]]:

@@ -1,0 +1,380 @@
+"""A run directory you can trust: each fault tried, what happens, and what is kept.
+
+:data:`FAULTS` is the list the docs' table (``docs/runs.md``) is checked against: a fault
+added here and not there (or there and not here) fails
+:func:`test_the_docs_table_lists_every_fault_tried`. Most faults are proven on run
+directories written by hand (no Ray: a resume refuses before it starts one); one small real
+search, interrupted, is copied and resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import raybatch
+from raybatch import Target, keys
+from raybatch.errors import NothingFitsError, RunDirError, RunLockedError
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.export import load_best
+from raybatch.results.outcome import SearchResult, no_winner_reason
+from raybatch.results.rows import TrialRow, read_trials_csv, write_trials_csv
+from raybatch.run.driver import rebuild_report, resume
+from raybatch.run.lock import LOCK_FILE, RunLock
+from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import write_run_files
+from raybatch.status import TrialStatus
+
+from .conftest import run_cli
+from .test_resume import _cli, _kill_when, _told
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+DIGITS = "raybatch.examples.digits:workload"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "runs.md"
+
+FAULTS: list[tuple[str, str, str]] = [
+    (  # tests/test_resume.py: test_killed_at_three_points_loses_and_repeats_nothing
+        "the driver stopped (Ctrl-C) or killed (SIGKILL) mid-search or while confirming",
+        "`raybatch resume` continues; Ctrl-C exits 130 saying how",
+        "every finished trial, never run twice",
+    ),
+    (  # tests/test_resume.py: test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore
+        "killed while Ray Tune copied its state (a state file cut short)",
+        "the cut session is set aside in tune/search/.cut/; the whole one before it is restored",
+        "every file: the cut ones moved, never deleted",
+    ),
+    (
+        "a second `raybatch resume` (or `search`) while a driver runs",
+        "refused at once, exit 2, naming the holder (pid, host, since when)",
+        "everything: the running driver goes on alone",
+    ),
+    (
+        "the driver killed (SIGKILL) while it held the lock",
+        "the next driver takes the lock over and notes the killed one",
+        "everything the killed driver saved",
+    ),
+    (
+        "the run directory copied (`cp -a`) or moved, then resumed",
+        "the copy resumes into itself",
+        "the original, byte for byte",
+    ),
+    (
+        "`resume` of a finished run",
+        "says so at once and prints its result again; nothing runs",
+        "everything, unchanged",
+    ),
+    (
+        "nothing fits the memory budget",
+        "refused before any trial, exit 2: no micro batch fits, and what the smallest needs",
+        "no run is written: the same command runs once the budget is fixed",
+    ),
+    (
+        "no trial reaches the target (all diverge)",
+        "exit 1 with why in one line; the report says the same and links no best_config.yaml",
+        "trials.csv, report.html (reasons without terminal colours)",
+    ),
+    (
+        "optuna.db damaged",
+        "resume refused, exit 2, naming optuna.db",
+        "tune/search/ (Ray Tune's results)",
+    ),
+    (
+        "tune/search/tuner.pkl damaged",
+        "resume refused, exit 2, naming the file",
+        "optuna.db and tune/",
+    ),
+    (
+        "run.json damaged",
+        "refused, exit 2, naming run.json",
+        "optuna.db, tune/ and the finished run's files",
+    ),
+    (
+        "trials.csv damaged",
+        "`report` refused, exit 2, naming trials.csv; delete it and resume to write it again",
+        "optuna.db, tune/, best_config.yaml",
+    ),
+    (
+        "best_config.yaml damaged",
+        "`export` refused, exit 2, naming the file",
+        "trials.csv: the winner is chosen again from it (`raybatch.analyze_run`)",
+    ),
+]
+"""(fault, what happens, what is kept): the table of ``docs/runs.md``."""
+
+NAN_REASON = "\x1b[31mloss is nan at step 1\x1b[0m"  # coloured, as a terminal traceback is
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _hand_written_run(path: Path, rows: list[TrialRow] | None = None) -> Path:
+    """A run directory as ``search`` starts it; with ``rows``, as one that finished."""
+    options = SearchOptions(trials=2, gpus_per_trial=0, prior=False, confirm_seeds=0)
+    write_run_files(path, DIGITS, SPACE, Target(0.97), options)
+    if rows is not None:
+        write_trials_csv(path / "trials.csv", rows)
+    return path
+
+
+def _diverged(n: int) -> list[TrialRow]:
+    status = TrialStatus.DIVERGED
+    recipes = [SPACE.derive(16 * 2**i, 1) for i in range(n)]
+    return [
+        TrialRow.of(recipe, keys.PHASE_SEARCH, f"t{i}", status, reason=NAN_REASON)
+        for i, recipe in enumerate(recipes)
+    ]
+
+
+def test_the_docs_table_lists_every_fault_tried() -> None:
+    text = DOCS.read_text()
+    rows = re.findall(r"^\| (.+?) \| (.+?) \| (.+?) \|$", text, flags=re.MULTILINE)
+    listed = [r for r in rows if r[0] != "fault" and not set(r[0]) <= {"-", " "}]
+    assert listed == FAULTS
+
+
+# ------------------------------------------------------------------ one driver
+
+
+def test_a_second_driver_is_refused_at_once_naming_the_holder(tmp_path: Path) -> None:
+    run = _hand_written_run(tmp_path / "run")
+    with RunLock(run, "resume"):
+        with pytest.raises(RunLockedError) as refused:
+            resume(run)
+        started = time.monotonic()
+        proc = run_cli("resume", str(run))
+        cli_s = time.monotonic() - started
+    message = str(refused.value)
+    assert f"{run}: {LOCK_FILE}: held by `raybatch resume` (pid " in message
+    assert "one driver per run directory" in message
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "held by `raybatch resume`" in proc.stderr
+    assert "Ray" not in proc.stderr and cli_s < 60  # refused before any Ray starts
+    # A search into a directory a driver holds is refused the same way.
+    with RunLock(tmp_path / "new", "search"), pytest.raises(RunLockedError):
+        raybatch.search(DigitsWorkload(), SPACE, 0.97, tmp_path / "new")
+
+
+def test_a_lock_left_by_a_killed_driver_is_taken_over_and_said(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path;"
+         " from raybatch.run.lock import RunLock\n"
+         "with RunLock(Path(sys.argv[1]), 'resume'):\n print('held', flush=True); time.sleep(600)",
+         str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with pytest.raises(RunLockedError):
+        RunLock(tmp_path, "resume").__enter__()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    with RunLock(tmp_path, "resume") as lock:
+        assert lock.taken_over is not None
+        assert f"(pid {holder.pid} on" in lock.taken_over and "without releasing" in lock.taken_over
+    with RunLock(tmp_path, "resume") as lock:  # released cleanly: nothing to say
+        assert lock.taken_over is None
+
+
+# ------------------------------------------------------------------ a copied run
+
+
+@pytest.fixture(scope="module")
+def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A small search interrupted (Ctrl-C) after its first trial, copied with ``cp -a``; the
+    copy resumed to its end. The original's files are hashed before and after."""
+    root = tmp_path_factory.mktemp("copied")
+    original, copy = root / "r1", root / "r2"
+    search = _cli("search", DIGITS, "--target", "0.9", "--trials", "3", "--run-dir",
+                  str(original), "--max-time-per-trial", "20", "--max-concurrent", "1",
+                  "--confirm-seeds", "0", "--no-prior", "--quiet",
+                  start_new_session=True)  # fmt: skip
+    _kill_when(search, lambda: _told(original) >= 1, random.Random(1), original, set(),
+               signal.SIGINT)  # fmt: skip
+    subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
+    before = _hashes(original)
+    resumed = _cli("resume", str(copy), "--quiet", cwd=root)
+    out, err = resumed.communicate(timeout=400)
+    return {"original": original, "copy": copy, "before": before, "after": _hashes(original),
+            "returncode": resumed.returncode, "out": out, "err": err}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_copied_run_resumes_into_itself_and_leaves_the_original_alone(
+    copied_run: dict[str, Any],
+) -> None:
+    assert copied_run["returncode"] in (0, 1), copied_run["err"][-3000:]
+    assert copied_run["after"] == copied_run["before"]  # not one byte of the original changed
+    assert not (copied_run["original"] / "trials.csv").exists()
+    rows = read_trials_csv(copied_run["copy"] / "trials.csv")
+    assert len([r for r in rows if r["phase"] == "search"]) == 3  # finished in the copy
+    import optuna
+
+    study = optuna.load_study(
+        study_name="raybatch", storage=f"sqlite:///{copied_run['copy'] / 'optuna.db'}"
+    )
+    told = {t.user_attrs.get("tune_trial_id") for t in study.trials} - {None}
+    assert {r["trial_id"] for r in rows if r["phase"] == "search"} <= told
+
+
+@pytest.mark.slow
+def test_resume_of_a_finished_run_changes_nothing(copied_run: dict[str, Any]) -> None:
+    copy = copied_run["copy"]
+    before = _hashes(copy)
+    started = time.monotonic()
+    proc = run_cli("resume", str(copy))
+    assert time.monotonic() - started < 60  # said at once: no Ray, no confirmation
+    assert proc.returncode == copied_run["returncode"], proc.stderr[-2000:]
+    assert "this run's search had finished: nothing was run again" in proc.stdout
+    assert _hashes(copy) == before
+
+
+# ------------------------------------------------------------------ a failed search
+
+
+def test_nothing_fitting_the_budget_is_refused_before_any_trial(
+    ray_session: None, tmp_path: Path
+) -> None:
+    options = SearchOptions(trials=2, memory_budget="1MiB", gpus_per_trial=0, prior=False,
+                            confirm_seeds=0)  # fmt: skip
+    with pytest.raises(NothingFitsError) as refused:
+        raybatch.search(DigitsWorkload(), SPACE, 0.97, tmp_path / "run", options,
+                        DIGITS, verbose=0)  # fmt: skip
+    assert re.fullmatch(
+        r"no micro batch fits 1\.00 MiB: the smallest \(16\) needs [\d.]+ MiB; nothing to"
+        r" search \(a smaller model, or more memory\)",
+        str(refused.value),
+    )
+    assert not (tmp_path / "run" / "tune").exists()  # no trial started
+    assert not (tmp_path / "run" / "run.json").exists()  # no run left: run it again as is
+
+
+def test_a_search_where_every_trial_diverged_fails_saying_why(tmp_path: Path) -> None:
+    run = _hand_written_run(tmp_path / "run", _diverged(4))
+    assert no_winner_reason(_diverged(4), Target(0.97)) == (
+        "all 4 trials diverged: loss is nan at step 1"
+    )
+    proc = run_cli("resume", str(run))  # a finished run: its result again, and its failure
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr == (
+        "raybatch: error: no recipe reached accuracy>=0.97: all 4 trials diverged: loss is nan"
+        " at step 1\n"
+    )
+    assert "All 4 trials diverged: loss is nan at step 1." in proc.stdout
+    assert "best config:" not in proc.stdout
+
+    page = rebuild_report(run).read_text()
+    assert "\x1b" not in page and "[31m" not in page
+    assert "All 4 trials diverged: loss is nan at step 1." in page
+    assert 'href="best_config.yaml"' not in page and "no winner, so no best_config.yaml" in page
+    assert all("\x1b" not in r["reason"] for r in read_trials_csv(run / "trials.csv"))
+    exported = run_cli("export", str(run))
+    assert exported.returncode == 2
+    assert "finished without a winner" in exported.stderr
+
+
+def test_a_report_links_best_config_only_where_one_was_written(tmp_path: Path) -> None:
+    from raybatch.report import write_report
+
+    result = SearchResult(tmp_path, _diverged(1), None)
+    text = write_report(result, SPACE, Target(0.97), None, None).read_text()
+    assert "best_config.yaml</a>" not in text
+    assert "Its one trial diverged: loss is nan at step 1." in text
+
+
+# ------------------------------------------------------------------ damaged files
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncate" else b"\x00garbage\xff" * 64)
+
+
+def test_a_damaged_optuna_db_is_named_before_resume_starts_anything(tmp_path: Path) -> None:
+    import optuna
+
+    run = _hand_written_run(tmp_path / "run")
+    optuna.create_study(study_name="raybatch", storage=f"sqlite:///{run / 'optuna.db'}")
+    _damage(run / "optuna.db", "garbage")
+    with pytest.raises(RunDirError) as refused:
+        resume(run)
+    assert str(refused.value).startswith(f"{run}: optuna.db: damaged (file is not a database)")
+    assert "tune/search/ are kept" in str(refused.value)
+    proc = run_cli("resume", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"raybatch: error: {run}: optuna.db: damaged")
+
+
+def test_a_damaged_tuner_pickle_is_named(tmp_path: Path) -> None:
+    run = _hand_written_run(tmp_path / "run")
+    experiment = run / "tune" / "search"
+    experiment.mkdir(parents=True)
+    (experiment / "tuner.pkl").write_bytes(pickle.dumps({"tuner": list(range(100))}))
+    _damage(experiment / "tuner.pkl", "truncate")
+    with pytest.raises(RunDirError) as refused:
+        resume(run)
+    assert str(refused.value).startswith(f"{run}: tune/search/tuner.pkl: damaged")
+    assert "optuna.db and tune/" in str(refused.value)
+
+
+@pytest.mark.parametrize("how", ["truncate", "garbage"])
+def test_a_damaged_run_json_is_named(tmp_path: Path, how: str) -> None:
+    run = _hand_written_run(tmp_path / "run", _diverged(1))
+    _damage(run / "run.json", how)
+    for call in (resume, rebuild_report):
+        with pytest.raises(RunDirError, match=f"^{re.escape(str(run))}: run.json: damaged"):
+            call(run)
+
+
+@pytest.mark.parametrize("how", ["truncate", "garbage", "empty"])
+def test_a_damaged_trials_csv_is_named_not_reported_empty(tmp_path: Path, how: str) -> None:
+    run = _hand_written_run(tmp_path / "run", _diverged(2))
+    if how == "empty":
+        (run / "trials.csv").write_text("")
+    else:
+        _damage(run / "trials.csv", how)
+    proc = run_cli("report", str(run))
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.startswith(f"raybatch: error: {run}") and "trials.csv" in proc.stderr
+    assert "damaged" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (run / "report.html").exists()
+
+
+@pytest.mark.parametrize("how", ["truncate", "garbage"])
+def test_a_damaged_best_config_is_named(tmp_path: Path, how: str) -> None:
+    from raybatch.export import BestConfig, write_best
+
+    run = _hand_written_run(tmp_path / "run", _diverged(1))
+    write_best(run, BestConfig(SPACE.derive(64, 1), {"trial_id": "t0"}))
+    _damage(run / "best_config.yaml", how)
+    with pytest.raises(RunDirError) as refused:
+        load_best(run)
+    assert str(refused.value).startswith(f"{run / 'best_config.yaml'}: ")
+    proc = run_cli("export", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "best_config.yaml" in proc.stderr
+
+
+def test_export_errors_name_the_command_line(tmp_path: Path) -> None:
+    from raybatch.export import BestConfig, write_best
+
+    write_best(tmp_path, BestConfig(SPACE.derive(64, 1), {"trial_id": "t0"}))
+    out = tmp_path / "out.args"
+    proc = run_cli("export", str(tmp_path), "--world-size", "2", "--format", "args", "-o", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("raybatch: error: command line: --output: ")
+    assert "<python>" not in proc.stderr
+    assert proc.stderr.count("\n") == 1  # one message, no traceback
