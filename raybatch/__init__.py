@@ -36,8 +36,9 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.errors import InputError, RaybatchError, SearchInterrupted, TrialsFailedError
     from raybatch.export import BestConfig, load_best
     from raybatch.metric import Metric, Target
-    from raybatch.run.driver import analyze_run, resume, search
+    from raybatch.run.driver import resume, search
     from raybatch.run.options import SearchOptions
+    from raybatch.run.record import analyze_run
     from raybatch.run.resources import with_resources
     from raybatch.run.scheduler import CappingScheduler
     from raybatch.run.searcher import RaybatchSearcher
@@ -52,7 +53,8 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("InputError", "RaybatchError", "SearchInterrupted", "TrialsFailedError"),
     "export": ("BestConfig", "load_best"),
     "metric": ("Metric", "Target"),
-    "run.driver": ("analyze_run", "resume", "search"),
+    "run.driver": ("resume", "search"),
+    "run.record": ("analyze_run",),
     "run.options": ("SearchOptions",),
     "run.scheduler": ("CappingScheduler",),
     "run.searcher": ("RaybatchSearcher",),

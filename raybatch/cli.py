@@ -17,14 +17,27 @@ from typing import Annotated, Any
 
 import typer
 
-from raybatch import cli_format
+from raybatch import cli_args, cli_format
+from raybatch.cli_args import (
+    CLI,
+    AddressOpt,
+    BudgetOpt,
+    ConfirmSeedsOpt,
+    ConfirmTopOpt,
+    GpuModelOpt,
+    GpusOpt,
+    JsonOpt,
+    LevelSlackOpt,
+    NoPriorOpt,
+    SpaceArg,
+    SpaceOpt,
+)
 from raybatch.errors import InputError, Issue, RaybatchError
 from raybatch.space.presets import list_presets, load_space
 
 EXIT_NO_RECIPE = 1  # the search ran and no recipe reached the target
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
-_CLI = "command line"  # the "file" an error names when the bad input is an option
 
 app = typer.Typer(
     name="raybatch",
@@ -33,26 +46,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-SpaceArg = Annotated[
-    str, typer.Argument(help="A preset name (see `raybatch spaces`) or a path to a space YAML.")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-SpaceOpt = Annotated[
-    str | None, typer.Option("--space", help="Preset or YAML (default: the workload's).")
-]
-AddressOpt = Annotated[
-    str | None, typer.Option("--address", help="Ray cluster address (default: local).")
-]
-BudgetOpt = Annotated[
-    str | None, typer.Option("--memory-budget", help="Per-GPU budget: 8GiB, 1500MB...")
-]
-GpusOpt = Annotated[
-    str | None, typer.Option("--gpus-per-trial", help="auto, N or a fraction (0: CPU).")
-]
-GpuModelOpt = Annotated[
-    str | None, typer.Option("--gpu-model", help="On a cluster of mixed GPUs: this model only.")
-]
 
 
 @contextmanager
@@ -168,17 +161,17 @@ def estimate_command(
     from raybatch.workload import load_workload
 
     with _user_errors():
-        sizes = _positive_ints(batch, "--batch")
+        sizes = cli_args.positive_ints(batch, "--batch")
         for name, value in (("--accum", accum), ("--world-size", world_size)):
             if value < 1:
-                raise InputError([Issue(name, f"must be a positive integer, got {value}")], _CLI)
-        kind, index = _device(device)
+                raise InputError([Issue(name, f"must be a positive integer, got {value}")], CLI)
+        kind, index = cli_args.device(device)
         loaded = load_workload(workload)
         chosen = load_space(space or loaded.space or "generic_adamw")
         note = None
         explicit = None
         if memory_budget is not None:
-            explicit = parse_size(memory_budget, "--memory-budget", _CLI)
+            explicit = parse_size(memory_budget, "--memory-budget", CLI)
         try:
             budget = resolve_budget(explicit, index if kind == "cuda" else None)
             budget_bytes, budget_source = budget.bytes, budget.source
@@ -206,24 +199,6 @@ def estimate_command(
     cli_format.print_estimate(report)
 
 
-_EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
-ConfirmTopOpt = Annotated[
-    int, typer.Option("--confirm-top", help="Best recipes that may enter the race (0: none).")
-]
-ConfirmSeedsOpt = Annotated[
-    int, typer.Option("--confirm-seeds", help="At most this many fresh seeds in the race.")
-]
-NoPriorOpt = Annotated[
-    bool, typer.Option("--no-prior", help="Do not measure the time model before searching.")
-]
-LevelSlackOpt = Annotated[
-    float,
-    typer.Option(
-        "--level-slack", help="Capping slack at intermediate levels of the metric (0: off)."
-    ),
-]
-
-
 @app.command("search")
 def search_command(
     workload: Annotated[
@@ -243,7 +218,7 @@ def search_command(
         float, typer.Option("--max-time-per-trial", help="Training-time cap per trial, seconds.")
     ] = 60.0,
     eval_every: Annotated[
-        int | None, typer.Option("--eval-every", metavar="SAMPLES", help=_EVAL_EVERY_HELP)
+        int | None, typer.Option("--eval-every", metavar="SAMPLES", help=cli_args.EVAL_EVERY_HELP)
     ] = None,
     gpus_per_trial: GpusOpt = None,
     cpus_per_trial: Annotated[float, typer.Option("--cpus-per-trial")] = 1.0,
@@ -273,13 +248,13 @@ def search_command(
     from raybatch.workload import load_workload
 
     with _user_errors():
-        Target.parse(target, _CLI)  # the syntax first, before the (slower) workload import
+        Target.parse(target, CLI)  # the syntax first, before the (slower) workload import
         try:
             options = SearchOptions(
                 trials=trials,
                 max_time_s=max_time_per_trial,
                 memory_budget=memory_budget,
-                gpus_per_trial=None if gpus_per_trial is None else _gpus(gpus_per_trial),
+                gpus_per_trial=None if gpus_per_trial is None else cli_args.gpus(gpus_per_trial),
                 cpus_per_trial=cpus_per_trial,
                 max_concurrent=max_concurrent,
                 address=address,
@@ -294,9 +269,9 @@ def search_command(
                 gpu_model=gpu_model,
             )
         except OptionError as exc:
-            raise exc.renamed(_SEARCH_FLAGS, _CLI) from None
+            raise exc.renamed(cli_args.SEARCH_FLAGS, CLI) from None
         loaded = load_workload(workload)
-        parsed_target = resolve_target(target, loaded.metrics, _CLI)
+        parsed_target = resolve_target(target, loaded.metrics, CLI)
         chosen = load_space(space or loaded.space or "generic_adamw")
         directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         result = search(
@@ -386,7 +361,7 @@ def export_command(
         if world_size is not None:
             if world_size < 1:
                 message = f"must be an integer >= 1, got {world_size}"
-                raise InputError([Issue("--world-size", message)], _CLI)
+                raise InputError([Issue("--world-size", message)], CLI)
             in_run = (Path(run_dir) / RUN_FILE).is_file()  # a run knows its space
             space = read_run(run_dir)[2] if in_run else None
             best = best.retarget(world_size, space)
@@ -397,7 +372,7 @@ def export_command(
             else:
                 text = best.render(fmt, gpus_per_node)
         except InputError as exc:  # an option's value: the command line's, not <python>'s
-            raise (exc.located(_CLI) if exc.source == "<python>" else exc) from None
+            raise (exc.located(CLI) if exc.source == "<python>" else exc) from None
         if fmt in ("hf-json", "deepspeed") and not best.amp_recorded:  # JSON has no comments
             note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED
     if note:
@@ -440,8 +415,8 @@ def check_command(
 
     with _user_errors():
         if memory_budget is not None:
-            parse_size(memory_budget, "--memory-budget", _CLI)
-        gpus = None if gpus_per_trial is None else _gpus(gpus_per_trial)
+            parse_size(memory_budget, "--memory-budget", CLI)
+        gpus = None if gpus_per_trial is None else cli_args.gpus(gpus_per_trial)
         loaded = load_workload(workload) if workload is not None else None
         chosen = None
         if loaded is not None:
@@ -458,49 +433,6 @@ def check_command(
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
     cli_format.print_check(report)
-
-
-def _gpus(text: str) -> str | float:
-    """A number where the text is one; anything else is left for SearchOptions to judge."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-_SEARCH_FLAGS = {
-    "trials": "--trials",
-    "max_time_s": "--max-time-per-trial",
-    "memory_budget": "--memory-budget",
-    "gpus_per_trial": "--gpus-per-trial",
-    "gpu_model": "--gpu-model",
-    "cpus_per_trial": "--cpus-per-trial",
-    "max_concurrent": "--max-concurrent",
-    "confirm_top": "--confirm-top",
-    "confirm_seeds": "--confirm-seeds",
-    "level_slack": "--level-slack",
-    "hang_grace_s": "--hang-grace",
-    "eval_every_samples": "--eval-every",
-}
-"""SearchOptions' fields as ``raybatch search`` spells them, for its error messages."""
-
-
-def _positive_ints(text: str, name: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise InputError(
-            [Issue(name, f"must be positive integers separated by commas, got {text!r}")], _CLI
-        )
-    return [int(p) for p in parts]
-
-
-def _device(text: str) -> tuple[str, int]:
-    kind, _, index = text.partition(":")
-    if kind == "cpu" and not index:
-        return "cpu", 0
-    if kind == "cuda" and (not index or index.isdigit()):
-        return "cuda", int(index or 0)
-    raise InputError([Issue("--device", f"must be cpu, cuda or cuda:N, got {text!r}")], _CLI)
 
 
 def main() -> None:

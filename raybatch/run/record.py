@@ -1,0 +1,98 @@
+"""A finished run read back from its files alone: its stored result, its winner chosen again
+from ``trials.csv``, its report written again. Nothing here runs a trial or starts Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from raybatch.errors import ConfigError, RaybatchError
+from raybatch.export import BEST_YAML, BestConfig, load_best
+from raybatch.memory.estimator import MemoryEstimator
+from raybatch.report import write_report
+from raybatch.results.outcome import SearchResult
+from raybatch.results.rows import TrialRow, stored_rows
+from raybatch.results.selection import choose_winner
+from raybatch.run.rundir import read_run
+from raybatch.run.seeding import budget_check, max_batch_point, reference_point
+from raybatch.space.search_space import SearchSpace
+from raybatch.workload import load_workload
+
+
+def analyze_run(run_dir: str | Path) -> BestConfig | None:
+    """The winner a finished run's stored trials give, chosen again from ``trials.csv`` alone.
+
+    The same rule as at the end of the search (:func:`raybatch.results.selection.select_winner`:
+    the lowest median over the confirmation runs among the recipes — candidates, max-batch
+    baseline, reference — that reached the target every time), so
+    ``best_config.yaml`` can be audited — and after a resume, checked — against the record.
+    Only the provenance's ``created`` time differs from the file the search wrote.
+
+    Raises:
+        RunDirError: Not a run directory, or its search has not finished (no trials.csv).
+    """
+
+    path, _, space, target, options = read_run(run_dir)
+    measured_on: dict[str, Any] | None = None
+    if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
+        try:
+            stored = load_best(path).provenance
+        except RaybatchError:  # damaged: the rows alone choose the winner again
+            stored = {}
+        kept = ("device", "amp_dtype", "grad_clip_norm", "prior", "baseline_point",
+                "reference_point", "prior_device_s")  # fmt: skip
+        measured_on = {k: stored[k] for k in kept if k in stored}
+    return choose_winner(target, _derived(space, stored_rows(path)), options.confirms, measured_on)
+
+
+def _derived(space: SearchSpace, rows: list[TrialRow]) -> list[TrialRow]:
+    """Stored rows with their recipes again. A row whose knobs the space now refuses (an
+    edited ``space.yaml``) keeps its columns only: it still counts, and should it win,
+    :func:`choose_winner` says that its recipe is missing."""
+    out = []
+    for r in rows:
+        try:
+            out.append(r.derived_under(space))
+        except ConfigError:
+            out.append(r)
+    return out
+
+
+def rebuild_report(run_dir: str | Path) -> Path:
+    """Write the report of a finished run again, from its files alone.
+
+    Raises:
+        RunDirError: Not a run directory, or its search has not finished (no trials.csv).
+    """
+
+    path, ref, space, target, options = read_run(run_dir)
+    stored = stored_result(path)
+    estimator, budget = None, options.memory_budget
+    if budget is not None:
+        try:
+            workload = load_workload(ref)
+        except RaybatchError:
+            workload = None  # the report is still written, without the memory plot
+        if workload is not None:
+            estimator = MemoryEstimator.for_space(workload, space)
+    budget_bytes = options.memory_budget_bytes
+    stored.baseline = max_batch_point(space, budget_check(estimator, budget_bytes))
+    return write_report(stored, space, target, estimator, budget_bytes)
+
+
+def stored_result(run_dir: str | Path) -> SearchResult:
+    """A finished run's result from its files alone: ``trials.csv`` and, when the search
+    found a winner, ``best_config.yaml``.
+
+    Raises:
+        RunDirError: Not a run directory, its search has not finished (no trials.csv), or a
+            file is damaged (named).
+    """
+    path, _, space, _, _ = read_run(run_dir)
+    rows = stored_rows(path)
+    best = load_best(path) if (path / BEST_YAML).is_file() else None
+    baseline = best.provenance.get("baseline_point") if best is not None else None
+    return SearchResult(path, rows, best, baseline, reference_point(space))
+
+
+__all__ = ["analyze_run", "rebuild_report", "stored_result"]
