@@ -134,3 +134,26 @@ def test_a_resumed_search_with_healthy_trials_before_never_stops_on_failures(
     for i in range(5):
         watcher.on_trial_result(1, [], _Trial(f"t{i}"), _result("error", "OSError: flaky disk"))
     assert not watcher.stop_all()
+
+
+def test_a_failed_save_of_tunes_state_goes_to_the_log_and_is_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray Tune logs a save of its experiment state that raced a stopping trial with a full
+    traceback; the user sees one note, the run's log keeps the traceback."""
+    import logging
+
+    from raybatch.run.failfast import TUNE_STATE_LOGGER, ray_errors_to
+
+    logger = logging.getLogger(TUNE_STATE_LOGGER)
+    propagated = logger.propagate
+    log = tmp_path / "search.log"
+    with ray_errors_to(log) as diverted:
+        try:
+            raise FileNotFoundError("tune/search/experiment_state.json")
+        except FileNotFoundError:
+            logger.error("Saving experiment state to storage failed with exception: ",
+                         exc_info=True)  # fmt: skip
+    assert diverted.tune_state_errors == 1
+    assert "Traceback" in log.read_text() and "Traceback" not in capsys.readouterr().err
+    assert logger.propagate == propagated and not logger.handlers

@@ -369,6 +369,10 @@ def _execute(
             if started_ray:  # trials still starting fail after the stop: to the log with them
                 diverted.shutdown_ray()
             raise TrialsFailedError(watch.summary())
+    if diverted.tune_state_errors:
+        notes.append(f"saving Ray Tune's experiment state failed {diverted.tune_state_errors}"
+                     f" time(s) (tracebacks in {path / LOG_FILE}); resume may repeat the trials"
+                     " that finished since the last save")  # fmt: skip
     finished = results.num_terminated + results.num_errors
     gave_up = plan.searcher.record.gave_up_reason()
     if gave_up is not None:

@@ -20,6 +20,7 @@ stop=ff)``.
 from __future__ import annotations
 
 import io
+import logging
 import re
 import sys
 import threading
@@ -249,11 +250,36 @@ class _Divert(io.TextIOBase):
         return self._stream.encoding
 
 
-class Diverted:
-    """What :func:`ray_errors_to` yields: :meth:`shutdown_ray` ends Ray with nothing printed."""
+TUNE_STATE_LOGGER = "ray.tune.execution.experiment_state"
+"""Ray Tune's logger of experiment-state saving: a save that races a trial being stopped (a
+file gone while it is copied) is logged with a full traceback, and a failed search's user saw
+it under the one-line error. The run's log keeps such records; the search says how many."""
 
-    def __init__(self, streams: tuple[_Divert, _Divert]) -> None:
+
+class _Counting(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes records to the run's log and counts the errors among them."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self.errors = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self.errors += 1
+        super().emit(record)
+
+
+class Diverted:
+    """What :func:`ray_errors_to` yields: :meth:`shutdown_ray` ends Ray with nothing printed;
+    :attr:`tune_state_errors` counts the failed saves of Tune's state sent to the log."""
+
+    def __init__(self, streams: tuple[_Divert, _Divert], handler: _Counting) -> None:
         self._streams = streams
+        self._handler = handler
+
+    @property
+    def tune_state_errors(self) -> int:
+        return self._handler.errors
 
     def shutdown_ray(self) -> None:
         """Shut down the Ray this search started, its last worker errors sent to the log.
@@ -283,8 +309,14 @@ def ray_errors_to(log_path: Path) -> Iterator[Diverted]:
     with log_path.open("a", encoding="utf-8") as log:
         saved = sys.stdout, sys.stderr
         streams = _Divert(saved[0], log), _Divert(saved[1], log)
+        tune_state = logging.getLogger(TUNE_STATE_LOGGER)
+        handler, propagated = _Counting(log), tune_state.propagate
+        tune_state.addHandler(handler)
+        tune_state.propagate = False
         sys.stdout, sys.stderr = streams
         try:
-            yield Diverted(streams)
+            yield Diverted(streams, handler)
         finally:
             sys.stdout, sys.stderr = saved
+            tune_state.removeHandler(handler)
+            tune_state.propagate = propagated
