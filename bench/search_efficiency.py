@@ -142,10 +142,11 @@ class _Capping:
     def __init__(self, level_slack: float | None) -> None:
         self.scheduler = CappingScheduler(SLACK, level_slack=level_slack)
 
-    def mark(self, trial_id: str, t: float, progress: float | None) -> bool:
+    def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False) -> bool:
         reached = progress is not None and progress >= 1.0
         result = {keys.STATUS: "reached" if reached else "running", keys.TRAIN_S: t,
-                  keys.METRIC: progress, keys.TIME_TO_TARGET_S: t if reached else None}  # fmt: skip
+                  keys.METRIC: progress, keys.TIME_TO_TARGET_S: t if reached else None,
+                  keys.HEARTBEAT: beat}  # fmt: skip
         trial = SimpleNamespace(trial_id=trial_id)
         stop = self.scheduler.on_trial_result(None, trial, result) == TrialScheduler.STOP
         return stop and not reached
@@ -165,7 +166,7 @@ class _AshaOnTime:
         self.recorded: dict[float, list[float]] = {r: [] for r in self.rungs}
         self.passed: dict[str, int] = {}
 
-    def mark(self, trial_id: str, t: float, progress: float | None) -> bool:
+    def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False) -> bool:
         progress = progress or 0.0
         i = self.passed.get(trial_id, 0)
         while i < len(self.rungs) and t >= self.rungs[i]:
@@ -189,7 +190,7 @@ class _HyperbandOnTime:
     def __init__(self, trials: dict[str, optuna.Trial]) -> None:
         self.trials = trials
 
-    def mark(self, trial_id: str, t: float, progress: float | None) -> bool:
+    def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False) -> bool:
         if progress is None:
             return False
         trial = self.trials[trial_id]
@@ -251,12 +252,12 @@ def simulate_search(member: Member, rng: random.Random, n: int,
         clock = next_at((trial_id, run))
         reports = run["reports"]
         if run["i"] < len(reports):
-            t, progress = reports[run["i"]]
+            t, progress, beat = reports[run["i"]]
             run["i"] += 1
             if progress is not None and progress >= 1.0:
                 rule.mark(trial_id, t, progress)
                 finish(trial_id, "reached", t, t)
-            elif rule.mark(trial_id, t, progress):
+            elif rule.mark(trial_id, t, progress, beat):
                 finish(trial_id, "capped", t, None)
             else:
                 continue
@@ -267,7 +268,7 @@ def simulate_search(member: Member, rng: random.Random, n: int,
     return [trials[i] for i in order]
 
 
-def _reports(member: Member, full: Trial) -> list[tuple[float, float | None]]:
+def _reports(member: Member, full: Trial) -> list[tuple[float, float | None, bool]]:
     """What a trial reports, in order: its evaluation marks, and between them a heartbeat at
     least every :func:`~raybatch.trial.reporting.heartbeat_for` its cap, carrying the last
     mark's value (as :class:`~raybatch.trial.reporting.TrialReporter` does), up to where the
@@ -275,20 +276,20 @@ def _reports(member: Member, full: Trial) -> list[tuple[float, float | None]]:
     marks = full["marks"]
     end = marks[-1][0] if full["status"] == "reached" else full["train"]
     beat = heartbeat_for(member.max_time_s)
-    out: list[tuple[float, float | None]] = []
+    out: list[tuple[float, float | None, bool]] = []
     last: float | None = None
     i, t = 0, 0.0
     while True:
         due = t + beat
         if i < len(marks) and marks[i][0] <= due:
             t, last = marks[i]
-            out.append((t, last))
+            out.append((t, last, False))
             i += 1
             if last >= 1.0:
                 return out
         elif due < end:
             t = due
-            out.append((t, last))
+            out.append((t, last, True))
         else:
             return out
 

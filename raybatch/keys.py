@@ -52,6 +52,9 @@ TRAIN_S: Final = "train_s"
 """Training time so far: ``elapsed_s`` less ``eval_s``; the clock of the caps."""
 EVAL_S: Final = "eval_s"
 """Time spent evaluating so far (raybatch's measuring device, not the user's training)."""
+HEARTBEAT: Final = "heartbeat"
+"""True on a report sent between evaluation marks (training time only, no new evaluation):
+the final cap may act on it, the levels of the metric are judged at evaluations only."""
 HELD_S: Final = "held_s"
 """Wall seconds the trial has held its device(s) so far, from the moment its function began:
 start-up, data loading, the memory probe, training and evaluation. What a search costs."""

@@ -124,6 +124,7 @@ def test_between_far_apart_marks_a_heartbeat_reports_the_training_time() -> None
         run.add(samples=10, steps=1)
     assert [round(r[keys.TRAIN_S], 2) for r in reports] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert {r[keys.STATUS] for r in reports} == {"running"} and reports[-1][keys.METRIC] is None
+    assert all(r[keys.HEARTBEAT] for r in reports)
 
 
 def test_the_heartbeat_is_a_32nd_of_the_cap_and_never_over_five_seconds() -> None:

@@ -207,3 +207,20 @@ def test_on_an_emulated_packed_gpu_no_trial_is_capped_because_of_a_neighbour() -
     # A lone trial is still capped against the lone incumbent.
     late = {keys.STATUS: "running", keys.TRAIN_S: 12.5, keys.METRIC: 0.5}
     assert s.on_trial_result(None, _trial("slow"), late) == TrialScheduler.STOP
+
+
+def test_a_heartbeat_is_capped_at_the_final_level_but_not_judged_at_intermediate_ones() -> None:
+    """A small batch's first evaluation may be far off: a heartbeat (training time, no new
+    evaluation) that shows no level yet is not "behind" one; past slack x the incumbent's time
+    to target it is stopped all the same."""
+    s = CappingScheduler(slack=1.2, level_slack=1.5)
+    _incumbent(s)
+    beat = {keys.STATUS: "running", keys.TRAIN_S: 4.0, keys.METRIC: None, keys.HEARTBEAT: True}
+    assert s.on_trial_result(None, _trial("small"), beat) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("small"), {**beat, keys.TRAIN_S: 12.5}) == (
+        TrialScheduler.STOP
+    )
+    assert s.capped_at_level == {}
+    # The same report as an evaluation with nothing shown is behind the incumbent's levels.
+    evaluated = {**beat, keys.HEARTBEAT: False, keys.METRIC: 0.1}
+    assert s.on_trial_result(None, _trial("other"), evaluated) == TrialScheduler.STOP

@@ -205,6 +205,10 @@ class CappingScheduler(FIFOScheduler):
         if cap is not None and trained > cap:
             self.capped[trial.trial_id] = float(trained)
             return TrialScheduler.STOP
+        if result.get(keys.HEARTBEAT):
+            # No new evaluation: not having *shown* a level is not being behind it (a small
+            # batch's next mark may be far off); the levels are judged at evaluations.
+            return TrialScheduler.CONTINUE
         if self.level_slack is not None and self._behind_any(
             trial.trial_id, trajectory, float(trained)
         ):

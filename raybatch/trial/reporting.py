@@ -231,7 +231,7 @@ class TrialReporter:
         if not self.stopped and not self.eval_due and self.check_budgets_between_marks:
             train_s = self._check_budgets(synchronize=False)
             if not self.stopped and train_s - self._reported_train_s >= self.heartbeat_s:
-                self._emit()  # a heartbeat: the scheduler can cap between evaluations
+                self._emit(heartbeat=True)  # the scheduler can cap between evaluations
         return self.stopped
 
     def check_loss(self, loss: float) -> bool:
@@ -382,9 +382,9 @@ class TrialReporter:
         if close is not None:
             close()
 
-    def _emit(self) -> None:
+    def _emit(self, heartbeat: bool = False) -> None:
         self.reports += 1
-        out = self.metrics()
+        out = {**self.metrics(), keys.HEARTBEAT: heartbeat}
         self._reported_train_s = float(out[keys.TRAIN_S])
         self._report_fn(out)
 
