@@ -257,3 +257,23 @@ def test_bf16_trace_follows_cuda_autocast_float32_list_by_hand_count() -> None:
     assert trace_step(plain, ADAMW, 64, cuda=True).forward_activation_bytes == (
         32768 + 1024 + 32768 + 512
     )
+
+
+def test_a_small_batchs_probe_does_not_veto_a_large_batch_it_never_probed() -> None:
+    """The probe at micro batch 16 reserved 50 % more than the trace (rounding, workspace):
+    kept as bytes at that batch, it adds those bytes near it, and 256 -- never probed -- is
+    predicted the trace's figure plus those bytes, not 1.5 x it."""
+    space = load_space("digits_cnn_sgd")
+    estimator = MemoryEstimator(digits, space.reference_config(), anchors=(8, 256))
+    small, large = space.derive(16), space.derive(256)
+    traced_small, traced_large = estimator.predict(small), estimator.predict(large)
+    excess = estimator.observe(small, int(traced_small * 1.5))
+    assert excess == pytest.approx(traced_small * 0.5, abs=2)
+    assert estimator.predict(small) == pytest.approx(traced_small * 1.5, abs=2)
+    assert estimator.predict(large) == traced_large + excess
+    budget = traced_large + excess + 1  # fits with the bytes, not with the ratio
+    assert budget < 1.5 * traced_large
+    assert estimator.prescreen(large, budget).fits
+    # A probe below the trace never lowers it; a second one at the same batch keeps the max.
+    assert estimator.observe(small, traced_small // 2) == excess
+    assert estimator.excess(space.derive(64, 2)) == 0  # accumulating: another kind of recipe

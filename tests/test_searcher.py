@@ -324,8 +324,9 @@ def test_a_packed_oom_retried_alone_that_fits_is_told_as_measured(tmp_path: Path
 
 
 def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Path) -> None:
-    """Each probe's reserved peak calibrates the estimator (the largest ratio seen wins), and
-    the searcher sets every later suggestion's GPU share from the calibrated prediction."""
+    """Each probe's reserved peak calibrates the estimator (the most it reserved above the
+    trace at a batch is kept there, and added near it), and the searcher sets every later
+    suggestion's GPU share from the calibrated prediction."""
     from raybatch.run.resources import gpu_fraction
 
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
@@ -350,6 +351,25 @@ def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Pa
     searcher.on_trial_complete("b", {**_result("reached", 1.0),
                                      keys.PROBE_RESERVED_BYTES: predicted})  # fmt: skip
     assert estimator.predict(recipe) == pytest.approx(measured, rel=1e-6)  # the max is kept
+
+
+def test_what_the_probes_taught_survives_a_checkpoint(tmp_path: Path) -> None:
+    """A resumed search predicts as before: the probes' excess is in the searcher's state."""
+    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    searcher = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
+    searcher.estimator = estimator
+    config = searcher.suggest("a")
+    assert isinstance(config, dict)
+    recipe = SPACE.derive_from(config)
+    measured = 3 * estimator.predict(recipe)
+    searcher.on_trial_complete("a", {**_result("reached", 1.0),
+                                     keys.PROBE_RESERVED_BYTES: measured})  # fmt: skip
+    searcher.save(str(tmp_path / "searcher.pkl"))
+    fresh = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    restored = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
+    restored.estimator = fresh
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert fresh.predict(recipe) == pytest.approx(measured, rel=1e-6)
 
 
 def test_a_probe_below_the_prediction_never_shrinks_the_estimate(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ class MemoryEstimator:
     check_batch: int | None = None
     _models: dict[bool, LinearMemoryModel] = field(default_factory=dict, repr=False)
     _calibration: float = field(default=1.0, repr=False)
-    _observed: bool = field(default=False, repr=False)
+    probed: dict[tuple[bool, int, int], int] = field(default_factory=dict, repr=False)
+    """What real probes reserved above the trace's prediction (bytes, never below 0), by
+    (accumulating, world size, micro batch): see :meth:`observe`. Kept in the searcher's
+    checkpoint, so a resumed search predicts as it did."""
 
     @classmethod
     def for_space(cls, workload: Workload, space: SearchSpace) -> MemoryEstimator:
@@ -104,12 +107,29 @@ class MemoryEstimator:
         return self.model_for(config.accumulation_steps, config.world_size)
 
     def predict(self, config: TrialConfig) -> int:
-        """Predicted peak bytes on one GPU for ``config``."""
-        return self._model_of(config).predict(config.micro_batch_size)
+        """Predicted peak bytes on one GPU for ``config``: the trace's, plus what the probes
+        measured above it nearby (:meth:`observe`)."""
+        return self._model_of(config).predict(config.micro_batch_size) + self.excess(config)
 
     def max_micro_batch_size(self, config: TrialConfig, budget_bytes: int) -> int | None:
-        """The largest micro batch that fits ``budget_bytes`` with ``config``'s other knobs."""
-        return self._model_of(config).max_micro_batch_size(budget_bytes)
+        """The largest micro batch that fits ``budget_bytes`` with ``config``'s other knobs
+        (less what the probes of its kind measured above the trace at its largest probed
+        batch)."""
+        excess = self._excess_near(_kind(config), 1 << 30)
+        return self._model_of(config).max_micro_batch_size(budget_bytes - excess)
+
+    def excess(self, config: TrialConfig) -> int:
+        """What the probes measured above the trace for recipes like ``config`` (the same
+        accumulation and world size), at the probed micro batch nearest to its own (log
+        scale); 0 before any such probe."""
+        return self._excess_near(_kind(config), config.micro_batch_size)
+
+    def _excess_near(self, kind: tuple[bool, int], micro: int) -> int:
+        seen = {m: e for (a, w, m), e in self.probed.items() if (a, w) == kind}
+        if not seen:
+            return 0
+        nearest = min(seen, key=lambda m: (abs(math.log(m / micro)), -m))
+        return seen[nearest]
 
     def calibrate(self, config: TrialConfig, measured_bytes: int) -> float:
         """Scale later predictions by a real probe's measured / predicted peak; return the ratio."""
@@ -118,24 +138,25 @@ class MemoryEstimator:
         self._calibration = ratio
         return ratio
 
-    def observe(self, config: TrialConfig, measured_bytes: int) -> float:
-        """Calibrate on one more probe, keeping the largest measured / predicted ratio seen,
-        and never below 1.
+    def observe(self, config: TrialConfig, measured_bytes: int) -> int:
+        """Learn from one more probe: the bytes it reserved above the trace's prediction, at
+        its own micro batch and kind (accumulation, world size); the largest seen there is kept.
 
-        A search sees many probes (the trials' reserved peaks: what an OOM is about, above
-        the allocated memory the trace predicts); the largest ratio is the one that keeps
-        every later prediction on the safe side. A ratio below 1 (a probe that reserved less
-        than the trace's allocated peak: another allocator, a step that freed early) would
-        shrink every prediction and over-pack later trials, so it never lowers the trace's
-        own figure. Only probes that fit are observed (:func:`raybatch.trial.wrapper`
-        reports no peak for one that ran out of memory: its peak is truncated). Returns the
-        calibration now in force.
+        A search sees many probes (the trials' reserved peaks: what an OOM is about, above the
+        allocated memory the trace predicts). What they add is mostly fixed -- the
+        allocator's rounding, cuBLAS's workspace -- so it is kept in bytes, per batch, and a
+        recipe is predicted with the excess measured at the probed batch nearest to its own:
+        a small batch's rounding (its *ratio* can be large) no longer scales, and vetoes, every
+        large batch that was never probed. A probe below the trace's figure (another
+        allocator, a step that freed early) never lowers it: that would over-pack later
+        trials. Only probes that fit are observed (:func:`raybatch.trial.wrapper` reports no
+        peak for one that ran out of memory: its peak is truncated). Returns the excess now in
+        force at that batch.
         """
-        current = self._calibration if self._observed else 1.0
-        ratio = self.calibrate(config, measured_bytes)
-        self._calibration = max(ratio, current, 1.0)
-        self._observed = True
-        return self._calibration
+        key = (*_kind(config), config.micro_batch_size)
+        traced = self._model_of(config).predict(config.micro_batch_size)
+        self.probed[key] = max(self.probed.get(key, 0), int(measured_bytes) - traced, 0)
+        return self.probed[key]
 
     def prescreen(
         self, config: TrialConfig, budget_bytes: int, probe_device: str | None = None
@@ -164,14 +185,23 @@ class MemoryEstimator:
                 )  # fmt: skip
 
             return probe(self.workload, config, probe_device).as_prescreen(budget_bytes, f"{exc}; ")
-        predicted, breakdown = model.predict(b), model.breakdown(b)
+        excess = self.excess(config)
+        predicted, breakdown = model.predict(b) + excess, model.breakdown(b)
         fits = predicted <= budget_bytes
         verdict = "fits" if fits else "does not fit"
+        source = EstimateSource.CALIBRATED if excess else model.source
+        probed = f", {format_bytes(excess)} more as probes measured" if excess else ""
         reason = (
             f"micro batch {b}: predicted {format_bytes(predicted)} {verdict} the budget of"
-            f" {format_bytes(budget_bytes)} ({model.source.value})"
+            f" {format_bytes(budget_bytes)} ({model.source.value}{probed})"
         )
-        return PrescreenResult(b, fits, predicted, breakdown, budget_bytes, model.source, reason)
+        return PrescreenResult(b, fits, predicted, breakdown, budget_bytes, source, reason)
+
+
+def _kind(config: TrialConfig) -> tuple[bool, int]:
+    """What a probe's excess is kept by besides the micro batch: accumulating or not (the
+    gradient buffer), and the world size (DDP's buckets)."""
+    return config.accumulation_steps > 1, config.world_size
 
 
 @dataclass(frozen=True)

@@ -478,6 +478,7 @@ class RaybatchSearcher(Searcher):
         state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
         state["sweep"] = self._sweep()
         state["memory_storage"] = self.record.memory_storage  # None for a storage URL
+        state["probed"] = dict(self.estimator.probed) if self.estimator is not None else {}
         with open(checkpoint_path, "wb") as f:
             pickle.dump(state, f)
 
@@ -488,6 +489,8 @@ class RaybatchSearcher(Searcher):
             if key in state:  # a key an older raybatch did not write keeps its default
                 setattr(self, attr, state[key])
         self._sweep_indices = state.get("sweep")
+        if self.estimator is not None:  # what the probes taught, as before the interruption
+            self.estimator.probed.update(state.get("probed", {}))
         self._running_workers = dict(self._running_workers)
         self.prescreened = [Prescreened.of_logged(p) for p in self.prescreened]  # older: dicts
         self.record.use_memory_storage(state.get("memory_storage"))
