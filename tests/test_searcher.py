@@ -714,3 +714,29 @@ def test_the_driver_built_searcher_steps_the_sweep_down_when_the_largest_batch_r
         searcher.on_trial_complete(f"o{i}", _result("reached", 2.0))
     assert {(128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0), (128, 1, 0.5)} <= set(launched)
     assert searcher.baseline[keys.MICRO_BATCH_SIZE] == 128
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_data_parallel_recipe_waits_for_the_devices_single_trials_hold_too(
+    tmp_path: Path,
+) -> None:
+    """On 3 CPUs, two single trials running hold two: a world-size-2 recipe is held until one
+    ends, instead of starting to wait inside ``fit()`` and being censored as hung."""
+    from raybatch.space.search_space import SearchSpace
+
+    from .conftest import minimal_space
+
+    space = SearchSpace.from_dict(
+        minimal_space(search={"micro_batch_size": [32, 64], "world_size": [1, 2]})
+    )
+    points = [{"micro_batch_size": 32, "world_size": 1}, {"micro_batch_size": 64, "world_size": 1},
+              {"micro_batch_size": 64, "world_size": 2}]  # fmt: skip
+    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
+                                points_to_evaluate=points, data_parallel_gpus=False)  # fmt: skip
+    for trial in ("a", "b"):
+        config = searcher.suggest(trial)
+        assert isinstance(config, dict) and config[keys.WORLD_SIZE] == 1
+    assert searcher.suggest("c") is None  # 2 held + 2 workers > 3
+    searcher.on_trial_complete("a", _result("reached", 1.0))
+    config = searcher.suggest("d")
+    assert isinstance(config, dict) and config[keys.WORLD_SIZE] == 2

@@ -124,7 +124,7 @@ class RaybatchSearcher(Searcher):
     gpu_model: str | None = None
     context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
     _held: tuple[int, dict[str, Any], TrialConfig] | None = None
-    _running_workers: dict[str, int] = {}  # noqa: RUF012 (replaced per instance in __init__)
+    _running_workers: dict[str, float] = {}  # noqa: RUF012 (replaced per instance in __init__)
     pack_gpus: bool = False
     ladder: Ladder | None = None
     probe_margin: float = 0.0
@@ -169,7 +169,7 @@ class RaybatchSearcher(Searcher):
         self.data_parallel_gpus = data_parallel_gpus
         self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
         self.context_bytes = context_bytes
-        self._running_workers: dict[str, int] = {}  # Tune trial -> data-parallel workers
+        self._running_workers: dict[str, float] = {}  # Tune trial -> devices it holds
         self._held = None
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
@@ -303,14 +303,17 @@ class RaybatchSearcher(Searcher):
     ) -> dict[str, Any]:
         self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
         self._trial_numbers[trial_id] = ot_trial.number
-        if recipe.world_size > 1:
-            self._running_workers[trial_id] = recipe.world_size
+        # What it holds of the devices a data-parallel recipe's workers need: every worker, or
+        # a single trial's share of one (a whole one unless packed).
+        held = recipe.world_size if recipe.world_size > 1 else config.get(keys.GPU_SHARE, 1.0)
+        self._running_workers[trial_id] = float(held)
         return config
 
     def _room_for(self, recipe: TrialConfig) -> bool:
-        """Whether a data-parallel recipe's workers fit beside those of the data-parallel
-        trials running now. Tune would otherwise start its trial at once (the trial itself
-        holds no GPU) to wait inside ``fit()`` for workers, on the hang guard's clock."""
+        """Whether a data-parallel recipe's workers fit beside what the trials running now hold
+        (data-parallel workers, and single trials' GPUs or CPUs). Tune would otherwise start its
+        trial at once (the trial itself holds no GPU) to wait inside ``fit()`` for workers, on
+        the hang guard's clock, and be censored as hung for being queued."""
         ray = running_ray()
         if recipe.world_size <= 1 or self.data_parallel_gpus is None or ray is None:
             return True
