@@ -249,3 +249,20 @@ def test_an_autoscaler_s_gpus_count_for_a_pinned_model_only_where_its_node_types
     assert placement.autoscaling_max("GPU", "A100") == 16
     assert placement.autoscaling_max("GPU", "accelerator_type:A100") == 16
     assert view.of_model("accelerator_type:A100").autoscale_gpus == 16
+
+
+def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` the task sees every GPU and Ray's
+    GPU 3 is CUDA's device 3: the context is measured there, by the trials' own rule."""
+    import torch
+
+    from raybatch.run import context
+
+    measured_on: list[int] = []
+    monkeypatch.setattr(context, "trial_device", lambda requested: torch.device("cuda", 3))
+    monkeypatch.setattr(context, "measure_context_bytes", lambda i: measured_on.append(i) or 1)
+    assert context._measure_on_gpu() == 1 and measured_on == [3]
+    monkeypatch.setattr(context, "trial_device", lambda requested: torch.device("cpu"))
+    assert context._measure_on_gpu() is None

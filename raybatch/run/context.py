@@ -16,14 +16,21 @@ from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, format_bytes
 from raybatch.memory.context import measure_context_bytes
 from raybatch.run.hardware import ClusterView
 from raybatch.run.options import SearchOptions
-from raybatch.trial.placement import model_resource
+from raybatch.trial.placement import model_resource, trial_device
 
 CONTEXT_TIMEOUT_S = 60.0
 """How long the search waits for the measuring task (its worker starts and imports torch)."""
 
 
 def _measure_on_gpu() -> int | None:
-    return measure_context_bytes(0)  # Ray makes the GPU it assigned CUDA's device 0
+    """On the GPU Ray assigned this task: CUDA's device 0 where Ray narrows the task's
+    ``CUDA_VISIBLE_DEVICES`` to it, its own index where Ray is told not to
+    (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) -- the trials' own rule
+    (:func:`~raybatch.trial.placement.trial_device`)."""
+    device = trial_device("auto")
+    if device.type != "cuda":
+        return None
+    return measure_context_bytes(device.index or 0)
 
 
 def cluster_context_bytes(
