@@ -196,7 +196,13 @@ def release_memory(device: torch.device | str | None = None) -> None:
 
     gc.collect()
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
-        torch.cuda.synchronize()
+        # On the trial's own device: a bare synchronize() initialises CUDA's current device,
+        # device 0, which under Ray's NOSET switch is another trial's GPU (a context there).
+        target = torch.device(device) if device is not None else None
+        if target is not None and target.index is not None:
+            torch.cuda.synchronize(target)
+        elif torch.cuda.is_initialized():
+            torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
 
