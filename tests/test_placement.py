@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from raybatch.errors import TrialDeviceError
@@ -266,3 +268,18 @@ def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(
     assert context._measure_on_gpu() == 1 and measured_on == [3]
     monkeypatch.setattr(context, "trial_device", lambda requested: torch.device("cpu"))
     assert context._measure_on_gpu() is None
+
+
+def test_a_trial_numbers_gpus_as_nvml_does_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CUDA's default order (fastest first) may differ from NVML's and Ray's (PCI bus): the
+    trial sets PCI order before CUDA starts, and keeps a user's own setting."""
+    from raybatch.trial.placement import trial_device
+
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    trial_device("cpu")
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    trial_device("cpu")
+    assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"

@@ -222,7 +222,14 @@ def ray_leaves_visible_devices() -> bool:
 
 
 def trial_device(requested: str = "auto") -> Any:
-    """The ``torch.device`` a trial trains on (see :func:`choose_device`)."""
+    """The ``torch.device`` a trial trains on (see :func:`choose_device`).
+
+    CUDA numbers GPUs fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML, and Ray's
+    GPU ids where Ray counts GPUs itself, number them by PCI bus. So that CUDA's device
+    ``i`` is the GPU whose NVML reading the trial's budget and monitor use, the PCI order is
+    set here, before CUDA starts in this process (a user's own setting is kept).
+    """
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     import torch
 
     sets_visible = not ray_leaves_visible_devices()
