@@ -47,13 +47,17 @@ def test_with_ray_leaving_cuda_visible_devices_alone_the_assigned_id_is_the_inde
 
 
 @pytest.mark.parametrize(
-    ("value", "on"), [("1", True), ("true", True), ("yes", False), ("", False)]
+    ("value", "on"),
+    [("1", True), ("true", True), ("TRUE", True), ("yes", False), ("", False), (" 1", False)],
 )
 def test_ray_leaving_visible_devices_alone_is_read_as_ray_reads_it(
     monkeypatch: pytest.MonkeyPatch, value: str, on: bool
 ) -> None:
     monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", value)
     assert ray_leaves_visible_devices() is on
+    from ray._common.utils import env_bool  # Ray's own reading, the reference
+
+    assert env_bool("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", False) is on
 
 
 def test_a_gpu_assigned_to_a_process_without_cuda_is_a_clear_error() -> None:

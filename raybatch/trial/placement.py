@@ -217,8 +217,10 @@ def cuda_index_of(gpu_id: str, visible: str | None) -> int:
 
 
 def ray_leaves_visible_devices() -> bool:
-    """Whether :data:`NOSET_VISIBLE_DEVICES` is on, parsed as Ray parses it (``1``/``true``)."""
-    return os.environ.get(NOSET_VISIBLE_DEVICES, "").strip().lower() in ("1", "true")
+    """Whether :data:`NOSET_VISIBLE_DEVICES` is on, parsed exactly as Ray parses it
+    (``ray._common.utils.env_bool``: ``1`` or ``true`` in any case, nothing stripped; any other
+    value, an empty one included, is off)."""
+    return os.environ.get(NOSET_VISIBLE_DEVICES, "").lower() in ("1", "true")
 
 
 def trial_device(requested: str = "auto") -> Any:
