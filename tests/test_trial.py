@@ -281,3 +281,21 @@ def test_the_ema_copy_of_the_model_counts_against_the_memory_budget() -> None:
     )
     assert plain.status is not TrialStatus.INFEASIBLE_MEMORY
     assert averaged.status is TrialStatus.INFEASIBLE_MEMORY, averaged.reason
+
+
+def test_a_data_parallel_run_that_lost_a_worker_is_told_apart_from_a_failing_recipe() -> None:
+    """A worker's actor or node died (Ray's errors, however Ray Train wraps them): Tune is to
+    run the trial again; the recipe's own exception stays the trial's error."""
+    from ray import exceptions as ray_errors
+    from ray.train.base_trainer import TrainingFailedError
+
+    from raybatch.trial.wrapper import _lost_worker
+
+    died = ray_errors.NodeDiedError("node 10.0.0.3 died")
+    wrapped = TrainingFailedError("Training failed")
+    wrapped.__cause__ = died
+    assert _lost_worker(wrapped) == "NodeDiedError: node 10.0.0.3 died"
+    assert _lost_worker(ray_errors.RayActorError()) is not None
+    recipe_fault = TrainingFailedError("Training failed")
+    recipe_fault.__cause__ = ValueError("bad shape")
+    assert _lost_worker(recipe_fault) is None

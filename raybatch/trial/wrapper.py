@@ -132,7 +132,10 @@ def run_trial(
     Whatever the workload raises — building the model, loading its data, training — ends the
     trial as ``error`` with the exception's type and first line as the reason and its traceback
     in the final report; it never raises into Ray, so the search goes on (or, when every trial
-    fails the same way, stops early: :mod:`raybatch.run.failfast`).
+    fails the same way, stops early: :mod:`raybatch.run.failfast`). The one exception is a
+    data-parallel trial that lost a worker's process or node (:class:`WorkerLostError`): the
+    machine's fault, not the recipe's, raised into Ray Tune so that it runs the trial again, as
+    it does a single trial whose worker died.
     """
 
     held_since = time.perf_counter()  # what the trial costs starts here, not at its clock
@@ -146,6 +149,8 @@ def run_trial(
         device = trial_device(settings.device)
         during = "loading the training data"
         reporter = _reporter(workload, space, settings, device, report_fn)
+    except WorkerLostError:
+        raise  # into Ray Tune, which retries the trial (FailureConfig.max_failures)
     except Exception as exc:  # no recipe, no device or no data: no reporter to use yet
         reporter = _bare_reporter(settings, report_fn)
         reporter.held_since = held_since
@@ -336,6 +341,25 @@ def _memory_failure(exc: BaseException) -> str | None:
     return None
 
 
+class WorkerLostError(RaybatchError):
+    """A data-parallel trial lost a worker's process or node (not the recipe's fault): raised
+    into Ray Tune, which runs the trial again up to ``max_failures`` times, as it does a single
+    trial whose worker died."""
+
+
+def _lost_worker(exc: BaseException) -> str | None:
+    """The reason when a data-parallel run failed because a worker's actor, process or node
+    died (Ray's own errors, anywhere in what ``exc`` wraps), else ``None``."""
+    from ray import exceptions as ray_errors
+
+    lost = (ray_errors.RayActorError, ray_errors.NodeDiedError, ray_errors.WorkerCrashedError,
+            ray_errors.LocalRayletDiedError)  # fmt: skip
+    for e in _failures(exc):
+        if isinstance(e, lost):
+            return f"{type(e).__name__}: {first_line(e)}"
+    return None
+
+
 def _run_distributed(
     workload: Workload,
     space: SearchSpace,
@@ -392,8 +416,11 @@ def _run_distributed(
         trainer.fit()
     except Exception as exc:
         memory = _memory_failure(exc)
+        lost = None if memory is not None else _lost_worker(exc)
         if memory is not None:
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"data-parallel run: {memory}")
+        elif lost is not None:  # the node, not the recipe: Tune's retry, as for one trial
+            raise WorkerLostError(f"a data-parallel worker was lost: {lost}") from exc
         else:
             reporter.fail(exc, "in the data-parallel run")
     finally:  # one folder per data-parallel trial would pile up in /tmp over a search
