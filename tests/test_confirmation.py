@@ -177,3 +177,47 @@ def test_trials_take_a_whole_gpu_unless_packing_is_asked_for() -> None:
     assert ClusterView((gpu_node,)).gpus_per_trial(None) == 1
     assert ClusterView((gpu_node,)).gpus_per_trial("auto") == "auto"
     assert ClusterView((NodeView("c", "10.0.0.3", 8, 0),)).gpus_per_trial(None) == 0
+
+
+def test_recipes_whose_search_runs_were_packed_still_race() -> None:
+    """Packed search runs judge nothing, but their recipes enter the race on their search
+    times and are measured alone from the first round on."""
+    rows = [dataclasses.replace(r, gpu_share=0.5) for r in _search((A, 1.0), (B, 1.5))]
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    rounds = _play(race, {A: {1: 1.0, 2: 1.0}, B: {1: 1.5, 2: 1.5}})
+    assert [_knobs(e) for e in rounds[0].entrants] == [A, B]
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == 64
+
+
+def test_a_recipe_run_twice_on_the_search_seed_is_one_pair() -> None:
+    """Two search rows of A on the search's seed pair once with B's (at their median): one
+    pair is no decision, so the race still runs a round."""
+    rows = _search((A, 1.0), (A, 1.1), (B, 1.5))
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    from raybatch.results.selection import compare_paired
+
+    paired = compare_paired(race.judged(rows[0]), race.judged(rows[2]))
+    assert paired is not None and paired.pairs == 1
+    assert race.next_round() is not None
+
+
+def test_a_rival_capped_in_the_race_is_compared_from_its_search_run_not_a_stand_in() -> None:
+    """The largest batch at its best LR raced and was capped on seed 1: the verdict says its
+    search run's 1.5x, not the 100x stand-in a missed run has inside the paired ratio."""
+    tuned = (256, 1, 2.0)
+    capped = _row(tuned, keys.PHASE_CONFIRMATION, None, 1, TrialStatus.CAPPED, train_s=1.2)
+    rows = [*_search((A, 1.0), (tuned, 1.5)), _row(A, keys.PHASE_CONFIRMATION, 1.0, 1), capped]
+    baseline = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
+    best = choose_winner(Target(0.97), rows, confirmed=True,
+                         measured_on={"baseline_point": baseline})  # fmt: skip
+    assert best is not None
+    compared = best.provenance["compared"]["max_batch_tuned"]
+    assert compared["bound"] == "measured" and compared["ratio"] == pytest.approx(1.5)
+
+
+def test_data_parallel_and_packed_trials_are_charged_for_the_devices_they_held() -> None:
+    dp = TrialRow.of(SPACE.derive(64, 1, 4), keys.PHASE_SEARCH, "dp", TrialStatus.REACHED,
+                     held_s=10.0)  # fmt: skip
+    packed = dataclasses.replace(_row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=10.0), gpu_share=0.25)
+    assert search_cost([dp, packed], unit_s=1.0).device_s == pytest.approx(42.5)

@@ -277,3 +277,17 @@ def test_a_small_batchs_probe_does_not_veto_a_large_batch_it_never_probed() -> N
     # A probe below the trace never lowers it; a second one at the same batch keeps the max.
     assert estimator.observe(small, traced_small // 2) == excess
     assert estimator.excess(space.derive(64, 2)) == 0  # accumulating: another kind of recipe
+
+
+def test_a_new_probe_never_lowers_a_prediction() -> None:
+    """Probed at 64 (a large excess), then at 16 (none): 32 and 256 keep the 64's excess
+    where they are at least 64, and nothing below a probe gets less than before."""
+    space = load_space("digits_cnn_sgd")
+    estimator = MemoryEstimator(digits, space.reference_config(), anchors=(8, 256))
+    at64 = space.derive(64)
+    estimator.observe(at64, estimator.predict(at64) + 2**30)
+    before = {b: estimator.predict(space.derive(b)) for b in (16, 32, 64, 128, 256)}
+    estimator.observe(space.derive(16), estimator.predict(space.derive(16)))  # no excess there
+    after = {b: estimator.predict(space.derive(b)) for b in (16, 32, 64, 128, 256)}
+    assert all(after[b] >= before[b] for b in before)
+    assert after[256] == before[256] and after[32] == before[32]

@@ -120,21 +120,19 @@ class MemoryEstimator:
 
     def excess(self, config: TrialConfig) -> int:
         """What the probes measured above the trace for recipes like ``config`` (the same
-        accumulation and world size), at the probed micro batch nearest to its own (log
-        scale); 0 before any such probe."""
+        accumulation and world size): the most at any probed micro batch no larger than its
+        own; 0 below every probe. Non-decreasing in the batch, and a new probe never lowers
+        it (a lower prediction would over-pack later trials)."""
         return self._excess_near(_kind(config), config.micro_batch_size)
 
     def _excess_near(self, kind: tuple[bool, int], micro: int) -> int:
-        seen = {m: e for (a, w, m), e in self.probed.items() if (a, w) == kind}
-        if not seen:
-            return 0
-        nearest = min(seen, key=lambda m: (abs(math.log(m / micro)), -m))
-        return seen[nearest]
+        below = [e for (a, w, m), e in self.probed.items() if (a, w) == kind and m <= micro]
+        return max(below, default=0)
 
     def calibrate(self, config: TrialConfig, measured_bytes: int) -> float:
         """Scale later predictions by a real probe's measured / predicted peak; return the ratio."""
         self._calibration = 1.0
-        ratio = measured_bytes / self.predict(config)
+        ratio = measured_bytes / self._model_of(config).predict(config.micro_batch_size)
         self._calibration = ratio
         return ratio
 

@@ -58,12 +58,16 @@ class SearchCost:
 
 
 def held_seconds(row: TrialRow) -> float:
-    """The seconds a row's trial held its device: its own ``held_s``, or, for a trial that
-    never reported it (it failed before its first report), the longest clock it did report."""
-    for value in (row.held_s, row.elapsed_s, row.train_s):
-        if value is not None:
-            return float(value)
-    return 0.0
+    """The device seconds a row's trial held: its own ``held_s`` (or, for a trial that never
+    reported it, the longest clock it did report) times the devices it held -- every worker of
+    a data-parallel trial, a packed trial's share of one GPU."""
+    seconds = next((float(v) for v in (row.held_s, row.elapsed_s, row.train_s) if v is not None),
+                   0.0)  # fmt: skip
+    if row.world_size > 1:
+        return seconds * row.world_size
+    if row.gpu_share is not None and 0 < row.gpu_share < 1:
+        return seconds * row.gpu_share
+    return seconds
 
 
 def search_cost(rows: list[TrialRow], unit_s: float, extra_device_s: float = 0.0) -> SearchCost:

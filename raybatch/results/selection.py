@@ -99,7 +99,9 @@ def _against(row: TrialRow | None, winner_s: float, winner: Measured,
     if same_knobs(row, winner.runs[:1]):
         return {**out, "is_winner": True, "ratio": 1.0, "bound": "measured"}
     rival = next((m for m in raced if same_knobs(row, m.runs[:1])), None)
-    paired = compare_paired(winner, rival) if rival is not None else None
+    # Paired only where every run of the rival reached: a capped run has no time, and its
+    # stand-in in the ratio (100x) is no figure to print; the search run says it then.
+    paired = compare_paired(winner, rival) if rival is not None and rival.always_reached else None
     if paired is not None and paired.pairs >= 2:
         return {**out, "ratio": paired.ratio, "bound": "paired", "pairs": paired.pairs,
                 "wins": paired.wins, "within_noise": paired.within_noise()}  # fmt: skip
@@ -249,11 +251,23 @@ def paired_times(a: Measured, b: Measured) -> list[tuple[float, float]]:
     without one pair in order). Same seed, same data order and initialisation: the pair's
     ratio cancels what the seed does to both."""
     if all(r.seed is not None for r in a.runs + b.runs):
-        # A run that missed the target lost its pair (its time counts as infinite).
-        times_b = {r.seed: _time(r) for r in b.runs}
-        pairs = [(_time(r), times_b[r.seed]) for r in a.runs if r.seed in times_b]
+        # One pair per seed (a recipe the search ran twice on its seed counts once, at the
+        # median of its runs there); a run that missed the target lost its pair (infinite).
+        times_a, times_b = _per_seed(a), _per_seed(b)
+        pairs = [(times_a[s], times_b[s]) for s in sorted(times_a) if s in times_b]
         return [(x, y) for x, y in pairs if math.isfinite(x) or math.isfinite(y)]
     return list(zip(a.times, b.times, strict=False))
+
+
+def _per_seed(m: Measured) -> dict[int, float]:
+    """A recipe's time per seed: the median of its runs on that seed (infinite if one of them
+    missed the target)."""
+    by_seed: dict[int, list[float]] = {}
+    for r in m.runs:
+        if r.seed is not None:
+            by_seed.setdefault(r.seed, []).append(_time(r))
+    return {s: statistics.median(t) if all(map(math.isfinite, t)) else math.inf
+            for s, t in by_seed.items()}  # fmt: skip
 
 
 def _time(row: TrialRow) -> float:

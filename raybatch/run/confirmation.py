@@ -28,6 +28,7 @@ Ray Tune trials. On GPUs every confirmation run holds a whole GPU (``alone``): a
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,13 +85,15 @@ class Race:
         """An entrant's runs so far: its search run (the first pair) and its confirmation runs."""
         return measured([r for r in self.rows if same_knobs(r, [entrant]) and judges(r)])
 
-    def standing(self) -> list[Measured]:
+    def standing(self) -> list[tuple[TrialRow, Measured]]:
         """The entrants that never missed the target, best first (the two best by their paired
-        runs)."""
-        alive = [m for m in (self.judged(e) for e in self.entrants) if m.always_reached]
-        alive.sort(key=lambda m: m.median)
+        runs), each with its judging runs. An entrant with none yet (its search run was packed
+        beside neighbours, which judges nothing) stands on its search time until it runs."""
+        alive = [(e, m) for e, m in ((e, self.judged(e)) for e in self.entrants)
+                 if all(r.reached for r in m.runs)]  # fmt: skip
+        alive.sort(key=lambda em: em[1].median if em[1].runs else _time_of(em[0]))
         if len(alive) >= 2:
-            paired = compare_paired(alive[0], alive[1])
+            paired = compare_paired(alive[0][1], alive[1][1])
             if paired is not None and paired.ratio < 1:
                 alive[0], alive[1] = alive[1], alive[0]
         return alive
@@ -104,13 +107,13 @@ class Race:
             return None
         seed = self.seeds[self.rounds]
         if len(alive) == 1:  # a lone recipe is run once more to show it reaches again
-            lone = alive[0]
-            confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in lone.runs)
-            return None if confirmed else Round([lone.runs[0]], seed)
-        paired = compare_paired(alive[0], alive[1])
+            lone, runs = alive[0]
+            confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in runs.runs)
+            return None if confirmed else Round([lone], seed)
+        paired = compare_paired(alive[0][1], alive[1][1])
         if paired is not None and paired.pairs >= 2 and (paired.decisive or paired.within_noise()):
             return None
-        return Round([alive[0].runs[0], alive[1].runs[0]], seed)
+        return Round([alive[0][0], alive[1][0]], seed)
 
 
 class _Pick:
@@ -167,6 +170,9 @@ def run_round(
             storage_path=str((path / "tune").resolve()),
             name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}-{round_.seed}",
             verbose=min(verbose, 1),
+            # A run whose worker or node died (not the recipe's fault) runs again, as in the
+            # search: a lost node must not knock a recipe out of the race.
+            failure_config=tune.FailureConfig(max_failures=options.max_failures),
         ),
     )
     rows = []
@@ -204,6 +210,10 @@ def run_race(
         race.add(new)
         added += new
     return added
+
+
+def _time_of(row: TrialRow) -> float:
+    return row.time_to_target_s if row.time_to_target_s is not None else math.inf
 
 
 def _recipe_of(candidate: TrialRow) -> TrialConfig:

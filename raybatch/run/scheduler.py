@@ -224,8 +224,11 @@ class CappingScheduler(FIFOScheduler):
         assert self.level_slack is not None
         if self._incumbent is not None:
             return behind(self._incumbent, trajectory, trained, self.level_slack)
+        # A neighbour's time to target is unknown (it may still diverge), and the first marks
+        # are start-up and warmup: only a trial grossly behind it is stopped.
+        slack = max(self.level_slack, EARLY_LEVEL_SLACK)
         others = (t for other_id, t in self._trajectories.items() if other_id != trial_id)
-        return any(behind(other, trajectory, trained, self.level_slack) for other in others)
+        return any(behind(other, trajectory, trained, slack) for other in others)
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
         """The trial's trajectory, with this result's mark added (if it carries one)."""

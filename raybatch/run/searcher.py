@@ -236,6 +236,7 @@ class RaybatchSearcher(Searcher):
             number = self._retry_alone.pop(0)
             self.record.relaunched(number, trial_id)
             self._trial_numbers[trial_id] = number
+            self._running_workers[trial_id] = 1.0  # a whole GPU, alone
             return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
         if self.gave_up is not None:
             return Searcher.FINISHED

@@ -142,10 +142,9 @@ class Ladder:
     """The search's second stage: other effective batches at the LR the first stage found best.
 
     Once the largest batch has been tried at each LR of the sweep, its best multiplier ``m``
-    is carried (by the space's rule) to the recipes the time model predicts fastest -- or,
-    without a model, to a geometric ladder of effective batches a quarter and a sixteenth of
-    the largest -- at ``m``, and the predicted best also at ``2m`` and ``m/2``, since the best
-    LR need not follow the rule exactly.
+    is carried to the recipes the time model predicts fastest -- or, without a model, to a
+    geometric ladder of effective batches a quarter and a sixteenth of the largest -- each at
+    two LRs (:meth:`points`): the rule's carry of ``m`` and the largest batch's own absolute LR.
 
     Args:
         space: The coupled space.
@@ -153,7 +152,7 @@ class Ladder:
         budget_bytes: The per-GPU budget the recipes must fit.
         model: Predicts a recipe's relative time to target (:class:`~raybatch.run.prior.TimeModel`);
             ``None``: the geometric ladder.
-        size: Recipes on the ladder (each at ``m``; the first also at ``2m`` and ``m/2``).
+        size: Recipes on the ladder (each at two LRs, see :meth:`points`).
     """
 
     def __init__(
