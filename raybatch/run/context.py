@@ -11,7 +11,7 @@ notes say so: a search never waits or fails for this figure.
 
 from __future__ import annotations
 
-from raybatch.errors import BudgetUnavailableError, first_line
+from raybatch.errors import BudgetUnavailableError, TrialDeviceError, first_line
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, format_bytes
 from raybatch.memory.context import measure_context_bytes
 from raybatch.run.hardware import ClusterView
@@ -27,7 +27,10 @@ def _measure_on_gpu() -> int | None:
     ``CUDA_VISIBLE_DEVICES`` to it, its own index where Ray is told not to
     (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) -- the trials' own rule
     (:func:`~raybatch.trial.placement.trial_device`)."""
-    device = trial_device("auto")
+    try:
+        device = trial_device("auto")
+    except TrialDeviceError:  # a GPU assigned where CUDA is not usable: nothing to measure
+        return None
     if device.type != "cuda":
         return None
     return measure_context_bytes(device.index or 0)

@@ -304,8 +304,7 @@ class RaybatchSearcher(Searcher):
     ) -> dict[str, Any]:
         self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
         self._trial_numbers[trial_id] = ot_trial.number
-        # What it holds of the devices a data-parallel recipe's workers need: every worker, or
-        # a single trial's share of one (a whole one unless packed).
+        # What it holds: every data-parallel worker, or a single trial's share of a GPU.
         held = recipe.world_size if recipe.world_size > 1 else config.get(keys.GPU_SHARE, 1.0)
         self._running_workers[trial_id] = float(held)
         return config
@@ -443,7 +442,7 @@ class RaybatchSearcher(Searcher):
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
         self._calibrate(number, result or {})
-        if oom and self._packed(result or {}) and number not in self._retried:
+        if oom and is_packed((result or {}).get(keys.GPU_SHARE)) and number not in self._retried:
             self._completed.add(trial_id)
             self._retry_alone.append(number)
             self._retried.add(number)  # once: a second OOM is the recipe's
@@ -460,11 +459,6 @@ class RaybatchSearcher(Searcher):
         if oom:
             config = self.record.config_of(told)
             self.out_of_memory.append({**config, keys.TUNE_TRIAL_ID: trial_id})
-
-    @staticmethod
-    def _packed(result: dict[str, Any]) -> bool:
-        """Whether the trial shared its GPU with others."""
-        return is_packed(result.get(keys.GPU_SHARE))
 
     def _calibrate(self, number: int, result: dict[str, Any]) -> None:
         measured = result.get(keys.PROBE_RESERVED_BYTES)
@@ -493,7 +487,7 @@ class RaybatchSearcher(Searcher):
             if key in state:  # a key an older raybatch did not write keeps its default
                 setattr(self, attr, state[key])
         self._sweep_indices = state.get("sweep")
-        if self.estimator is not None:  # what the probes taught, as before the interruption
+        if self.estimator is not None:  # what the probes taught before the interruption
             self.estimator.probed.update(state.get("probed", {}))
         self._running_workers = dict(self._running_workers)
         self.prescreened = [Prescreened.of_logged(p) for p in self.prescreened]  # older: dicts
