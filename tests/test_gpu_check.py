@@ -248,12 +248,17 @@ def test_a_copy_without_git_records_the_given_commit_and_a_hash_that_matches_it(
     (copy / "bench" / "__pycache__").mkdir(exist_ok=True)
     (copy / "bench" / "__pycache__" / "x.pyc").write_bytes(b"\0")
     env = {**os.environ, "RAYBATCH_COMMIT": "0123abc", "GIT_CEILING_DIRECTORIES": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c",
-         "import json, provenance; print(json.dumps(provenance.measured_tree()))"],
-        cwd=copy / "bench", env=env, capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    at = json.loads(done.stdout)
+
+    def measured_tree() -> dict[str, object]:
+        """What the copy's own provenance records, in a fresh interpreter inside it."""
+        done = subprocess.run(
+            [sys.executable, "-c",
+             "import json, provenance; print(json.dumps(provenance.measured_tree()))"],
+            cwd=copy / "bench", env=env, capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        return dict(json.loads(done.stdout))
+
+    at = measured_tree()
     assert (at["commit"], at["commit_from"], at["clean"]) == ("0123abc", "RAYBATCH_COMMIT", None)
     assert at["source_sha256"] == provenance.commit_source_sha256("HEAD")
     (copy / "raybatch" / "keys.py").write_text("# edited\n")  # other code: another hash
@@ -263,12 +268,7 @@ def test_a_copy_without_git_records_the_given_commit_and_a_hash_that_matches_it(
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "older"]):
         subprocess.run([*git, *args], cwd=copy, check=True, capture_output=True, timeout=60)
-    again = subprocess.run(
-        [sys.executable, "-c",
-         "import json, provenance; print(json.dumps(provenance.measured_tree()))"],
-        cwd=copy / "bench", env=env, capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    told = json.loads(again.stdout)
+    told = measured_tree()
     assert (told["commit"], told["commit_from"]) == ("0123abc", "RAYBATCH_COMMIT")
     assert told["git_head"] and told["git_head"] != "0123abc"
 

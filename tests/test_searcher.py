@@ -425,6 +425,17 @@ def _knobs(config: dict[str, Any]) -> tuple[int, int, float]:
     return config["micro_batch_size"], config["accumulation_steps"], config["lr_multiplier"]
 
 
+def _run_reaching(searcher: RaybatchSearcher, numbers: range) -> list[tuple[int, int, float]]:
+    """Trials ``o<i>`` suggested and completed one by one, each reaching in 2 s; their knobs."""
+    launched = []
+    for i in numbers:
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict)
+        launched.append(_knobs(config))
+        searcher.on_trial_complete(f"o{i}", _result("reached", 2.0))
+    return launched
+
+
 def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr(
     tmp_path: Path,
 ) -> None:
@@ -480,12 +491,7 @@ def test_an_opening_point_that_runs_out_of_memory_is_replaced_by_a_smaller_batch
     first = searcher.suggest("o0")
     assert isinstance(first, dict) and first["micro_batch_size"] == 256
     searcher.on_trial_complete("o0", _result("infeasible_memory"))
-    batches = []
-    for i in range(1, 9):
-        config = searcher.suggest(f"o{i}")
-        assert isinstance(config, dict)
-        batches.append(_knobs(config))
-        searcher.on_trial_complete(f"o{i}", _result("reached", 2.0))
+    batches = _run_reaching(searcher, range(1, 9))
     # 256 x 2/4/0.5 are rejected as needing the memory that ran out, each replaced at 128.
     assert batches[:5] == [(64, 1, 1.0), (128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0),
                            (128, 1, 0.5)]  # fmt: skip
@@ -706,12 +712,7 @@ def test_the_driver_built_searcher_steps_the_sweep_down_when_the_largest_batch_r
     first = searcher.suggest("o0")
     assert isinstance(first, dict) and first["micro_batch_size"] == 256
     searcher.on_trial_complete("o0", _result("infeasible_memory"))
-    launched = []
-    for i in range(1, 6):
-        config = searcher.suggest(f"o{i}")
-        assert isinstance(config, dict)
-        launched.append(_knobs(config))
-        searcher.on_trial_complete(f"o{i}", _result("reached", 2.0))
+    launched = _run_reaching(searcher, range(1, 6))
     assert {(128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0), (128, 1, 0.5)} <= set(launched)
     assert searcher.baseline[keys.MICRO_BATCH_SIZE] == 128
 
