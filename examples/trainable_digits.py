@@ -50,6 +50,7 @@ def main() -> None:
             search_alg=raybatch.RaybatchSearcher.for_trainable(trainable, seed=0),
             scheduler=raybatch.CappingScheduler.for_trainable(trainable),
             num_samples=args.trials,
+            reuse_actors=True,  # one process per slot: torch and the data load once
         ),
         run_config=tune.RunConfig(
             storage_path=args.storage or tempfile.mkdtemp(prefix="raybatch-example-"),

@@ -34,17 +34,22 @@ def test_a_sticky_device_error_at_cleanup_ends_the_trial_not_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After an illegal memory access every CUDA call raises, the cleanup's synchronise too:
-    the trial still ends with a status and a reason instead of raising into Ray."""
+    the trial still ends with a status and a reason instead of raising into Ray. The process
+    is left broken, and Tune reuses processes: the next trial in it refuses it as a lost
+    worker (Tune runs that trial again in a fresh process) instead of failing the recipe."""
     import raybatch.trial.reporting as reporting
     import raybatch.trial.wrapper as wrapper
 
     def sticky(device: Any = None) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
+    monkeypatch.setattr(wrapper, "_broken", [])  # this test process stays usable afterwards
     for module in (wrapper, reporting):  # the names they imported
         monkeypatch.setattr(module, "release_memory", sticky)
     reporter, reports = _run({"micro_batch_size": 64}, target=1.01, max_time_s=0.5)
     assert reporter.stopped and reports[-1][keys.STATUS] == "censored"  # what it measured
+    with pytest.raises(wrapper.WorkerLostError, match="RuntimeError releasing"):
+        _run({"micro_batch_size": 64}, target=1.01, max_time_s=0.5)
 
 
 def test_knobs_the_space_refuses_end_the_trial_with_the_reason() -> None:

@@ -45,6 +45,7 @@ from raybatch.results.selection import (
     same_knobs,
 )
 from raybatch.run.options import SearchOptions
+from raybatch.run.resources import REUSE_ACTORS
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.space.config import TrialConfig
 from raybatch.status import final_status
@@ -165,7 +166,9 @@ def run_round(
     tuner = tune.Tuner(
         resourced,
         param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=1, scheduler=scheduler),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=1, scheduler=scheduler, reuse_actors=REUSE_ACTORS
+        ),
         run_config=tune.RunConfig(
             storage_path=str((path / "tune").resolve()),
             name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}-{round_.seed}",

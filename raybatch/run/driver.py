@@ -57,7 +57,7 @@ from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import measure_prior, write_predictions
 from raybatch.run.prior import TimeModel
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
-from raybatch.run.resources import with_resources
+from raybatch.run.resources import REUSE_ACTORS, with_resources
 from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
@@ -327,6 +327,7 @@ def _search_tuner(
             scheduler=scheduler,
             num_samples=options.trials,
             max_concurrent_trials=options.max_concurrent or plan.in_flight,
+            reuse_actors=REUSE_ACTORS,
         ),
         run_config=tune.RunConfig(
             storage_path=str(experiment.parent),

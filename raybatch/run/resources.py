@@ -27,6 +27,16 @@ from raybatch.trial.placement import MAX_TRIALS_PER_GPU, model_resource
 from raybatch.trial.settings import parts_of
 from raybatch.workload import Workload
 
+REUSE_ACTORS = True
+"""Tune's ``reuse_actors`` for the search's and the race's trials. Ray Tune defaults to a new
+actor per trial: a fresh process that imports torch, builds the workload's data and warms
+torch up again, about 2 s a trial on a CPU (a CUDA context on a GPU), which in a search of
+short trials was a third of every device second. A trial of the same resources reuses the
+last one's process instead (Ray resets the function trainable), so the workload's cached data
+and the warm process carry over; each trial still frees its GPU memory when it ends
+(:func:`raybatch.memory.probe.release_memory`), and a trial whose CUDA context broke ends its
+process (:func:`raybatch.trial.wrapper.run_trial`), so the next one starts clean."""
+
 DRIVER_CPUS = 0.01
 """What the Tune trial of a data-parallel run holds itself: it only waits on its Ray Train
 workers, which reserve their own CPUs/GPUs; Ray needs a non-empty request."""

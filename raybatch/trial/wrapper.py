@@ -38,6 +38,7 @@ from raybatch.metric import Target, resolve_target
 from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
+from raybatch.trial import process_age
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
@@ -58,6 +59,13 @@ if TYPE_CHECKING:
     from raybatch.space.search_space import SearchSpace
 
 EVALS_PER_EPOCH = 4
+
+_broken: list[str] = []
+"""Why this process can no longer run a trial (a CUDA context left broken by an earlier
+trial's sticky error), once it cannot. Tune reuses a trial's process for the next trial
+(:data:`raybatch.run.resources.REUSE_ACTORS`): the next trial refuses it with
+:class:`WorkerLostError`, so that Tune runs that trial again in a fresh process and drops
+this one."""
 
 
 def default_eval_every(train_size: int, space: SearchSpace) -> int:
@@ -138,7 +146,9 @@ def run_trial(
     it does a single trial whose worker died.
     """
 
-    held_since = time.perf_counter()  # what the trial costs starts here, not at its clock
+    held_since = process_age.held_since()  # what the trial costs starts here, not at its clock
+    if _broken:
+        raise WorkerLostError(f"this trial's process is unusable: {_broken[0]}")
     during = "reading the trial's recipe"
     try:
         recipe = space.recipe_of(config)  # knobs the space refuses end the trial, not Ray's
@@ -171,6 +181,7 @@ def run_trial(
         try:  # a sticky CUDA error (an illegal access) raises again here: not into Ray
             release_memory(device)
         except Exception as exc:
+            _broken.append(f"{type(exc).__name__} releasing an earlier trial's GPU memory")
             if not reporter.stopped:
                 reporter.fail(exc, "releasing the trial's GPU memory")
         reporter.close()
@@ -342,7 +353,8 @@ def _memory_failure(exc: BaseException) -> str | None:
 
 
 class WorkerLostError(RaybatchError):
-    """A data-parallel trial lost a worker's process or node (not the recipe's fault): raised
+    """A trial lost its process (a data-parallel worker's process or node died, or the process
+    Tune reused was left broken by an earlier trial): not the recipe's fault, so it is raised
     into Ray Tune, which runs the trial again up to ``max_failures`` times, as it does a single
     trial whose worker died."""
 
