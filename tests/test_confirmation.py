@@ -4,15 +4,20 @@ the driver drives it, with the rows a round returns; the verdict's comparisons a
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from typing import Any
 
 import pytest
+from ray.tune.schedulers import TrialScheduler
+from ray.tune.search import Searcher
 
 import raybatch
 from raybatch import Target, keys
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
-from raybatch.run.confirmation import Race, Round
+from raybatch.run.confirmation import Race, RaceSearcher
+from raybatch.run.scheduler import CappingScheduler
 from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
@@ -21,6 +26,7 @@ B = (128, 1, 2.0)
 C = (32, 1, 2.0)
 MAX_BATCH = (256, 1, 1.0)
 SLACK = 1.2
+PENALTY = 100.0
 
 
 def _row(knobs: tuple[int, int, float], phase: str, time_s: float | None, seed: int,
@@ -44,26 +50,56 @@ def _knobs(row: TrialRow) -> tuple[int, int, float]:
     return row.micro_batch_size, row.accumulation_steps, row.lr_multiplier
 
 
+class _Trial:
+    """What the scheduler reads of a Tune trial: its id."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
+def _run(scheduler: CappingScheduler, trial: _Trial, time_s: float | None) -> dict[str, Any]:
+    """One confirmation run as Tune drives it: a report every 0.05 s of training, to the
+    shipped scheduler, until the run reaches ``time_s`` (``None``: never) or is stopped."""
+    trained = 0.0
+    while True:
+        trained = round(trained + 0.05, 2)
+        reached = time_s is not None and trained >= time_s
+        status = TrialStatus.REACHED if reached else TrialStatus.RUNNING
+        result = {keys.TRIAL_ID: trial.trial_id, keys.STATUS: status.value,
+                  keys.TRAIN_S: trained, keys.HELD_S: trained + 0.5,
+                  keys.TIME_TO_TARGET_S: time_s if reached else None}  # fmt: skip
+        decision = scheduler.on_trial_result(None, trial, result)
+        if reached:
+            return {**result, keys.OBJECTIVE: time_s}
+        if decision == TrialScheduler.STOP:
+            return {**result, keys.STATUS: TrialStatus.CAPPED.value, keys.OBJECTIVE: PENALTY}
+        if trained > 10:
+            return {**result, keys.STATUS: TrialStatus.CENSORED.value, keys.OBJECTIVE: PENALTY}
+
+
 def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None]]
-          ) -> list[Round]:  # fmt: skip
-    """Run the race as the driver does: each round in order, the later runs capped at SLACK x
-    the first's time on that seed (what the round's CappingScheduler does)."""
-    rounds = []
-    while (round_ := race.next_round()) is not None:
-        rounds.append(round_)
-        rows, leader_s = [], None
-        for i, entrant in enumerate(round_.entrants):
-            t = times[_knobs(entrant)][round_.seed]
-            cap = None if leader_s is None else SLACK * leader_s
-            if i and cap is not None and (t is None or t > cap):
-                rows.append(_row(_knobs(entrant), keys.PHASE_CONFIRMATION, None, round_.seed,
-                                 TrialStatus.CAPPED, train_s=cap))  # fmt: skip
-                continue
-            rows.append(_row(_knobs(entrant), keys.PHASE_CONFIRMATION, t, round_.seed))
-            if i == 0:
-                leader_s = t
-        race.add(rows)
-    return rounds
+          ) -> list[tuple[int, list[tuple[int, int, float]]]]:  # fmt: skip
+    """Run the race as the driver does: the shipped :class:`RaceSearcher` suggests each run in
+    order and the shipped :class:`CappingScheduler` caps it; the rounds, as (seed, recipes)."""
+    scheduler = CappingScheduler(SLACK, level_slack=None)
+    searcher = RaceSearcher(race, scheduler, PENALTY)
+    for n in itertools.count():
+        config = searcher.suggest(f"t{n}")
+        if config == Searcher.FINISHED:
+            break
+        assert isinstance(config, dict)
+        assert searcher.suggest("next") is None  # one run at a time: the cap needs the leader
+        trial = _Trial(f"t{n}")
+        knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
+                 config[keys.LR_MULTIPLIER])  # fmt: skip
+        result = _run(scheduler, trial, times[knobs][config[keys.SEED]])
+        scheduler.on_trial_complete(None, trial, result)
+        searcher.on_trial_complete(trial.trial_id, result)
+    rounds: dict[int, list[tuple[int, int, float]]] = {}
+    for row in searcher.rows:
+        assert row.phase == keys.PHASE_CONFIRMATION and row.seed is not None
+        rounds.setdefault(row.seed, []).append(_knobs(row))
+    return list(rounds.items())
 
 
 def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped() -> None:
@@ -72,12 +108,13 @@ def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped()
     rows = _search((A, 1.0), (B, 1.5), (C, 2.0))
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
     rounds = _play(race, {A: {1: 1.0}, B: {1: 1.6}})
-    assert [[_knobs(e) for e in r.entrants] for r in rounds] == [[A, B]]
+    assert rounds == [(1, [A, B])]
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     assert best is not None and (best.config.micro_batch_size, best.config.lr_multiplier) == (64, 4)
     assert best.provenance["time_to_target_s_runs"] == [1.0, 1.0]
     cost = race.rows[-1]
-    assert cost.status is TrialStatus.CAPPED and cost.train_s == pytest.approx(1.2)
+    assert cost.status is TrialStatus.CAPPED
+    assert 1.2 < cost.train_s <= 1.25  # stopped at its first report past 1.2x A's time on seed 1
 
 
 def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None:
@@ -97,9 +134,21 @@ def test_a_split_outside_the_indifference_zone_runs_one_more_seed() -> None:
     rows = _search((A, 1.0), (B, 2.0))
     race = Race(rows, top=2, seeds=[1, 2, 3], slack=SLACK)
     rounds = _play(race, {A: {1: 1.15, 2: 1.0}, B: {1: 1.0, 2: 2.0}})
-    assert [r.seed for r in rounds] == [1, 2]
+    assert [seed for seed, _ in rounds] == [1, 2]
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 64
+
+
+def test_each_round_is_capped_against_its_own_leader_not_an_earlier_seed() -> None:
+    """Seed 2 is a slow seed for both (A 3.0, B 3.3): the race's scheduler forgets seed 1's
+    times (1.0 and 1.15), so neither run is capped at 1.2x an earlier seed's time; B reaches
+    within 1.2x A's time on its own seed."""
+    rows = _search((A, 1.0), (B, 2.0))
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    _play(race, {A: {1: 1.15, 2: 3.0}, B: {1: 1.0, 2: 3.3}})
+    second = [r for r in race.rows if r.seed == 2]
+    assert [(r.status, r.time_to_target_s) for r in second] == [
+        (TrialStatus.REACHED, 3.0), (TrialStatus.REACHED, 3.3)]  # fmt: skip
 
 
 def test_a_leader_that_misses_drops_out_and_the_next_candidate_enters() -> None:
@@ -108,7 +157,7 @@ def test_a_leader_that_misses_drops_out_and_the_next_candidate_enters() -> None:
     rows = _search((A, 1.0), (B, 1.5), (C, 1.8))
     race = Race(rows, top=3, seeds=[1, 2, 3], slack=SLACK)
     rounds = _play(race, {A: {1: None}, B: {1: 1.5, 2: 1.5}, C: {2: 1.7}})
-    assert [[_knobs(e) for e in r.entrants] for r in rounds] == [[A, B], [B, C]]
+    assert rounds == [(1, [A, B]), (2, [B, C])]
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 128
 
@@ -116,7 +165,7 @@ def test_a_leader_that_misses_drops_out_and_the_next_candidate_enters() -> None:
 def test_a_lone_candidate_runs_once_more_and_no_race_without_seeds() -> None:
     rows = _search((A, 1.0), (B, None))
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
-    assert [[_knobs(e) for e in r.entrants] for r in _play(race, {A: {1: 1.1}})] == [[A]]
+    assert _play(race, {A: {1: 1.1}}) == [(1, [A])]
     assert Race(rows, top=2, seeds=[], slack=SLACK).next_round() is None
 
 
@@ -185,7 +234,7 @@ def test_recipes_whose_search_runs_were_packed_still_race() -> None:
     rows = [dataclasses.replace(r, gpu_share=0.5) for r in _search((A, 1.0), (B, 1.5))]
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
     rounds = _play(race, {A: {1: 1.0, 2: 1.0}, B: {1: 1.5, 2: 1.5}})
-    assert [_knobs(e) for e in rounds[0].entrants] == [A, B]
+    assert rounds[0][1] == [A, B]
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 64
 

@@ -22,8 +22,9 @@ their search runs, as bounds where they were stopped before the target
 (:func:`~raybatch.results.selection.comparisons`).
 
 :class:`Race` holds the decisions and nothing else, so the simulated benchmark drives the same
-object as the search (``bench/search_efficiency.py``); :func:`run_race` runs its rounds as
-Ray Tune trials. On GPUs every confirmation run holds a whole GPU (``alone``): a measurement.
+object as the search (``bench/search_efficiency.py``); :class:`RaceSearcher` runs its rounds
+as Ray Tune trials, the whole race in one experiment (one process, reused). On GPUs every
+confirmation run holds a whole GPU (``alone``): a measurement.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ray.tune.search import Searcher
 
 from raybatch import keys
 from raybatch.results.rows import TrialRow
@@ -117,83 +120,80 @@ class Race:
         return Round([alive[0][0], alive[1][0]], seed)
 
 
-class _Pick:
-    """``tune.sample_from`` callable: one value of the recipe a confirmation trial runs."""
+class RaceSearcher(Searcher):
+    """Ray Tune's view of a :class:`Race`: its rounds' runs suggested one at a time, in order,
+    all in one Tuner, so that one process (Tune's ``reuse_actors``) runs the whole race instead
+    of a cold one per round.
 
-    def __init__(self, recipes: list[dict[str, Any]], key: str) -> None:
-        self.values = [r[key] for r in recipes]
-        self.key = key
+    A round's leader runs first; its challenger is suggested only once the leader's run ended,
+    and the scheduler forgets the previous round's times at each new round, so the challenger
+    is capped at ``slack`` x the leader's time *on the same seed*. The race's rows are built as
+    each run ends (:attr:`rows`): the next round depends on them.
 
-    def __call__(self, config: dict[str, Any]) -> Any:
-        return self.values[config[keys.CANDIDATE]]
-
-
-def run_round(
-    path: Path,
-    resourced: Any,
-    round_: Round,
-    options: SearchOptions,
-    verbose: int,
-    whole_gpus: bool = False,
-) -> list[TrialRow]:
-    """One round as Ray Tune trials, one at a time in order, the later ones capped at
-    ``options.slack`` x the first's time to target (:class:`CappingScheduler` on the final
-    level only: a confirmation run is judged at the target, not along the way).
-
-    Each run's config carries its recipe (:attr:`TrialRow.config`, the one the search
-    measured), and its row carries it back: nothing is derived again here.
-
-    Raises:
-        ValueError: An entrant carries no recipe (a row read back from ``trials.csv``).
+    Args:
+        race: The decisions.
+        scheduler: The race's capping scheduler (final level only).
+        penalty: The objective of a run that did not reach the target.
+        whole_gpus: Each run holds a whole GPU (``alone``): a measurement.
     """
-    from ray import tune
 
-    recipes = [_recipe_of(c).to_dict() for c in round_.entrants]
-    param_space: dict[str, Any] = {
-        keys.CANDIDATE: tune.grid_search(list(range(len(recipes)))),
-        keys.SEED: round_.seed,
-    }
-    for key in recipes[0]:
-        param_space[key] = tune.sample_from(_Pick(recipes, key))
-    if whole_gpus:
-        param_space[keys.ALONE] = True
-    scheduler = CappingScheduler(
-        options.slack,
-        enabled=options.capping,
-        hang_after_s=options.max_time_s + options.hang_grace_s,
-        level_slack=None,
-    )
-    tuner = tune.Tuner(
-        resourced,
-        param_space=param_space,
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=1, scheduler=scheduler, reuse_actors=REUSE_ACTORS
-        ),
-        run_config=tune.RunConfig(
-            storage_path=str((path / "tune").resolve()),
-            name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}-{round_.seed}",
-            verbose=min(verbose, 1),
-            # A run whose worker or node died (not the recipe's fault) runs again, as in the
-            # search: a lost node must not knock a recipe out of the race.
-            failure_config=tune.FailureConfig(max_failures=options.max_failures),
-        ),
-    )
-    rows = []
-    for result in list(tuner.fit()):  # type: ignore[call-overload]
-        metrics = dict(result.metrics or {})
-        status, _ = final_status(metrics, result.error is not None, options.penalty)
-        if result.error is None and metrics.get(keys.TRIAL_ID) in scheduler.capped:
+    def __init__(self, race: Race, scheduler: CappingScheduler, penalty: float,
+                 whole_gpus: bool = False) -> None:  # fmt: skip
+        super().__init__(metric=keys.OBJECTIVE, mode="min")
+        self.race = race
+        self.scheduler = scheduler
+        self.penalty = penalty
+        self.whole_gpus = whole_gpus
+        self.rows: list[TrialRow] = []
+        self._queue: list[dict[str, Any]] = []  # the current round's runs not yet suggested
+        self._round: list[TrialRow] = []  # the current round's rows so far
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._running: str | None = None
+        self._in_round = False
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
+        if self._running is not None:  # one run at a time: the cap needs the leader's time
+            return None
+        if not self._queue:
+            if self._in_round:
+                self.race.add(self._round)
+                self._round, self._in_round = [], False
+            round_ = self.race.next_round()
+            if round_ is None:
+                return Searcher.FINISHED
+            self.scheduler.forget_incumbent()  # capped against this seed's leader, no other
+            self._queue = [{**_recipe_of(e).to_dict(), keys.CANDIDATE: i, keys.SEED: round_.seed}
+                           for i, e in enumerate(round_.entrants)]  # fmt: skip
+            self._in_round = True
+        config = self._queue.pop(0)
+        if self.whole_gpus:
+            config[keys.ALONE] = True
+        self._configs[trial_id] = config
+        self._running = trial_id
+        return config
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        config = self._configs.get(trial_id)
+        if trial_id == self._running:
+            self._running = None
+        if config is None:
+            return
+        metrics = dict(result or {})
+        status, _ = final_status(metrics, error, self.penalty)
+        if not error and metrics.get(keys.TRIAL_ID) in self.scheduler.capped:
             metrics[keys.REASON] = (
                 f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: slower on this"
-                f" seed than {options.slack} x the leader's time"
+                f" seed than {self.scheduler.slack} x the leader's time"
             )
-        trial_id = str(metrics.get(keys.TRIAL_ID, ""))
-        run = {keys.CANDIDATE: result.config[keys.CANDIDATE], keys.SEED: round_.seed}
-        recipe = TrialConfig.from_dict(result.config, "a confirmation run's Tune config")
-        rows.append(TrialRow.from_result(
-            recipe, keys.PHASE_CONFIRMATION, trial_id, status, metrics, **run
-        ))  # fmt: skip
-    return rows
+        recipe = TrialConfig.from_dict(config, "a confirmation run's Tune config")
+        row = TrialRow.from_result(
+            recipe, keys.PHASE_CONFIRMATION, str(metrics.get(keys.TRIAL_ID, trial_id)), status,
+            metrics, candidate=config[keys.CANDIDATE], seed=config[keys.SEED],
+        )  # fmt: skip
+        self._round.append(row)
+        self.rows.append(row)
 
 
 def run_race(
@@ -204,15 +204,48 @@ def run_race(
     verbose: int,
     whole_gpus: bool = False,
 ) -> list[TrialRow]:
-    """The confirmation of a finished search: :class:`Race`'s rounds until it is decided; the
-    new rows."""
-    race = Race(rows, options.confirm_top, confirmation_seeds(options), options.slack)
-    added: list[TrialRow] = []
-    while (round_ := race.next_round()) is not None:
-        new = run_round(path, resourced, round_, options, verbose, whole_gpus)
-        race.add(new)
-        added += new
-    return added
+    """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
+    by :class:`RaceSearcher` in one Ray Tune experiment; the new rows.
+
+    Each run's config carries its recipe (:attr:`TrialRow.config`, the one the search
+    measured), and its row carries it back: nothing is derived again here.
+
+    Raises:
+        ValueError: An entrant carries no recipe (a row read back from ``trials.csv``).
+    """
+    from ray import tune
+
+    seeds = confirmation_seeds(options)
+    race = Race(rows, options.confirm_top, seeds, options.slack)
+    if race.next_round() is None:  # decided already (or no seeds): no experiment at all
+        return []
+    scheduler = CappingScheduler(
+        options.slack,
+        enabled=options.capping,
+        hang_after_s=options.max_time_s + options.hang_grace_s,
+        level_slack=None,  # a confirmation run is judged at the target, not along the way
+    )
+    searcher = RaceSearcher(race, scheduler, options.penalty, whole_gpus)
+    tuner = tune.Tuner(
+        resourced,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=2 * len(seeds),  # at most two runs a round; the searcher ends sooner
+            max_concurrent_trials=1,
+            reuse_actors=REUSE_ACTORS,
+        ),
+        run_config=tune.RunConfig(
+            storage_path=str((path / "tune").resolve()),
+            name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}",
+            verbose=min(verbose, 1),
+            # A run whose worker or node died (not the recipe's fault) runs again, as in the
+            # search: a lost node must not knock a recipe out of the race.
+            failure_config=tune.FailureConfig(max_failures=options.max_failures),
+        ),
+    )
+    tuner.fit()
+    return searcher.rows
 
 
 def _time_of(row: TrialRow) -> float:

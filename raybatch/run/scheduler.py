@@ -179,6 +179,13 @@ class CappingScheduler(FIFOScheduler):
                     "_trajectories": {}, "_incumbent": None}  # fmt: skip
         self.__dict__.update({**defaults, **state})
 
+    def forget_incumbent(self) -> None:
+        """Start afresh: no best time, no incumbent. The confirmation's race caps each round's
+        challenger against that round's leader, on the same seed, never an earlier round's."""
+        self.best_time_to_target_s = None
+        self._incumbent = None
+        self._trajectories.clear()
+
     @property
     def cap_s(self) -> float | None:
         """The training time past which a running trial is stopped (None before any success)."""
