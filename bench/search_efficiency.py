@@ -49,6 +49,7 @@ Run: .venv/bin/python bench/search_efficiency.py   (writes bench/results/search_
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -81,7 +82,7 @@ from simulator import (
 from raybatch import keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import select_winner
-from raybatch.run.confirmation import Race
+from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.options import SearchOptions
 from raybatch.run.scheduler import DEFAULT_LEVEL_SLACK, CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
@@ -456,24 +457,28 @@ def _row(knobs: tuple[int, int, float], phase: str, name: str, trial: Trial, see
 def confirm(member: Member, trials: list[Trial], rng: random.Random
             ) -> tuple[tuple[int, int, float] | None, float]:  # fmt: skip
     """Every strategy's confirmation: the shipped :class:`~raybatch.run.confirmation.Race` over
-    its trials' rows, each round's runs in order, the challenger capped at ``SLACK`` x the
-    leader's time (what the round's capping scheduler does), and the shipped selection. Returns
-    the pick and what the confirmation runs held their devices for."""
+    its trials' rows, run by the shipped :class:`~raybatch.run.confirmation.RaceSearcher` (its
+    runs in order) with the shipped :class:`CappingScheduler` capping each challenger at its
+    leader's time (its ``cap_s`` once the leader ended), and the shipped selection. Returns the
+    pick and what the confirmation runs held their devices for."""
     rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
     race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK)
+    scheduler = CappingScheduler(SLACK, level_slack=None)
+    searcher = RaceSearcher(race, scheduler, penalty=10 * member.max_time_s)  # PAR-10
     cost = 0.0
-    while (round_ := race.next_round()) is not None:
-        new, leader_s = [], None
-        for i, entrant in enumerate(round_.entrants):
-            knobs = (entrant.micro_batch_size, entrant.accumulation_steps, entrant.lr_multiplier)
-            cap = SLACK * leader_s if i and leader_s is not None else None
-            ran = _outcome(member, knobs, rng, cap_s=cap)
-            cost += ran["cost"]
-            new.append(_row(knobs, keys.PHASE_CONFIRMATION, f"c{round_.seed}.{i}", ran,
-                            round_.seed))  # fmt: skip
-            if i == 0:
-                leader_s = ran["time"]
-        race.add(new)
+    for n in itertools.count():
+        config = searcher.suggest(f"c{n}")
+        if not isinstance(config, dict):  # FINISHED: the race is decided
+            break
+        knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
+                 config[keys.LR_MULTIPLIER])  # fmt: skip
+        ran = _outcome(member, knobs, rng, cap_s=scheduler.cap_s)
+        cost += ran["cost"]
+        result = {keys.TRIAL_ID: f"c{n}", keys.STATUS: _ROW_STATUS[ran["status"]].value,
+                  keys.TIME_TO_TARGET_S: ran["time"], keys.TRAIN_S: ran["train"],
+                  keys.HELD_S: ran["cost"]}  # fmt: skip
+        scheduler.on_trial_complete(None, SimpleNamespace(trial_id=f"c{n}"), result)
+        searcher.on_trial_complete(f"c{n}", result)
     winner = select_winner(race.rows, confirmed=True)
     if winner is None:
         return None, cost

@@ -81,13 +81,33 @@ def test_gpu_benchmark_predictions_run_without_a_gpu() -> None:
 def test_committed_results_exist_for_every_cpu_benchmark() -> None:
     for script in BENCH.glob("*.py"):
         if script.stem in ("models", "simulator", "render_docs", "stats", "provenance",
-                           "gpu_recipes", "gpu_targets"):  # fmt: skip
+                           "gpu_recipes", "gpu_targets", "real_cases"):  # fmt: skip
             continue
         if getattr(_load(script.stem), "REQUIRES_GPU", False):
             continue
         result = BENCH / "results" / f"{script.stem}.json"
         assert result.is_file(), f"run `make bench`: {result} is missing"
         assert json.loads(result.read_text())["benchmark"] == script.stem
+
+
+def test_real_training_cases_build_and_their_targets_fit_their_metrics() -> None:
+    """Every case of the real-training benchmark: its model takes its own batch, its target
+    is one its metrics allow (the regression's a loss, lower is better), its evaluation gives
+    a number in that metric's range."""
+    from raybatch.metric import resolve_target
+
+    module = _load("real_training")
+    assert len(module.CASES) >= 4
+    for name, workload, _, target, _ in module.CASES:
+        resolved = resolve_target(target, workload.metrics)
+        inputs, _labels = workload.example_batch(8)
+        model = workload.build_model()
+        assert model(inputs).shape[0] == 8, name
+        value = workload.evaluate(model, [workload.example_batch(8)])
+        metric = next(m for m in workload.metrics if m.name == resolved.metric)
+        assert metric.low is None or float(value) >= metric.low, name
+    friedman = next(c for c in module.CASES if c[0] == "friedman_mlp")
+    assert resolve_target(friedman[3], friedman[1].metrics).mode == "min"
 
 
 def test_gpu_trial_benchmark_data_is_learnable_and_batches_build_on_cpu() -> None:
