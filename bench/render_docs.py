@@ -655,71 +655,47 @@ def promise_kept(real: dict[str, Any]) -> str:
 
 
 def headline() -> str:
-    """The README's headline figures, from the same result files as the page."""
-    lines = []
+    """The README's figures, one small table from the same result files as the page: whether
+    the search keeps its promise on real training, what it costs, and the simulated family;
+    every other figure is on the benchmarks page."""
+    rows = ["| Question | Measured | Target | At |", "| --- | --- | --- | --- |"]
     real = _load("real_training")
     if real is not None:
-        lines.append(promise_kept(real) + _short(real))
+        w = real["workloads"]
+        rows.append(
+            f"| Faster than the largest batch that fits? (real training, {len(w)} cases x"
+            f" {real['searches']} searches) | at the rule's LR: {_tally(w, 'max_batch')}; at its"
+            f" best swept LR: {_tally(w, 'max_batch_tuned')} | faster, or within noise"
+            f" | {_short(real).strip()} |"
+        )
+        near = [f"{name} {1 / c['ratio']:.2f}x" for name, c in
+                ((n, x["compared"].get("grid_best")) for n, x in w.items()) if c]  # fmt: skip
+        rows.append(
+            "| Winners' time against a grid's best recipe (real; < 1: faster) | "
+            + ", ".join(near)
+            + f" | <= {GRID_BEST_WITHIN:.2f}x | {_short(real).strip()} |"
+        )
+        cost = _real_cost(real)
+        if cost:
+            spans = cost.split(": ", 1)[1].rstrip(".")
+            rows.append(
+                "| What a search costs (real, every device second, in trainings of the grid's"
+                f" best) | {spans} | <= {COST_TARGET} | {_short(real).strip()} |"
+            )
     search = _load("search_efficiency")
     if search is not None:
-        rows = search["rows"]
-        ours = [r for r in rows if r["strategy"] == "raybatch"]
-        at = {b: {r["workload"]: r["median_regret"] for r in ours if r["budget"] == b}
-              for b in (20, 40)}  # fmt: skip
-        worst20 = max(at[20].items(), key=lambda kv: kv[1])
-        to = [r["compute_to_regret_105"] for r in ours if r["budget"] == 20]
-        reached = [v for v in to if v is not None]
-        tpe = [r for r in rows if r["strategy"] == "optuna_tpe" and r["budget"] == 20]
-        worse = _worse_at_equal_compute(rows)
-        lines.append(
-            f"- **Search** (simulated workload family, {len(at[20])} members, {search['seeds']}"
-            f" seeds): median regret {min(at[20].values()):.3f}-{worst20[1]:.3f} within 20"
-            f" trials (worst: {worst20[0]}), {min(at[40].values()):.3f}-"
-            f"{max(at[40].values()):.3f} within 40 (plain TPE at 20:"
-            f" {min(r['median_regret'] for r in tpe):.3f}-"
-            f"{max(r['median_regret'] for r in tpe):.3f});"
-            f" compute to regret <= 1.05: {min(reached):.1f}-{max(reached):.1f} trainings of the"
-            f" optimum, median {statistics.median(reached):.1f} (targets: median"
-            f" {COMPUTE_MEDIAN_TARGET}, worst {COMPUTE_WORST_TARGET}), every device second and"
-            " the confirmation included, two trials at a time;"
-            + (" no peer does better at equal compute." if not worse
-               else f" a peer does better at equal compute in {len(worse)} cell(s).")
-            + _short(search)
-        )  # fmt: skip
-    real = _load("real_training")
-    if real is not None:
-        parts = []
-        for name, w in real["workloads"].items():
-            for recipe, c in w["compared"].items():
-                low, high = c["ratio_ci95"]
-                noise = ", within noise" if c["within_noise"] else ""
-                parts.append(f"{name} vs {recipe.replace('_', ' ')} {c['ratio']:.2f}x"
-                             f" ({low:.2f}-{high:.2f}{noise})")  # fmt: skip
-        lines.append(
-            f"- **Real training** ({real['searches']} searches per workload; each winner"
-            f" re-measured against the others, {real['reruns']} interleaved runs each; > 1: the"
-            " winners are faster; 95% intervals): "
-            + "; ".join(parts)
-            + ". "
-            + " ".join(f"{name}: {verdicts(name, w)}" for name, w in real["workloads"].items())
-            + _real_cost(real)
-            + _short(real)
+        ours = [r for r in search["rows"] if r["strategy"] == "raybatch" and r["budget"] == 20]
+        worst = max(ours, key=lambda r: r["median_regret"])
+        reached = [r["compute_to_regret_105"] for r in ours
+                   if r["compute_to_regret_105"] is not None]  # fmt: skip
+        rows.append(
+            f"| Simulated family ({len(ours)} members x {search['seeds']} seeds, the shipped"
+            f" search): regret at 20 trials; compute to regret 1.05 | worst median regret"
+            f" {worst['median_regret']:.3f}; median {statistics.median(reached):.1f}, worst"
+            f" {max(reached):.1f} trainings of the optimum | <= 1.05; median"
+            f" {COMPUTE_MEDIAN_TARGET}, worst {COMPUTE_WORST_TARGET} | {_short(search).strip()} |"
         )
-    cost = _load("prescreen_cost")
-    if cost is not None:
-        lines.append(prescreen_sentence(cost) + _short(cost))
-    loop = _load("loop_overhead")
-    if loop is not None:
-        lines.append(loop_sentence(loop) + _short(loop))
-    overhead = _load("plugin_overhead")
-    if overhead is not None:
-        lines.append(
-            f"- **Overhead** in Ray Tune: {overhead['ratio']:.2f}x plain `tune.Tuner` wall-clock"
-            f" ({overhead['ratio_ci95'][0]:.2f}-{overhead['ratio_ci95'][1]:.2f}, 95%) over"
-            f" {overhead['trials']} trivial trials, median of {overhead['repeats']} alternating"
-            " pairs." + _short(overhead)
-        )
-    return "\n".join(lines)
+    return "\n".join(rows)
 
 
 def _real_cost(real: dict[str, Any]) -> str:

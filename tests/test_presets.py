@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,18 @@ def test_a_path_is_read_as_a_file_and_a_name_as_a_preset(tmp_path: Path) -> None
     copy.write_text((preset_dir() / "digits_cnn_sgd.yaml").read_text())
     assert load_space(str(copy)).name == "mine"
     assert resolve_space_path("digits_cnn_sgd") == preset_dir() / "digits_cnn_sgd.yaml"
+
+
+def test_every_preset_is_listed_in_the_spaces_page() -> None:
+    """A preset a user can name is one the docs describe (its reference and its source)."""
+    root = Path(__file__).parent.parent
+    page = (root / "docs" / "spaces.md").read_text()
+    for preset in PRESETS:
+        assert f"| `{preset}` |" in page, f"docs/spaces.md lists no {preset}"
+
+
+def test_the_readme_and_docs_link_only_to_files_that_exist() -> None:
+    root = Path(__file__).parent.parent
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#:]+\.(?:md|png))\)", page.read_text()):
+            assert (page.parent / target).is_file(), f"{page.name} links to missing {target}"

@@ -439,9 +439,10 @@ def _run_reaching(searcher: RaybatchSearcher, numbers: range) -> list[tuple[int,
 def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr(
     tmp_path: Path,
 ) -> None:
-    """The largest batch (256) at 1, 2, 4 and 0.5x the rule's LR and the reference run first;
-    4x was fastest, so the ladder runs a quarter and a sixteenth of the batch at 4x (the rule's
-    carry) and at 256's own LR (the constant carry: 16x and 64x, within the space's 8x)."""
+    """The largest batch (256) at 1 and 2x the rule's LR, the reference (the likeliest to give
+    an incumbent soon), then 256 at 4 and 0.5x run first; 4x was fastest, so the ladder runs a
+    quarter and a sixteenth of the batch at 4x (the rule's carry) and at 256's own LR (the
+    constant carry: 16x and 64x, within the space's 8x)."""
     searcher = _plan_searcher(tmp_path)
     times = {1.0: 3.0, 2.0: 2.0, 4.0: 1.5, 0.5: None}
     opening = []
@@ -451,7 +452,7 @@ def test_the_plan_sweeps_the_largest_batch_then_climbs_the_ladder_at_its_best_lr
         opening.append(_knobs(config))
         t = times.get(config["lr_multiplier"], 2.5) if config["micro_batch_size"] == 256 else 2.5
         searcher.on_trial_complete(f"o{i}", _result("reached" if t else "censored", t))
-    assert opening == [(256, 1, 1.0), (256, 1, 2.0), (256, 1, 4.0), (256, 1, 0.5), (64, 1, 1.0)]
+    assert opening == [(256, 1, 1.0), (256, 1, 2.0), (64, 1, 1.0), (256, 1, 4.0), (256, 1, 0.5)]
     ladder = []
     for i in range(4):
         config = searcher.suggest(f"l{i}")

@@ -1,5 +1,5 @@
-"""The search's plan before TPE takes over: the largest batch at a sweep of LRs, the reference
-recipe, then a ladder of other batches at the LR that worked best.
+"""The search's plan before TPE takes over: the largest batch at a sweep of LRs and the
+reference recipe, then a ladder of other batches at the LR that worked best.
 
 Every search starts from the strong simple baseline a user would otherwise run -- the largest
 batch that fits, at its best of a few LRs -- and from the published recipe, so every search
@@ -120,11 +120,20 @@ def lr_sweep(space: SearchSpace) -> list[float]:
 def opening_points(
     space: SearchSpace, baseline: dict[str, Any], reference: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """What every search runs first: the largest batch at each LR of :func:`lr_sweep`, then the
-    reference recipe, as the searched knobs Optuna is given."""
-    points = [{**baseline, keys.LR_MULTIPLIER: m} for m in lr_sweep(space)]
-    if reference is not None:
-        points.append(reference)
+    """What every search runs first, as the searched knobs Optuna is given: the largest batch at
+    the rule's LR and at twice it, the reference recipe, then the largest batch at the sweep's
+    other LRs (:func:`lr_sweep`).
+
+    The first two trials run with no incumbent to cap them (only a trial three times behind the
+    other is stopped), so they are the two bets least alike in LR: where the rule's LR is too
+    low, the other reaches early and caps the rest. The reference comes third, ahead of the
+    rest of the sweep: a recipe known to train well, it is the likeliest to give an incumbent
+    soon if neither did. Run last, it left the whole sweep uncapped: on a task where the
+    largest batch never reached the target, four trials ran to the time cap. Run second, beside
+    the largest batch at a rule's LR too low, both crawled uncapped (the simulated family's
+    ``rule_lr_too_low``: 6x the compute)."""
+    sweep = [{**baseline, keys.LR_MULTIPLIER: m} for m in lr_sweep(space)]
+    points = [*sweep[:2], *([reference] if reference is not None else []), *sweep[2:]]
     out: list[dict[str, Any]] = []
     for p in points:
         knobs = searched_knobs(space, p)
