@@ -2,9 +2,9 @@
 
 The public face is the names below, each loaded lazily from the module that defines it
 (PEP 562, :mod:`raybatch._lazy`): ``import raybatch`` costs almost nothing, and a trial worker
-imports only the modules its trial needs. Every trial of a search
-runs in a fresh Ray worker process, so an eager package import was paid once per trial
-(measured by ``bench/plugin_overhead.py``). Heavy dependencies (Ray, Optuna, PyTorch) are
+imports only the modules its trial needs. A trial process is reused for the next trial of the
+same resources, but the first trial of each process pays the package import (measured by
+``bench/plugin_overhead.py``). Heavy dependencies (Ray, Optuna, PyTorch) are
 imported only by the functions that need them.
 
 What is here, by use:
@@ -28,9 +28,14 @@ address.
 
 from __future__ import annotations
 
+import time as _time
 from typing import TYPE_CHECKING
 
 from raybatch._lazy import lazy_exports
+
+_imported_at = _time.perf_counter()
+"""When this process first imported raybatch: where a reused trial process's start-up is
+charged from (:mod:`raybatch.trial.process_age`)."""
 
 if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.errors import InputError, RaybatchError, SearchInterrupted, TrialsFailedError

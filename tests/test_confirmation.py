@@ -270,3 +270,23 @@ def test_data_parallel_and_packed_trials_are_charged_for_the_devices_they_held()
                      held_s=10.0)  # fmt: skip
     packed = dataclasses.replace(_row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=10.0), gpu_share=0.25)
     assert search_cost([dp, packed], unit_s=1.0).device_s == pytest.approx(42.5)
+
+
+def test_a_run_tune_errors_without_telling_the_searcher_does_not_stall_the_race() -> None:
+    """Ray Tune fails a trial whose reused process could not be reset without calling the
+    searcher; told by the step-end callback, the race goes on (the run is a miss), and a
+    second telling changes nothing."""
+    from types import SimpleNamespace
+
+    from raybatch.run.untold import TellUntold
+
+    race = Race(_search((A, 1.0), (B, 1.5)), top=2, seeds=[1, 2], slack=SLACK)
+    scheduler = CappingScheduler(SLACK, level_slack=None)
+    searcher = RaceSearcher(race, scheduler, PENALTY)
+    assert isinstance(searcher.suggest("t0"), dict)
+    assert searcher.suggest("t1") is None  # waiting on t0, which Tune errored silently
+    watch = TellUntold(searcher)
+    for _ in range(2):
+        watch.on_step_end(0, [SimpleNamespace(trial_id="t0", status="ERROR")])
+    assert [r.status for r in searcher.rows] == [TrialStatus.ERROR]
+    assert isinstance(searcher.suggest("t1"), dict)  # the race goes on

@@ -1,31 +1,45 @@
-"""The start-up a reused trial process is charged: once, by its first trial."""
+"""A reused trial process: the start-up it is charged (once, by its first trial or by the
+raybatch task it first ran) and how long Tune waits to reuse it."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
+import raybatch
 from raybatch.trial import process_age
 
 
-def test_the_first_trial_in_a_process_is_charged_from_the_process_start(
+def test_the_first_trial_in_a_process_is_charged_from_raybatchs_import(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(process_age, "_charged", False)
-    age = process_age._age_s()
-    assert age is not None and age > 0  # this test process has lived a while (imports)
+    monkeypatch.setattr(raybatch, "_imported_at", time.perf_counter() - 7.0, raising=False)
     before = time.perf_counter()
-    first = process_age.held_since()
-    assert first <= before - age + 1.0  # charged back to about the process's start
-    second = process_age.held_since()
-    assert second >= before  # every later trial from its own start: start-up paid once
+    first = process_age.start_trial()
+    assert before - 8.0 < first <= before - 7.0  # the import and the unpickling: charged
+    assert process_age.start_trial() >= before  # every later trial from its own start
 
 
-def test_without_proc_the_first_trial_is_charged_from_its_own_start(
+def test_a_process_that_ran_a_raybatch_task_first_charges_its_trial_from_its_own_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Its start-up was charged to the task (the time model, a device reading)."""
     monkeypatch.setattr(process_age, "_charged", False)
-    monkeypatch.setattr(process_age, "_age_s", lambda: None)
+    monkeypatch.setattr(raybatch, "_imported_at", time.perf_counter() - 7.0, raising=False)
+    assert process_age.charged_to_task(lambda x: x + 1)(1) == 2
     before = time.perf_counter()
-    assert process_age.held_since() >= before
+    assert process_age.start_trial() >= before
+
+
+def test_tune_waits_for_a_stopped_trials_cleanup_before_reusing_its_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", raising=False)
+    process_age.start_trial()
+    assert os.environ["TUNE_FUNCTION_THREAD_TIMEOUT_S"] == str(process_age.REUSE_WAIT_S)
+    monkeypatch.setenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", "5")  # the user's own setting wins
+    process_age.start_trial()
+    assert os.environ["TUNE_FUNCTION_THREAD_TIMEOUT_S"] == "5"

@@ -50,6 +50,7 @@ from raybatch.results.selection import (
 from raybatch.run.options import SearchOptions
 from raybatch.run.resources import REUSE_ACTORS
 from raybatch.run.scheduler import CappingScheduler
+from raybatch.run.untold import TellUntold
 from raybatch.space.config import TrialConfig
 from raybatch.status import final_status
 
@@ -175,7 +176,7 @@ class RaceSearcher(Searcher):
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
-        config = self._configs.get(trial_id)
+        config = self._configs.pop(trial_id, None)  # told once (TellUntold may tell again)
         if trial_id == self._running:
             self._running = None
         if config is None:
@@ -242,6 +243,7 @@ def run_race(
             # A run whose worker or node died (not the recipe's fault) runs again, as in the
             # search: a lost node must not knock a recipe out of the race.
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
+            callbacks=[TellUntold(searcher)],  # a run Tune errors silently must not stall it
         ),
     )
     tuner.fit()

@@ -17,6 +17,7 @@ from raybatch.memory.context import measure_context_bytes
 from raybatch.run.hardware import ClusterView
 from raybatch.run.options import SearchOptions
 from raybatch.trial.placement import model_resource, trial_device
+from raybatch.trial.process_age import charged_to_task
 
 CONTEXT_TIMEOUT_S = 60.0
 """How long the search waits for the measuring task (its worker starts and imports torch)."""
@@ -49,7 +50,8 @@ def cluster_context_bytes(
     if view.gpus <= 0:
         notes.append(f"{assumed}: no GPU node is alive to measure it on")
         return CUDA_CONTEXT_OVERHEAD_BYTES
-    task = ray.remote(num_gpus=1, num_cpus=0, resources=model_resource(gpu_model))(_measure_on_gpu)
+    measure = charged_to_task(_measure_on_gpu)
+    task = ray.remote(num_gpus=1, num_cpus=0, resources=model_resource(gpu_model))(measure)
     ref = task.remote()
     ready, _ = ray.wait([ref], timeout=timeout_s)
     why = None

@@ -85,6 +85,7 @@ from raybatch.run.tune_state import (
     restored_parts,
     set_aside_cut_sessions,
 )
+from raybatch.run.untold import TellUntold
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
@@ -315,8 +316,10 @@ def _search_tuner(
             raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
         searcher.record.relocate(_study_url(path))
         run_config.callbacks = [
-            watch if isinstance(c, FailFast) else c for c in run_config.callbacks or []
-        ]
+            watch if isinstance(c, FailFast) else c
+            for c in run_config.callbacks or []
+            if not isinstance(c, TellUntold)
+        ] + [TellUntold(searcher)]  # the restored searcher (the pickled callback holds none)
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         return tuner
@@ -334,7 +337,7 @@ def _search_tuner(
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             verbose=verbose,
-            callbacks=[watch],
+            callbacks=[watch, TellUntold(plan.searcher)],
             stop=watch,
         ),
     )

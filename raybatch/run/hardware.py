@@ -37,6 +37,7 @@ from raybatch.trial.placement import (
     autoscaling_max,
     whole_units,
 )
+from raybatch.trial.process_age import charged_to_task
 
 NVML_TIMEOUT_S = 30.0
 """How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""
@@ -278,7 +279,7 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
     records = _alive_nodes()
     pending = {}
     if read_nvml:
-        reader = ray.remote(num_cpus=0)(read_all_devices)
+        reader = ray.remote(num_cpus=0)(charged_to_task(read_all_devices))
         for record in records:
             if float(record.get("Resources", {}).get("GPU", 0.0)) > 0:
                 strategy = NodeAffinitySchedulingStrategy(record["NodeID"], soft=False)

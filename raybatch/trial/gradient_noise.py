@@ -31,6 +31,7 @@ from raybatch.space.search_space import SearchSpace
 from raybatch.trial.batches import train_batches
 from raybatch.trial.loop import seed_everything
 from raybatch.trial.placement import trial_device
+from raybatch.trial.process_age import charged_to_task
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def measure_remotely(
         torch.set_num_threads(max(1, int(resources.get("num_cpus", 1))))
         return measure_time_model(workload, space, trial_device("auto"), micros, batches)
 
-    task = ray.remote(max_retries=0, **resources)(run)  # a crash is a note, not a retry
+    task = ray.remote(max_retries=0, **resources)(charged_to_task(run))  # a crash: a note
     ref = task.remote()
     try:
         return ray.get(ref, timeout=timeout_s)

@@ -146,7 +146,7 @@ def run_trial(
     it does a single trial whose worker died.
     """
 
-    held_since = process_age.held_since()  # what the trial costs starts here, not at its clock
+    held_since = process_age.start_trial()  # what the trial costs starts here, not at its clock
     if _broken:
         raise WorkerLostError(f"this trial's process is unusable: {_broken[0]}")
     during = "reading the trial's recipe"
@@ -171,18 +171,24 @@ def run_trial(
     share = assigned_gpu_share()
     if share:  # the searcher retries a trial that ran out of memory while sharing its GPU
         reporter.note(keys.GPU_SHARE, share)
+    told_to_stop = False
     try:
+        if device.type == "cuda":  # what a previous trial in this process left cached
+            release_memory(device)
         limit_packed_memory(device, settings.gpu_budget_bytes, settings.cuda_context_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
             train(workload, recipe, reporter, device, options)
     except Exception as exc:  # a failure ends this trial with a reason, never the search
         reporter.fail(exc, "while training" if reporter.started else "before training")
+    except BaseException:  # Tune stopping the trial (a SystemExit out of its report call)
+        told_to_stop = True  # no report may follow: it would wait on Tune for ever
+        raise
     finally:
         try:  # a sticky CUDA error (an illegal access) raises again here: not into Ray
             release_memory(device)
         except Exception as exc:
             _broken.append(f"{type(exc).__name__} releasing an earlier trial's GPU memory")
-            if not reporter.stopped:
+            if not (reporter.stopped or told_to_stop):
                 reporter.fail(exc, "releasing the trial's GPU memory")
         reporter.close()
     if not reporter.stopped:
