@@ -4,6 +4,9 @@ moved to other GPU counts."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +281,45 @@ def test_a_custom_space_named_like_a_preset_is_not_mistaken_for_it() -> None:
     with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
         best.retarget(5)
     assert best.retarget(5, custom).config == custom.derive(32, 1, 5)
+
+
+def test_a_training_script_reads_the_launch_lines_recipe_back(tmp_path: Path) -> None:
+    """The script a launch line runs, as a user writes it in a folder of their own: the recipe
+    from ``--format args`` read back whole (momentum in ``--optimizer-kwargs`` too), the
+    script's own flags left for its own parser; the torchrun line's arguments the same."""
+    best = _best(SGD, 32, 2)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json\n"
+        "from raybatch.formats.launch import recipe_from_args\n"
+        "recipe, rest = recipe_from_args()\n"
+        "print(json.dumps({'recipe': recipe.to_dict(), 'rest': rest}))\n"
+    )
+    argv = shlex.split(best.render("args"))
+    done = subprocess.run([sys.executable, str(script), *argv, "--epochs", "3"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout)
+    assert read == {"recipe": best.config.to_dict(), "rest": ["--epochs", "3"]}
+    assert read["recipe"]["optimizer_kwargs"]["momentum"] == 0.9
+    from raybatch.formats.launch import recipe_from_args
+
+    line = next(t for t in best.render("torchrun").splitlines() if t.startswith("torchrun"))
+    words = shlex.split(line)
+    assert recipe_from_args(words[words.index("train.py") + 1 :])[0] == best.config
+
+
+def test_a_launch_line_value_of_the_wrong_kind_names_its_flag() -> None:
+    from raybatch.errors import ConfigError
+    from raybatch.formats.launch import recipe_from_args
+
+    argv = shlex.split(_best(SGD, 32, 2).render("args"))
+    at = argv.index("--micro-batch-size")
+    argv[at + 1] = "big"
+    with pytest.raises(ConfigError, match="--micro-batch-size: not a value: 'big'"):
+        recipe_from_args(argv)
+    with pytest.raises(ConfigError, match="--micro-batch-size: missing"):
+        recipe_from_args(argv[:at] + argv[at + 2 :])
+    argv[at + 1] = "2.5"
+    with pytest.raises(ConfigError, match="--micro-batch-size: must be an integer"):
+        recipe_from_args(argv)

@@ -4,7 +4,8 @@
 ``torchrun`` flags); ``accelerate launch --multi_gpu --num_processes W --mixed_precision bf16
 train.py ...`` (accelerate 1.x's ``launch`` flags). The script reads the recipe's values from
 its own arguments (``raybatch export --format args``'s names: every scalar of the recipe, and
-``--optimizer-kwargs`` as JSON), or loads ``best_config.yaml`` with ``raybatch.load_best``.
+``--optimizer-kwargs`` as JSON) with :func:`recipe_from_args`, or loads ``best_config.yaml``
+with ``raybatch.load_best``.
 
 On several nodes (``gpus_per_node`` below the world size): ``torchrun --nnodes N
 --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500``, and ``accelerate
@@ -21,11 +22,14 @@ existing default ``accelerate config`` can collapse the launch to a single proce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
+import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from raybatch.errors import ExportError, Issue
+from raybatch.errors import ConfigError, ExportError, Issue
 
 if TYPE_CHECKING:
     from raybatch.space.config import TrialConfig
@@ -105,4 +109,59 @@ def accelerate(
     )
 
 
-__all__ = ["PORT", "WRITTEN_AGAINST", "accelerate", "nodes", "script_args", "torchrun"]
+_TEXT_FIELDS = ("str", "ScalingRule", "OptimizerFamily")
+"""Recipe fields whose value is the flag's text as written (the rest are JSON: numbers and
+the optimizer's keyword arguments)."""
+
+
+def recipe_from_args(argv: Sequence[str] | None = None) -> tuple[TrialConfig, list[str]]:
+    """The recipe a launch line (``--format torchrun``/``accelerate``/``args``) passed to the
+    training script, read back from its arguments; and the arguments that are not the
+    recipe's, for the script's own parser.
+
+    Args:
+        argv: The script's arguments (default: ``sys.argv[1:]``).
+
+    Raises:
+        ConfigError: A recipe flag is missing, or its value is not of its kind, naming the flag.
+
+    Example:
+        >>> from raybatch.formats.launch import recipe_from_args
+        >>> recipe, rest = recipe_from_args()          # in train.py, under torchrun
+        >>> loader = DataLoader(train_set, batch_size=recipe.micro_batch_size, shuffle=True)
+    """
+    import argparse
+
+    from raybatch.space.config import TrialConfig
+
+    fields = dataclasses.fields(TrialConfig)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for f in fields:
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name)
+    known, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    values: dict[str, object] = {}
+    issues: list[Issue] = []
+    for f in fields:
+        text = getattr(known, f.name)
+        if text is None:
+            continue
+        if str(f.type) in _TEXT_FIELDS:
+            values[f.name] = text
+            continue
+        try:
+            values[f.name] = json.loads(text)
+        except json.JSONDecodeError:
+            issues.append(Issue(f"--{f.name.replace('_', '-')}", f"not a value: {text!r}"))
+    if issues:
+        raise ConfigError(issues, "the script's arguments")
+    try:
+        return TrialConfig.from_dict(values, "the script's arguments"), rest
+    except ConfigError as exc:  # name the flags, as the user wrote them, not the keys
+        flags = [Issue(f"--{i.field.replace('_', '-')}", i.message) for i in exc.issues]
+        raise ConfigError(flags, "the script's arguments") from exc
+
+
+__all__ = [
+    "PORT", "WRITTEN_AGAINST", "accelerate", "nodes", "recipe_from_args", "script_args",
+    "torchrun",
+]  # fmt: skip
