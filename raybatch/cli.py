@@ -236,7 +236,7 @@ def search_command(
         ),
     ] = 300.0,
     gpu_model: GpuModelOpt = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+    quiet: cli_args.QuietOpt = False,
 ) -> None:
     """Search the recipe that reaches the target fastest; writes a run directory."""
     import time
@@ -245,6 +245,7 @@ def search_command(
     from raybatch.metric import Target, resolve_target
     from raybatch.run.driver import search
     from raybatch.run.options import SearchOptions
+    from raybatch.run.progress import printed
     from raybatch.workload import load_workload
 
     with _user_errors():
@@ -274,9 +275,8 @@ def search_command(
         parsed_target = resolve_target(target, loaded.metrics, CLI)
         chosen = load_space(space or loaded.space or "generic_adamw")
         directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = search(
-            loaded, chosen, parsed_target, directory, options, workload, 0 if quiet else 1
-        )
+        with printed(True):  # the progress lines stay under --quiet; only Ray's table goes
+            result = search(loaded, chosen, parsed_target, directory, options, workload, 1 - quiet)
     cli_format.print_summary(result, parsed_target)
     _fail_without_recipe(result, parsed_target)
 
@@ -301,16 +301,18 @@ def init_workload_command(
 @app.command("resume")
 def resume_command(
     run_dir: Annotated[str, typer.Argument(help="The run directory of an interrupted search.")],
-    quiet: Annotated[bool, typer.Option("--quiet")] = False,
+    quiet: cli_args.QuietOpt = False,
 ) -> None:
     """Continue an interrupted search; completed trials are kept, never re-run. A finished
     run is left alone (its result is printed again); to search again, start a new search."""
     from raybatch.run.driver import resume
+    from raybatch.run.progress import printed
     from raybatch.run.rundir import read_run
 
     with _user_errors():
         _, _, _, target, _ = read_run(run_dir)
-        result = resume(run_dir, 0 if quiet else 1)
+        with printed(True):
+            result = resume(run_dir, 0 if quiet else 1)
     cli_format.print_summary(result, target)
     _fail_without_recipe(result, target)
 

@@ -30,6 +30,9 @@ GpusOpt = Annotated[
 GpuModelOpt = Annotated[
     str | None, typer.Option("--gpu-model", help="On a cluster of mixed GPUs: this model only.")
 ]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", help="No Ray Tune table (raybatch's own lines stay).")
+]
 
 
 EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."

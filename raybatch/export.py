@@ -361,6 +361,19 @@ def write_best(run_dir: Path, best: BestConfig) -> None:
     (run_dir / BEST_JSON).write_text(best.render("json"))
 
 
+TUNE_EXPERIMENT_WHY = (
+    "this is a Ray Tune experiment directory (raybatch's parts in your own tune.Tuner), which"
+    " records no search: no plan, no race, no target. Read its winner with"
+    ' results.get_best_result(metric="objective", mode="min"); `raybatch report` and `export`'
+    " read the run directory of `raybatch search`"
+)
+
+
+def is_tune_experiment(path: Path) -> bool:
+    """Whether ``path`` holds a Ray Tune experiment (its tuner or its state files)."""
+    return (path / "tuner.pkl").is_file() or any(path.glob("experiment_state-*.json"))
+
+
 def load_best(path: str | Path) -> BestConfig:
     """Load ``best_config.yaml``/``.json`` from a file or a run directory.
 
@@ -371,6 +384,9 @@ def load_best(path: str | Path) -> BestConfig:
     if path.is_dir():
         path = path / BEST_YAML
     if not path.is_file():
+        if is_tune_experiment(path.parent):
+            raise RunDirError([Issue("best_config", f"not found: {TUNE_EXPERIMENT_WHY}")],
+                              str(path.parent))  # fmt: skip
         finished = (path.parent / "trials.csv").is_file()  # the run's record: it has finished
         why = (
             "not found: the search in this run directory finished without a winner (no recipe"

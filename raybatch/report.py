@@ -49,7 +49,7 @@ def _save(fig: Any, out: Path) -> None:
     _plt().close(fig)
 
 
-def _plot_time_vs_batch(rows: list[TrialRow], out: Path) -> None:
+def _plot_time_vs_batch(rows: list[TrialRow], out: Path, winner: list[TrialRow]) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     accumulations = sorted({r.accumulation_steps for r in rows})
@@ -62,11 +62,29 @@ def _plot_time_vs_batch(rows: list[TrialRow], out: Path) -> None:
             ys = [r.time_to_target_s or r.train_s or 0.0 for r in pts]
             ax.scatter([r.effective_batch_size for r in pts], ys, marker=marker,
                        color=color, label=f"{status}, accum {acc}")  # fmt: skip
+    _mark_winner(ax, [(r.effective_batch_size, r.time_to_target_s) for r in winner])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("effective batch size")
     ax.set_ylabel("training time to target (s); trained if not reached")
     ax.legend(fontsize=7, ncol=2)
     _save(fig, out)
+
+
+def _mark_winner(ax: Any, points: list[tuple[float, float | None]]) -> None:
+    """The winner's runs that reached, as a ring around their points: the one a reader looks
+    for first."""
+    shown = [(x, y) for x, y in points if y is not None]
+    if shown:
+        ax.scatter([x for x, _ in shown], [y for _, y in shown], s=160, facecolors="none",
+                   edgecolors="red", linewidths=1.5, label="winner", zorder=4)  # fmt: skip
+
+
+def _plain_log_ticks(ax: Any) -> None:
+    """Log axes labelled at their decades only: minor labels overlapped on a narrow range."""
+    from matplotlib.ticker import NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(NullFormatter())
 
 
 def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: int | None,
@@ -111,7 +129,7 @@ def _plot_history(rows: list[TrialRow], out: Path) -> None:
     _save(fig, out)
 
 
-def _plot_predicted(rows: list[TrialRow], out: Path) -> bool:
+def _plot_predicted(rows: list[TrialRow], out: Path, winner: list[TrialRow]) -> bool:
     """The time model's prediction against the measured time to target, one dot per search
     trial that reached the target (the diagonal: a perfect prior)."""
     pts = [
@@ -129,8 +147,11 @@ def _plot_predicted(rows: list[TrialRow], out: Path) -> bool:
     low = min(min(p, t) for p, t in pts)
     high = max(max(p, t) for p, t in pts)
     ax.plot([low, high], [low, high], color="grey", linestyle="--", label="prediction = measured")
+    _mark_winner(ax, [(p, r.time_to_target_s) for r in winner if r.phase == keys.PHASE_SEARCH
+                      and (p := r.predicted_time_s) is not None])  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_ticks(ax)
     ax.set_xlabel("predicted time to target (s, time model)")
     ax.set_ylabel("measured training time to target (s)")
     ax.legend(fontsize=8)
@@ -159,7 +180,11 @@ def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
     # A trial that never reported (hung, failed at start) has no throughput.
     rates = [r.throughput for r in rows if r.throughput is not None]
     return {
-        "label": f"{rows[0].micro_batch_size} x {rows[0].accumulation_steps}",
+        "label": (
+            f"{rows[0].micro_batch_size} x {rows[0].accumulation_steps} at"
+            f" {rows[0].lr_multiplier:.3g}x (lr {rows[0].lr:.3g})"
+        ),
+        "reached": f"{len(times)} of {len(rows)}",
         "effective": rows[0].effective_batch_size,
         "time": statistics.median(times) if times else None,
         "times": times,
@@ -275,15 +300,15 @@ def write_report(
 ) -> Path:
     run_dir = result.run_dir
     rows = result.rows
-    _plot_time_vs_batch(
-        [r for r in rows if r.phase != keys.PHASE_CONFIRMATION], run_dir / "time_vs_batch.png"
-    )
-    has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
-    _plot_history(rows, run_dir / "history.png")
-    has_prior = _plot_predicted(rows, run_dir / "predicted.png")
-    entries: dict[str, dict[str, Any]] = {}
     confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in rows)
     winner = select_winner(rows, confirmed) if result.best is not None else None
+    ran = winner.runs if winner is not None else []
+    searched = [r for r in rows if r.phase != keys.PHASE_CONFIRMATION]
+    _plot_time_vs_batch(searched, run_dir / "time_vs_batch.png", [r for r in ran if r in searched])
+    has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
+    _plot_history(rows, run_dir / "history.png")
+    has_prior = _plot_predicted(rows, run_dir / "predicted.png", ran)
+    entries: dict[str, dict[str, Any]] = {}
     if winner is not None and (summary := _summary(winner.runs)) is not None:
         entries["winner"] = summary
     for name, knobs in (("max batch", result.baseline), ("reference", result.reference)):
@@ -294,6 +319,7 @@ def write_report(
     counts = status_counts(rows)
     table = "".join(
         f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"
+        f"<td>{e['reached']}</td>"
         f"<td>{_cell(e['time'], '.3f')}</td><td>{_cell(e['eval'], '.3f')}</td>"
         f"<td>{_cell(e['elapsed'], '.3f')}</td><td>{_cell(e['samples'], '.0f')}</td>"
         f"<td>{_cell(e['throughput'], '.0f')}</td></tr>"
@@ -318,7 +344,7 @@ def write_report(
 Budget: {format_bytes(budget) if budget else "none (CPU run, no pre-screen)"}.</p>
 <p>Times to target count training only (waiting for data included): evaluation is raybatch's
 measuring device, not part of your training, so its time is shown apart.</p>
-<table border="1"><tr><th></th><th>micro x accum</th><th>effective</th>
+<table border="1"><tr><th></th><th>micro x accum at LR</th><th>effective</th><th>reached</th>
 <th>training time to target (s)</th><th>evaluation (s)</th><th>with evaluation (s)</th>
 <th>samples to target</th><th>samples/s</th></tr>{table}</table>
 <ul>{notes}</ul>

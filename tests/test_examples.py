@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import run_cli
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -45,6 +47,13 @@ def test_builtin_trainable_example_runs_a_search_with_statuses(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "status" in proc.stdout and "reached" in proc.stdout
     assert "time_to_target_s" in proc.stdout
+    # Its experiment is Tune's own: report and export say in one line why they cannot read it.
+    experiment = str(tmp_path / "digits_trainable")
+    for command in ("report", "export"):
+        refused = run_cli(command, experiment)
+        assert refused.returncode == 2, refused.stderr
+        assert "this is a Ray Tune experiment directory" in refused.stderr
+        assert "results.get_best_result" in refused.stderr
 
 
 def test_tabular_example_reaches_its_target_with_the_reference_recipe() -> None:

@@ -153,6 +153,8 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     out, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err[-3000:]
     assert "best config:" in out
+    # --quiet drops Ray's table, not raybatch's own lines: the race says what it runs.
+    assert "raybatch: confirming: " in err and "raybatch: race run 1: " in err
     # The time model was measured once, when the search started, and read back on resume.
     assert "time model read from prior.json" in out
     stored_prior = json.loads((run_dir / "prior.json").read_text())

@@ -48,6 +48,7 @@ from raybatch.results.selection import (
     same_knobs,
 )
 from raybatch.run.options import SearchOptions
+from raybatch.run.progress import log, recipe
 from raybatch.run.resources import REUSE_ACTORS
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.untold import TellUntold
@@ -204,6 +205,7 @@ def run_race(
     options: SearchOptions,
     verbose: int,
     whole_gpus: bool = False,
+    progress: Any = None,
 ) -> list[TrialRow]:
     """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
     by :class:`RaceSearcher` in one Ray Tune experiment; the new rows.
@@ -218,8 +220,11 @@ def run_race(
 
     seeds = confirmation_seeds(options)
     race = Race(rows, options.confirm_top, seeds, options.slack)
-    if race.next_round() is None:  # decided already (or no seeds): no experiment at all
+    first = race.next_round()
+    if first is None:  # decided already (or no seeds): no experiment at all
         return []
+    names = " and ".join(recipe(_recipe_of(e).to_dict()) for e in first.entrants)
+    log.info(f"confirming: {names} on up to {len(seeds)} fresh seed(s), one run at a time")
     scheduler = CappingScheduler(
         options.slack,
         enabled=options.capping,
@@ -243,7 +248,8 @@ def run_race(
             # A run whose worker or node died (not the recipe's fault) runs again, as in the
             # search: a lost node must not knock a recipe out of the race.
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
-            callbacks=[TellUntold(searcher)],  # a run Tune errors silently must not stall it
+            # A run Tune errors silently must not stall the race; a line for each run.
+            callbacks=[TellUntold(searcher), *([progress] if progress is not None else [])],
         ),
     )
     tuner.fit()

@@ -40,6 +40,7 @@ from raybatch.export import write_best
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.metric import Target, resolve_target
 from raybatch.report import write_report
+from raybatch.results.cost import search_cost
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import (
     TRIALS_CSV,
@@ -56,6 +57,8 @@ from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import measure_prior, write_predictions
 from raybatch.run.prior import TimeModel
+from raybatch.run.progress import Progress, printed
+from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
 from raybatch.run.resources import REUSE_ACTORS, with_resources
 from raybatch.run.rundir import (
@@ -137,7 +140,9 @@ def search(
                 [Issue(RUN_FILE, "exists: another search started in this directory")], str(path)
             )
         write_run_files(path, ref, space, target, options)
-        return _execute(path, workload, space, target, options, resume=False, verbose=verbose)
+        with printed(verbose >= 1):
+            return _execute(path, workload, space, target, options, resume=False,
+                            verbose=verbose)  # fmt: skip
 
 
 def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
@@ -159,8 +164,9 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
         check_experiment(path / "tune" / "search", path)
         workload = load_workload(ref)
         notes = [lock.taken_over] if lock.taken_over else []
-        return _execute(path, workload, space, target, options, resume=True, verbose=verbose,
-                        notes=notes)  # fmt: skip
+        with printed(verbose >= 1):
+            return _execute(path, workload, space, target, options, resume=True,
+                            verbose=verbose, notes=notes)  # fmt: skip
 
 
 def _finished(path: Path) -> SearchResult:
@@ -171,6 +177,11 @@ def _finished(path: Path) -> SearchResult:
         " `raybatch search` with another --run-dir"
     )
     return result
+
+
+def _progress(plan: _Plan, options: SearchOptions) -> Progress:
+    """The search's progress lines (the time model's device seconds counted in its cost)."""
+    return Progress("trial", options.trials, plan.prior_device_s)
 
 
 def _quiet_tune() -> None:
@@ -247,6 +258,7 @@ def _plan(
     reference = reference_point(space)
     model = None
     if options.prior:
+        progress.info("measuring the time model (a few dozen steps on one trial's resources)")
         model = measure_prior(workload, space, estimator, budget, cuda, options, notes, path)
     searcher = RaybatchSearcher(
         space,
@@ -318,8 +330,8 @@ def _search_tuner(
         run_config.callbacks = [
             watch if isinstance(c, FailFast) else c
             for c in run_config.callbacks or []
-            if not isinstance(c, TellUntold)
-        ] + [TellUntold(searcher)]  # the restored searcher (the pickled callback holds none)
+            if not isinstance(c, TellUntold | Progress)
+        ] + [TellUntold(searcher), _progress(plan, options)]  # the restored searcher
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         return tuner
@@ -337,7 +349,7 @@ def _search_tuner(
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             verbose=verbose,
-            callbacks=[watch, TellUntold(plan.searcher)],
+            callbacks=[watch, TellUntold(plan.searcher), _progress(plan, options)],
             stop=watch,
         ),
     )
@@ -367,6 +379,9 @@ def _execute(
         mode=target.mode,
     )
     tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
+    progress.info(f"searching: {options.trials} trials, {plan.in_flight} at a time: the largest"
+                  " batch at a few LRs and the reference, then the batches the time model"
+                  " predicts fastest, then Optuna's TPE")  # fmt: skip
     with ray_errors_to(path / LOG_FILE) as diverted:
         results = tuner.fit()
         if watch.tripped is not None:
@@ -396,7 +411,9 @@ def _execute(
     rows += _prescreened_rows(plan.searcher.record, space)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
-        rows += run_race(path, plan.resourced, rows, options, verbose, whole_gpus=plan.cuda)
+        spent = search_cost(rows, 1.0, plan.prior_device_s).device_s
+        rows += run_race(path, plan.resourced, rows, options, verbose, whole_gpus=plan.cuda,
+                         progress=Progress("race run", None, spent))  # fmt: skip
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
     # points the verdict compares with; and the time model's device seconds, part of the cost.

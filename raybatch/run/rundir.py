@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from raybatch.errors import Issue, OptionError, RunDirError
+from raybatch.export import TUNE_EXPERIMENT_WHY, is_tune_experiment
 from raybatch.metric import Target
 from raybatch.run.options import SearchOptions
 from raybatch.space.search_space import SearchSpace
@@ -93,6 +94,8 @@ def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, Searc
         RunDirError: The directory is not a raybatch run (names the missing file).
     """
     path = Path(run_dir)
+    if not (path / RUN_FILE).is_file() and is_tune_experiment(path):
+        raise RunDirError([Issue(RUN_FILE, f"missing: {TUNE_EXPERIMENT_WHY}")], str(path))
     for name in (RUN_FILE, SPACE_FILE):
         if not (path / name).is_file():
             raise RunDirError([Issue(name, "missing: not a raybatch run directory")], str(path))

@@ -1,0 +1,105 @@
+"""What a search says while it works: one line per phase and per finished trial.
+
+Ray Tune's live table says what each trial is doing; it does not say which phase the search
+is in, what the best recipe so far is, or what the search has cost so far. These lines do, on
+the ``raybatch.progress`` logger (INFO): the CLI prints them on stderr whatever ``--quiet``
+says (it drops only Ray's table), and :func:`raybatch.search` prints them when ``verbose`` is
+set and the caller has given the logger no handler of their own.
+
+The cost so far is every device second the search's finished trials held (start-up, data,
+probe, training, evaluations) and the time model's, in trainings of the best recipe so far
+(its time to target): the figure the closing lines give for the whole search.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ray.tune import Callback
+
+from raybatch import keys
+
+LOGGER = "raybatch.progress"
+log = logging.getLogger(LOGGER)
+
+
+@contextmanager
+def printed(enabled: bool) -> Iterator[None]:
+    """The progress lines on stderr for the duration (when ``enabled`` and the logger has no
+    handler of the caller's)."""
+    if not enabled or log.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("raybatch: %(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def recipe(config: dict[str, Any]) -> str:
+    """``128 x 2 at 4x``: the raw knobs a line names a recipe by."""
+    world = config.get(keys.WORLD_SIZE, 1)
+    where = f" x {world} workers" if world and world > 1 else ""
+    return (f"{config.get(keys.MICRO_BATCH_SIZE)} x {config.get(keys.ACCUMULATION_STEPS, 1)}"
+            f"{where} at {config.get(keys.LR_MULTIPLIER, 1.0):.3g}x")  # fmt: skip
+
+
+class Progress(Callback):
+    """A Tune callback: a line for each finished trial, with the best so far and the cost so
+    far (from every finished trial Tune holds, so a resumed search counts its earlier ones).
+
+    Args:
+        phase: What the lines are about (``search``, ``race``).
+        total: Trials the phase may run (``None``: not known ahead).
+        extra_s: Device seconds spent before the phase (the time model's, the search's).
+    """
+
+    def __init__(self, phase: str, total: int | None = None, extra_s: float = 0.0) -> None:
+        self.phase = phase
+        self.total = total
+        self.extra_s = extra_s
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any
+                          ) -> None:  # fmt: skip
+        log.info(self.line(trials, trial))
+
+    def line(self, trials: list[Any], trial: Any) -> str:
+        """The line for ``trial``'s end, among ``trials``."""
+        done = [t for t in trials if t.status in ("TERMINATED", "ERROR")]
+        result = trial.last_result or {}
+        status = result.get(keys.STATUS, "error")
+        reached = result.get(keys.TIME_TO_TARGET_S)
+        what = f"{status} in {reached:.2f} s" if status == "reached" and reached else status
+        of = f" of {self.total}" if self.total else ""
+        text = f"{self.phase} {len(done)}{of}: {recipe(trial.config)}: {what}"
+        times = [(t.last_result.get(keys.TIME_TO_TARGET_S), t) for t in done
+                 if (t.last_result or {}).get(keys.STATUS) == "reached"]  # fmt: skip
+        times = [(s, t) for s, t in times if s]
+        if not times:
+            return text
+        best_s, best = min(times, key=lambda st: st[0])
+        held = self.extra_s + sum(_device_s(t) for t in done)
+        return (f"{text} | best so far {recipe(best.config)}, {best_s:.2f} s | spent so far"
+                f" {held / best_s:.1f} trainings of it")  # fmt: skip
+
+
+def _device_s(trial: Any) -> float:
+    """What a finished trial held: its seconds x the devices it held (its workers, or the
+    share of a GPU it was packed on), as the closing lines count it."""
+    result = trial.last_result or {}
+    held = float(result.get(keys.HELD_S) or 0.0)
+    share = result.get(keys.GPU_SHARE)
+    return held * max(1, int(trial.config.get(keys.WORLD_SIZE, 1) or 1)) * float(share or 1.0)
+
+
+__all__ = ["LOGGER", "Progress", "printed", "recipe"]

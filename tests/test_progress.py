@@ -1,0 +1,58 @@
+"""The lines a search prints while it works: each finished trial, the best so far and the cost
+so far in trainings of it; on stderr only where nobody configured the logger."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from raybatch import keys
+from raybatch.run.progress import LOGGER, Progress, printed
+
+
+def _trial(status: str, micro: int, reached_s: float | None, held_s: float, **extra: Any
+           ) -> SimpleNamespace:  # fmt: skip
+    """What the callback reads of a Tune trial: its status, config and last result."""
+    result = {keys.STATUS: status, keys.TIME_TO_TARGET_S: reached_s, keys.HELD_S: held_s}
+    config = {keys.MICRO_BATCH_SIZE: micro, keys.ACCUMULATION_STEPS: 1, keys.LR_MULTIPLIER: 2.0,
+              **extra}  # fmt: skip
+    return SimpleNamespace(status="TERMINATED", config=config, last_result=result)
+
+
+def test_a_finished_trial_line_gives_the_best_so_far_and_the_cost_in_trainings_of_it() -> None:
+    progress = Progress("trial", total=12, extra_s=2.0)  # the time model's 2 s
+    fast = _trial("reached", 128, 2.0, 5.0)
+    capped = _trial("capped", 1024, None, 3.0, **{keys.WORLD_SIZE: 2})  # two devices held
+    running = SimpleNamespace(status="RUNNING", config={}, last_result={})
+    line = progress.line([fast, capped, running], capped)
+    assert line == (
+        "trial 2 of 12: 1024 x 1 x 2 workers at 2x: capped | best so far 128 x 1"
+        " at 2x, 2.00 s | spent so far 6.5 trainings of it"
+    )  # (2 + 5 + 2x3) / 2
+    assert progress.line([running], running).endswith(": error")  # nothing reached: no cost
+
+
+def test_the_lines_print_on_stderr_unless_the_caller_configured_the_logger(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    log = logging.getLogger(LOGGER)
+    with printed(True):
+        log.info("searching")
+    assert capsys.readouterr().err == "raybatch: searching\n"
+    with printed(False):
+        log.info("quiet")
+    mine: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: mine.append(record.getMessage())  # type: ignore[method-assign]
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with printed(True):
+            log.info("to the caller's handler")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(logging.NOTSET)
+    assert mine == ["to the caller's handler"] and capsys.readouterr().err == ""
