@@ -25,13 +25,21 @@ def _trial(status: str, micro: int, reached_s: float | None, held_s: float, **ex
 def test_a_finished_trial_line_gives_the_best_so_far_and_the_cost_in_trainings_of_it() -> None:
     progress = Progress("trial", total=12, extra_s=2.0)  # the time model's 2 s
     fast = _trial("reached", 128, 2.0, 5.0)
-    capped = _trial("capped", 1024, None, 3.0, **{keys.WORLD_SIZE: 2})  # two devices held
+    # Stopped by the scheduler: its last report still says running, and Tune calls back
+    # before it marks the trial terminated.
+    capped = _trial("running", 1024, None, 3.0, **{keys.WORLD_SIZE: 2})  # two devices held
+    capped.status = "RUNNING"
     running = SimpleNamespace(status="RUNNING", config={}, last_result={})
     line = progress.line([fast, capped, running], capped)
     assert line == (
         "trial 2 of 12: 1024 x 1 x 2 workers at 2x: capped | best so far 128 x 1"
         " at 2x, 2.00 s | spent so far 6.5 trainings of it"
     )  # (2 + 5 + 2x3) / 2
+    faster = _trial("reached", 256, 1.0, 2.0)
+    faster.status = "RUNNING"
+    assert progress.line([fast, faster], faster).endswith(
+        "reached in 1.00 s | best so far 256 x 1 at 2x, 1.00 s | spent so far 9.0 trainings of it"
+    )  # the trial that just ended is the best so far, its own seconds counted: (2 + 5 + 2) / 1
     assert progress.line([running], running).endswith(": error")  # nothing reached: no cost
 
 

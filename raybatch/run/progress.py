@@ -75,9 +75,12 @@ class Progress(Callback):
 
     def line(self, trials: list[Any], trial: Any) -> str:
         """The line for ``trial``'s end, among ``trials``."""
-        done = [t for t in trials if t.status in ("TERMINATED", "ERROR")]
+        # Tune calls back before it marks the trial itself terminated: it counts as done.
+        done = [t for t in trials if t.status in ("TERMINATED", "ERROR") or t is trial]
         result = trial.last_result or {}
         status = result.get(keys.STATUS, "error")
+        if status == "running":  # its last report came before the scheduler stopped it
+            status = "capped"
         reached = result.get(keys.TIME_TO_TARGET_S)
         what = f"{status} in {reached:.2f} s" if status == "reached" and reached else status
         of = f" of {self.total}" if self.total else ""
