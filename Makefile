@@ -9,18 +9,26 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.raybatch-installed
+RUNTIME_STAMP := $(VENV)/.raybatch-runtime
 
 .PHONY: setup demo test lint bench gpu-check clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# What the demo needs: the package's runtime dependencies and scikit-learn (the examples' data),
+# nothing of the dev extras (transformers, lightning, deepspeed, the linters).
+$(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[examples]'
+	touch $(RUNTIME_STAMP)
+
+# What the tests, the linters and the benchmarks need besides: the dev extras.
+$(STAMP): $(RUNTIME_STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,examples]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(BIN)/raybatch search raybatch.examples.tabular:workload --target "accuracy>=0.87" \
 		--trials 12 --max-time-per-trial 20 --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
