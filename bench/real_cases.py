@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.examples.tabular import CLASSES, FEATURES, TabularWorkload
+from raybatch.examples.tabular import TabularWorkload, mlp
 from raybatch.metric import Metric
 from raybatch.workload import Workload
 
@@ -59,14 +59,7 @@ class TabularWideWorkload(TabularWorkload):
     name = "tabular_mlp_wide"
 
     def build_model(self) -> nn.Module:
-        hidden = 512
-        return nn.Sequential(
-            nn.Linear(FEATURES, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, CLASSES),
-        )
+        return mlp(512)
 
 
 FRIEDMAN_FEATURES = 10
@@ -96,15 +89,7 @@ class FriedmanWorkload(Workload):
     metrics = (Metric("loss", "min", low=0.0),)
 
     def build_model(self) -> nn.Module:
-        hidden = 1024
-        return nn.Sequential(
-            nn.Linear(FRIEDMAN_FEATURES, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, 1),
-            nn.Flatten(0),
-        )
+        return nn.Sequential(mlp(1024, FRIEDMAN_FEATURES, 1), nn.Flatten(0))
 
     def train_dataset(self) -> Dataset[Any]:
         return _friedman()[0]

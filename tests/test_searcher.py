@@ -353,14 +353,19 @@ def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Pa
     assert estimator.predict(recipe) == pytest.approx(measured, rel=1e-6)  # the max is kept
 
 
-def test_what_the_probes_taught_survives_a_checkpoint(tmp_path: Path) -> None:
-    """A resumed search predicts as before: the probes' excess is in the searcher's state."""
+def _first_probe(tmp_path: Path) -> tuple[RaybatchSearcher, MemoryEstimator, Any]:
+    """A packing searcher with a real digits estimator, and the recipe of its first trial."""
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     searcher = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
     searcher.estimator = estimator
     config = searcher.suggest("a")
     assert isinstance(config, dict)
-    recipe = SPACE.derive_from(config)
+    return searcher, estimator, SPACE.derive_from(config)
+
+
+def test_what_the_probes_taught_survives_a_checkpoint(tmp_path: Path) -> None:
+    """A resumed search predicts as before: the probes' excess is in the searcher's state."""
+    searcher, estimator, recipe = _first_probe(tmp_path)
     measured = 3 * estimator.predict(recipe)
     searcher.on_trial_complete("a", {**_result("reached", 1.0),
                                      keys.PROBE_RESERVED_BYTES: measured})  # fmt: skip
@@ -374,12 +379,7 @@ def test_what_the_probes_taught_survives_a_checkpoint(tmp_path: Path) -> None:
 
 def test_a_probe_below_the_prediction_never_shrinks_the_estimate(tmp_path: Path) -> None:
     """A calibration below 1 would over-pack every later trial: the trace's figure stands."""
-    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
-    searcher = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
-    searcher.estimator = estimator
-    config = searcher.suggest("a")
-    assert isinstance(config, dict)
-    recipe = SPACE.derive_from(config)
+    searcher, estimator, recipe = _first_probe(tmp_path)
     predicted = estimator.predict(recipe)
     searcher.on_trial_complete("a", {**_result("reached", 1.0),
                                      keys.PROBE_RESERVED_BYTES: predicted // 2})  # fmt: skip

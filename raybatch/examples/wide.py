@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from raybatch.examples.tabular import mlp
 from raybatch.workload import Workload
 
 TRAIN_SIZE = 16_000
@@ -59,14 +60,7 @@ class WideWorkload(Workload):
     space = "wide_mlp_adamw"
 
     def build_model(self) -> nn.Module:
-        hidden = 1024
-        return nn.Sequential(
-            nn.Linear(FEATURES, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, CLASSES),
-        )
+        return mlp(1024, FEATURES, CLASSES)
 
     def train_dataset(self) -> Dataset[Any]:
         return _split()[0]
