@@ -92,9 +92,7 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
     result = raybatch.search(workload, space, target, run_dir, options, ref, verbose=0)
     wall = time.perf_counter() - start
     points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
-    prior_s = float(((result.best.provenance.get("prior") or {}) if result.best else {}).get(
-        "cost_s") or 0.0)  # fmt: skip
-    spent = search_cost(result.rows, 1.0, prior_s)  # seconds; in trainings once the grid ran
+    spent = search_cost(result.rows, 1.0)  # seconds; in trainings once the grid ran
     if result.best is None:  # said in the record, not raised: the other searches still count
         print(f"{name}: search {seed} found no recipe that reached {target} every time")
         return None, points, {"seed": seed, "search_wall_s": wall, "winner": None,

@@ -23,7 +23,8 @@ Strategies:
   time (rungs at ``max_t / 3^k``, reduction factor 3) over random and TPE suggestions;
 - ``hyperband``: Optuna's ``HyperbandPruner`` on training time (whole seconds) with TPE;
 - ``raybatch``: the shipped searcher (the plan, the ladder from the time model -- measured
-  with the member's noise-scale error and charged -- the pre-screen with the member's
+  inside the trial the searcher asks, once it reaches the target, with the member's
+  noise-scale error, its passes charged to that trial -- the pre-screen with the member's
   imperfect estimate and the 20% probe margin, then TPE) and the shipped capping scheduler
   (slack 1.2, level slack 1.5, trials beside each other capped before any incumbent);
 - ablations: ``raybatch_no_model`` (the ladder without the time model), ``raybatch_no_fidelity``
@@ -50,6 +51,7 @@ Run: .venv/bin/python bench/search_efficiency.py   (writes bench/results/search_
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import statistics
@@ -363,8 +365,9 @@ def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | 
 
 
 def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: bool
-              ) -> tuple[RaybatchSearcher, float]:  # fmt: skip
-    """raybatch's searcher for ``member`` as the driver builds it, and the prior's cost."""
+              ) -> RaybatchSearcher:  # fmt: skip
+    """raybatch's searcher for ``member`` as the driver builds it (the time model measured in
+    the trial the searcher asks, :func:`run_raybatch`)."""
     space = sim_space()
     # Without the pre-screen there is no estimate anywhere: the opening's "largest batch" is
     # the space's largest, and only OOMs (remembered, replaced) teach the search what fits.
@@ -372,10 +375,9 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
     fits = budget_check(estimator, int(member.budget), PROBE_MARGIN)
     baseline = max_batch_point(space, fits)
     reference = reference_point(space)
-    prior = simulated_time_model(member) if plan and model else None
     if plan:
         points = opening_points(space, baseline, reference)
-        ladder = Ladder(space, estimator, int(member.budget), prior)
+        ladder = Ladder(space, estimator, int(member.budget), measure=model)
     else:
         points = [searched_knobs(space, p) for p in (reference, baseline) if p is not None]
         ladder = None
@@ -386,7 +388,7 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
         points_to_evaluate=points, seed=seed, ladder=ladder,
         probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline,
     )  # fmt: skip
-    return searcher, prior.cost_s if prior is not None else 0.0
+    return searcher
 
 
 _TUNE_STATUS = {"oom": "infeasible_memory", "capped": "running"}
@@ -399,27 +401,30 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
                  ) -> list[Trial]:  # fmt: skip
     """The shipped searcher (plan, pre-screen, ladder, TPE) and the shipped capping scheduler,
     two trials at a time as a default search runs on this machine's two slots."""
-    searcher, prior_cost = _searcher(member, seed, prescreen, plan, model)
+    searcher = _searcher(member, seed, prescreen, plan, model)
+    measuring: set[str] = set()
 
     def suggest(trial_id: str) -> tuple[int, int, float] | None:
         config = searcher.suggest(trial_id)
         if not isinstance(config, dict):
             return None
+        if config.get(keys.MEASURE_TIME_MODEL):
+            measuring.add(trial_id)
         return (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                 config[keys.LR_MULTIPLIER])  # fmt: skip
 
     def tell(trial_id: str, trial: Trial) -> None:
         status = _TUNE_STATUS.get(trial["status"], trial["status"])
-        searcher.on_trial_complete(trial_id, {
-            keys.STATUS: status, keys.TIME_TO_TARGET_S: trial["time"],
-            keys.OBJECTIVE: trial["time"], keys.ELAPSED_S: trial["cost"]})  # fmt: skip
+        result = {keys.STATUS: status, keys.TIME_TO_TARGET_S: trial["time"],
+                  keys.OBJECTIVE: trial["time"], keys.ELAPSED_S: trial["cost"]}  # fmt: skip
+        if trial_id in measuring and trial["status"] == "reached":  # measured at the target
+            trial["cost"] += member.measure_cost_s(trial["knobs"][0])
+            result[keys.TIME_MODEL] = json.dumps(simulated_time_model(member).to_dict())
+        searcher.on_trial_complete(trial_id, result)
         trial["prescreened"] = len(searcher.prescreened)
 
     rule = _Capping(DEFAULT_LEVEL_SLACK if fidelity else None)
-    trials = simulate_search(member, rng, n, suggest, tell, rule)
-    if trials:
-        trials[0]["cost"] += prior_cost
-    return trials
+    return simulate_search(member, rng, n, suggest, tell, rule)
 
 
 def run(strategy: str, member: Member, seed: int, n: int) -> list[Trial]:

@@ -234,13 +234,14 @@ class Member:
         """What the prior's gradient-noise measurement finds (off by ``noise_scale_error``)."""
         return self.b_noise * self.noise_scale_error
 
-    def prior_cost_s(self) -> float:
-        """What measuring the prior costs: its task's start-up and data, 32 big batches of 8
-        small ones, and 4 passes (one to warm up, 3 timed) per micro batch that fits (as
-        :mod:`raybatch.trial.gradient_noise` does)."""
-        noise = 32 * 8 * self.step_time(MICRO[0], 1)
-        timing = sum(4 * self.step_time(m, 1) for m in MICRO if self.fits(m))
-        return self.held_before_training() + noise + timing
+    def measure_cost_s(self, micro: int) -> float:
+        """What measuring the time model adds to the trial at ``micro`` that measures it once it
+        reaches the target, as :mod:`raybatch.trial.gradient_noise` does: 16 big batches of 8
+        passes at the smallest micro batch, 3 passes (one to warm up, 2 timed) per smaller
+        micro batch, 4 optimizer steps; no start-up (the trial's process has it)."""
+        noise = 16 * 8 * self.step_time(MICRO[0], 1)
+        timing = sum(3 * self.step_time(m, 1) for m in MICRO if m < micro)
+        return noise + timing + 4 * self.t_opt
 
     def optimum(self) -> tuple[float, tuple[int, int, float]]:
         """The true best time over the grid (multipliers on a fine log grid) and where."""
@@ -348,4 +349,4 @@ def simulated_time_model(member: Member) -> TimeModel:
     b = member.measured_noise_scale()
     noise = NoiseScale(b, b, b, MICRO[0], 8 * MICRO[0], 32)
     micro_s = {m: member.step_time(m, 1) - member.t_opt for m in MICRO if member.fits(m)}
-    return TimeModel(noise, micro_s, member.t_opt, cost_s=member.prior_cost_s())
+    return TimeModel(noise, micro_s, member.t_opt)

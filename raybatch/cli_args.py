@@ -43,7 +43,12 @@ ConfirmSeedsOpt = Annotated[
     int, typer.Option("--confirm-seeds", help="At most this many fresh seeds in the race.")
 ]
 NoPriorOpt = Annotated[
-    bool, typer.Option("--no-prior", help="Do not measure the time model before searching.")
+    bool,
+    typer.Option(
+        "--no-prior",
+        help="Do not measure the time model (in the first trial that reaches the target):"
+        " the ladder is then geometric.",
+    ),
 ]
 LevelSlackOpt = Annotated[
     float,

@@ -84,6 +84,14 @@ SEED: Final = "seed"
 ALONE: Final = "alone"
 """In a trial's config: run on a whole GPU, never packed (confirmation runs, and the retry of a
 trial that ran out of memory while packed)."""
+MEASURE_TIME_MODEL: Final = "measure_time_model"
+"""In a trial's config: once it reaches the target, measure the search's time model on its
+trained model (:mod:`raybatch.trial.gradient_noise`); the searcher asks one trial at a time."""
+TIME_MODEL: Final = "time_model"
+"""In the final report of a trial asked to measure it: the time model, as JSON text
+(:meth:`raybatch.run.prior.TimeModel.to_dict`)."""
+TIME_MODEL_ERROR: Final = "time_model_error"
+"""Instead, why it could not be measured (the trial itself still reached the target)."""
 GPU_SHARE: Final = "gpu_share"
 """The fraction of a GPU Ray assigned to the trial (``1/k`` when packed ``k`` to a GPU)."""
 PEAK_RESERVED_BYTES: Final = "peak_reserved_bytes"

@@ -189,18 +189,18 @@ def test_the_verdict_compares_with_the_largest_batch_as_a_bound_when_it_was_capp
 
 
 def test_the_cost_counts_every_device_second_in_trainings_of_the_winner() -> None:
-    """Held seconds (start-up, data, probe, evaluation) and the time model count, not only the
-    training; pre-screened configs never ran and cost nothing."""
+    """Held seconds (start-up, data, probe, evaluation, the time model measured in a trial)
+    count, not only the training; pre-screened configs never ran and cost nothing."""
     rows = [
         _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=4.0),
         _row(B, keys.PHASE_SEARCH, None, 0, TrialStatus.CAPPED, train_s=1.2, held_s=3.0),
         _row(A, keys.PHASE_CONFIRMATION, 1.0, 1, held_s=4.0),
         TrialRow.of(SPACE.derive(256), keys.PHASE_PRESCREEN, "p", TrialStatus.PRESCREENED_OUT),
     ]
-    cost = search_cost(rows, unit_s=1.0, extra_device_s=5.0)
-    assert cost.trainings == pytest.approx(16.0) and cost.trainings_train == pytest.approx(3.2)
+    cost = search_cost(rows, unit_s=1.0)
+    assert cost.trainings == pytest.approx(11.0) and cost.trainings_train == pytest.approx(3.2)
     assert cost.runs == 3
-    assert "16.0 trainings" in cost.sentence()
+    assert "11.0 trainings" in cost.sentence()
     with pytest.raises(ValueError, match="positive"):
         search_cost(rows, unit_s=0.0)
 

@@ -4,6 +4,7 @@ and the measurement on a real workload."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -70,16 +71,36 @@ def test_spearman_matches_scipy() -> None:
     assert spearman([1.0, 2.0], [1.0, 2.0]) is None
 
 
-@pytest.mark.slow
-def test_the_measurement_on_a_real_workload_gives_a_usable_model() -> None:
+def test_a_trial_asked_for_the_time_model_measures_it_at_the_target_off_its_clock() -> None:
+    """A real trial (tabular, through the trial wrapper as Tune runs it) asked to measure the
+    model does so once it reaches the target: its final report carries a usable model (the
+    noise scale, the step time of every micro batch up to its own), the measurement counts in
+    the seconds the trial held its device but not in its training time or time to target."""
+    import json
+
+    from raybatch import Target, keys
     from raybatch.examples.tabular import TabularWorkload
-    from raybatch.trial.gradient_noise import measure_here
+    from raybatch.trial.settings import TrialSettings
+    from raybatch.trial.wrapper import run_trial
 
     space = raybatch.load_space("tabular_mlp_adamw")
-    model = measure_here(TabularWorkload(), space, space.search.micro_batch_size, cpus=1)
+    reports: list[dict[str, Any]] = []
+    config = {keys.MICRO_BATCH_SIZE: 64, keys.ACCUMULATION_STEPS: 2,
+              keys.MEASURE_TIME_MODEL: True}  # fmt: skip
+    settings = TrialSettings(Target(0.8), max_time_s=60.0)
+    run_trial(TabularWorkload(), space, settings, config, report_fn=reports.append)
+    final = reports[-1]
+    assert final[keys.STATUS] == "reached", final[keys.REASON]
+    model = TimeModel.from_dict(json.loads(final[keys.TIME_MODEL]))
     noise = model.noise
     assert 0 < noise.low <= noise.b_simple <= noise.high < math.inf
-    assert (noise.small_batch, noise.big_batch) == (16, 128)
-    times = [model.micro_step_s[m] for m in sorted(model.micro_step_s)]
-    assert times[-1] > times[0] > 0  # 1024 samples cost more than 16
-    assert model.cost_s > 0
+    assert (noise.small_batch, noise.big_batch, noise.batches) == (16, 128, 16)
+    assert sorted(model.micro_step_s) == [16, 32, 64]
+    assert all(t > 0 for t in model.micro_step_s.values()) and model.optimizer_step_s > 0
+    assert final[keys.EVAL_S] >= model.cost_s > 0  # off the training clock...
+    assert final[keys.TIME_TO_TARGET_S] <= final[keys.TRAIN_S] < final[keys.ELAPSED_S]
+    assert final[keys.HELD_S] >= final[keys.ELAPSED_S]  # ... on the device's
+    # Not asked: no measurement.
+    reports.clear()
+    run_trial(TabularWorkload(), space, settings, {keys.MICRO_BATCH_SIZE: 64}, reports.append)
+    assert reports[-1][keys.STATUS] == "reached" and keys.TIME_MODEL not in reports[-1]

@@ -23,7 +23,7 @@ def _trial(status: str, micro: int, reached_s: float | None, held_s: float, **ex
 
 
 def test_a_finished_trial_line_gives_the_best_so_far_and_the_cost_in_trainings_of_it() -> None:
-    progress = Progress("trial", total=12, extra_s=2.0)  # the time model's 2 s
+    progress = Progress("trial", total=12, extra_s=2.0)  # held before this phase
     fast = _trial("reached", 128, 2.0, 5.0)
     # Stopped by the scheduler: its last report still says running, and Tune calls back
     # before it marks the trial terminated.

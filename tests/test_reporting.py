@@ -229,3 +229,36 @@ def test_bad_settings_are_refused() -> None:
         TrialReporter(0.9, eval_every_samples=0, max_time_s=5)
     with pytest.raises(ValueError, match="target mode must be 'max' or 'min'"):
         Target(0.9, mode="up")
+
+
+def test_what_runs_at_the_target_is_off_the_clock_and_its_failure_is_only_a_note() -> None:
+    """The time model is measured once the target is reached, before the final report: its
+    seconds are evaluation, not training; one that fails leaves the trial reached, with why."""
+    run, reports, clock = make()
+    run.add(samples=128, steps=2)
+    clock.now += 2.0
+
+    def measure() -> dict[str, Any]:
+        clock.now += 5.0
+        return {keys.TIME_MODEL: "{}"}
+
+    run.at_target = measure
+    assert run.report(0.95) is True
+    final = reports[-1]
+    assert final[keys.STATUS] == "reached" and final[keys.TIME_MODEL] == "{}"
+    assert final[keys.TIME_TO_TARGET_S] == final[keys.TRAIN_S] == 2.0
+    assert final[keys.EVAL_S] == 5.0 and final[keys.ELAPSED_S] == 7.0
+    assert run.step_s() == 1.0
+
+    run, reports, clock = make()
+    run.add(samples=128, steps=2)
+
+    def fails() -> dict[str, Any]:
+        raise ValueError("the gradient norms at the target were not finite")
+
+    run.at_target = fails
+    run.report(0.95)
+    assert reports[-1][keys.STATUS] == "reached"
+    assert reports[-1][keys.TIME_MODEL_ERROR] == (
+        "ValueError: the gradient norms at the target were not finite"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -665,7 +666,7 @@ def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window
     assert placement_allowance(single) == 1.0
 
 
-def _driver_searcher(tmp_path: Path) -> RaybatchSearcher:
+def _driver_searcher(tmp_path: Path, prior: bool = False) -> RaybatchSearcher:
     """The searcher exactly as ``raybatch search`` builds it: through the driver's own plan
     (the opening points leave out ``world_size``, a single-choice knob of this space, while
     the driver's baseline names it: the case that kept the LR carry from running)."""
@@ -675,8 +676,9 @@ def _driver_searcher(tmp_path: Path) -> RaybatchSearcher:
     from raybatch.run.options import SearchOptions
 
     target = resolve_target("accuracy>=0.9", workload.metrics)
-    plan = _plan(tmp_path, workload, SPACE, target, SearchOptions(trials=12, prior=False))
-    assert plan.baseline[keys.WORLD_SIZE] == 1 and keys.WORLD_SIZE not in plan.searcher.opening[0]
+    plan = _plan(tmp_path, workload, SPACE, target, SearchOptions(trials=12, prior=prior))
+    opening = plan.searcher.plan.opening
+    assert plan.baseline[keys.WORLD_SIZE] == 1 and keys.WORLD_SIZE not in opening[0]
     return plan.searcher
 
 
@@ -688,12 +690,12 @@ def test_the_driver_built_searcher_carries_the_largest_batchs_best_lr_to_the_lad
     carry) and at the largest batch's own LR (the constant carry), not at 1x."""
     searcher = _driver_searcher(tmp_path)
     times = {1.0: 3.0, 2.0: 1.5, 4.0: 2.0, 0.5: 4.0}
-    for i in range(len(searcher.opening)):
+    for i in range(len(searcher.plan.opening)):
         config = searcher.suggest(f"o{i}")
         assert isinstance(config, dict)
         t = times[config["lr_multiplier"]] if config["micro_batch_size"] == 256 else 2.5
         searcher.on_trial_complete(f"o{i}", _result("reached", t))
-    assert searcher._best_multiplier() == 2.0
+    assert searcher.plan.best_multiplier() == 2.0
     ladder = []
     for i in range(4):
         config = searcher.suggest(f"l{i}")
@@ -702,6 +704,40 @@ def test_the_driver_built_searcher_carries_the_largest_batchs_best_lr_to_the_lad
         searcher.on_trial_complete(f"l{i}", _result("reached", 2.0))
     # A quarter (64) and a sixteenth (16) of 256, each at 2x and at 256's absolute LR.
     assert ladder == [(64, 1, 2.0), (64, 1, 8.0), (16, 1, 2.0), (16, 1, 8.0)]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_model_for_the_ladder(
+    tmp_path: Path,
+) -> None:
+    """The time model is measured inside a trial once it reaches the target: one running trial
+    at a time is asked (a capped one passes the request on), what it brings back survives the
+    searcher's checkpoint, and the ladder is ranked by it (here: the smallest batches, where
+    the geometric ladder without a model would run 64 and 16)."""
+    from raybatch.run.prior import NoiseScale, TimeModel
+
+    searcher = _driver_searcher(tmp_path, prior=True)
+    asked = [searcher.suggest("o0"), searcher.suggest("o1")]
+    assert all(isinstance(c, dict) for c in asked)
+    assert [bool(c.get(keys.MEASURE_TIME_MODEL)) for c in asked] == [True, False]  # type: ignore[union-attr]
+    searcher.on_trial_complete("o0", _result("capped"))
+    third = searcher.suggest("o2")
+    assert isinstance(third, dict) and third.get(keys.MEASURE_TIME_MODEL) is True
+    # No noise to average away, and a pass that costs more the larger the micro batch: the
+    # model predicts the smallest batches fastest.
+    micro_s = {m: 0.01 * m**0.5 for m in SPACE.search.micro_batch_size}
+    model = TimeModel(NoiseScale(0.0, 0.0, 0.0, 16, 128, 16), micro_s, 0.001, cost_s=0.5)
+    measured = {**_result("reached", 2.0), keys.TIME_MODEL: json.dumps(model.to_dict())}
+    searcher.on_trial_complete("o2", measured)
+    searcher.on_trial_complete("o1", _result("reached", 2.0))
+    assert searcher.plan.time_model == {**model.to_dict(), keys.TRIAL_ID: "o2"}
+    searcher.save(str(tmp_path / "searcher.pkl"))
+    restored = _driver_searcher(tmp_path, prior=True)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert restored.plan.time_model == searcher.plan.time_model
+    launched = _run_reaching(restored, range(3, 3 + len(restored.plan.opening) - 3 + 4))
+    ladder = launched[-4:]
+    assert {m for m, _, _ in ladder} == {16, 32}
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -715,7 +751,7 @@ def test_the_driver_built_searcher_steps_the_sweep_down_when_the_largest_batch_r
     searcher.on_trial_complete("o0", _result("infeasible_memory"))
     launched = _run_reaching(searcher, range(1, 6))
     assert {(128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0), (128, 1, 0.5)} <= set(launched)
-    assert searcher.baseline[keys.MICRO_BATCH_SIZE] == 128
+    assert searcher.plan.baseline[keys.MICRO_BATCH_SIZE] == 128
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -70,9 +70,9 @@ def held_seconds(row: TrialRow) -> float:
     return seconds
 
 
-def search_cost(rows: list[TrialRow], unit_s: float, extra_device_s: float = 0.0) -> SearchCost:
+def search_cost(rows: list[TrialRow], unit_s: float) -> SearchCost:
     """The cost of the search whose rows are ``rows`` (pre-screened configs cost nothing: they
-    never ran), plus ``extra_device_s`` held outside any trial (the time model).
+    never ran). Every device second is in them: the time model is measured inside a trial.
 
     Raises:
         ValueError: ``unit_s`` is not a positive time.
@@ -80,7 +80,7 @@ def search_cost(rows: list[TrialRow], unit_s: float, extra_device_s: float = 0.0
     if not unit_s > 0:
         raise ValueError(f"the unit of cost must be a positive time, got {unit_s!r}")
     ran = [r for r in rows if r.phase != keys.PHASE_PRESCREEN]
-    device = sum(held_seconds(r) for r in ran) + extra_device_s
+    device = sum(held_seconds(r) for r in ran)
     train = sum(float(r.train_s or 0.0) for r in ran)
     return SearchCost(device, train, unit_s, len(ran))
 

@@ -372,8 +372,7 @@ def choose_winner(
     ``measured_on`` holds what the rows cannot say: ``device`` (the hardware the trials ran
     on, as the search saw the cluster), ``amp_dtype`` (the workload's autocast, which the
     framework exports need), ``baseline_point`` and ``reference_point`` (the largest batch as
-    found and the reference, which the verdict compares with: ``compared``) and
-    ``prior_device_s`` (the time model's measurement, part of ``search_cost``); without it,
+    found and the reference, which the verdict compares with: ``compared``); without it,
     ``device`` is this machine's. The winner's recipe is
     the one its rows carry (:attr:`TrialRow.config`); rows read back from ``trials.csv`` get
     theirs with :meth:`TrialRow.derived_under` first.
@@ -426,7 +425,6 @@ def choose_winner(
         rows, winner, given.get("baseline_point"), given.get("reference_point"),
         measured_recipes(rows, confirmed),
     )  # fmt: skip
-    prior_s = float(given.get("prior_device_s") or 0.0)
-    provenance["search_cost"] = search_cost(rows, winner.median, prior_s).to_dict()
+    provenance["search_cost"] = search_cost(rows, winner.median).to_dict()
     provenance.update(given)
     return BestConfig(recipe, provenance)

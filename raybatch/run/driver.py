@@ -2,17 +2,17 @@
 
 ``raybatch.search(...)`` (and ``raybatch search`` on the CLI) runs, in one run directory:
 
-1. the prior: the time model (:mod:`raybatch.run.prior`: gradient noise scale and step
-   times), measured on one trial's resources before the search and charged to it;
-2. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (the plan -- the
-   largest batch at an LR sweep, the reference, then the ladder the prior chooses -- then
-   Optuna TPE, pre-screened for memory) and :class:`~raybatch.run.scheduler.CappingScheduler`
-   (capping at every level of the metric), over :func:`raybatch.trainable` trials;
-3. confirmation: a race of the two best recipes on paired seeds, the search's run the first
+1. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (the plan,
+   :mod:`raybatch.run.plan` -- the largest batch at an LR sweep and the reference, then the
+   ladder the time model chooses, measured inside the first trial that reaches the target --
+   then Optuna TPE, pre-screened for memory) and
+   :class:`~raybatch.run.scheduler.CappingScheduler` (capping at every level of the metric),
+   over :func:`raybatch.trainable` trials;
+2. confirmation: a race of the two best recipes on paired seeds, the search's run the first
    pair, the challenger capped at a slack of the leader (:mod:`raybatch.run.confirmation`);
    the winner never missed the target; the largest batch (at the rule's LR and at its best
    swept LR) and the reference are compared from their search runs, as bounds where stopped;
-4. the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, every
+3. the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, every
    device second, in trainings of the recipe found) and the report.
 
 The files it writes are described in :mod:`raybatch.run.rundir`.
@@ -55,8 +55,7 @@ from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
-from raybatch.run.prediction import measure_prior, write_predictions
-from raybatch.run.prior import TimeModel
+from raybatch.run.prediction import time_model_found, write_predictions
 from raybatch.run.progress import Progress, printed
 from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
@@ -179,9 +178,9 @@ def _finished(path: Path) -> SearchResult:
     return result
 
 
-def _progress(plan: _Plan, options: SearchOptions) -> Progress:
-    """The search's progress lines (the time model's device seconds counted in its cost)."""
-    return Progress("trial", options.trials, plan.prior_device_s)
+def _progress(options: SearchOptions) -> Progress:
+    """The search's progress lines."""
+    return Progress("trial", options.trials)
 
 
 def _quiet_tune() -> None:
@@ -211,10 +210,8 @@ class _Plan:
     reference: dict[str, Any] | None
     searcher: RaybatchSearcher
     resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
-    model: TimeModel | None = None
     notes: list[str] = field(default_factory=list)
     in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
-    prior_device_s: float = 0.0  # what measuring the time model held a device for
 
 
 def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
@@ -256,10 +253,6 @@ def _plan(
             raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
-    model = None
-    if options.prior:
-        progress.info("measuring the time model (a few dozen steps on one trial's resources)")
-        model = measure_prior(workload, space, estimator, budget, cuda, options, notes, path)
     searcher = RaybatchSearcher(
         space,
         storage_url=_study_url(path),
@@ -271,7 +264,7 @@ def _plan(
         seed=options.seed,
         data_parallel_gpus=cuda,
         pack_gpus=cuda and gpus == "auto",
-        ladder=Ladder(space, estimator, budget, model),
+        ladder=Ladder(space, estimator, budget, measure=options.prior),
         probe_margin=margin,
         baseline=baseline,
         gpu_model=options.gpu_model if cuda else None,
@@ -294,9 +287,8 @@ def _plan(
     )  # fmt: skip
     hardware = view.describe(cuda)
     return _Plan(
-        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, model,
-        notes, view.trials_at_once(gpus, options.cpus_per_trial),
-        model.cost_s if model is not None else 0.0,
+        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, notes,
+        view.trials_at_once(gpus, options.cpus_per_trial),
     )  # fmt: skip
 
 
@@ -327,11 +319,12 @@ def _search_tuner(
             why = "holds no raybatch searcher: this is not a raybatch search's experiment"
             raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
         searcher.record.relocate(_study_url(path))
+        plan.searcher = searcher  # the one that runs: what it learnt is read after the search
         run_config.callbacks = [
             watch if isinstance(c, FailFast) else c
             for c in run_config.callbacks or []
             if not isinstance(c, TellUntold | Progress)
-        ] + [TellUntold(searcher), _progress(plan, options)]  # the restored searcher
+        ] + [TellUntold(searcher), _progress(options)]  # the restored searcher
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         return tuner
@@ -349,7 +342,7 @@ def _search_tuner(
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             verbose=verbose,
-            callbacks=[watch, TellUntold(plan.searcher), _progress(plan, options)],
+            callbacks=[watch, TellUntold(plan.searcher), _progress(options)],
             stop=watch,
         ),
     )
@@ -411,22 +404,22 @@ def _execute(
     rows += _prescreened_rows(plan.searcher.record, space)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
-        spent = search_cost(rows, 1.0, plan.prior_device_s).device_s
+        spent = search_cost(rows, 1.0).device_s
         rows += run_race(path, plan.resourced, rows, options, verbose, whole_gpus=plan.cuda,
                          progress=Progress("race run", None, spent))  # fmt: skip
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
-    # points the verdict compares with; and the time model's device seconds, part of the cost.
+    # points the verdict compares with.
     measured_on: dict[str, Any] = {
         "device": plan.hardware,
         "amp_dtype": workload.amp_dtype,
         "grad_clip_norm": None,
         "baseline_point": plan.baseline,
         "reference_point": plan.reference,
-        "prior_device_s": plan.prior_device_s,
     }
-    if plan.model is not None:
-        rows, measured_on["prior"] = write_predictions(rows, plan.model, notes)
+    model = time_model_found(plan.searcher.plan, path, options.prior, notes)
+    if model is not None:
+        rows, measured_on["prior"] = write_predictions(rows, model, notes)
     best = choose_winner(target, rows, options.confirms, measured_on)
     if best is not None:
         write_best(path, best)

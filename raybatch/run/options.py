@@ -39,8 +39,9 @@ class SearchOptions:
         level_slack: The capping slack at every intermediate level of the metric (a trial
             that has not reached, by ``level_slack x t``, the level the incumbent had at
             ``t`` is stopped); ``None``: cap on the final time only.
-        prior: Measure the time model (gradient noise scale, step times) before the search and
-            let it choose the batches the plan tries after the largest batch's LR sweep.
+        prior: Measure the time model (gradient noise scale, step times) inside the first
+            trial that reaches the target, and let it choose the batches the plan tries after
+            the largest batch's LR sweep.
         probe_margin: On GPUs, launch a config the memory estimate puts over the budget by at
             most this fraction, for the trial's real probe step to decide.
         confirm_top: The search's best recipes that may enter the confirmation's race: the

@@ -40,7 +40,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
         except RaybatchError:  # damaged: the rows alone choose the winner again
             stored = {}
         kept = ("device", "amp_dtype", "grad_clip_norm", "prior", "baseline_point",
-                "reference_point", "prior_device_s")  # fmt: skip
+                "reference_point")  # fmt: skip
         measured_on = {k: stored[k] for k in kept if k in stored}
     return choose_winner(target, _derived(space, stored_rows(path)), options.confirms, measured_on)
 

@@ -22,11 +22,12 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   memory while packed runs once more *alone* before its recipe is taught infeasible;
 - **one study is the record**: every Tune trial is one Optuna trial whose number is kept in
   the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
-- **a plan before TPE** (:mod:`raybatch.run.seeding`): the largest batch that fits at a sweep
+- **a plan before TPE** (:mod:`raybatch.run.plan`): the largest batch that fits at a sweep
   of LRs and the reference recipe run first; once they have all finished, the LR multiplier
   that was fastest at the largest batch is carried to a ladder of other batches (the ones the
-  time model predicts fastest, :mod:`raybatch.run.prior`); an opening point out of memory is
-  replaced by the next smaller micro batch, so the largest batch that *really* fits is swept;
+  time model, measured inside the first trial that reaches the target, predicts fastest); an
+  opening point out of memory is replaced by the next smaller micro batch, so the largest
+  batch that *really* fits is swept;
 - **the pre-screen's error does not hide the optimum**: with ``probe_margin``, a config the
   estimate puts over the budget by less than that margin is launched anyway, and the trial's
   real probe step (one step, before its clock starts) decides; if it runs out of memory it is
@@ -50,6 +51,7 @@ from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import PrescreenResult, learned_oom
 from raybatch.results.selection import is_packed
+from raybatch.run.plan import Plan
 from raybatch.run.resources import gpu_fraction
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
@@ -79,13 +81,10 @@ CHECKPOINTED = {
     "out_of_memory": "out_of_memory",
     "retry_alone": "_retry_alone",
     "retried": "_retried",
-    "opening": "opening",
-    "opening_number": "_opening_number",
-    "opening_time": "_opening_time",
     "running_workers": "_running_workers",
 }
-"""What the searcher's Tune checkpoint holds: key -> attribute (the sweep and an in-memory
-study are added beside them)."""
+"""What the searcher's Tune checkpoint holds: key -> attribute (the plan's state and an
+in-memory study are added beside them)."""
 
 
 class RaybatchSearcher(Searcher):
@@ -126,11 +125,7 @@ class RaybatchSearcher(Searcher):
     _held: tuple[int, dict[str, Any], TrialConfig] | None = None
     _running_workers: dict[str, float] = {}  # noqa: RUF012 (replaced per instance in __init__)
     pack_gpus: bool = False
-    ladder: Ladder | None = None
     probe_margin: float = 0.0
-    opening: list[dict[str, Any]] = []  # noqa: RUF012 (replaced, never mutated, per instance)
-    _baseline: dict[str, Any] | None = None
-    _sweep_indices: set[int] | None = None
 
     def __init__(
         self,
@@ -174,13 +169,8 @@ class RaybatchSearcher(Searcher):
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
-        self.ladder = ladder
         self.probe_margin = probe_margin
-        self.opening = [dict(p) for p in points_to_evaluate or []]
-        self._baseline = dict(baseline) if baseline is not None else None
-        self._sweep_indices: set[int] | None = None
-        self._opening_number: dict[int, int] = {}  # Optuna trial number -> opening index
-        self._opening_time: dict[int, float | None] = {}  # opening index -> time to target
+        self.plan = Plan(space, self.record, points_to_evaluate or [], ladder, baseline)
 
     @classmethod
     def for_trainable(
@@ -254,17 +244,17 @@ class RaybatchSearcher(Searcher):
             if held is not None:
                 return self._launch(held, config, recipe, trial_id)
         self._queue_first_points()
-        self._queue_ladder()
+        self.plan.queue_ladder()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
             try:  # the recipe, derived once, here, where the knobs are chosen
                 constants = self._define(ot_trial)
             except ConfigError as exc:  # a combination the space's limits refuse: never run
-                self._note_opening(ot_trial)
+                self.plan.note_opening(ot_trial)
                 params = dict(ot_trial.params)
                 self._reject(ot_trial, params, OOM_VIOLATION, str(exc), None, memory=False)
                 continue
-            self._note_opening(ot_trial)
+            self.plan.note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
             recipe = TrialConfig.from_dict(config)  # the define-by-run's, derived once
             problem = self._placement(recipe)
@@ -304,6 +294,9 @@ class RaybatchSearcher(Searcher):
     ) -> dict[str, Any]:
         self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
         self._trial_numbers[trial_id] = ot_trial.number
+        if self.plan.wants_time_model(recipe):
+            config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
+            self.plan.measuring = trial_id
         # What it holds: every data-parallel worker, or a single trial's share of a GPU.
         held = recipe.world_size if recipe.world_size > 1 else config.get(keys.GPU_SHARE, 1.0)
         self._running_workers[trial_id] = float(held)
@@ -320,87 +313,7 @@ class RaybatchSearcher(Searcher):
         room = worker_room(ray, self.data_parallel_gpus, self.gpu_model)
         return sum(self._running_workers.values()) + recipe.world_size <= room
 
-    # ------------------------------------------------------------------ the plan
-
-    def _note_opening(self, ot_trial: optuna.Trial) -> None:
-        """Remember which opening point an asked trial runs (enqueued params come back as
-        given)."""
-        for i, point in enumerate(self.opening):
-            if i in self._opening_time or i in self._opening_number.values():
-                continue
-            if all(ot_trial.params.get(k) == v for k, v in point.items()):
-                self._opening_number[ot_trial.number] = i
-                return
-
-    def _queue_ladder(self) -> None:
-        """Queue the ladder once every opening point has finished (once: the study remembers
-        it across a resume). Until then a free slot gets TPE's suggestion rather than idling:
-        on a cluster the last opening trial may run long while other GPUs wait."""
-        if self.ladder is None or self.record.ladder_queued():
-            return
-        done = len(self._opening_time) >= len(self.opening)
-        if done or (not self._opening_number and not self.record.queued()):
-            # Every opening point has ended, or none is running or waiting any more (one was
-            # lost at an interruption): the ladder goes on with what is known.
-            self.record.queue_ladder(self.ladder.points(self._best_multiplier(), self.baseline))
-
-    @property
-    def baseline(self) -> dict[str, Any]:
-        """The largest batch that fits (its integer knobs): the opening's first point, or the
-        smaller one that replaced it after it ran out of memory."""
-        stored = self.record.baseline()
-        if stored is not None:
-            return {**(self._baseline or {}), **stored}
-        if self._baseline is not None:
-            return dict(self._baseline)
-        first = self.opening[0] if self.opening else {}
-        return {k: v for k, v in first.items() if k in keys.RAW_KNOBS[:3]}
-
-    def _sweep(self) -> set[int]:
-        """The opening's indices of the largest batch's LR sweep (fixed when first asked, so a
-        point replaced by a smaller batch stays one of them)."""
-        if self._sweep_indices is None:
-            self._sweep_indices = {i for i, p in enumerate(self.opening) if self._at_baseline(p)}
-        return self._sweep_indices
-
-    def _at_baseline(self, point: dict[str, Any]) -> bool:
-        """Whether an opening point runs the largest batch. A knob the point leaves out is one
-        the space does not search (a single choice, e.g. ``world_size`` [1]): it is the
-        baseline's by construction, so only the knobs the point names are compared."""
-        return all(point.get(k, v) == v for k, v in self.baseline.items())
-
-    def _best_multiplier(self) -> float:
-        """The LR multiplier that reached the target fastest at the largest batch (1.0 when
-        none did)."""
-        times = [
-            (t, self.opening[i].get(keys.LR_MULTIPLIER, 1.0))
-            for i, t in self._opening_time.items()
-            if t is not None and self._at_baseline(self.opening[i])
-        ]
-        return min(times)[1] if times else 1.0
-
-    def _opening_done(self, number: int, time_to_target: float | None, memory: bool) -> None:
-        """An opening trial ended; one that did not fit is replaced by a smaller micro batch."""
-        i = self._opening_number.pop(number, None)
-        if i is None:
-            return
-        # Only the largest batch's sweep follows the batch down (the reference is a recipe of
-        # its own), and only to a point not already planned or run (Optuna would not queue it
-        # twice, and the ladder would wait for it forever).
-        at_baseline = i in self._sweep()
-        smaller = self._smaller(self.opening[i]) if memory and at_baseline else None
-        if smaller is None or smaller in self.opening or self.record.has_run(smaller):
-            self._opening_time[i] = time_to_target
-            return
-        self.record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: smaller[
-            keys.MICRO_BATCH_SIZE]})  # fmt: skip
-        self.opening = [*self.opening[:i], smaller, *self.opening[i + 1 :]]
-        self.record.study.enqueue_trial(smaller)
-
-    def _smaller(self, point: dict[str, Any]) -> dict[str, Any] | None:
-        micro = point.get(keys.MICRO_BATCH_SIZE)
-        below = [m for m in self.space.search.micro_batch_size if micro is not None and m < micro]
-        return {**point, keys.MICRO_BATCH_SIZE: max(below)} if below else None
+    # ------------------------------------------------------------------ placement
 
     def _placement(self, recipe: TrialConfig) -> str | None:
         if self.data_parallel_gpus is None:
@@ -422,7 +335,7 @@ class RaybatchSearcher(Searcher):
         memory: bool = True,
     ) -> None:
         self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes, config)
-        self._opening_done(ot_trial.number, None, memory=memory)
+        self.plan.opening_done(ot_trial.number, None, memory=memory)
         self.prescreened.append(Prescreened.of(ot_trial.number, config, reason, predicted_bytes))
 
     # ------------------------------------------------------------------ results
@@ -436,6 +349,7 @@ class RaybatchSearcher(Searcher):
         so that no later suggestion needing as much memory is launched.
         """
         self._running_workers.pop(trial_id, None)
+        self.plan.ended(trial_id, result or {})
         number = self._trial_numbers.get(trial_id)
         if number is None or trial_id in self._completed:
             return
@@ -452,7 +366,8 @@ class RaybatchSearcher(Searcher):
             number, status, value, OOM_VIOLATION if oom else 0.0, time_to_target
         )
         self._completed.add(trial_id)
-        self._opening_done(number, time_to_target if status is TrialStatus.REACHED else None, oom)
+        reached = time_to_target if status is TrialStatus.REACHED else None
+        self.plan.opening_done(number, reached, oom)
         if told is None:
             return  # told before an interruption that Tune's saved state predates
         self._trial_numbers[trial_id] = told
@@ -474,7 +389,7 @@ class RaybatchSearcher(Searcher):
 
     def save(self, checkpoint_path: str) -> None:
         state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
-        state["sweep"] = self._sweep()
+        state["plan"] = self.plan.state()
         state["memory_storage"] = self.record.memory_storage  # None for a storage URL
         state["probed"] = dict(self.estimator.probed) if self.estimator is not None else {}
         with open(checkpoint_path, "wb") as f:
@@ -486,7 +401,7 @@ class RaybatchSearcher(Searcher):
         for key, attr in CHECKPOINTED.items():
             if key in state:  # a key an older raybatch did not write keeps its default
                 setattr(self, attr, state[key])
-        self._sweep_indices = state.get("sweep")
+        self.plan.restore(state.get("plan", {}))
         if self.estimator is not None:  # what the probes taught before the interruption
             self.estimator.probed.update(state.get("probed", {}))
         self._running_workers = dict(self._running_workers)

@@ -160,8 +160,11 @@ class Ladder:
         estimator: The memory estimator (``None``: every recipe fits).
         budget_bytes: The per-GPU budget the recipes must fit.
         model: Predicts a recipe's relative time to target (:class:`~raybatch.run.prior.TimeModel`);
-            ``None``: the geometric ladder.
+            ``None``: the geometric ladder, unless one is measured.
         size: Recipes on the ladder (each at two LRs, see :meth:`points`).
+        measure: Have the search measure the model inside its first trial that reaches the
+            target (:class:`~raybatch.run.searcher.RaybatchSearcher` asks one trial at a time
+            until one has); ``False``: the model given, or the geometric ladder.
     """
 
     def __init__(
@@ -171,8 +174,10 @@ class Ladder:
         budget_bytes: int | None = None,
         model: Any = None,
         size: int = 2,
+        measure: bool = False,
     ) -> None:
         self.space = space
+        self.measure = measure
         self.estimator = estimator
         self.budget_bytes = budget_bytes
         self.model = model

@@ -1,45 +1,53 @@
-"""Measuring the search's prior on the trial's own device: gradient noise scale and step times.
+"""The search's time model, measured inside a trial the moment it reaches the target.
 
-What :class:`raybatch.run.prior.TimeModel` needs, measured the way a trial trains (the
-workload's model, optimizer, data and autocast, on the device Ray assigned):
+What :class:`raybatch.run.prior.TimeModel` needs, measured where it matters and where it is
+cheap: on the trial's own model as it reaches the target, on its device, with its data and
+autocast, in the process that already holds them (no start-up, no data loading of its own):
 
-- **the gradient noise scale**: the model trains for ``batches`` optimizer steps at a big
-  batch ``b = k x s`` made of ``k`` small batches ``s``; each small batch's gradient is taken
-  apart (one backward each), so ``|G_s|^2`` (their mean squared norm) and ``|G_b|^2`` (the
-  squared norm of their mean) come from the same samples at no extra forward pass. The model
-  keeps training meanwhile, at the reference recipe's LR for ``b``, since the noise scale grows
-  as training proceeds (McCandlish et al. 2018, section 3); the first quarter of the batches,
-  from the untrained model, is left out of the estimate;
-- **step times**: a few timed forward-and-backward passes per micro batch of the space (those
-  that fit), and a few optimizer steps; on CUDA the clock is read after a synchronize.
+- **the gradient noise scale near the target**: ``batches`` big batches ``b = k x s`` made of
+  ``k`` small batches ``s`` (the space's smallest micro batch); each small batch's gradient is
+  taken apart (one backward each), so ``|G_s|^2`` (their mean squared norm) and ``|G_b|^2``
+  (the squared norm of their mean) come from the same samples, at the trained weights. The
+  noise scale grows as training proceeds (McCandlish et al. 2018, section 3): measured from
+  initialisation it was 71 on digits, near the target 200-1000, and the early figure pointed
+  the plan at the slowest batches. So it is measured here, where the time to target is decided;
+- **step times**: the trial's own micro batch from its own training (its training seconds over
+  its optimizer steps: the throughput its row reports), each smaller micro batch of the space
+  with a few timed passes that fetch their batches as the loop does (they fit: the trial's
+  larger one did), and the optimizer step with a few timed steps.
 
-Every second spent is returned as ``cost_s`` and charged to the search.
+Its seconds count as the trial's evaluation time: held on the device (charged to the search in
+``held_s``), never in the objective.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from raybatch.errors import RaybatchError
+from raybatch import keys
 from raybatch.memory.trace import autocast_context
 from raybatch.run.prior import TimeModel, noise_scale
-from raybatch.shipping import ship_by_value
-from raybatch.space.search_space import SearchSpace
+from raybatch.space.config import TrialConfig
 from raybatch.trial.batches import train_batches
-from raybatch.trial.loop import seed_everything
-from raybatch.trial.placement import trial_device
-from raybatch.trial.process_age import charged_to_task
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
+
+    from raybatch.space.search_space import SearchSpace  # pydantic: not on the GPU machine
 
 SMALL_BATCHES_PER_BIG = 8
 """``k``: small batches in one big batch (``b = 8 s``): far enough apart for the two norms to
-differ clearly, cheap enough to repeat a few dozen times."""
+differ clearly, cheap enough to repeat a dozen times."""
+NOISE_BATCHES = 16
+"""Big batches measured (``16 x 8`` passes at the smallest micro batch)."""
+TIMED_PASSES = 2
+"""Timed forward-and-backward passes per other micro batch (after one to warm up)."""
 
 
 def _squared_norm(tensors: Sequence[torch.Tensor]) -> float:
@@ -49,24 +57,22 @@ def _squared_norm(tensors: Sequence[torch.Tensor]) -> float:
 
 
 def _noise_batches(
-    workload: Workload, space: SearchSpace, device: torch.device, small: int, batches: int
+    workload: Workload, model: nn.Module, device: torch.device, small: int, batches: int
 ) -> tuple[list[float], list[float]]:
-    """Squared gradient norms at ``small`` and ``k x small``, one pair per optimizer step."""
+    """Squared gradient norms at ``small`` and ``k x small``, one pair per big batch, at the
+    model's current weights (no step is taken)."""
     import torch
 
     k = SMALL_BATCHES_PER_BIG
-    model = workload.build_model().to(device)
-    recipe = space.derive(small * k, 1, 1) if _within(space, small * k) else space.derive(small)
-    optimizer = workload.build_optimizer(model, recipe)
     params = [p for p in model.parameters() if p.requires_grad]
-    it = train_batches(workload.train_dataset(), small, device, seed=0)
+    it = train_batches(workload.train_dataset(), small, device, seed=1)
     small_sq, big_sq = [], []
     model.train()
     for _ in range(batches):
         total = [torch.zeros_like(p) for p in params]
         norms = 0.0
         for _ in range(k):
-            optimizer.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
             with autocast_context(workload, device.type):
                 loss = workload.loss(model, next(it))
             loss.backward()
@@ -74,150 +80,117 @@ def _noise_batches(
             norms += _squared_norm(grads)
             for acc, g in zip(total, grads, strict=True):
                 acc.add_(g)
-        mean = [t / k for t in total]
         small_sq.append(norms / k)
-        big_sq.append(_squared_norm(mean))
-        for p, g in zip(params, mean, strict=True):
-            p.grad = g
-        optimizer.step()
+        big_sq.append(_squared_norm([t / k for t in total]))
+    model.zero_grad(set_to_none=True)
     return small_sq, big_sq
 
 
-def _within(space: SearchSpace, batch: int) -> bool:
-    try:
-        space.derive(batch)
-    except RaybatchError:
-        return False
-    return True
-
-
-def _step_times(
+def _pass_times(
     workload: Workload,
+    model: nn.Module,
     device: torch.device,
     micros: Sequence[int],
     sync: Callable[[], None],
-    timed: int,
 ) -> dict[int, float]:
-    """Seconds per forward-and-backward pass, by micro batch."""
-    model = workload.build_model().to(device)
+    """Seconds per forward-and-backward pass by micro batch, its batch's fetch included (as the
+    loop's training seconds include it)."""
     dataset = workload.train_dataset()
     out: dict[int, float] = {}
     for micro in micros:
-        it = train_batches(dataset, micro, device, seed=0)
-        batches = [next(it) for _ in range(timed + 1)]
+        it = train_batches(dataset, micro, device, seed=2)
         start = time.perf_counter()
-        for i, batch in enumerate(batches):
+        for i in range(TIMED_PASSES + 1):
             if i == 1:  # the first pass warms up (allocations, kernel selection)
                 sync()
                 start = time.perf_counter()
             with autocast_context(workload, device.type):
-                loss = workload.loss(model, batch)
+                loss = workload.loss(model, next(it))
             loss.backward()
         sync()
-        out[micro] = (time.perf_counter() - start) / timed
+        out[micro] = (time.perf_counter() - start) / TIMED_PASSES
         model.zero_grad(set_to_none=True)
     return out
 
 
 def _optimizer_time(
-    workload: Workload, space: SearchSpace, device: torch.device, sync: Callable[[], None]
+    model: nn.Module, optimizer: torch.optim.Optimizer, sync: Callable[[], None]
 ) -> float:
     import torch
 
-    model = workload.build_model().to(device)
-    optimizer = workload.build_optimizer(model, space.reference_config())
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()
     sync()
     start = time.perf_counter()
-    for _ in range(5):
+    for _ in range(3):
         optimizer.step()
     sync()
-    return (time.perf_counter() - start) / 5
+    return (time.perf_counter() - start) / 3
 
 
-def measure_time_model(
+def measure_at_target(
     workload: Workload,
     space: SearchSpace,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
     device: torch.device,
-    micros: Sequence[int],
-    batches: int = 32,
-    timed: int = 3,
+    recipe: TrialConfig,
+    step_s: float,
 ) -> TimeModel:
-    """The prior for ``workload`` on ``device``: its noise scale and step times.
+    """The time model from a trial that has just reached the target (its weights are changed).
 
     Args:
-        workload: The user's workload.
-        space: The space (its smallest micro batch is ``s``; its reference recipe trains).
-        device: Where to measure (the trial's device).
-        micros: The micro batches to time (those that fit).
-        batches: Big batches measured for the noise scale (optimizer steps taken).
-        timed: Timed passes per micro batch.
+        workload: The trial's workload.
+        space: The space (its smallest micro batch is ``s``; its micro batches are timed).
+        model: The trial's trained model (not the EMA copy: the gradients are the training's).
+        optimizer: The trial's optimizer (its step is timed).
+        device: The trial's device.
+        recipe: The trial's recipe (its micro batch's time comes from ``step_s``).
+        step_s: The trial's training seconds per optimizer step.
+
+    Raises:
+        ValueError: The gradient norms were not finite, or the noise scale came out NaN.
     """
     import torch
 
     start = time.perf_counter()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    seed_everything(0)
     small = min(space.search.micro_batch_size)
-    small_sq, big_sq = _noise_batches(workload, space, device, small, batches)
-    skip = batches // 4
+    small_sq, big_sq = _noise_batches(workload, model, device, small, NOISE_BATCHES)
     if not all(math.isfinite(v) for v in small_sq + big_sq):
-        raise ValueError("the gradient norms were not finite (the measurement steps diverged)")
-    noise = noise_scale(small_sq[skip:], big_sq[skip:], small, small * SMALL_BATCHES_PER_BIG)
+        raise ValueError("the gradient norms at the target were not finite")
+    noise = noise_scale(small_sq, big_sq, small, small * SMALL_BATCHES_PER_BIG)
     if math.isnan(noise.b_simple):
         raise ValueError("the noise scale came out NaN")
-    micro_s = _step_times(workload, device, sorted(micros), sync, timed)
-    opt_s = _optimizer_time(workload, space, device, sync)
+    own = recipe.micro_batch_size
+    others = sorted(m for m in space.search.micro_batch_size if m < own)
+    micro_s = _pass_times(workload, model, device, others, sync)
+    opt_s = _optimizer_time(model, optimizer, sync)
+    if step_s > opt_s:
+        micro_s[own] = (step_s - opt_s) / recipe.accumulation_steps
+    else:  # no step timed (or too fast to tell): its passes, as the others'
+        micro_s.update(_pass_times(workload, model, device, [own], sync))
     return TimeModel(noise, micro_s, opt_s, cost_s=time.perf_counter() - start)
 
 
-def measure_here(
-    workload: Workload, space: SearchSpace, micros: Sequence[int], cpus: float, batches: int = 32
-) -> TimeModel:
-    """:func:`measure_time_model` in this process on its CPU, with the threads one trial has
-    (a local CPU search: no Ray worker to start)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(cpus)))
-    try:
-        return measure_time_model(workload, space, torch.device("cpu"), micros, batches)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def measure_remotely(
+def at_target_measure(
     workload: Workload,
     space: SearchSpace,
-    micros: Sequence[int],
-    resources: dict[str, Any],
-    timeout_s: float,
-    batches: int = 32,
-) -> TimeModel:
-    """:func:`measure_time_model` in a Ray task holding one trial's resources (the driver of a
-    cluster often has no GPU), on the device Ray assigns it, with the workload shipped as the
-    trials' is (:mod:`raybatch.shipping`).
+    recipe: TrialConfig,
+    device: torch.device,
+    config: dict[str, Any],
+    step_s: Callable[[], float],
+) -> Callable[[nn.Module, torch.optim.Optimizer], dict[str, Any]] | None:
+    """What :func:`raybatch.trial.loop.train` runs once the trial reaches the target, when the
+    searcher asked this trial for it (``config``'s :data:`~raybatch.keys.MEASURE_TIME_MODEL`):
+    the time model, as the JSON text its final report carries (:data:`raybatch.keys.TIME_MODEL`).
+    ``step_s`` reads the trial's training seconds per optimizer step at that moment."""
+    if not config.get(keys.MEASURE_TIME_MODEL):
+        return None
 
-    Raises:
-        TimeoutError: Not measured within ``timeout_s`` (the task is cancelled): a workload
-            that hangs must not hang the search.
-    """
-    import ray
+    def measure(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        found = measure_at_target(workload, space, model, optimizer, device, recipe, step_s())
+        return {keys.TIME_MODEL: json.dumps(found.to_dict())}
 
-    ship_by_value(workload)
-
-    def run() -> TimeModel:
-        import torch
-
-        torch.set_num_threads(max(1, int(resources.get("num_cpus", 1))))
-        return measure_time_model(workload, space, trial_device("auto"), micros, batches)
-
-    task = ray.remote(max_retries=0, **resources)(charged_to_task(run))  # a crash: a note
-    ref = task.remote()
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        ray.cancel(ref, force=True)
-        raise TimeoutError(f"not measured within {timeout_s:g} s (one trial's time cap)") from None
+    return measure

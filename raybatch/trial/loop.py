@@ -24,9 +24,10 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -275,10 +276,17 @@ def train(
     device: torch.device,
     options: LoopOptions,
     distributed: bool = False,
+    at_target: Callable[[nn.Module, torch.optim.Optimizer], dict[str, Any]] | None = None,
 ) -> None:
-    """Train ``config`` until the reporter says stop (target, budget, divergence)."""
+    """Train ``config`` until the reporter says stop (target, budget, divergence).
+
+    ``at_target`` runs on the trained model and its optimizer once the target is reached,
+    before the final report, which carries what it returns (:attr:`TrialReporter.at_target`).
+    """
     seed_everything(options.seed)
     parts = _build(workload, config, device, options, distributed)
+    if at_target is not None:
+        reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer)
     it = _train_batches(workload, config, device, options, parts.dist)
     val_data = workload.val_dataset()
     eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)

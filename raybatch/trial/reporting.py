@@ -154,6 +154,10 @@ class TrialReporter:
         self.error_traceback: str | None = None
         self.values: dict[str, float] = {}
         self.notes: dict[str, Any] = {}
+        self.at_target: Callable[[], dict[str, Any]] | None = None
+        """Run once the target is reached, before the final report, which carries what it
+        returns (the search's time model); its time counts as evaluation, never in the
+        objective, and its failure is a note, never the trial's."""
 
     def note(self, key: str, value: Any) -> None:
         """Carry ``key: value`` in every report from now on (e.g. the probe's measured peak)."""
@@ -192,6 +196,10 @@ class TrialReporter:
     def train_s(self) -> float:
         """Training time since :meth:`start`: the elapsed time less the evaluations."""
         return max(self.elapsed_s - self._eval_s, 0.0)
+
+    def step_s(self) -> float:
+        """Training seconds per optimizer step so far (0 before the first)."""
+        return self.train_s / self.steps if self.steps else 0.0
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:
@@ -309,12 +317,22 @@ class TrialReporter:
                 f"{self.target.metric} {self.metric:.4g} reached {self.target.value:g} after"
                 f" {self.samples_seen} samples in {self.time_to_target_s:.3f} s of training"
             )
+            self._measure_at_target()
             self._emit()
             return True
         self._check_budgets()
         if not self.stopped:
             self._emit()
         return self.stopped
+
+    def _measure_at_target(self) -> None:
+        if self.at_target is None:
+            return
+        with self.evaluating():
+            try:
+                self.notes.update(self.at_target())
+            except Exception as exc:  # the trial reached its target: that stands
+                self.notes[keys.TIME_MODEL_ERROR] = f"{type(exc).__name__}: {first_line(exc)}"
 
     def finish(self, status: TrialStatus, reason: str, traceback: str | None = None) -> None:
         """End the trial with a terminal status and send the final report (once).

@@ -40,6 +40,7 @@ from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 from raybatch.trial import process_age
 from raybatch.trial.gpu_monitor import DeviceFigures
+from raybatch.trial.gradient_noise import at_target_measure
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
     assigned_gpu_share,
@@ -61,11 +62,9 @@ if TYPE_CHECKING:
 EVALS_PER_EPOCH = 4
 
 _broken: list[str] = []
-"""Why this process can no longer run a trial (a CUDA context left broken by an earlier
-trial's sticky error), once it cannot. Tune reuses a trial's process for the next trial
-(:data:`raybatch.run.resources.REUSE_ACTORS`): the next trial refuses it with
-:class:`WorkerLostError`, so that Tune runs that trial again in a fresh process and drops
-this one."""
+"""Why this process can no longer run a trial (a CUDA context broken by a sticky error), once
+it cannot. Tune reuses a trial's process (:data:`raybatch.run.resources.REUSE_ACTORS`): the
+next trial refuses it with :class:`WorkerLostError`, so Tune runs it in a fresh process."""
 
 
 def default_eval_every(train_size: int, space: SearchSpace) -> int:
@@ -177,7 +176,8 @@ def run_trial(
             release_memory(device)
         limit_packed_memory(device, settings.gpu_budget_bytes, settings.cuda_context_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
-            train(workload, recipe, reporter, device, options)
+            measure = at_target_measure(workload, space, recipe, device, config, reporter.step_s)
+            train(workload, recipe, reporter, device, options, at_target=measure)
     except Exception as exc:  # a failure ends this trial with a reason, never the search
         reporter.fail(exc, "while training" if reporter.started else "before training")
     except BaseException:  # Tune stopping the trial (a SystemExit out of its report call)
