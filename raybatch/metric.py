@@ -9,7 +9,7 @@ budget spent on a typo. :func:`check_target` rejects it before any trial starts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from raybatch.errors import Issue, OptionError, WorkloadError
@@ -120,6 +120,20 @@ class Target:
 
 ACCURACY = Metric("accuracy", "max", 0.0, 1.0)
 """The default: classification accuracy, a fraction."""
+
+
+def metrics_named(given: Iterable[Metric | str], who: str) -> tuple[Metric, ...]:
+    """Metrics given as :class:`Metric` objects or names (a name: higher is better, unless it
+    has ``loss`` in it), for workloads that take them as arguments (the adapters).
+
+    Raises:
+        WorkloadError: None given: a target needs one to aim at.
+    """
+    out = tuple(m if isinstance(m, Metric) else Metric(m, "min" if "loss" in m.lower() else "max")
+                for m in given)  # fmt: skip
+    if not out:
+        raise WorkloadError(f"{who} needs at least one metric to aim at")
+    return out
 
 
 def primary_target(value: float, metrics: Sequence[Metric]) -> Target:

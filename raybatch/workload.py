@@ -100,6 +100,16 @@ class Workload(abc.ABC):
                 total += int(targets.numel())
         return correct / max(total, 1)
 
+    def collate(self) -> Callable[[list[Any]], Any] | None:
+        """How dataset items become one batch (a ``DataLoader``'s ``collate_fn``: padding
+        sequences, building dicts); ``None``: PyTorch's ``default_collate``."""
+        return None
+
+    def eval_collate(self) -> Callable[[list[Any]], Any] | None:
+        """How validation items become one batch (default: :meth:`collate`'s): a training
+        collate that augments (MixUp, CutMix) must not touch the validation set."""
+        return self.collate()
+
     def example_batch(self, batch_size: int) -> Any:
         """A batch of ``batch_size`` training items, for the memory trace and the real probe.
 
@@ -113,7 +123,8 @@ class Workload(abc.ABC):
         size = len(dataset)  # type: ignore[arg-type]
         if size == 0:
             raise WorkloadError(f"{self.name}: train_dataset() is empty")
-        return default_collate([dataset[i % size] for i in range(batch_size)])
+        collate = self.collate() or default_collate
+        return collate([dataset[i % size] for i in range(batch_size)])
 
     def build_optimizer(self, model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
         """The optimizer of the space's family with the derived lr and weight decay."""

@@ -207,6 +207,13 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
         gpu_request(autoscaling, None, None, [])
     fixed = ClusterView((head,))  # no autoscaler: GPUs asked of a CPU cluster are an error
     assert fixed.gpus_per_trial(None) == 0 and gpu_request(fixed, None, None, []) == 0
+    # Several nodes, none with a GPU, no autoscaler that says otherwise (Ray's v1 publishes no
+    # configuration): CPU trials, said, with what to give if GPU nodes scale up from zero.
+    cpus = ClusterView((head, NodeView("worker", "10.0.0.2", 8, 0)))
+    notes = []
+    assert gpu_request(cpus, None, None, notes) == 0
+    assert len(notes) == 1 and "the trials run on CPUs" in notes[0]
+    assert "--gpus-per-trial 1 and --memory-budget" in notes[0]
     with pytest.raises(OptionError, match=r"gpus_per_trial: is 1\.0, but no node"):
         gpu_request(fixed, 1.0, "16GiB", [])
 

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import gc
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,8 @@ def move_to(batch: Any, device: torch.device | str) -> Any:
 
     # Never non_blocking towards the CPU: that copy would return before the data arrived.
     overlap = torch.device(device).type == "cuda"
+    if isinstance(batch, Mapping) and type(batch) is not dict:  # a tokenizer's BatchEncoding:
+        batch = dict(batch)  # a leaf to torch's pytree, it would stay where it was
     return tree_map(
         lambda x: x.to(device, non_blocking=overlap) if isinstance(x, torch.Tensor) else x, batch
     )

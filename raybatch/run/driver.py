@@ -195,6 +195,14 @@ def _quiet_tune() -> None:
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     # ...and a trial stopped before its first report is not worth a warning with its path.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # An interrupted search says how to continue it (`raybatch resume RUN_DIR`); Ray Tune's own
+    # "Resume experiment with: Tuner.restore(...)" beside it would name a second way, which
+    # skips the confirmation and the record.
+    logging.getLogger("ray.tune.tune").addFilter(_no_tune_restore_hint)
+
+
+def _no_tune_restore_hint(record: logging.LogRecord) -> bool:
+    return "Tuner.restore(" not in record.getMessage()
 
 
 @dataclass
@@ -317,6 +325,9 @@ def _search_tuner(
         searcher, run_config = restored_parts(tuner)
         if not isinstance(searcher, RaybatchSearcher):
             why = "holds no raybatch searcher: this is not a raybatch search's experiment"
+            raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
+        if not hasattr(searcher, "plan"):  # pickled before the plan had a part of its own
+            why = "holds a searcher an earlier raybatch saved, which this one cannot continue"
             raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
         searcher.record.relocate(_study_url(path))
         plan.searcher = searcher  # the one that runs: what it learnt is read after the search

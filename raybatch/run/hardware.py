@@ -327,6 +327,14 @@ def gpu_request(
     """
 
     gpus = view.gpus_per_trial(requested)
+    if requested is None and gpus in (0, 0.0) and len(view.nodes) > 1:
+        # Said, not silent: a cluster whose GPU nodes are at zero looks like this when its
+        # autoscaler publishes no configuration (Ray's v1 autoscaler does not).
+        notes.append(
+            "no node of the cluster has a GPU and no autoscaler says it may start one: the"
+            " trials run on CPUs (for GPU nodes that scale up from zero under an autoscaler"
+            " that does not say so, give --gpus-per-trial 1 and --memory-budget)"
+        )
     if gpus in (0, 0.0) or view.gpus > 0:
         return gpus
     if view.autoscale_gpus <= 0:

@@ -33,7 +33,9 @@ from raybatch.space.search_space import SearchSpace
 if TYPE_CHECKING:
     import optuna
 
-CHECKPOINTED = ("opening", "opening_number", "opening_time", "sweep", "time_model")
+CHECKPOINTED = (
+    "opening", "opening_number", "opening_time", "sweep", "time_model", "time_model_problem",
+)  # fmt: skip
 """The plan's attributes kept in the searcher's Tune checkpoint."""
 
 

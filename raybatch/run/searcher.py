@@ -294,7 +294,8 @@ class RaybatchSearcher(Searcher):
     ) -> dict[str, Any]:
         self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
         self._trial_numbers[trial_id] = ot_trial.number
-        if self.plan.wants_time_model(recipe):
+        # Measured alone on its device: a packed trial's step times are its neighbours' too.
+        if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
             config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
             self.plan.measuring = trial_id
         # What it holds: every data-parallel worker, or a single trial's share of a GPU.

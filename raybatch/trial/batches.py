@@ -22,7 +22,7 @@ of the same permutation, as ``DistributedSampler(drop_last=True)`` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raybatch.memory.probe import move_to
@@ -112,6 +112,7 @@ def _loader_batches(
     seed: int,
     num_workers: int,
     distributed: bool,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> Iterator[Any]:
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
@@ -130,6 +131,7 @@ def _loader_batches(
         generator=torch.Generator().manual_seed(seed),
         num_workers=num_workers,
         pin_memory=device.type == "cuda",
+        collate_fn=collate,
     )
     epoch = 0
     while True:
@@ -149,8 +151,10 @@ def train_batches(
     num_workers: int = 0,
     rank: int = 0,
     world_size: int = 1,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> Iterator[Any]:
-    """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch.
+    """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch
+    (``collate``: the workload's, :meth:`raybatch.Workload.collate`).
 
     Raises:
         ValueError: Not one full batch per rank fits in the dataset.
@@ -162,9 +166,10 @@ def train_batches(
             f" set ({size} samples)"
         )
     source = tensor_source(dataset)
-    if source is not None and num_workers == 0:
+    if source is not None and num_workers == 0 and collate is None:
         return _tensor_batches(*source, batch_size, device, seed, rank, world_size)
-    return _loader_batches(dataset, batch_size, device, seed, num_workers, world_size > 1)
+    return _loader_batches(dataset, batch_size, device, seed, num_workers, world_size > 1,
+                           collate)  # fmt: skip
 
 
 def eval_batch_size(requested: int | None, device: torch.device, micro_batch_size: int) -> int:
@@ -179,13 +184,20 @@ def eval_batch_size(requested: int | None, device: torch.device, micro_batch_siz
     return micro_batch_size if device.type == "cuda" else CPU_EVAL_BATCH_LIMIT
 
 
-def eval_batches(dataset: Dataset[Any], batch_size: int, device: torch.device) -> Iterator[Any]:
+def eval_batches(
+    dataset: Dataset[Any],
+    batch_size: int,
+    device: torch.device,
+    collate: Callable[[list[Any]], Any] | None = None,
+) -> Iterator[Any]:
     """The validation set in order, in batches of ``batch_size``, on ``device``."""
     from torch.utils.data import DataLoader
 
-    source = tensor_source(dataset)
+    source = tensor_source(dataset) if collate is None else None
     if source is None:
-        for batch in DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda"):
+        loader = DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda",
+                            collate_fn=collate)  # fmt: skip
+        for batch in loader:
             yield move_to(batch, device)
         return
     tensors, rows = source

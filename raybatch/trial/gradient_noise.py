@@ -57,15 +57,22 @@ def _squared_norm(tensors: Sequence[torch.Tensor]) -> float:
 
 
 def _noise_batches(
-    workload: Workload, model: nn.Module, device: torch.device, small: int, batches: int
+    workload: Workload,
+    model: nn.Module,
+    device: torch.device,
+    small: int,
+    batches: int,
+    scale: float = 1.0,
 ) -> tuple[list[float], list[float]]:
     """Squared gradient norms at ``small`` and ``k x small``, one pair per big batch, at the
-    model's current weights (no step is taken)."""
+    model's current weights (no step is taken). Under fp16 the loss is scaled by ``scale``
+    (the trial's loss scale) as in training, so that small gradients near the target do not
+    underflow, and the norms are of the unscaled gradients."""
     import torch
 
     k = SMALL_BATCHES_PER_BIG
     params = [p for p in model.parameters() if p.requires_grad]
-    it = train_batches(workload.train_dataset(), small, device, seed=1)
+    it = train_batches(workload.train_dataset(), small, device, seed=1, collate=workload.collate())
     small_sq, big_sq = [], []
     model.train()
     for _ in range(batches):
@@ -75,8 +82,8 @@ def _noise_batches(
             model.zero_grad(set_to_none=True)
             with autocast_context(workload, device.type):
                 loss = workload.loss(model, next(it))
-            loss.backward()
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            (loss * scale if scale != 1.0 else loss).backward()
+            grads = [p.grad / scale if p.grad is not None else torch.zeros_like(p) for p in params]
             norms += _squared_norm(grads)
             for acc, g in zip(total, grads, strict=True):
                 acc.add_(g)
@@ -98,7 +105,7 @@ def _pass_times(
     dataset = workload.train_dataset()
     out: dict[int, float] = {}
     for micro in micros:
-        it = train_batches(dataset, micro, device, seed=2)
+        it = train_batches(dataset, micro, device, seed=2, collate=workload.collate())
         start = time.perf_counter()
         for i in range(TIMED_PASSES + 1):
             if i == 1:  # the first pass warms up (allocations, kernel selection)
@@ -113,12 +120,13 @@ def _pass_times(
     return out
 
 
-def _optimizer_time(
-    model: nn.Module, optimizer: torch.optim.Optimizer, sync: Callable[[], None]
-) -> float:
+def _optimizer_time(optimizer: torch.optim.Optimizer, sync: Callable[[], None]) -> float:
+    """Seconds per optimizer step, on zero gradients of the parameters it steps (only those:
+    a frozen backbone's gradients would double the memory the trial holds)."""
     import torch
 
-    for p in model.parameters():
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    for p in params:
         p.grad = torch.zeros_like(p)
     optimizer.step()
     sync()
@@ -126,6 +134,7 @@ def _optimizer_time(
     for _ in range(3):
         optimizer.step()
     sync()
+    optimizer.zero_grad(set_to_none=True)
     return (time.perf_counter() - start) / 3
 
 
@@ -137,6 +146,7 @@ def measure_at_target(
     device: torch.device,
     recipe: TrialConfig,
     step_s: float,
+    scaler: Any = None,
 ) -> TimeModel:
     """The time model from a trial that has just reached the target (its weights are changed).
 
@@ -148,6 +158,7 @@ def measure_at_target(
         device: The trial's device.
         recipe: The trial's recipe (its micro batch's time comes from ``step_s``).
         step_s: The trial's training seconds per optimizer step.
+        scaler: The trial's fp16 ``GradScaler`` (its scale is used on the measured losses).
 
     Raises:
         ValueError: The gradient norms were not finite, or the noise scale came out NaN.
@@ -157,7 +168,8 @@ def measure_at_target(
     start = time.perf_counter()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     small = min(space.search.micro_batch_size)
-    small_sq, big_sq = _noise_batches(workload, model, device, small, NOISE_BATCHES)
+    scale = float(scaler.get_scale()) if scaler is not None else 1.0
+    small_sq, big_sq = _noise_batches(workload, model, device, small, NOISE_BATCHES, scale)
     if not all(math.isfinite(v) for v in small_sq + big_sq):
         raise ValueError("the gradient norms at the target were not finite")
     noise = noise_scale(small_sq, big_sq, small, small * SMALL_BATCHES_PER_BIG)
@@ -166,7 +178,7 @@ def measure_at_target(
     own = recipe.micro_batch_size
     others = sorted(m for m in space.search.micro_batch_size if m < own)
     micro_s = _pass_times(workload, model, device, others, sync)
-    opt_s = _optimizer_time(model, optimizer, sync)
+    opt_s = _optimizer_time(optimizer, sync)
     if step_s > opt_s:
         micro_s[own] = (step_s - opt_s) / recipe.accumulation_steps
     else:  # no step timed (or too fast to tell): its passes, as the others'
@@ -181,7 +193,7 @@ def at_target_measure(
     device: torch.device,
     config: dict[str, Any],
     step_s: Callable[[], float],
-) -> Callable[[nn.Module, torch.optim.Optimizer], dict[str, Any]] | None:
+) -> Callable[[nn.Module, torch.optim.Optimizer, Any], dict[str, Any]] | None:
     """What :func:`raybatch.trial.loop.train` runs once the trial reaches the target, when the
     searcher asked this trial for it (``config``'s :data:`~raybatch.keys.MEASURE_TIME_MODEL`):
     the time model, as the JSON text its final report carries (:data:`raybatch.keys.TIME_MODEL`).
@@ -189,8 +201,10 @@ def at_target_measure(
     if not config.get(keys.MEASURE_TIME_MODEL):
         return None
 
-    def measure(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        found = measure_at_target(workload, space, model, optimizer, device, recipe, step_s())
+    def measure(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> dict[str, Any]:
+        found = measure_at_target(
+            workload, space, model, optimizer, device, recipe, step_s(), scaler
+        )
         return {keys.TIME_MODEL: json.dumps(found.to_dict())}
 
     return measure

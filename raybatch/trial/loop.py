@@ -172,6 +172,7 @@ def _train_batches(
         num_workers=options.num_workers,
         rank=dist.rank if dist is not None else 0,
         world_size=dist.world_size if dist is not None else 1,
+        collate=workload.collate(),
     )
 
 
@@ -214,7 +215,8 @@ def _evaluate(
     evaluated = parts.evaluated()
     with reporter.evaluating():
         evaluated.eval()
-        result = workload.evaluate(evaluated, eval_batches(val_data, batch_size, device))
+        batches = eval_batches(val_data, batch_size, device, workload.eval_collate())
+        result = workload.evaluate(evaluated, batches)
         parts.trained.train()
         values = metric_values(result, workload.metrics)
         if parts.dist is not None:
@@ -276,17 +278,19 @@ def train(
     device: torch.device,
     options: LoopOptions,
     distributed: bool = False,
-    at_target: Callable[[nn.Module, torch.optim.Optimizer], dict[str, Any]] | None = None,
+    at_target: Callable[[nn.Module, torch.optim.Optimizer, Any], dict[str, Any]] | None = None,
 ) -> None:
     """Train ``config`` until the reporter says stop (target, budget, divergence).
 
-    ``at_target`` runs on the trained model and its optimizer once the target is reached,
+    ``at_target`` runs on the trained model, its optimizer and its fp16 scaler (or ``None``)
+    once the target is reached,
     before the final report, which carries what it returns (:attr:`TrialReporter.at_target`).
     """
     seed_everything(options.seed)
     parts = _build(workload, config, device, options, distributed)
     if at_target is not None:
-        reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer)
+        reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer,
+                                               parts.scaler)  # fmt: skip
     it = _train_batches(workload, config, device, options, parts.dist)
     val_data = workload.val_dataset()
     eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)

@@ -333,6 +333,8 @@ class TrialReporter:
                 self.notes.update(self.at_target())
             except Exception as exc:  # the trial reached its target: that stands
                 self.notes[keys.TIME_MODEL_ERROR] = f"{type(exc).__name__}: {first_line(exc)}"
+            finally:  # it holds the model and optimizer: the trial's memory is freed after
+                self.at_target = None
 
     def finish(self, status: TrialStatus, reason: str, traceback: str | None = None) -> None:
         """End the trial with a terminal status and send the final report (once).

@@ -1,0 +1,256 @@
+"""A LightningModule and a LightningDataModule searched as they are: no rewrite as a Workload.
+
+The people who search batch recipes already have a ``LightningModule`` (its ``training_step``,
+``validation_step``, ``configure_optimizers``) and a ``LightningDataModule``.
+:class:`LightningWorkload` reads them as a :class:`raybatch.Workload`:
+
+- **the model** is the module itself (a ``LightningModule`` is an ``nn.Module``), built fresh
+  for every trial by the function given;
+- **the data** is what the datamodule's ``train_dataloader()`` / ``val_dataloader()`` read
+  (after ``prepare_data()`` and ``setup("fit")``, as ``Trainer.fit`` calls them): their
+  datasets, batched by raybatch at each recipe's micro batch with each loader's own
+  ``collate_fn`` (the batch size, shuffling and workers of the loaders are the search's);
+- **the loss** is ``training_step(batch, i)``'s (a tensor, or the ``"loss"`` of its dict);
+- **the metrics** are what ``validation_step`` logs with ``self.log`` / ``self.log_dict``,
+  averaged over the validation set weighted by batch size as Lightning's epoch-end reduction
+  does (a ``torchmetrics.Metric`` logged as an object is ``compute()``-d instead). While the
+  module trains under raybatch, ``self.log`` is a no-op: there is no ``Trainer`` to log to;
+- **the optimizer** is the first one ``configure_optimizers()`` returns (its class, momentum,
+  betas and parameter groups are the module's), with every group's LR and weight decay set
+  to the recipe's: the scaling rule applies them, as it would raybatch's own optimizer. An LR
+  scheduler it returns is not used: the recipe's warmup is raybatch's.
+
+What it leaves out, said rather than silently dropped: ``Trainer`` callbacks and hooks other
+than the three steps (``on_train_epoch_end``, gradient clipping set on the ``Trainer``...),
+manual optimization, several optimizers, ``transfer_batch_to_device``, data-parallel recipes
+(``training_step`` would have to run through DDP's forward, as Lightning's own wrapper does).
+Precision is the workload's ``amp_dtype`` (``"bf16"``, ``"fp16"``), not the ``Trainer``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from raybatch.errors import WorkloadError
+from raybatch.metric import Metric, metrics_named
+from raybatch.workload import Workload
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """``self.log`` while the module trains under raybatch: nothing to log to."""
+
+
+class _Logged:
+    """What ``validation_step`` logs over one evaluation: batch-weighted means by name, and
+    ``torchmetrics`` objects to compute at the end."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.objects: dict[str, Any] = {}
+        self.size = 1
+
+    def log(self, name: str, value: Any, *args: Any, batch_size: int | None = None,
+            **kwargs: Any) -> None:  # fmt: skip
+        if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics.Metric
+            self.objects[name] = value
+            return
+        weight = float(batch_size if batch_size is not None else self.size)
+        self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def log_dict(self, values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        for name, value in values.items():
+            self.log(name, value, *args, **kwargs)
+
+    def values(self) -> dict[str, float]:
+        out = {name: self.sums[name] / self.weights[name] for name in self.sums}
+        for name, metric in self.objects.items():
+            out[name] = float(metric.compute())
+            metric.reset()
+        return out
+
+
+def _batch_size(batch: Any) -> int:
+    """The first tensor's leading dimension (Lightning infers ``batch_size`` the same way)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    return 1
+
+
+def _first_optimizer(returned: Any) -> torch.optim.Optimizer:
+    """The optimizer among the forms ``configure_optimizers`` may return."""
+    import torch
+
+    candidates: list[Any] = [returned]
+    while candidates:
+        item = candidates.pop(0)
+        if isinstance(item, torch.optim.Optimizer):
+            return item
+        if isinstance(item, Mapping) and "optimizer" in item:
+            candidates.insert(0, item["optimizer"])
+        elif isinstance(item, list | tuple):
+            candidates[:0] = list(item)
+    raise WorkloadError("configure_optimizers() returned no torch.optim.Optimizer")
+
+
+def _own_collate(loader: Any) -> Callable[[list[Any]], Any] | None:
+    from torch.utils.data import default_collate
+
+    collate = getattr(loader, "collate_fn", None)
+    return None if collate is None or collate is default_collate else collate
+
+
+class LightningWorkload(Workload):
+    """A ``LightningModule`` and a ``LightningDataModule``, searched without a rewrite.
+
+    Args:
+        module: Builds a freshly initialised ``LightningModule`` (its class, or a function).
+        datamodule: The ``LightningDataModule`` (or a function building one); ``setup("fit")``
+            is called once, on first use, in each process.
+        metrics: What ``validation_step`` logs that a target may name, first the one a bare
+            target means: a :class:`raybatch.Metric`, or a name (higher is better, ``loss``
+            in the name: lower).
+        name: Shown in reports (default: the module's class name).
+        space: The search space this workload is usually searched with (a preset or a path).
+        amp_dtype: ``None``, ``"bf16"`` or ``"fp16"``: the autocast the module trains with.
+
+    Example:
+        >>> from raybatch.adapters.lightning import LightningWorkload
+        >>> # workload = LightningWorkload(MyModule, MyDataModule(), metrics=("val_acc",))
+        >>> # raybatch search my_job.py:workload --target "val_acc>=0.9" --space my_space.yaml
+    """
+
+    def __init__(
+        self,
+        module: Callable[[], nn.Module],
+        datamodule: Any,
+        *,
+        metrics: Iterable[Metric | str] = ("val_acc",),
+        name: str | None = None,
+        space: str | None = None,
+        amp_dtype: str | None = None,
+    ) -> None:
+        self._module = module
+        self._datamodule = datamodule
+        self._ready: Any = None
+        self.metrics = metrics_named(metrics, "LightningWorkload")
+        self.name = name or str(getattr(module, "__name__", type(module).__name__))
+        self.space = space
+        self.amp_dtype = amp_dtype
+
+    # ------------------------------------------------------------------ data
+
+    def _data(self) -> Any:
+        if self._ready is None:
+            dm = self._datamodule
+            if isinstance(dm, type) or not hasattr(dm, "train_dataloader"):
+                dm = dm()  # a class, or a function building one
+            # As Lightning's Trainer.fit: download and prepare, then load. The driver does it
+            # first (the target's check reads the data); the workers get it set up, pickled.
+            dm.prepare_data()
+            dm.setup("fit")
+            self._ready = dm
+        return self._ready
+
+    @staticmethod
+    def _dataset(loader: Any, which: str) -> Dataset[Any]:
+        dataset = getattr(loader, "dataset", None)
+        if dataset is None:
+            raise WorkloadError(f"{which}() returned no DataLoader with a dataset: {loader!r}")
+        return dataset  # type: ignore[no-any-return]
+
+    def train_dataset(self) -> Dataset[Any]:
+        return self._dataset(self._data().train_dataloader(), "train_dataloader")
+
+    def val_dataset(self) -> Dataset[Any]:
+        return self._dataset(self._data().val_dataloader(), "val_dataloader")
+
+    def collate(self) -> Callable[[list[Any]], Any] | None:
+        """The training loader's ``collate_fn`` (``None`` where it is PyTorch's default)."""
+        return _own_collate(self._data().train_dataloader())
+
+    def eval_collate(self) -> Callable[[list[Any]], Any] | None:
+        """The validation loader's ``collate_fn``."""
+        return _own_collate(self._data().val_dataloader())
+
+    # ------------------------------------------------------------------ model
+
+    def build_model(self) -> nn.Module:
+        module: Any = self._module()
+        module.log = module.log_dict = _ignore  # no Trainer to log to
+        return module  # type: ignore[no-any-return]
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        step = getattr(model, "training_step", None)
+        if step is None:  # wrapped in DistributedDataParallel: a data-parallel recipe
+            raise WorkloadError(
+                f"{self.name}: data-parallel recipes (world_size > 1) are not searched with"
+                " LightningWorkload: keep world_size [1] in the space"
+            )
+        out = step(batch, 0)
+        if isinstance(out, Mapping):
+            out = out.get("loss")
+        if out is None:
+            raise WorkloadError(
+                f"{self.name}: training_step returned no loss (manual optimization is not searched)"
+            )
+        return out  # type: ignore[no-any-return]
+
+    def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> Mapping[str, float]:
+        import torch
+
+        logged = _Logged()
+        module: Any = model
+        saved = module.log, module.log_dict
+        module.log, module.log_dict = logged.log, logged.log_dict
+        try:
+            with torch.no_grad():
+                for i, batch in enumerate(batches):
+                    logged.size = _batch_size(batch)
+                    module.validation_step(batch, i)
+        finally:
+            module.log, module.log_dict = saved
+        values = logged.values()
+        missing = [m.name for m in self.metrics if m.name not in values]
+        if missing:
+            raise WorkloadError(
+                f"{self.name}: validation_step logged {sorted(values)}, not {missing}"
+            )
+        return values
+
+    def build_optimizer(self, model: nn.Module, config: Any) -> torch.optim.Optimizer:
+        """The module's optimizer at the recipe's LR and weight decay. Parameter groups keep
+        their ratios to the first group (a backbone at a tenth of the head's LR stays at a
+        tenth), and a group without weight decay (biases, norms) stays without."""
+        try:
+            returned = model.configure_optimizers()  # type: ignore[operator]
+        except RuntimeError as exc:  # e.g. self.trainer.estimated_stepping_batches
+            raise WorkloadError(
+                f"{self.name}: configure_optimizers() needs a Trainer ({exc}); under raybatch"
+                " it must build its optimizer from the module alone (the LR schedule is the"
+                " recipe's warmup)"
+            ) from exc
+        optimizer = _first_optimizer(returned)
+        groups = optimizer.param_groups
+        base_lr = float(groups[0]["lr"]) or 1.0
+        decays = [float(g.get("weight_decay", 0.0)) for g in groups]
+        base_wd = next((d for d in decays if d > 0), 1.0)
+        for group, decay in zip(groups, decays, strict=True):
+            group["lr"] = group["initial_lr"] = config.lr * float(group["lr"]) / base_lr
+            if decay > 0:
+                group["weight_decay"] = config.weight_decay * decay / base_wd
+        return optimizer
+
+
+__all__ = ["LightningWorkload"]

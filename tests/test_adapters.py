@@ -1,0 +1,175 @@
+"""A LightningModule and its LightningDataModule searched as they are (real Lightning, real
+training), through the trial wrapper and, from a user's folder, through the CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import raybatch
+from raybatch import Target, keys
+from raybatch.errors import WorkloadError
+from raybatch.results.rows import read_trials_csv
+from raybatch.trial.settings import TrialSettings
+from raybatch.trial.wrapper import run_trial
+from raybatch.workload import load_workload
+
+pytest.importorskip("lightning")
+
+JOB = Path(__file__).parent / "lightning_job.py"
+WORKLOAD = """
+from raybatch.adapters.lightning import LightningWorkload
+from lightning_job import DigitsClassifier, DigitsData
+
+workload = LightningWorkload(DigitsClassifier, DigitsData(), metrics=("val_acc", "val_loss"),
+                             name="lightning_digits")
+"""
+
+
+@pytest.fixture()
+def job(tmp_path: Path) -> Path:
+    """The user's Lightning job in a folder of its own, and the two lines that search it."""
+    folder = tmp_path / "user"
+    folder.mkdir()
+    shutil.copy(JOB, folder / "lightning_job.py")
+    (folder / "search_me.py").write_text(WORKLOAD)
+    yield folder / "search_me.py"
+    sys.modules.pop("lightning_job", None)
+
+
+def test_the_module_trains_as_written_with_the_recipes_lr_and_its_own_optimizer(job: Path) -> None:
+    """Its training_step is the loss, its loaders' collate_fn makes the batches (dicts here),
+    validation_step's self.log values are the metrics, and its AdamW runs at the recipe's LR
+    and weight decay with its own group ratios (the bias group: a tenth of the LR, no decay)."""
+    workload = load_workload(f"{job}:workload")
+    space = raybatch.load_space("tabular_mlp_adamw")
+    recipe = space.derive(64, 2)
+    model = workload.build_model()
+    optimizer = workload.build_optimizer(model, recipe)
+    weights, biases = optimizer.param_groups
+    assert type(optimizer).__name__ == "AdamW"
+    assert weights["lr"] == pytest.approx(recipe.lr)
+    assert biases["lr"] == pytest.approx(recipe.lr / 10)
+    assert weights["weight_decay"] == pytest.approx(recipe.weight_decay)
+    assert biases["weight_decay"] == 0.0
+    batch = workload.example_batch(4)
+    assert set(batch) == {"pixels", "label"} and batch["pixels"].shape == (4, 64)
+    assert getattr(workload.collate(), "__name__", None) == "as_dict"  # the loaders' own
+    assert getattr(workload.eval_collate(), "__name__", None) == "as_dict"
+
+    reports: list[dict[str, Any]] = []
+    settings = TrialSettings(Target(0.9, metric="val_acc"), max_time_s=60.0)
+    config = {keys.MICRO_BATCH_SIZE: 64, keys.ACCUMULATION_STEPS: 2}
+    run_trial(workload, space, settings, config, report_fn=reports.append)
+    final = reports[-1]
+    assert final[keys.STATUS] == "reached", final[keys.REASON]
+    assert final["val_val_acc"] >= 0.9 and final["val_val_loss"] > 0
+
+
+def test_a_metric_validation_step_does_not_log_is_named(job: Path) -> None:
+    from raybatch.adapters.lightning import LightningWorkload
+
+    workload = load_workload(f"{job}:workload")
+    assert isinstance(workload, LightningWorkload)
+    workload.metrics = (raybatch.Metric("val_f1"),)
+    model = workload.build_model()
+    from raybatch.trial.batches import eval_batches
+
+    batches = eval_batches(workload.val_dataset(), 256, model.device, workload.collate())
+    with pytest.raises(WorkloadError, match=r"logged \['val_acc', 'val_loss'\], not \['val_f1'\]"):
+        workload.evaluate(model, batches)
+
+
+@pytest.mark.slow
+def test_cli_search_of_a_lightning_job_from_another_folder(job: Path, tmp_path: Path) -> None:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "search", "../user/search_me.py:workload",
+         "--space", "tabular_mlp_adamw", "--target", "val_acc>=0.9", "--trials", "2",
+         "--max-time-per-trial", "15", "--confirm-seeds", "0", "--run-dir", "run", "--quiet"],
+        capture_output=True, text=True, cwd=cwd, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in read_trials_csv(cwd / "run" / "trials.csv") if r["phase"] == "search"]
+    assert len(rows) == 2 and any(r["status"] == "reached" for r in rows), rows
+    best = raybatch.load_best(cwd / "run")
+    assert best.provenance["target"] == "val_acc>=0.9"
+
+
+class _Tokens:
+    """Generated token sequences (no download): the label says whether token 3 occurs."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(4, 32, (size, 12), generator=gen)
+        self.labels = torch.randint(0, 2, (size,), generator=gen)
+        where = torch.randint(0, 12, (size,), generator=gen)
+        rows = self.labels.nonzero().flatten()
+        self.ids[rows, where[rows]] = 3
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.ids[i], "labels": self.labels[i], "idx": i}
+
+
+def _with_mask(items: list[dict[str, Any]]) -> Any:
+    """A collator of the user's own: a BatchEncoding, with the attention mask it adds."""
+    import torch
+    from transformers import BatchEncoding
+
+    ids = torch.stack([item["input_ids"] for item in items])
+    return BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                          "labels": torch.stack([item["labels"] for item in items]),
+                          "idx": torch.tensor([item["idx"] for item in items])})  # fmt: skip
+
+
+def _tiny_bert() -> Any:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=16, num_labels=2)  # fmt: skip
+    return BertForSequenceClassification(config)
+
+
+def _accuracy(prediction: Any) -> dict[str, float]:
+    return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+
+def test_a_hugging_face_model_trains_with_its_collator_and_compute_metrics() -> None:
+    """What Trainer.hyperparameter_search takes (model_init, datasets, a collator,
+    compute_metrics) is searched as it is: batches from its collator (a BatchEncoding made a
+    dict; an ``idx`` column the model does not take left out, as the Trainer does), the model's
+    own loss, the metrics compute_metrics returns, AdamW at the recipe's LR with no decay on
+    biases and LayerNorm weights, as the Trainer does."""
+    pytest.importorskip("transformers")
+    from raybatch.adapters.huggingface import HuggingFaceWorkload
+
+    workload = HuggingFaceWorkload(_tiny_bert, _Tokens(2048, 0), _Tokens(512, 1),
+                                   data_collator=_with_mask, compute_metrics=_accuracy)  # fmt: skip
+    space = raybatch.load_space("tabular_mlp_adamw")
+    recipe = space.derive(32)
+    model = workload.build_model()
+    decayed, exempt = workload.build_optimizer(model, recipe).param_groups
+    assert decayed["weight_decay"] == pytest.approx(recipe.weight_decay)
+    assert exempt["weight_decay"] == 0.0 and decayed["lr"] == exempt["lr"] == recipe.lr
+    assert len(exempt["params"]) > 0 and len(decayed["params"]) > 0
+    batch = workload.collate()([workload.train_dataset()[i] for i in range(4)])
+    assert type(batch) is dict and batch["attention_mask"].shape == (4, 12)
+    assert workload.loss(model, batch) > 0  # idx left out
+
+    reports: list[dict[str, Any]] = []
+    settings = TrialSettings(Target(0.9), max_time_s=90.0)
+    run_trial(workload, space, settings, {keys.MICRO_BATCH_SIZE: 32}, report_fn=reports.append)
+    final = reports[-1]
+    assert final[keys.STATUS] == "reached", final[keys.REASON]
+    assert final["val_accuracy"] >= 0.9 and final["val_loss"] > 0
