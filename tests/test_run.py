@@ -80,6 +80,10 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
         assert int(trial.params.get("micro_batch_size", row["micro_batch_size"])) == int(
             row["micro_batch_size"]
         )
+        if row["status"] == "reached":  # its learning curve, ending at the target
+            steps = sorted(trial.intermediate_values)
+            assert steps and steps[-1] == int(row["samples_to_target"])
+            assert trial.intermediate_values[steps[-1]] >= 0.97
     statuses = {r["status"] for r in rows}
     assert statuses <= {"reached", "censored", "capped", "diverged", "prescreened_out"}
     for row in search_rows:  # the objective is training time; evaluation is kept beside it

@@ -61,6 +61,28 @@ def test_suggestions_are_coupled_recipes_recorded_in_the_study(tmp_path: Path) -
     assert all(t.user_attrs[STATUS_ATTR] == "reached" for t in trials)
 
 
+def test_evaluations_are_the_studys_learning_curves_and_heartbeats_are_not(tmp_path: Path) -> None:
+    """Each evaluation's target metric is the Optuna trial's intermediate value at its samples
+    seen (optuna-dashboard draws them); a heartbeat repeats the last value and is not kept, nor
+    a step that is not past the last (a trial run again restarts its count)."""
+    searcher = _searcher(tmp_path)
+    assert searcher.suggest("t0") is not None
+
+    def report(metric: float, samples: int, heartbeat: bool = False) -> None:
+        searcher.on_trial_result("t0", {keys.METRIC: metric, keys.SAMPLES_SEEN: samples,
+                                        keys.HEARTBEAT: heartbeat})  # fmt: skip
+
+    report(0.5, 512)
+    report(0.5, 700, heartbeat=True)
+    report(0.8, 1024)
+    report(0.1, 256)  # a restart's first evaluation
+    report(0.97, 1536)
+    searcher.on_trial_complete("t0", _result("reached", 2.0))
+    (trial,) = searcher.study.trials
+    assert trial.intermediate_values == {512: 0.5, 1024: 0.8, 1536: 0.97}
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.value == 2.0
+
+
 def test_reference_and_max_batch_baseline_are_evaluated_first(tmp_path: Path) -> None:
     reference = reference_point(SPACE)
     baseline = max_batch_point(SPACE, lambda recipe: True)

@@ -341,6 +341,16 @@ class RaybatchSearcher(Searcher):
 
     # ------------------------------------------------------------------ results
 
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        """An evaluation's target metric, kept in the study as the trial's intermediate value
+        at its samples seen (learning curves in optuna-dashboard); heartbeats are not
+        evaluations."""
+        number = self._trial_numbers.get(trial_id)
+        metric = result.get(keys.METRIC)
+        if number is None or metric is None or result.get(keys.HEARTBEAT):
+            return
+        self.record.progress(number, float(metric), int(result.get(keys.SAMPLES_SEEN) or 0))
+
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
@@ -354,6 +364,7 @@ class RaybatchSearcher(Searcher):
         number = self._trial_numbers.get(trial_id)
         if number is None or trial_id in self._completed:
             return
+        self.on_trial_result(trial_id, result or {})  # the last evaluation, if Tune sent it here
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
         self._calibrate(number, result or {})

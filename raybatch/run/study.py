@@ -16,6 +16,7 @@ the same parameters (``study.add_trial``), so TPE still learns from it.
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,7 @@ class SearchStudy:
         self.seed = seed
         self._study: optuna.Study | None = None
         self._live: dict[int, optuna.Trial] = {}
+        self._steps: dict[int, int] = {}  # open trial -> last step told (intermediate values)
         # Read at every suggestion: read from storage once, then kept, since only gave_up()
         # below writes it (a copy made by pickling reads storage afresh).
         self._gave_up: str | None = None
@@ -219,6 +221,19 @@ class SearchStudy:
         trial = self._live.get(number)
         if trial is not None:
             trial.set_user_attr(TUNE_TRIAL_ID_ATTR, tune_trial_id)
+
+    def progress(self, number: int, value: float, step: int) -> None:
+        """An evaluation of the open trial ``number``: its target metric after ``step``
+        samples, kept as an intermediate value (the learning curves optuna-dashboard draws).
+        TPE reads intermediate values of pruned trials only, and raybatch's trials end
+        complete: the search is the same with them. A step not past the last is skipped (a
+        trial run again alone restarts its count)."""
+        trial = self._live.get(number)
+        last = self._steps.get(number, -1)
+        if trial is None or step <= last or not math.isfinite(value):
+            return
+        trial.report(value, step)
+        self._steps[number] = step
 
     def config_of(self, number: int) -> dict[str, Any]:
         return dict(self.study.get_trials(deepcopy=False)[number].user_attrs[CONFIG_ATTR])
