@@ -312,7 +312,7 @@ def resume_command(
     with _user_errors():
         _, _, _, target, _ = read_run(run_dir)
         with printed(True):
-            result = resume(run_dir, 0 if quiet else 1)
+            result = resume(run_dir, 1 - quiet)
     cli_format.print_summary(result, target)
     _fail_without_recipe(result, target)
 

@@ -63,10 +63,16 @@ def held_seconds(row: TrialRow) -> float:
     a data-parallel trial, a packed trial's share of one GPU."""
     seconds = next((float(v) for v in (row.held_s, row.elapsed_s, row.train_s) if v is not None),
                    0.0)  # fmt: skip
-    if row.world_size > 1:
-        return seconds * row.world_size
-    if row.gpu_share is not None and 0 < row.gpu_share < 1:
-        return seconds * row.gpu_share
+    return device_seconds(seconds, row.world_size, row.gpu_share)
+
+
+def device_seconds(seconds: float, world_size: int, gpu_share: float | None) -> float:
+    """``seconds`` held by a trial, times the devices it held: every worker of a data-parallel
+    trial, a packed trial's share of one GPU."""
+    if world_size > 1:
+        return seconds * world_size
+    if gpu_share is not None and 0 < gpu_share < 1:
+        return seconds * gpu_share
     return seconds
 
 
@@ -85,4 +91,4 @@ def search_cost(rows: list[TrialRow], unit_s: float) -> SearchCost:
     return SearchCost(device, train, unit_s, len(ran))
 
 
-__all__ = ["SearchCost", "held_seconds", "search_cost"]
+__all__ = ["SearchCost", "device_seconds", "held_seconds", "search_cost"]

@@ -7,8 +7,9 @@ says (it drops only Ray's table), and :func:`raybatch.search` prints them when `
 set and the caller has given the logger no handler of their own.
 
 The cost so far is every device second the search's finished trials held (start-up, data,
-probe, training, evaluations) and the time model's, in trainings of the best recipe so far
-(its time to target): the figure the closing lines give for the whole search.
+probe, training, evaluations, the time model measured inside one of them), in trainings of
+the best recipe so far (its time to target): the figure the closing lines give for the whole
+search.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from ray.tune import Callback
 
 from raybatch import keys
+from raybatch.results.cost import device_seconds
 
 LOGGER = "raybatch.progress"
 log = logging.getLogger(LOGGER)
@@ -61,7 +63,7 @@ class Progress(Callback):
     Args:
         phase: What the lines are about (``search``, ``race``).
         total: Trials the phase may run (``None``: not known ahead).
-        extra_s: Device seconds spent before the phase (the time model's, the search's).
+        extra_s: Device seconds spent before the phase (the race's: the search's).
     """
 
     def __init__(self, phase: str, total: int | None = None, extra_s: float = 0.0) -> None:
@@ -97,12 +99,11 @@ class Progress(Callback):
 
 
 def _device_s(trial: Any) -> float:
-    """What a finished trial held: its seconds x the devices it held (its workers, or the
-    share of a GPU it was packed on), as the closing lines count it."""
+    """What a finished trial held, counted as the closing lines count it."""
     result = trial.last_result or {}
-    held = float(result.get(keys.HELD_S) or 0.0)
-    share = result.get(keys.GPU_SHARE)
-    return held * max(1, int(trial.config.get(keys.WORLD_SIZE, 1) or 1)) * float(share or 1.0)
+    return device_seconds(float(result.get(keys.HELD_S) or 0.0),
+                          int(trial.config.get(keys.WORLD_SIZE, 1) or 1),
+                          result.get(keys.GPU_SHARE))  # fmt: skip
 
 
 __all__ = ["LOGGER", "Progress", "printed", "recipe"]

@@ -67,7 +67,8 @@ def _noise_batches(
     """Squared gradient norms at ``small`` and ``k x small``, one pair per big batch, at the
     model's current weights (no step is taken). Under fp16 the loss is scaled by ``scale``
     (the trial's loss scale) as in training, so that small gradients near the target do not
-    underflow, and the norms are of the unscaled gradients."""
+    underflow, and the squared norms are divided by ``scale ** 2``: those of the unscaled
+    gradients, with no copy of them."""
     import torch
 
     k = SMALL_BATCHES_PER_BIG
@@ -83,12 +84,13 @@ def _noise_batches(
             with autocast_context(workload, device.type):
                 loss = workload.loss(model, next(it))
             (loss * scale if scale != 1.0 else loss).backward()
-            grads = [p.grad / scale if p.grad is not None else torch.zeros_like(p) for p in params]
+            grads = [p.grad for p in params if p.grad is not None]
             norms += _squared_norm(grads)
-            for acc, g in zip(total, grads, strict=True):
-                acc.add_(g)
-        small_sq.append(norms / k)
-        big_sq.append(_squared_norm([t / k for t in total]))
+            for acc, p in zip(total, params, strict=True):
+                if p.grad is not None:
+                    acc.add_(p.grad)
+        small_sq.append(norms / k / scale**2)
+        big_sq.append(_squared_norm([t / k for t in total]) / scale**2)
     model.zero_grad(set_to_none=True)
     return small_sq, big_sq
 

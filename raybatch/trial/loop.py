@@ -206,8 +206,7 @@ def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
 def _evaluate(
     parts: _Parts,
     workload: Workload,
-    val_data: Any,
-    batch_size: int,
+    val_batches: Callable[[], Iterator[Any]],
     device: torch.device,
     reporter: TrialReporter,
 ) -> None:
@@ -215,8 +214,7 @@ def _evaluate(
     evaluated = parts.evaluated()
     with reporter.evaluating():
         evaluated.eval()
-        batches = eval_batches(val_data, batch_size, device, workload.eval_collate())
-        result = workload.evaluate(evaluated, batches)
+        result = workload.evaluate(evaluated, val_batches())
         parts.trained.train()
         values = metric_values(result, workload.metrics)
         if parts.dist is not None:
@@ -283,8 +281,8 @@ def train(
     """Train ``config`` until the reporter says stop (target, budget, divergence).
 
     ``at_target`` runs on the trained model, its optimizer and its fp16 scaler (or ``None``)
-    once the target is reached,
-    before the final report, which carries what it returns (:attr:`TrialReporter.at_target`).
+    once the target is reached, before the final report, which carries what it returns
+    (:attr:`TrialReporter.at_target`).
     """
     seed_everything(options.seed)
     parts = _build(workload, config, device, options, distributed)
@@ -292,8 +290,10 @@ def train(
         reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer,
                                                parts.scaler)  # fmt: skip
     it = _train_batches(workload, config, device, options, parts.dist)
-    val_data = workload.val_dataset()
     eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)
+    # The validation set and its collate, read once: every evaluation iterates them afresh.
+    val_batches = functools.partial(eval_batches, workload.val_dataset(), eval_batch, device,
+                                    workload.eval_collate())  # fmt: skip
     every_step = reads_loss_every_step(device, distributed)
     accumulation = config.accumulation_steps
     samples_per_step = config.micro_batch_size * accumulation * config.world_size
@@ -330,4 +330,4 @@ def train(
         if stopped:
             break
         if reporter.eval_due:
-            _evaluate(parts, workload, val_data, eval_batch, device, reporter)
+            _evaluate(parts, workload, val_batches, device, reporter)
