@@ -14,6 +14,8 @@ from raybatch.memory.budget import (
     resolve_budget,
 )
 
+from .fake_nvml import FourGpus, NoPermission
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -88,17 +90,13 @@ def test_headroom_outside_zero_one_is_refused() -> None:
         resolve_budget(None, headroom=1.5)
 
 
-class _NoPermission(Exception):
-    """pynvml's NVMLError stand-in: the real one needs a driver to be raised."""
-
-
 class _ContainerNvml:
     """What NVML answers in many containers and under MIG: memory yes, process list no.
 
     No NVIDIA driver exists on CI to give this answer for real; the fake stands in for the
     driver only, and the code under test is the real reading."""
 
-    NVMLError = _NoPermission
+    NVMLError = NoPermission
 
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:
         from types import SimpleNamespace
@@ -109,7 +107,7 @@ class _ContainerNvml:
         return b"NVIDIA H100 80GB HBM3"
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[object]:
-        raise _NoPermission("Insufficient Permissions")
+        raise NoPermission("Insufficient Permissions")
 
 
 def test_a_process_listing_nvml_refuses_keeps_the_memory_reading() -> None:
@@ -120,38 +118,6 @@ def test_a_process_listing_nvml_refuses_keeps_the_memory_reading() -> None:
     assert device.used_by_other_processes_bytes is None  # unknown, not zero
     assert device.name == "NVIDIA H100 80GB HBM3"
     assert budget_of(device).bytes == int(0.9 * 70 * 2**30) - CUDA_CONTEXT_OVERHEAD_BYTES
-
-
-class _FourGpus:
-    """NVML on a machine of four GPUs, the third one busy (a stand-in for the driver only)."""
-
-    NVMLError = _NoPermission
-
-    def __init__(self) -> None:
-        self.uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
-
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int:
-        return 4
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
-        return self.uuids.index(uuid)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
-        from types import SimpleNamespace
-
-        free = 2 if handle == 2 else 70  # GiB: GPU 2 is busy with a job outside Ray
-        return SimpleNamespace(total=80 * 2**30, free=free * 2**30, used=(80 - free) * 2**30)
-
-    def nvmlDeviceGetName(self, handle: int) -> bytes:
-        return f"GPU {handle}".encode()
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
-        return []
 
 
 @pytest.mark.parametrize(
@@ -167,7 +133,7 @@ def test_the_node_reader_sees_the_gpus_cuda_numbers_not_every_physical_one(
     import raybatch.memory.budget as budget
     from raybatch.run.hardware import ClusterView, NodeView, rays_devices
 
-    monkeypatch.setattr(budget, "nvml", _FourGpus)
+    monkeypatch.setattr(budget, "nvml", FourGpus)
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:

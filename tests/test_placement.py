@@ -195,6 +195,7 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
     are refused with what to give, since no GPU's memory can be read before one exists."""
     from raybatch.errors import OptionError
     from raybatch.run.hardware import gpu_request
+    from raybatch.run.preflight import preflight
 
     head = NodeView("head", "10.0.0.1", 8, 0)
     autoscaling = ClusterView((head,), autoscale_gpus=8)
@@ -208,12 +209,20 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
     fixed = ClusterView((head,))  # no autoscaler: GPUs asked of a CPU cluster are an error
     assert fixed.gpus_per_trial(None) == 0 and gpu_request(fixed, None, None, []) == 0
     # Several nodes, none with a GPU, no autoscaler that says otherwise (Ray's v1 publishes no
-    # configuration): CPU trials, said, with what to give if GPU nodes scale up from zero.
+    # configuration, so GPU nodes at zero look like this): refused until the user says which.
     cpus = ClusterView((head, NodeView("worker", "10.0.0.2", 8, 0)))
+    with pytest.raises(OptionError, match=r"gpus_per_trial: not given.*2-node cluster") as info:
+        gpu_request(cpus, None, None, [])
+    assert "--gpus-per-trial 0 for a CPU search" in str(info.value)
+    assert "--gpus-per-trial 1 with --memory-budget" in str(info.value)
+    assert gpu_request(cpus, 0, None, []) == 0  # a CPU search, said
+    [warning] = preflight(cpus).warnings  # raybatch check says it before a search is started
+    assert warning.startswith("a search would be refused: gpus_per_trial: not given")
     notes = []
-    assert gpu_request(cpus, None, None, notes) == 0
-    assert len(notes) == 1 and "the trials run on CPUs" in notes[0]
-    assert "--gpus-per-trial 1 and --memory-budget" in notes[0]
+    assert gpu_request(cpus, 1, "16GiB", notes) == 1  # GPU trials that wait for a v1 autoscaler
+    assert len(notes) == 1 and "an autoscaler may start some" in notes[0] and "Ctrl-C" in notes[0]
+    with pytest.raises(OptionError, match="memory_budget: no GPU node is alive yet"):
+        gpu_request(cpus, 1, None, [])
     with pytest.raises(OptionError, match=r"gpus_per_trial: is 1\.0, but no node"):
         gpu_request(fixed, 1.0, "16GiB", [])
 
@@ -264,6 +273,59 @@ def test_an_autoscaler_s_gpus_count_for_a_pinned_model_only_where_its_node_types
     assert view.of_model("accelerator_type:A100").autoscale_gpus == 16
 
 
+def test_a_chosen_gpu_model_whose_nodes_are_at_zero_asks_for_the_budget() -> None:
+    """A100 nodes up, the T4 nodes the user chose at zero under the autoscaler: no T4's memory
+    can be read yet, so the search asks for --memory-budget (it said "NVML answered on none")."""
+    from raybatch.errors import OptionError
+    from raybatch.run.context import search_budget
+    from raybatch.run.hardware import one_gpu_model
+    from raybatch.run.options import SearchOptions
+
+    a100 = NodeView("a", "10.0.0.2", 16, 2, (_gpu("NVIDIA A100", 80, 79),), None, ("A100",))
+    view = ClusterView((NodeView("head", "10.0.0.1", 8, 0), a100), 6, 24, (("A100", 2), ("T4", 4)))
+    pinned = one_gpu_model(view, "T4", [])
+    assert pinned.gpus == 0 and pinned.autoscale_gpus == 4
+    with pytest.raises(OptionError, match=r"memory_budget: no T4 GPU node is alive yet.*up to 4"):
+        search_budget(pinned, SearchOptions(gpu_model="T4"), True, [])
+    notes: list[str] = []
+    given = SearchOptions(gpu_model="T4", memory_budget="12GiB")
+    assert search_budget(pinned, given, True, notes) == (12 * GIB, CUDA_CONTEXT_OVERHEAD_BYTES)
+    assert "no GPU node is alive to measure it on" in notes[0]
+
+
+# A zero-GPU Ray task under Ray's switch back to blanking CUDA_VISIBLE_DEVICES, on a node
+# started on GPUs 2 and 3 (runtime_env sets both when the worker starts, as a node's raylet
+# environment would); NVML is a stand-in for the driver, in the worker. The reader must budget
+# GPUs 2 and 3, not read the blank as "every GPU" and keep GPUs 0 and 1.
+_NODE_ON_GPUS_2_3 = {
+    "env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+}
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_nvml_reader_reads_the_node_s_gpus_when_ray_blanks_a_zero_gpu_task_s() -> None:
+    import ray
+    from ray import cloudpickle
+
+    from . import fake_nvml
+
+    cloudpickle.register_pickle_by_value(fake_nvml)  # the worker cannot import tests.*
+
+    @ray.remote(num_cpus=0, runtime_env=_NODE_ON_GPUS_2_3)
+    def read() -> tuple[str | None, list[str] | None]:
+        import raybatch.memory.budget as budget
+        from raybatch.run.hardware import read_node_devices
+
+        budget.nvml = fake_nvml.FourGpus  # type: ignore[assignment]
+        devices = read_node_devices()
+        names = None if devices is None else [d.name for d in devices]
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), names
+
+    task_sees, reader_reads = ray.get(read.remote(), timeout=120)
+    assert task_sees == ""  # Ray blanked it for this task: the switch is on
+    assert reader_reads == ["GPU 2", "GPU 3"]
+
+
 def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -279,6 +341,37 @@ def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(
     assert context._measure_on_gpu() == 1 and measured_on == [3]
     monkeypatch.setattr(context, "trial_device", lambda requested: torch.device("cpu"))
     assert context._measure_on_gpu() is None
+
+
+def test_the_context_is_measured_after_every_kind_of_work_a_trial_may_load_kernels_for() -> None:
+    """Lazy loading counts only the kernels called: the measuring step runs a convolution,
+    fused attention, a half-precision matmul, a normalisation, a loss and the optimizer's
+    update, forward and backward (run here on the CPU; the same ops on CUDA load each kind)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.profiler import ProfilerActivity, profile
+
+    from raybatch.memory.context import typical_step
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        typical_step(torch.device("cpu"))
+    ran = {e.key for e in prof.key_averages()}
+    for kind in ("aten::convolution_backward", "aten::_scaled_dot_product", "aten::layer_norm",
+                 "aten::nll_loss_backward", "Optimizer.step#AdamW.step"):  # fmt: skip
+        assert any(name.startswith(kind) for name in ran), (kind, sorted(ran))
+
+    made: set[torch.dtype] = set()
+
+    class Outputs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                made.add(out.dtype)
+            return out
+
+    with Outputs():
+        typical_step(torch.device("cpu"))
+    assert torch.bfloat16 in made  # the half-precision matmul and attention (cuBLASLt on CUDA)
 
 
 def test_a_trial_numbers_gpus_as_nvml_does_unless_told_otherwise(

@@ -302,7 +302,8 @@ cluster.wait_for_nodes()
 proc = subprocess.run(
     [sys.executable, "-m", "raybatch", "search", WORKLOAD, "--space", SPACE,
      "--target", "0.9", "--trials", "3", "--run-dir", RUN_DIR, "--address", cluster.address,
-     "--max-time-per-trial", "10", "--confirm-seeds", "0", "--quiet"],
+     "--max-time-per-trial", "10", "--confirm-seeds", "0", "--gpus-per-trial", "0",
+     "--quiet"],
     capture_output=True, text=True,
 )
 ray.init(address=cluster.address, log_to_driver=False)

@@ -123,19 +123,25 @@ def nvml() -> Any:
 
 def visible_devices(visible: str | None = None) -> list[str] | None:
     """The entries of ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, in CUDA's order; default:
-    this process's), or ``None`` when it is unset or empty (every GPU is visible)."""
+    this process's), or ``None`` when it is unset (every GPU is visible).
+
+    Set but blank, it hides every GPU, as CUDA reads it: an empty list, not "all". Ray sets it
+    so for a task that holds no GPU under ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``.
+    """
     text = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    entries = [e.strip() for e in (text or "").split(",") if e.strip()]
-    return entries or None
+    if text is None:
+        return None
+    return [e.strip() for e in text.split(",") if e.strip()]
 
 
-def physical_handle(pynvml: Any, cuda_index: int) -> Any:
-    """NVML handle of CUDA device ``cuda_index`` of this process.
+def physical_handle(pynvml: Any, cuda_index: int, visible: str | None = None) -> Any:
+    """NVML handle of CUDA device ``cuda_index`` of this process (or of a process whose
+    ``CUDA_VISIBLE_DEVICES`` is ``visible``).
 
     NVML numbers physical GPUs; CUDA numbers the ones in ``CUDA_VISIBLE_DEVICES`` (which Ray
     sets per trial). The visible list may name indices or UUIDs.
     """
-    entries = visible_devices()
+    entries = visible_devices(visible)
     if entries is None:
         return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
     entry = entries[cuda_index]
@@ -181,18 +187,19 @@ def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
         pynvml.nvmlShutdown()
 
 
-def read_all_devices() -> list[DeviceMemory] | None:
-    """The GPUs this process's CUDA numbers, in CUDA's order: those ``CUDA_VISIBLE_DEVICES``
-    names (indices or UUIDs, matched to NVML's physical GPUs), or every GPU when it is unset.
-    A node started with ``CUDA_VISIBLE_DEVICES`` gives Ray only those GPUs, and a busy GPU
-    outside them must not shrink the budget. ``None`` without a usable NVIDIA driver."""
+def read_all_devices(visible: str | None = None) -> list[DeviceMemory] | None:
+    """The GPUs this process's CUDA numbers (or a process's whose ``CUDA_VISIBLE_DEVICES`` is
+    ``visible``), in CUDA's order: those ``CUDA_VISIBLE_DEVICES`` names (indices or UUIDs,
+    matched to NVML's physical GPUs), or every GPU when it is unset. A node started with
+    ``CUDA_VISIBLE_DEVICES`` gives Ray only those GPUs, and a busy GPU outside them must not
+    shrink the budget. ``None`` without a usable NVIDIA driver."""
     pynvml = nvml()
     if pynvml is None:
         return None
     try:
-        entries = visible_devices()
+        entries = visible_devices(visible)
         count = len(entries) if entries is not None else pynvml.nvmlDeviceGetCount()
-        return [_device_memory(pynvml, physical_handle(pynvml, i)) for i in range(count)]
+        return [_device_memory(pynvml, physical_handle(pynvml, i, visible)) for i in range(count)]
     except pynvml.NVMLError:
         return None
     finally:

@@ -11,7 +11,13 @@ notes say so: a search never waits or fails for this figure.
 
 from __future__ import annotations
 
-from raybatch.errors import BudgetUnavailableError, TrialDeviceError, first_line
+from raybatch.errors import (
+    BudgetUnavailableError,
+    Issue,
+    OptionError,
+    TrialDeviceError,
+    first_line,
+)
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, format_bytes
 from raybatch.memory.context import measure_context_bytes
 from raybatch.run.hardware import ClusterView
@@ -79,9 +85,19 @@ def search_budget(
     CPU search without ``--memory-budget``), and one trial's CUDA context (measured on GPUs).
 
     Raises:
+        OptionError: GPU trials, no GPU of the search's model alive yet (its nodes at zero
+            under an autoscaler), and no ``--memory-budget``.
         BudgetUnavailableError: GPUs, and NVML answered on none of their nodes.
     """
 
+    if cuda and options.memory_budget is None and view.gpus <= 0:
+        model = f"{options.gpu_model} " if options.gpu_model else ""
+        message = (
+            f"no {model}GPU node is alive yet (the autoscaler may start up to"
+            f" {view.autoscale_gpus}), and no GPU's memory can be read before one exists: give"
+            " --memory-budget"
+        )
+        raise OptionError([Issue("memory_budget", message)])
     context = CUDA_CONTEXT_OVERHEAD_BYTES
     if cuda:
         context = cluster_context_bytes(view, options.gpu_model, notes)

@@ -15,6 +15,7 @@ CPUs, and one that read NVML there would find nothing to budget. So:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -279,7 +280,7 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
     records = _alive_nodes()
     pending = {}
     if read_nvml:
-        reader = ray.remote(num_cpus=0)(charged_to_task(read_all_devices))
+        reader = ray.remote(num_cpus=0)(charged_to_task(read_node_devices))
         for record in records:
             if float(record.get("Resources", {}).get("GPU", 0.0)) > 0:
                 strategy = NodeAffinitySchedulingStrategy(record["NodeID"], soft=False)
@@ -311,6 +312,34 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
     )
 
 
+def started_visible_devices() -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` as this Ray worker's process was started with: the node's GPUs
+    as its raylet sees them, not as Ray set the variable for the task now running.
+
+    The NVML reader is a task that holds no GPU. Ray leaves the variable alone for such a task
+    by default, but blanks it under ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (Ray's switch back
+    to its old behaviour); read as is, the reader would see no GPU, or (read as "unset") every
+    physical one, and a node started on GPUs 2,3 (SLURM, a split node) would be budgeted from
+    GPUs 0,1. Ray keeps the value it found when the worker started
+    (``Worker.original_visible_accelerator_ids``, through which it maps a task's assigned GPU
+    ids to CUDA's); that is read here, and this process's own variable where Ray keeps none
+    (not a Ray worker, or a Ray that moved it).
+    """
+    try:
+        from ray._private.worker import global_worker
+
+        started = global_worker.original_visible_accelerator_ids.get("GPU")
+    except (ImportError, AttributeError):
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if started is None else ",".join(str(i) for i in started)
+
+
+def read_node_devices() -> list[DeviceMemory] | None:
+    """The GPUs of the node this runs on, as Ray manages them (:func:`started_visible_devices`),
+    through NVML; ``None`` without a usable NVIDIA driver. The body of the per-node reader."""
+    return read_all_devices(started_visible_devices())
+
+
 def gpu_request(
     view: ClusterView,
     requested: str | float | None,
@@ -321,35 +350,45 @@ def gpu_request(
     cluster: GPUs where none is alive yet go on only where an autoscaler may start some and
     the budget is given (no GPU's memory can be read before one exists).
 
+    A cluster of several nodes none of which has a GPU, with no autoscaler that says it may
+    start one, is never searched on CPUs by default: a GPU cluster whose GPU nodes are at zero
+    looks exactly like that under Ray's v1 autoscaler, which publishes no configuration
+    (``get_cluster_config`` answers only under v2). The user says which it is.
+
     Raises:
         OptionError: GPUs asked of a cluster that has none and cannot get any, or of an
-            autoscaling one without ``--memory-budget``.
+            autoscaling one without ``--memory-budget``; or a multi-node cluster without GPUs
+            and no ``--gpus-per-trial``.
     """
 
     gpus = view.gpus_per_trial(requested)
     if requested is None and gpus in (0, 0.0) and len(view.nodes) > 1:
-        # Said, not silent: a cluster whose GPU nodes are at zero looks like this when its
-        # autoscaler publishes no configuration (Ray's v1 autoscaler does not).
-        notes.append(
-            "no node of the cluster has a GPU and no autoscaler says it may start one: the"
-            " trials run on CPUs (for GPU nodes that scale up from zero under an autoscaler"
-            " that does not say so, give --gpus-per-trial 1 and --memory-budget)"
+        message = (
+            f"not given, and no node of this {len(view.nodes)}-node cluster has a GPU, nor"
+            " does an autoscaler say it may start one (GPU nodes at zero under Ray's v1"
+            " autoscaler look the same): give --gpus-per-trial 0 for a CPU search, or"
+            " --gpus-per-trial 1 with --memory-budget (and --gpu-model on mixed GPUs) for GPU"
+            " trials that wait for the autoscaler"
         )
+        raise OptionError([Issue("gpus_per_trial", message)])
     if gpus in (0, 0.0) or view.gpus > 0:
         return gpus
-    if view.autoscale_gpus <= 0:
+    # One node cannot grow; several may, under an autoscaler that publishes nothing (v1).
+    unknown = view.autoscale_gpus <= 0 and len(view.nodes) > 1
+    if view.autoscale_gpus <= 0 and not unknown:
         message = f"is {gpus!r}, but no node of the cluster has a GPU"
         raise OptionError([Issue("gpus_per_trial", message)])
+    up_to = "an autoscaler may start some" if unknown else f"up to {view.autoscale_gpus}"
     if memory_budget is None:
         message = (
-            f"no GPU node is alive yet (the autoscaler may start up to {view.autoscale_gpus}),"
-            " and no GPU's memory can be read before one exists: give --memory-budget, or"
-            " --gpus-per-trial 0 for a CPU search"
+            f"no GPU node is alive yet ({up_to}), and no GPU's memory can be read before one"
+            " exists: give --memory-budget, or --gpus-per-trial 0 for a CPU search"
         )
         raise OptionError([Issue("memory_budget", message)])
+    wait = " (if none ever starts, the trials wait: stop the search with Ctrl-C)"
     notes.append(
-        f"no GPU node is alive yet: GPU trials wait for the autoscaler to start one (up to"
-        f" {view.autoscale_gpus} GPUs), with the memory budget given"
+        f"no GPU node is alive yet: GPU trials wait for the autoscaler to start one ({up_to}"
+        f"{'' if unknown else ' GPUs'}), with the memory budget given{wait if unknown else ''}"
     )
     return gpus
 
@@ -432,5 +471,5 @@ def rays_devices(
 
 __all__ = [
     "ClusterView", "NodeView", "collect_readings", "gpu_request", "one_gpu_model", "rays_devices",
-    "read_cluster",
+    "read_cluster", "read_node_devices", "started_visible_devices",
 ]  # fmt: skip

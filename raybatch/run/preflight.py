@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import TraceError
+from raybatch.errors import OptionError, TraceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, MemoryBudget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.context import cluster_context_bytes
-from raybatch.run.hardware import ClusterView
+from raybatch.run.hardware import ClusterView, gpu_request
 from raybatch.run.resources import gpu_fraction
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import unplaceable_reason
@@ -61,8 +61,10 @@ def preflight(
     warnings = list(view.warnings())
     gpus = view.gpus_per_trial(gpus_per_trial)
     cuda = gpus not in (0, 0.0)
-    if cuda and view.gpus == 0:
-        warnings.append(f"--gpus-per-trial {gpus} asks for GPUs, but no node has one")
+    try:  # what the search would refuse, said here as a warning
+        gpu_request(view, gpus_per_trial, memory_budget, warnings)
+    except OptionError as exc:
+        warnings.extend(f"a search would be refused: {i.field}: {i.message}" for i in exc.issues)
     device = "cuda" if cuda and view.gpus > 0 else "cpu"
     context = CUDA_CONTEXT_OVERHEAD_BYTES
     if cuda and measure_context:
