@@ -18,6 +18,7 @@ from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
 from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.scheduler import CappingScheduler
+from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
@@ -57,9 +58,11 @@ class _Trial:
         self.trial_id = trial_id
 
 
-def _run(scheduler: CappingScheduler, trial: _Trial, time_s: float | None) -> dict[str, Any]:
-    """One confirmation run as Tune drives it: a report every 0.05 s of training, to the
-    shipped scheduler, until the run reaches ``time_s`` (``None``: never) or is stopped."""
+def _run(scheduler: CappingScheduler, trial: _Trial, time_s: float | None,
+         searcher: RaceSearcher | None = None) -> dict[str, Any]:  # fmt: skip
+    """One confirmation run as Tune drives it: a report every 0.05 s of training (1000
+    samples a second, the metric rising to 0.97 at ``time_s``), to the shipped searcher and
+    scheduler, until the run reaches ``time_s`` (``None``: never) or is stopped."""
     trained = 0.0
     while True:
         trained = round(trained + 0.05, 2)
@@ -67,7 +70,11 @@ def _run(scheduler: CappingScheduler, trial: _Trial, time_s: float | None) -> di
         status = TrialStatus.REACHED if reached else TrialStatus.RUNNING
         result = {keys.TRIAL_ID: trial.trial_id, keys.STATUS: status.value,
                   keys.TRAIN_S: trained, keys.HELD_S: trained + 0.5,
-                  keys.TIME_TO_TARGET_S: time_s if reached else None}  # fmt: skip
+                  keys.TIME_TO_TARGET_S: time_s if reached else None,
+                  keys.SAMPLES_SEEN: round(trained * 1000),
+                  keys.METRIC: 0.97 * min(trained / (time_s or 20.0), 1.0)}  # fmt: skip
+        if searcher is not None:
+            searcher.on_trial_result(trial.trial_id, result)
         decision = scheduler.on_trial_result(None, trial, result)
         if reached:
             return {**result, keys.OBJECTIVE: time_s}
@@ -77,12 +84,15 @@ def _run(scheduler: CappingScheduler, trial: _Trial, time_s: float | None) -> di
             return {**result, keys.STATUS: TrialStatus.CENSORED.value, keys.OBJECTIVE: PENALTY}
 
 
-def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None]]
-          ) -> list[tuple[int, list[tuple[int, int, float]]]]:  # fmt: skip
+Rounds = list[tuple[int, list[tuple[int, int, float]]]]
+
+
+def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None]],
+          record: SearchStudy | None = None) -> Rounds:  # fmt: skip
     """Run the race as the driver does: the shipped :class:`RaceSearcher` suggests each run in
     order and the shipped :class:`CappingScheduler` caps it; the rounds, as (seed, recipes)."""
     scheduler = CappingScheduler(SLACK, level_slack=None)
-    searcher = RaceSearcher(race, scheduler, PENALTY)
+    searcher = RaceSearcher(race, scheduler, PENALTY, record=record)
     for n in itertools.count():
         config = searcher.suggest(f"t{n}")
         if config == Searcher.FINISHED:
@@ -92,7 +102,7 @@ def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None
         trial = _Trial(f"t{n}")
         knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                  config[keys.LR_MULTIPLIER])  # fmt: skip
-        result = _run(scheduler, trial, times[knobs][config[keys.SEED]])
+        result = _run(scheduler, trial, times[knobs][config[keys.SEED]], searcher)
         scheduler.on_trial_complete(None, trial, result)
         searcher.on_trial_complete(trial.trial_id, result)
     rounds: dict[int, list[tuple[int, int, float]]] = {}
@@ -115,6 +125,34 @@ def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped()
     cost = race.rows[-1]
     assert cost.status is TrialStatus.CAPPED
     assert 1.2 < cost.train_s <= 1.25  # stopped at its first report past 1.2x A's time on seed 1
+
+
+def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any) -> None:
+    """optuna-dashboard shows the race: each run is one trial of ``<study>-confirmation`` in the
+    run's database, with its recipe's search parameters, its seed, its curve, and its time to
+    target where it reached (COMPLETE), PRUNED where the leader's slack capped it."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    record = SearchStudy(url, "raybatch")
+    rows = _search((A, 1.0), (B, 1.5), (C, 2.0))
+    for row in rows:  # the search's trials, as the searcher records them
+        trial = record.ask()
+        trial.suggest_int(keys.MICRO_BATCH_SIZE, 16, 256, log=True)
+        assert trial.params[keys.MICRO_BATCH_SIZE] > 0 and row.config is not None
+        record.launched(trial, row.config.to_dict(), row.trial_id)
+        record.finish(trial.number, TrialStatus.REACHED, row.time_to_target_s or 0, 0.0, None)
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    assert _play(race, {A: {1: 1.0}, B: {1: 1.6}}, record) == [(1, [A, B])]
+    runs = optuna.load_study(study_name="raybatch-confirmation", storage=url).trials
+    searched = {t.user_attrs["tune_trial_id"]: t.params for t in record.study.trials}
+    assert [r.state.name for r in runs] == ["COMPLETE", "PRUNED"]
+    assert runs[0].value == 1.0 and runs[1].value is None
+    assert [r.params for r in runs] == [searched[rows[0].trial_id], searched[rows[1].trial_id]]
+    assert [r.user_attrs["seed"] for r in runs] == [1, 1]
+    assert [r.user_attrs["status"] for r in runs] == ["reached", "capped"]
+    assert max(runs[0].intermediate_values) == 1000 and runs[0].intermediate_values[1000] == 0.97
+    assert 1200 <= max(runs[1].intermediate_values) <= 1250  # stopped past 1.2x A's time
 
 
 def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None:

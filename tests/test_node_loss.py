@@ -99,7 +99,7 @@ def test_a_node_that_dies_mid_search_loses_nothing_finished_and_counts_nothing_t
     told = [
         t.user_attrs["tune_trial_id"]
         for t in study.trials
-        if t.state == optuna.trial.TrialState.COMPLETE
+        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         and t.user_attrs.get(STATUS_ATTR) != "prescreened_out"
     ]
     assert sorted(told) == sorted(ids)  # the study and trials.csv agree

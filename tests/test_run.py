@@ -23,6 +23,7 @@ from .conftest import run_cli
 from .workloads import CLOCKED_SECONDS, CLOCKED_TARGET_SAMPLES, ClockedWorkload
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
+COMPLETE = optuna.trial.TrialState.COMPLETE
 DIGITS = "raybatch.examples.digits:workload"
 
 
@@ -72,11 +73,12 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
     waiting = optuna.trial.TrialState.WAITING  # plan points queued that no trial reached
     asked = [t for t in study.trials if t.state != waiting]
     assert len(asked) == len(search_rows) + len(prescreened)
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in asked)
     by_tune_id = {t.user_attrs.get("tune_trial_id"): t for t in asked}
     for row in search_rows:
         trial = by_tune_id[row["trial_id"]]
         assert trial.user_attrs[STATUS_ATTR] == row["status"]
+        capped = row["status"] == "capped"  # stopped by the scheduler: Optuna's own word
+        assert trial.state == (optuna.trial.TrialState.PRUNED if capped else COMPLETE)
         assert int(trial.params.get("micro_batch_size", row["micro_batch_size"])) == int(
             row["micro_batch_size"]
         )
@@ -86,6 +88,18 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
             assert trial.intermediate_values[steps[-1]] >= 0.97
     statuses = {r["status"] for r in rows}
     assert statuses <= {"reached", "censored", "capped", "diverged", "prescreened_out"}
+    assert all(t.state == COMPLETE for t in asked if t.user_attrs[STATUS_ATTR] != "capped")
+    # The race's runs, in the study beside (optuna-dashboard lists both), as trials.csv has them.
+    confirmed = [r for r in rows if r["phase"] == "confirmation"]
+    assert confirmed  # the lone best recipe is run once more on a fresh seed
+    race = optuna.load_study(study_name=f"{STUDY_NAME}-confirmation",
+                             storage=f"sqlite:///{run_dir / 'optuna.db'}").trials  # fmt: skip
+    assert [t.user_attrs["tune_trial_id"] for t in race] == [r["trial_id"] for r in confirmed]
+    for row, run in zip(confirmed, race, strict=True):
+        assert run.user_attrs["seed"] == int(row["seed"]) and run.params
+        if row["status"] == "reached":
+            assert run.value == pytest.approx(float(row["time_to_target_s"]))
+            assert max(run.intermediate_values) == int(row["samples_to_target"])
     for row in search_rows:  # the objective is training time; evaluation is kept beside it
         if row["status"] == "reached":
             trained, evaluated = float(row["time_to_target_s"]), float(row["eval_s"])

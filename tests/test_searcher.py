@@ -240,14 +240,31 @@ def test_a_learned_oom_survives_a_checkpoint(tmp_path: Path) -> None:
         fresh.on_trial_complete(f"t{i}", _result("reached", 1.0))
 
 
-def test_a_trial_stopped_while_running_is_capped_with_the_penalty(tmp_path: Path) -> None:
+def test_a_trial_the_scheduler_stopped_is_pruned_with_its_learning_curve(tmp_path: Path) -> None:
+    """Capped is Optuna's PRUNED, with the metric at each evaluation (as Optuna's own pruners
+    leave a trial; optuna-dashboard draws it as one); the same after a resume, where the trial
+    has no live handle and is added anew with the curve it reported before."""
     searcher = _searcher(tmp_path)
     searcher.suggest("a")
-    searcher.on_trial_complete("a", {keys.STATUS: "running", keys.ELAPSED_S: 3.0})
+    searcher.on_trial_result("a", {keys.METRIC: 0.4, keys.SAMPLES_SEEN: 512})
+    searcher.on_trial_complete("a", {keys.STATUS: "running", keys.ELAPSED_S: 3.0,
+                                     keys.METRIC: 0.6, keys.SAMPLES_SEEN: 1024})  # fmt: skip
     trial = searcher.study.trials[0]
-    assert trial.user_attrs[STATUS_ATTR] == "capped" and trial.value == 600.0
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert trial.user_attrs[STATUS_ATTR] == "capped"
+    assert trial.intermediate_values == {512: 0.4, 1024: 0.6}
     searcher.on_trial_complete("a", _result("reached", 1.0))  # told once only
-    assert searcher.study.trials[0].value == 600.0
+    assert searcher.study.trials[0].state == optuna.trial.TrialState.PRUNED
+    searcher.suggest("b")
+    searcher.on_trial_result("b", {keys.METRIC: 0.3, keys.SAMPLES_SEEN: 256})
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    fresh = _searcher(tmp_path)
+    fresh.restore(str(tmp_path / "ckpt.pkl"))
+    fresh.on_trial_complete("b", {keys.STATUS: "running"})
+    lost, told = fresh.study.trials[1:]
+    assert status_of(lost) == "lost_at_interruption"
+    assert told.state == optuna.trial.TrialState.PRUNED and told.params == lost.params
+    assert told.intermediate_values == {256: 0.3} and told.user_attrs[STATUS_ATTR] == "capped"
 
 
 @pytest.mark.parametrize(

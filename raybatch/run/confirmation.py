@@ -51,6 +51,7 @@ from raybatch.run.options import SearchOptions
 from raybatch.run.progress import log, recipe
 from raybatch.run.resources import REUSE_ACTORS
 from raybatch.run.scheduler import CappingScheduler
+from raybatch.run.study import SearchStudy
 from raybatch.run.untold import TellUntold
 from raybatch.space.config import TrialConfig
 from raybatch.status import final_status
@@ -137,19 +138,25 @@ class RaceSearcher(Searcher):
         scheduler: The race's capping scheduler (final level only).
         penalty: The objective of a run that did not reach the target.
         whole_gpus: Each run holds a whole GPU (``alone``): a measurement.
+        record: The search's study, beside which each run is recorded as it ends
+            (:meth:`SearchStudy.confirmation_run`: optuna-dashboard shows the race too).
     """
 
     def __init__(self, race: Race, scheduler: CappingScheduler, penalty: float,
-                 whole_gpus: bool = False) -> None:  # fmt: skip
+                 whole_gpus: bool = False, record: SearchStudy | None = None) -> None:  # fmt: skip
         super().__init__(metric=keys.OBJECTIVE, mode="min")
         self.race = race
         self.scheduler = scheduler
         self.penalty = penalty
         self.whole_gpus = whole_gpus
+        self.record = record
         self.rows: list[TrialRow] = []
-        self._queue: list[dict[str, Any]] = []  # the current round's runs not yet suggested
+        # The current round's runs not yet suggested, each with its entrant's search trial.
+        self._queue: list[tuple[dict[str, Any], str]] = []
         self._round: list[TrialRow] = []  # the current round's rows so far
         self._configs: dict[str, dict[str, Any]] = {}
+        self._entrants: dict[str, str] = {}  # run -> the search trial of its recipe
+        self._curves: dict[str, dict[int, float]] = {}  # run -> samples seen -> metric
         self._running: str | None = None
         self._in_round = False
 
@@ -164,15 +171,27 @@ class RaceSearcher(Searcher):
             if round_ is None:
                 return Searcher.FINISHED
             self.scheduler.forget_incumbent()  # capped against this seed's leader, no other
-            self._queue = [{**_recipe_of(e).to_dict(), keys.CANDIDATE: i, keys.SEED: round_.seed}
-                           for i, e in enumerate(round_.entrants)]  # fmt: skip
+            self._queue = [
+                ({**_recipe_of(e).to_dict(), keys.CANDIDATE: i, keys.SEED: round_.seed}, e.trial_id)
+                for i, e in enumerate(round_.entrants)
+            ]
             self._in_round = True
-        config = self._queue.pop(0)
+        config, self._entrants[trial_id] = self._queue.pop(0)
         if self.whole_gpus:
             config[keys.ALONE] = True
         self._configs[trial_id] = config
         self._running = trial_id
         return config
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        """An evaluation of a run: its curve, for the run's record in the study."""
+        metric = result.get(keys.METRIC)
+        if metric is None or result.get(keys.HEARTBEAT) or not math.isfinite(metric):
+            return
+        curve = self._curves.setdefault(trial_id, {})
+        step = int(result.get(keys.SAMPLES_SEEN) or 0)
+        if step > max(curve, default=-1):
+            curve[step] = float(metric)
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
@@ -182,6 +201,8 @@ class RaceSearcher(Searcher):
             self._running = None
         if config is None:
             return
+        if result:
+            self.on_trial_result(trial_id, result)  # the last evaluation, if Tune sent it here
         metrics = dict(result or {})
         status, _ = final_status(metrics, error, self.penalty)
         if not error and metrics.get(keys.TRIAL_ID) in self.scheduler.capped:
@@ -196,6 +217,9 @@ class RaceSearcher(Searcher):
         )  # fmt: skip
         self._round.append(row)
         self.rows.append(row)
+        if self.record is not None:
+            entrant = self._entrants.pop(trial_id, None)
+            self.record.confirmation_run(row, entrant, self._curves.pop(trial_id, {}))
 
 
 def run_race(
@@ -206,6 +230,7 @@ def run_race(
     verbose: int,
     whole_gpus: bool = False,
     progress: Any = None,
+    record: SearchStudy | None = None,
 ) -> list[TrialRow]:
     """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
     by :class:`RaceSearcher` in one Ray Tune experiment; the new rows.
@@ -231,7 +256,7 @@ def run_race(
         hang_after_s=options.max_time_s + options.hang_grace_s,
         level_slack=None,  # a confirmation run is judged at the target, not along the way
     )
-    searcher = RaceSearcher(race, scheduler, options.penalty, whole_gpus)
+    searcher = RaceSearcher(race, scheduler, options.penalty, whole_gpus, record)
     tuner = tune.Tuner(
         resourced,
         tune_config=tune.TuneConfig(

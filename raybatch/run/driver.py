@@ -416,8 +416,8 @@ def _execute(
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
         spent = search_cost(rows, 1.0).device_s
-        rows += run_race(path, plan.resourced, rows, options, verbose, whole_gpus=plan.cuda,
-                         progress=Progress("race run", None, spent))  # fmt: skip
+        rows += run_race(path, plan.resourced, rows, options, verbose, plan.cuda,
+                         Progress("race run", None, spent), plan.searcher.record)  # fmt: skip
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
     # points the verdict compares with.

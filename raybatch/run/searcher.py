@@ -21,7 +21,11 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   and later suggestions' ``gpu_share`` comes from the calibrated prediction; a trial out of
   memory while packed runs once more *alone* before its recipe is taught infeasible;
 - **one study is the record**: every Tune trial is one Optuna trial whose number is kept in
-  the searcher's checkpoint, so after a resume the study and the Ray experiment agree.
+  the searcher's checkpoint, so after a resume the study and the Ray experiment agree. A trial
+  that reached is COMPLETE with its time to target; one the scheduler capped is PRUNED, with
+  the target metric at each evaluation as its intermediate values (what optuna-dashboard
+  draws as learning curves), as Optuna's own pruners leave a trial; every other end is
+  COMPLETE with the penalty.
 - **a plan before TPE** (:mod:`raybatch.run.plan`): the largest batch that fits at a sweep
   of LRs and the reference recipe run first; once they have all finished, the LR multiplier
   that was fastest at the largest batch is carried to a ladder of other batches (the ones the
@@ -95,7 +99,7 @@ class RaybatchSearcher(Searcher):
         storage_url: Optuna storage (``sqlite:///RUN_DIR/optuna.db`` for ``raybatch search``);
             ``None``: in memory, kept in the searcher's Tune checkpoint for a restore.
         study_name: The study's name in that storage.
-        penalty: The objective told for prescreened-out, failed or capped trials (PAR-10:
+        penalty: The objective told for prescreened-out, failed or censored trials (PAR-10:
             10x the trainable's time cap). Required; :meth:`for_trainable` reads it.
         estimator: Memory estimator for the pre-screen (``None``: no pre-screen).
         budget_bytes: The per-GPU budget the pre-screen compares against.
@@ -354,7 +358,8 @@ class RaybatchSearcher(Searcher):
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
-        """Tell Optuna the trial's objective; a trial stopped mid-run by the scheduler is capped.
+        """Tell Optuna the trial's objective; a trial stopped mid-run by the scheduler is capped
+        (PRUNED in the study).
 
         A trial that ran out of memory is told infeasible (positive constraint) and remembered,
         so that no later suggestion needing as much memory is launched.

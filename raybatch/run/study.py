@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
+from raybatch.results.rows import TrialRow
 from raybatch.space.config import TrialConfig
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
@@ -50,6 +51,14 @@ LADDER_ATTR = "ladder_queued"
 BASELINE_ATTR = "baseline"
 """Study attribute: the largest batch that fits, when the opening had to go below the one the
 estimate chose (that one ran out of memory)."""
+
+CONFIRMATION_STUDY = "{}-confirmation"
+"""The name of the study beside the search's (``{}``: the search study's) holding the
+confirmation's race runs: one Optuna trial per run, so optuna-dashboard lists them too."""
+SEED_ATTR = keys.SEED
+"""A confirmation run's seed."""
+SEARCH_TRIAL_ATTR = "search_trial_id"
+"""A confirmation run's recipe: the Ray Tune trial of the search that measured it first."""
 
 GAVE_UP_ATTR = "gave_up"
 """Study attribute: why the searcher stopped suggesting (every suggestion was pre-screened out)."""
@@ -152,6 +161,7 @@ class SearchStudy:
         # below writes it (a copy made by pickling reads storage afresh).
         self._gave_up: str | None = None
         self._gave_up_read = False
+        self._confirmation: optuna.Study | None = None
 
     def relocate(self, storage_url: str) -> None:
         """Use ``storage_url`` from now on: a searcher unpickled from a run directory that was
@@ -159,12 +169,13 @@ class SearchStudy:
         if self.storage_url is None:
             return  # in memory: the study travels in the searcher's checkpoint
         self.storage_url = storage_url
-        self._study = None
+        self._study = self._confirmation = None
         self._live = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The study holds a database engine; it is reopened from the URL after unpickling.
-        return {**self.__dict__, "_study": None, "_live": {}, "_gave_up_read": False}
+        return {**self.__dict__, "_study": None, "_confirmation": None, "_live": {},
+                "_gave_up_read": False}  # fmt: skip
 
     @property
     def study(self) -> optuna.Study:
@@ -225,8 +236,9 @@ class SearchStudy:
     def progress(self, number: int, value: float, step: int) -> None:
         """An evaluation of the open trial ``number``: its target metric after ``step``
         samples, kept as an intermediate value (the learning curves optuna-dashboard draws).
-        TPE reads intermediate values of pruned trials only, and raybatch's trials end
-        complete: the search is the same with them. A step not past the last is skipped (a
+        TPE reads them only for a pruned (capped) trial, and only to rank it among other
+        pruned ones where fewer trials reached than its "good" group holds; they rank it below
+        every trial that reached, as the penalty did. A step not past the last is skipped (a
         trial run again alone restarts its count)."""
         trial = self._live.get(number)
         last = self._steps.get(number, -1)
@@ -272,30 +284,37 @@ class SearchStudy:
         attrs: dict[str, Any] = {STATUS_ATTR: status.value}
         if time_to_target_s is not None:
             attrs[TIME_TO_TARGET_ATTR] = time_to_target_s
+        pruned = status is TrialStatus.CAPPED
         trial = self._live.pop(number, None)
         if trial is not None:
             for key, item in attrs.items():
                 trial.set_user_attr(key, item)
             trial.set_constraint(MEMORY_CONSTRAINT, violation)
-            self.study.tell(trial, value)
+            if pruned:
+                self.study.tell(trial, state=_state("PRUNED"))
+            else:
+                self.study.tell(trial, value)
+            self._steps.pop(number, None)
             return number
-        return self._finish_restored(number, attrs, value, violation)
+        return self._finish_restored(number, attrs, None if pruned else value, violation)
 
     def _finish_restored(
-        self, number: int, attrs: dict[str, Any], value: float, violation: float
+        self, number: int, attrs: dict[str, Any], value: float | None, violation: float
     ) -> int | None:
         import optuna
 
         old = self.study.get_trials(deepcopy=False)[number]
         if old.state.is_finished():
             return None
-        self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        self.study.tell(number, state=_state("FAIL"), skip_if_finished=True)
         self.study.add_trial(
             optuna.trial.create_trial(
+                state=_state("PRUNED" if value is None else "COMPLETE"),
                 value=value,
                 params=old.params,
                 distributions=old.distributions,
                 user_attrs={**old.user_attrs, **attrs},
+                intermediate_values=old.intermediate_values,
                 constraints={MEMORY_CONSTRAINT: violation},
             )
         )
@@ -338,6 +357,56 @@ class SearchStudy:
         stored = self.study.user_attrs.get(BASELINE_ATTR)
         return dict(stored) if stored is not None else None
 
+    def confirmation_run(
+        self,
+        row: TrialRow,
+        search_trial_id: str | None,
+        curve: dict[int, float],
+    ) -> None:
+        """Record one run of the confirmation's race in the study beside this one
+        (:data:`CONFIRMATION_STUDY`): COMPLETE with its time to target where it reached,
+        PRUNED where it was stopped before (capped at the slack of the leader's time on its
+        seed, or at the time cap), FAIL otherwise; its recipe's parameters are those of the
+        search trial that measured it first, its evaluations (``curve``: samples seen ->
+        target metric) its intermediate values, its seed and status user attributes."""
+        import optuna
+
+        if self._confirmation is None:
+            self._confirmation = optuna.create_study(
+                storage=self.storage_url or self.memory_storage,
+                study_name=CONFIRMATION_STUDY.format(self.study_name),
+                direction="minimize",
+                load_if_exists=True,
+            )
+        searched = [
+            t
+            for t in self.study.get_trials(deepcopy=False)
+            if search_trial_id is not None
+            and t.user_attrs.get(TUNE_TRIAL_ID_ATTR) == search_trial_id
+        ]
+        reached = row.status is TrialStatus.REACHED and row.time_to_target_s is not None
+        stopped = row.status in (TrialStatus.CAPPED, TrialStatus.CENSORED)
+        state = "COMPLETE" if reached else "PRUNED" if stopped else "FAIL"
+        attrs = {
+            STATUS_ATTR: row.status.value,
+            REASON_ATTR: row.reason,
+            SEED_ATTR: row.seed,
+            SEARCH_TRIAL_ATTR: search_trial_id,
+            TUNE_TRIAL_ID_ATTR: row.trial_id,
+            TIME_TO_TARGET_ATTR: row.time_to_target_s,
+            CONFIG_ATTR: None if row.config is None else row.config.to_dict(),
+        }
+        self._confirmation.add_trial(
+            optuna.trial.create_trial(
+                state=_state(state),
+                value=row.time_to_target_s if reached else None,
+                params=dict(searched[-1].params) if searched else {},
+                distributions=dict(searched[-1].distributions) if searched else {},
+                user_attrs={k: v for k, v in attrs.items() if v is not None},
+                intermediate_values={int(k): float(v) for k, v in curve.items()},
+            )
+        )
+
     # ------------------------------------------------------------------ the driver's side
 
     def gave_up_reason(self) -> str | None:
@@ -379,10 +448,16 @@ class SearchStudy:
 
     def workload_ran(self) -> int:
         """Finished trials in which the workload was built and trained (not ``error``)."""
-        import optuna
 
-        complete = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        return sum(1 for t in complete if t.user_attrs.get(STATUS_ATTR) in WORKLOAD_RAN)
+        ended = self.study.get_trials(deepcopy=False, states=(_state("COMPLETE"), _state("PRUNED")))
+        return sum(1 for t in ended if t.user_attrs.get(STATUS_ATTR) in WORKLOAD_RAN)
+
+
+def _state(name: str) -> optuna.trial.TrialState:
+    """Optuna's trial state ``name`` (Optuna is imported only where a study is used)."""
+    import optuna
+
+    return optuna.trial.TrialState[name]
 
 
 def status_of(trial: optuna.trial.FrozenTrial) -> str:
