@@ -286,15 +286,25 @@ def init_workload_command(
     file: Annotated[
         str, typer.Argument(help="The workload file to write, e.g. my_workload.py.")
     ] = "my_workload.py",
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="What to start from: workload (raybatch's own class), lightning (a"
+            " LightningModule and its LightningDataModule), huggingface (model_init, datasets,"
+            " collator and compute_metrics, as Trainer.hyperparameter_search takes them).",
+        ),
+    ] = "workload",
 ) -> None:
     """Write a workload file to start from (own model, own data) and its space file."""
     from raybatch.template import write_template
 
     with _user_errors():
-        workload_path, space_path = write_template(file)
+        workload_path, space_path = write_template(file, start)
+    metric = "val_acc" if start == "lightning" else "accuracy"
     typer.echo(f"wrote {workload_path} and {space_path}; replace the model and data, then run:")
     typer.echo(
-        f'  raybatch search {workload_path}:workload --space {space_path} --target "accuracy>=0.9"'
+        f'  raybatch search {workload_path}:workload --space {space_path} --target "{metric}>=0.9"'
     )
 
 

@@ -85,21 +85,28 @@ def test_a_metric_validation_step_does_not_log_is_named(job: Path) -> None:
         workload.evaluate(model, batches)
 
 
-@pytest.mark.slow
-def test_cli_search_of_a_lightning_job_from_another_folder(job: Path, tmp_path: Path) -> None:
+def _search_from_elsewhere(tmp_path: Path, workload: str, space: str, target: str,
+                           max_time_s: int) -> None:  # fmt: skip
+    """Two trials of ``raybatch search`` run from a folder beside the user's, through the CLI:
+    one at least reaches, and the winner records the target."""
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "raybatch", "search", "../user/search_me.py:workload",
-         "--space", "tabular_mlp_adamw", "--target", "val_acc>=0.9", "--trials", "2",
-         "--max-time-per-trial", "15", "--confirm-seeds", "0", "--run-dir", "run", "--quiet"],
+        [sys.executable, "-m", "raybatch", "search", workload, "--space", space,
+         "--target", target, "--trials", "2", "--max-time-per-trial", str(max_time_s),
+         "--confirm-seeds", "0", "--run-dir", "run", "--quiet"],
         capture_output=True, text=True, cwd=cwd, check=False, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_trials_csv(cwd / "run" / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == 2 and any(r["status"] == "reached" for r in rows), rows
-    best = raybatch.load_best(cwd / "run")
-    assert best.provenance["target"] == "val_acc>=0.9"
+    assert raybatch.load_best(cwd / "run").provenance["target"] == target
+
+
+@pytest.mark.slow
+def test_cli_search_of_a_lightning_job_from_another_folder(job: Path, tmp_path: Path) -> None:
+    workload = "../user/search_me.py:workload"
+    _search_from_elsewhere(tmp_path, workload, "tabular_mlp_adamw", "val_acc>=0.9", 15)
 
 
 class _Tokens:
@@ -173,3 +180,58 @@ def test_a_hugging_face_model_trains_with_its_collator_and_compute_metrics() -> 
     final = reports[-1]
     assert final[keys.STATUS] == "reached", final[keys.REASON]
     assert final["val_accuracy"] >= 0.9 and final["val_loss"] > 0
+
+
+# ------------------------------------------------------------ init-workload's starting points
+
+
+def _init(folder: Path, kind: str) -> Path:
+    """``raybatch init-workload job.py --from KIND`` in ``folder``, as a user runs it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "init-workload", "job.py", "--from", kind],
+        capture_output=True, text=True, cwd=folder, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--space job_space.yaml" in proc.stdout
+    return folder / "job.py"
+
+
+@pytest.mark.parametrize(
+    ("kind", "metric"), [("lightning", "val_acc"), ("huggingface", "accuracy")]
+)
+def test_each_starting_point_of_init_workload_trains_to_its_target_as_written(
+    tmp_path: Path, kind: str, metric: str
+) -> None:
+    """The Lightning and Hugging Face files ``init-workload --from`` writes run as written: one
+    trial of their own space reaches the target their instructions name."""
+    pytest.importorskip("transformers")
+    path = _init(tmp_path, kind)
+    assert f'--target "{metric}>=0.9"' in path.read_text()
+    workload = load_workload(f"{path}:workload")
+    space = raybatch.load_space(str(tmp_path / "job_space.yaml"))
+    target = raybatch.metric.resolve_target(f"{metric}>=0.9", workload.metrics)
+    reports: list[dict[str, Any]] = []
+    settings = TrialSettings(target, max_time_s=90.0)
+    run_trial(workload, space, settings, {keys.MICRO_BATCH_SIZE: 64}, report_fn=reports.append)
+    assert reports[-1][keys.STATUS] == "reached", reports[-1][keys.REASON]
+
+
+def test_an_unknown_starting_point_is_refused_naming_the_choices(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "init-workload", "job.py", "--from", "keras"],
+        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "from: must be one of workload, lightning, huggingface, got 'keras'" in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_cli_search_of_a_hugging_face_model_from_another_folder(tmp_path: Path) -> None:
+    """A Hugging Face model, written by ``init-workload --from huggingface`` in a folder of the
+    user's, searched through the CLI from another folder."""
+    pytest.importorskip("transformers")
+    (tmp_path / "user").mkdir()
+    _init(tmp_path / "user", "huggingface")
+    workload, space = "../user/job.py:workload", "../user/job_space.yaml"
+    _search_from_elsewhere(tmp_path, workload, space, "accuracy>=0.9", 30)
