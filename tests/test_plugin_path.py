@@ -61,16 +61,6 @@ def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:
     assert off.estimator is None
 
 
-def test_a_searcher_pickled_before_the_in_memory_study_still_checkpoints(tmp_path: Path) -> None:
-    """Tune restores the searcher an older raybatch pickled: its study has no memory storage
-    attribute, and its first checkpoint must not fail for that."""
-    searcher = raybatch.RaybatchSearcher(SPACE, f"sqlite:///{tmp_path / 'optuna.db'}", penalty=60.0)
-    del searcher.record.__dict__["memory_storage"]  # as an older raybatch pickled it
-    searcher.save(str(tmp_path / "ckpt.pkl"))
-    searcher.restore(str(tmp_path / "ckpt.pkl"))
-    assert searcher.record.memory_storage is None
-
-
 def test_the_in_memory_study_is_kept_in_the_searchers_checkpoint(tmp_path: Path) -> None:
     """No storage URL: Optuna's in-memory storage, carried by the Tune checkpoint, so a
     restored experiment's searcher goes on with the trials already told."""

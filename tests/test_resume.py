@@ -166,7 +166,8 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
     assert sorted(r["trial_id"] for r in rows) == sorted(finished_before_kills)
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+    ended = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)  # capped: pruned
+    complete = [t for t in study.trials if t.state in ended
                 and t.user_attrs.get(STATUS_ATTR) != "prescreened_out"]  # fmt: skip
     assert sorted(t.user_attrs["tune_trial_id"] for t in complete) == sorted(finished_before_kills)
     running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]

@@ -90,14 +90,14 @@ def test_a_row_read_back_holds_columns_and_gets_its_recipe_only_under_the_space(
         choose_winner(Target(0.97), back, confirmed=False)
 
 
-def test_a_csv_from_an_older_run_without_some_columns_still_reads(tmp_path: Path) -> None:
-    old = [c for c in COLUMNS if c not in (keys.PREDICTED_TIME_S, keys.ELAPSED_TO_TARGET_S)]
+def test_a_csv_without_a_column_raybatch_writes_is_refused_as_damaged(tmp_path: Path) -> None:
+    cut = [c for c in COLUMNS if c not in (keys.PREDICTED_TIME_S, keys.ELAPSED_TO_TARGET_S)]
     with (tmp_path / TRIALS_CSV).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=cut, extrasaction="ignore")
         writer.writeheader()
         writer.writerow(_rows()[0].to_csv())
-    [row] = stored_rows(tmp_path)
-    assert row.predicted_time_s is None and row.time_to_target_s == 1.5
+    with pytest.raises(RunDirError, match="its header lacks elapsed_to_target_s, predicted_time_s"):
+        stored_rows(tmp_path)
 
 
 def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:
@@ -112,15 +112,19 @@ def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:
 
 def test_cells_read_back_exactly_or_are_refused_by_line(tmp_path: Path) -> None:
     """Integers stay exact (a seed past 2**53 is still itself), ``1e5`` is 100000, an empty
-    status (a confirmation run an older raybatch recorded without a result) is ``error``, and
-    a fraction in an integer column or an overflowing one is named, never truncated."""
+    status is damage, and a fraction in an integer column or an overflowing one is named,
+    never truncated."""
     row = _rows()[2]
     big = dataclasses.replace(row, seed=2**60 + 1)
     write_trials_csv(tmp_path / TRIALS_CSV, [big])
     assert stored_rows(tmp_path)[0].seed == 2**60 + 1
-    cells = {**row.to_csv(), "status": "", "samples_to_target": "1e5"}
+    cells = {**row.to_csv(), "samples_to_target": "1e5"}
     back = TrialRow.from_csv({k: "" if v is None else str(v) for k, v in cells.items()})
-    assert back.status is TrialStatus.ERROR and back.samples_to_target == 100000
+    assert back.status is row.status and back.samples_to_target == 100000
+    with pytest.raises(ValueError, match="None is not a valid TrialStatus"):
+        TrialRow.from_csv(
+            {k: "" if v is None else str(v) for k, v in {**cells, "status": ""}.items()}
+        )
     for bad, why in (("12.7", "not a whole number"), ("inf", "")):
         cells = {**row.to_csv(), "samples_to_target": bad}
         with (tmp_path / TRIALS_CSV).open("w", newline="") as f:

@@ -158,20 +158,6 @@ def test_level_capping_reads_a_loss_target_as_lower_is_better() -> None:
     assert s.on_trial_result(None, _trial("c"), _report(2.5, 1.2)) == TrialScheduler.CONTINUE
 
 
-def test_a_scheduler_pickled_before_level_capping_restores_without_it() -> None:
-    import pickle
-
-    s = CappingScheduler()
-    state = s.__getstate__()
-    for name in ("level_slack", "mode", "capped_at_level", "_trajectories", "_incumbent"):
-        state.pop(name)
-    old = CappingScheduler.__new__(CappingScheduler)
-    old.__setstate__(state)
-    restored = pickle.loads(pickle.dumps(old))
-    assert restored.level_slack is None and restored._trajectories == {}
-    assert restored.on_trial_result(None, _trial("a"), _report(1.0, 0.1)) == "CONTINUE"
-
-
 def test_trials_started_together_are_capped_against_each_other_before_any_reaches() -> None:
     """No incumbent yet (the opening's first trials start together): a neighbour's time to
     target is unknown, so only a trial grossly behind it is stopped (3x, as before a third of

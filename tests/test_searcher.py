@@ -212,20 +212,6 @@ def test_a_real_oom_is_told_infeasible_and_never_launched_again(tmp_path: Path) 
     assert all(t.constraints["memory"] == 0 for t in feasible)
 
 
-def test_rejections_logged_as_dicts_by_an_older_raybatch_restore_typed(tmp_path: Path) -> None:
-    import pickle
-
-    recipe = SPACE.derive(256, 2)
-    logged = {**recipe.to_dict(), keys.STATUS: PRESCREENED_OUT, keys.REASON: "over the budget",
-              keys.PREDICTED_BYTES: 123, keys.OPTUNA_TRIAL: 7}  # fmt: skip
-    (tmp_path / "older.pkl").write_bytes(pickle.dumps({"prescreened": [logged]}))
-    searcher = _searcher(tmp_path)
-    searcher.restore(str(tmp_path / "older.pkl"))
-    [entry] = searcher.prescreened
-    assert (entry.number, entry.reason, entry.predicted_bytes) == (7, "over the budget", 123)
-    assert entry.recipe == recipe and entry.params[keys.MICRO_BATCH_SIZE] == 256
-
-
 def test_a_learned_oom_survives_a_checkpoint(tmp_path: Path) -> None:
     searcher = _searcher(tmp_path, points_to_evaluate=[
         {"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}])  # fmt: skip

@@ -116,8 +116,7 @@ class TrialRow:
 
     @classmethod
     def from_csv(cls, cells: Mapping[str, str]) -> TrialRow:
-        """A ``trials.csv`` row, typed again (empty cells: ``None``; columns a run written by
-        an older raybatch lacks: ``None``)."""
+        """A ``trials.csv`` row, typed again (empty cells: ``None``)."""
         return _converted(cls, {k: (None if v == "" else v) for k, v in cells.items()})
 
     def to_csv(self) -> dict[str, Any]:
@@ -200,9 +199,7 @@ def _converted(cls: type[TrialRow], values: Mapping[str, Any]) -> TrialRow:
     for name in COLUMNS:
         value = values.get(name)
         if name == keys.STATUS:
-            # A run that never reported left the cell empty (older raybatch wrote that for a
-            # confirmation run with no result): it ended in error.
-            out[name] = TrialStatus.ERROR if value in (None, "") else TrialStatus(value)
+            out[name] = TrialStatus(value)  # an empty or unknown status is damage
         elif value is None:
             out[name] = "" if name in (keys.PHASE, keys.TRIAL_ID) else None
         elif name in _TEXTS:
@@ -273,8 +270,8 @@ def stored_rows(run_dir: Path) -> list[TrialRow]:
     return rows
 
 
-_REQUIRED = (keys.PHASE, keys.TRIAL_ID, keys.STATUS, keys.MICRO_BATCH_SIZE)
-"""Columns every trials.csv raybatch wrote holds (older runs lack some others)."""
+_REQUIRED = COLUMNS
+"""Columns every trials.csv holds: raybatch writes them all, so a missing one is damage."""
 
 
 def _damaged(why: str) -> str:

@@ -173,12 +173,6 @@ class CappingScheduler(FIFOScheduler):
         state["_running_since"] = {}
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # A scheduler pickled by an older raybatch (a resumed run) had no level capping.
-        defaults: dict[str, Any] = {"level_slack": None, "mode": "max", "capped_at_level": {},
-                    "_trajectories": {}, "_incumbent": None}  # fmt: skip
-        self.__dict__.update({**defaults, **state})
-
     def forget_incumbent(self) -> None:
         """Start afresh: no best time, no incumbent. The confirmation's race caps each round's
         challenger against that round's leader, on the same seed, never an earlier round's."""

@@ -122,15 +122,6 @@ class RaybatchSearcher(Searcher):
         context_bytes: One trial's CUDA context (measured by the search): packing pays one each.
     """
 
-    # Defaults for a searcher an older raybatch pickled (Tune restores the object on resume).
-    data_parallel_gpus: bool | None = None
-    gpu_model: str | None = None
-    context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
-    _held: tuple[int, dict[str, Any], TrialConfig] | None = None
-    _running_workers: dict[str, float] = {}  # noqa: RUF012 (replaced per instance in __init__)
-    pack_gpus: bool = False
-    probe_margin: float = 0.0
-
     def __init__(
         self,
         space: SearchSpace,
@@ -169,7 +160,7 @@ class RaybatchSearcher(Searcher):
         self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
         self.context_bytes = context_bytes
         self._running_workers: dict[str, float] = {}  # Tune trial -> devices it holds
-        self._held = None
+        self._held: tuple[int, dict[str, Any], TrialConfig] | None = None
         self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
@@ -416,13 +407,10 @@ class RaybatchSearcher(Searcher):
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
         for key, attr in CHECKPOINTED.items():
-            if key in state:  # a key an older raybatch did not write keeps its default
-                setattr(self, attr, state[key])
-        self.plan.restore(state.get("plan", {}))
+            setattr(self, attr, state[key])
+        self.plan.restore(state["plan"])
         if self.estimator is not None:  # what the probes taught before the interruption
-            self.estimator.probed.update(state.get("probed", {}))
-        self._running_workers = dict(self._running_workers)
-        self.prescreened = [Prescreened.of_logged(p) for p in self.prescreened]  # older: dicts
-        self.record.use_memory_storage(state.get("memory_storage"))
+            self.estimator.probed.update(state["probed"])
+        self.record.use_memory_storage(state["memory_storage"])
         self._held = None  # a held data-parallel recipe is asked again
         self._pending_points = []

@@ -122,18 +122,6 @@ class Prescreened:
         the bare knobs the space's rules refused) with the recipe read from it."""
         return cls(number, dict(config), reason, predicted_bytes, _recipe(config))
 
-    @classmethod
-    def of_logged(cls, entry: Prescreened | dict[str, Any]) -> Prescreened:
-        """A searcher's logged rejection, typed: a searcher checkpointed by an older raybatch
-        logged them as flat dicts (the config beside the reason, bytes and trial number)."""
-        if isinstance(entry, Prescreened):
-            return entry
-        extra = (keys.STATUS, keys.REASON, keys.PREDICTED_BYTES, keys.OPTUNA_TRIAL)
-        config = {k: v for k, v in entry.items() if k not in extra}
-        number = int(entry.get(keys.OPTUNA_TRIAL, -1))
-        return cls.of(number, config, entry.get(keys.REASON), entry.get(keys.PREDICTED_BYTES))
-
-
 class SearchStudy:
     """An Optuna study with the sampler raybatch searches with.
 
@@ -145,9 +133,6 @@ class SearchStudy:
         study_name: The study's name in that storage.
         seed: The TPE sampler's seed.
     """
-
-    # A study pickled by an older raybatch (a searcher restored on resume) had no memory storage.
-    memory_storage: optuna.storages.InMemoryStorage | None = None
 
     def __init__(self, storage_url: str | None, study_name: str, seed: int = 0) -> None:
         self.storage_url = storage_url
