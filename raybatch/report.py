@@ -11,6 +11,7 @@ says what was found in plain language.
 from __future__ import annotations
 
 import html
+import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +30,10 @@ if TYPE_CHECKING:
     from raybatch.results.outcome import SearchResult
 
 REPORT = "report.html"
-MARKERS = {"reached": "o", "censored": "x", "capped": "v", "diverged": "D",
+MARKERS = {"reached": "o", "censored": "x", "capped": "^", "diverged": "D",
            "infeasible_memory": "s", "prescreened_out": "P", "error": "*"}  # fmt: skip
+"""A trial stopped before the target is drawn at the time it trained: its time to target is
+at least that, so the capped one points up."""
 
 
 def _plt() -> Any:
@@ -51,7 +54,7 @@ def _save(fig: Any, out: Path) -> None:
 
 def _plot_time_vs_batch(rows: list[TrialRow], out: Path, winner: list[TrialRow]) -> None:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
     accumulations = sorted({r.accumulation_steps for r in rows})
     colors = plt.cm.viridis([i / max(len(accumulations) - 1, 1) for i in range(len(accumulations))])
     for status, marker in MARKERS.items():
@@ -65,8 +68,10 @@ def _plot_time_vs_batch(rows: list[TrialRow], out: Path, winner: list[TrialRow])
     _mark_winner(ax, [(r.effective_batch_size, r.time_to_target_s) for r in winner])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("effective batch size")
-    ax.set_ylabel("training time to target (s); trained if not reached")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylabel("training time to target (s)")
+    ax.set_title("search trials; one stopped before the target: the time it trained (at least)",
+                 fontsize=8)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not on, points
     _save(fig, out)
 
 
@@ -80,11 +85,17 @@ def _mark_winner(ax: Any, points: list[tuple[float, float | None]]) -> None:
 
 
 def _plain_log_ticks(ax: Any) -> None:
-    """Log axes labelled at their decades only: minor labels overlapped on a narrow range."""
-    from matplotlib.ticker import NullFormatter
+    """Log axes labelled at 1, 2 and 5 of each decade, as plain numbers: every minor tick
+    labelled overlapped on a narrow range, and decades alone left a range within one decade
+    with no label at all."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
     for axis in (ax.xaxis, ax.yaxis):
-        axis.set_minor_formatter(NullFormatter())
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(plain)
+        axis.set_minor_locator(LogLocator(subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
+        axis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
 
 
 def _plot_memory(space: SearchSpace, estimator: MemoryEstimator | None, budget: int | None,
@@ -125,7 +136,7 @@ def _plot_history(rows: list[TrialRow], out: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("trial")
     ax.set_ylabel("objective (s, PAR-10 if not reached)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center right")  # the penalties line the top
     _save(fig, out)
 
 
@@ -159,14 +170,36 @@ def _plot_predicted(rows: list[TrialRow], out: Path, winner: list[TrialRow]) -> 
     return True
 
 
+def _compared_points(result: SearchResult) -> list[tuple[str, dict[str, Any] | None]]:
+    """The recipes the verdict compares the winner with, as the table and the bars name them:
+    the largest batch at its best swept LR (where it is neither the winner nor the rule's
+    LR), at the rule's LR, and the reference."""
+    tuned = None
+    if result.best is not None:
+        compared = result.best.provenance.get("compared", {}).get("max_batch_tuned") or {}
+        knobs = {k: compared[k] for k in keys.RAW_KNOBS if k in compared}
+        at_rule = result.baseline or {}
+        if knobs and not compared.get("is_winner") and not runs_point(knobs, at_rule):
+            tuned = knobs
+    points = [("max batch, best LR", tuned), ("max batch", result.baseline)]
+    return [*[p for p in points if p[1] is not None], ("reference", result.reference)]
+
+
 def _matching(rows: list[TrialRow], knobs: dict[str, Any] | None) -> list[TrialRow]:
     if knobs is None:
         return []
 
     # Prefer the confirmation runs (the same seeds and conditions as the winner's).
-    same = [r for r in rows if runs_point(r.knob_dict(), knobs)]
+    same = [r for r in rows if _is_point(r.knob_dict(), knobs)]
     confirmed = [r for r in same if r.phase == keys.PHASE_CONFIRMATION]
     return confirmed or [r for r in same if r.phase == keys.PHASE_SEARCH]
+
+
+def _is_point(knobs: dict[str, Any], point: dict[str, Any]) -> bool:
+    """A seeded point (integer knobs at the rule's LR), or a whole recipe's raw knobs."""
+    if keys.LR_MULTIPLIER not in point:
+        return runs_point(knobs, point)
+    return all(math.isclose(float(knobs[k]), float(v), rel_tol=1e-9) for k, v in point.items())
 
 
 def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
@@ -188,6 +221,8 @@ def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
         "effective": rows[0].effective_batch_size,
         "time": statistics.median(times) if times else None,
         "times": times,
+        # Stopped before the target in every run: the most it trained (its time is at least).
+        "trained": max((r.train_s or 0.0 for r in rows), default=0.0),
         "runs": len(rows),
         "samples": statistics.median(samples) if samples else None,
         "throughput": statistics.median(rates) if rates else None,
@@ -203,18 +238,27 @@ def _cell(value: float | None, spec: str) -> str:
 
 def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.2))
+    fig, axes = plt.subplots(1, 3, figsize=(10.4, 3.2))
     names = list(entries)
+    colors = ["tab:green", "tab:orange", "tab:red", "tab:blue"]
     for ax, key, label in zip(axes, ("time", "samples", "throughput"),
                               ("training time to target (s)", "samples to target", "samples / s"),
                               strict=True):  # fmt: skip
-        ax.bar(
-            names,
-            [entries[n][key] or 0.0 for n in names],
-            color=["tab:green", "tab:orange", "tab:blue"][: len(names)],
-        )
+        for i, name in enumerate(names):
+            value = entries[name][key]
+            if value is not None:
+                ax.bar(i, value, color=colors[i % len(colors)])
+            elif key == "time":  # never reached: at least the time it trained, hatched
+                trained = entries[name]["trained"]
+                ax.bar(i, trained, color="white", edgecolor=colors[i % 4], hatch="//")
+                ax.annotate("not reached:\ntrained", (i, trained), ha="center", va="bottom",
+                            fontsize=6)  # fmt: skip
+            else:
+                ax.annotate("not\nreached", (i, 0), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(names)), [n.replace(", ", ",\n") for n in names])
         ax.set_title(label, fontsize=9)
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.margins(y=0.15)  # room for the notes above the bars
     # A median alone hides whether two recipes' runs overlap: draw every run that reached.
     for i, name in enumerate(names):
         runs = entries[name]["times"]
@@ -311,7 +355,7 @@ def write_report(
     entries: dict[str, dict[str, Any]] = {}
     if winner is not None and (summary := _summary(winner.runs)) is not None:
         entries["winner"] = summary
-    for name, knobs in (("max batch", result.baseline), ("reference", result.reference)):
+    for name, knobs in _compared_points(result):
         if (summary := _summary(_matching(rows, knobs))) is not None:
             entries[name] = summary
     if entries:
@@ -336,7 +380,8 @@ def write_report(
     )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>raybatch: {html.escape(space.name)}</title>
-<style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem}}</style>
+<style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem}}
+img{{max-width:100%}}</style>
 </head><body>
 <h1>raybatch search: {html.escape(space.name)}</h1>
 <p><b>{"<br>".join(html.escape(line) for line in verdict(result, target).splitlines())}</b></p>

@@ -101,6 +101,11 @@ def _search_from_elsewhere(tmp_path: Path, workload: str, space: str, target: st
     rows = [r for r in read_trials_csv(cwd / "run" / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == 2 and any(r["status"] == "reached" for r in rows), rows
     assert raybatch.load_best(cwd / "run").provenance["target"] == target
+    # --quiet: raybatch's own lines, and none of Ray's boxes or INFO lines.
+    assert "raybatch: trial 2 of 2" in proc.stderr and "Winner:" in proc.stdout
+    assert "Configuration for experiment" not in proc.stdout, proc.stdout[:2000]
+    assert "View detailed results" not in proc.stdout
+    assert " INFO " not in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -115,3 +115,40 @@ def test_an_alternative_that_raced_the_winner_is_compared_seed_by_seed() -> None
             _row(WINNER, "confirmation", 0.52, 1), _row(tuned, "confirmation", 0.5, 1)]  # fmt: skip
     text = verdict(_result(rows), raybatch.Target(0.97))
     assert "(lr 0.2): within noise (paired ratio 1.07; 1 of 2 pairs won by the winner)" in text
+
+
+def test_the_page_compares_every_recipe_the_verdict_names_and_bounds_the_unreached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table and the bars show what the verdict compares: the largest batch at its best
+    swept LR beside the one at the rule's LR (which never reached: its bar is the time it
+    trained, hatched, marked "not reached"), each with its LR and how often it reached."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+
+    import raybatch.report as report
+
+    tuned, at_rule = (256, 1, 2.0), (256, 1, 1.0)
+    rows = [_row(WINNER, "search", 0.5, 0), _row(tuned, "search", 0.7, 0),
+            _row(at_rule, "search", None, 0, TrialStatus.CAPPED, train_s=0.9),
+            _row(WINNER, "confirmation", 0.52, 1)]  # fmt: skip
+    result = dataclasses.replace(_result(rows), run_dir=tmp_path)
+    drawn: list[Any] = []
+    page_path = report.write_report(result, SPACE, raybatch.Target(0.97), None, None)
+    page = page_path.read_text()
+    assert "<td>max batch, best LR</td><td>256 x 1 at 2x (lr 0.2)</td><td>256</td>" in page
+    assert "<td>1 of 1</td><td>0.700</td>" in page
+    assert "<td>max batch</td><td>256 x 1 at 1x (lr 0.1)</td><td>256</td><td>0 of 1</td>" in page
+    assert (tmp_path / "comparison.png").is_file()
+    entries = {"winner": {"time": 0.5, "times": [0.5], "samples": 8.0, "throughput": 1.0,
+                          "trained": 0.5},
+               "max batch": {"time": None, "times": [], "samples": None, "throughput": 1.0,
+                             "trained": 0.9}}  # fmt: skip
+    monkeypatch.setattr(report, "_save", lambda fig, out: drawn.append(fig))
+    report._plot_comparison(entries, tmp_path / "unused.png")
+    time_axes = drawn[0].axes[0]
+    bound = time_axes.patches[1]
+    assert bound.get_height() == 0.9 and bound.get_hatch() == "//"
+    assert any("not reached" in t.get_text() for t in time_axes.texts)
+    plt.close(drawn[0])

@@ -183,6 +183,13 @@ class RaceSearcher(Searcher):
         self._running = trial_id
         return config
 
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to keep: an interrupted race is run again whole on resume, its entrants
+        chosen again from the search's rows (Ray Tune warns where a searcher has no save)."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """See :meth:`save`."""
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         """An evaluation of a run: its curve, for the run's record in the study."""
         metric = result.get(keys.METRIC)

@@ -56,7 +56,7 @@ from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
 from raybatch.run.prediction import time_model_found, write_predictions
-from raybatch.run.progress import Progress, printed
+from raybatch.run.progress import Progress, printed, ray_quiet
 from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
 from raybatch.run.resources import REUSE_ACTORS, with_resources
@@ -139,7 +139,7 @@ def search(
                 [Issue(RUN_FILE, "exists: another search started in this directory")], str(path)
             )
         write_run_files(path, ref, space, target, options)
-        with printed(verbose >= 1):
+        with printed(verbose >= 1), ray_quiet(verbose < 1):
             return _execute(path, workload, space, target, options, resume=False,
                             verbose=verbose)  # fmt: skip
 
@@ -163,7 +163,7 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
         check_experiment(path / "tune" / "search", path)
         workload = load_workload(ref)
         notes = [lock.taken_over] if lock.taken_over else []
-        with printed(verbose >= 1):
+        with printed(verbose >= 1), ray_quiet(verbose < 1):
             return _execute(path, workload, space, target, options, resume=True,
                             verbose=verbose, notes=notes)  # fmt: skip
 

@@ -15,9 +15,10 @@ search.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import Any
 
 from ray.tune import Callback
@@ -46,6 +47,33 @@ def printed(enabled: bool) -> Iterator[None]:
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+@contextmanager
+def ray_quiet(enabled: bool) -> Iterator[None]:
+    """Ray's own chatter kept off the terminal for the duration, when ``enabled`` (``--quiet``,
+    ``verbose=0``): Ray Tune's experiment box and "View detailed results" lines, which it
+    prints on stdout at every verbosity, and Ray's INFO log lines ("Started a local Ray
+    instance", "Wrote the latest version of all result files"). Warnings and errors still
+    show; raybatch's own lines (stderr) and its closing lines (printed after) are untouched."""
+    if not enabled:
+        yield
+        return
+    # Ray's handler on its "ray" logger prints every record of its children; ray.init sets
+    # that logger's level back to INFO, so the handler is what filters here.
+    handlers = list(logging.getLogger("ray").handlers)
+    for handler in handlers:
+        handler.addFilter(_warnings_and_up)
+    try:
+        with open(os.devnull, "w") as sink, redirect_stdout(sink):
+            yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_warnings_and_up)
+
+
+def _warnings_and_up(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
 
 
 def recipe(config: dict[str, Any]) -> str:

@@ -122,6 +122,7 @@ class Prescreened:
         the bare knobs the space's rules refused) with the recipe read from it."""
         return cls(number, dict(config), reason, predicted_bytes, _recipe(config))
 
+
 class SearchStudy:
     """An Optuna study with the sampler raybatch searches with.
 
