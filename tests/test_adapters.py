@@ -240,3 +240,18 @@ def test_cli_search_of_a_hugging_face_model_from_another_folder(tmp_path: Path) 
     _init(tmp_path / "user", "huggingface")
     workload, space = "../user/job.py:workload", "../user/job_space.yaml"
     _search_from_elsewhere(tmp_path, workload, space, "accuracy>=0.9", 30)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_python_search_of_a_lightning_job(job: Path, tmp_path: Path) -> None:
+    """The same job searched from Python (``raybatch.search``), as a notebook would: the
+    workload object is the user's, its module shipped to the trials' workers."""
+    from raybatch.run.options import SearchOptions
+
+    workload = load_workload(f"{job}:workload")
+    options = SearchOptions(trials=2, max_time_s=15.0, confirm_seeds=0, gpus_per_trial=0)
+    result = raybatch.search(workload, "tabular_mlp_adamw", "val_acc>=0.9", tmp_path / "run",
+                             options, verbose=0)  # fmt: skip
+    assert any(r.status.value == "reached" for r in result.rows), result.rows
+    assert result.best is not None and result.best.provenance["target"] == "val_acc>=0.9"

@@ -13,9 +13,7 @@
    the winner never missed the target; the largest batch (at the rule's LR and at its best
    swept LR) and the reference are compared from their search runs, as bounds where stopped;
 3. the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, every
-   device second, in trainings of the recipe found) and the report.
-
-The files it writes are described in :mod:`raybatch.run.rundir`.
+   device second, in trainings of the recipe found) and the report (:mod:`raybatch.run.rundir`).
 """
 
 from __future__ import annotations
@@ -89,6 +87,7 @@ from raybatch.run.tune_state import (
 )
 from raybatch.run.untold import TellUntold
 from raybatch.space.config import TrialConfig
+from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.wrapper import trainable
@@ -101,7 +100,7 @@ if TYPE_CHECKING:
 
 def search(
     workload: Workload,
-    space: SearchSpace,
+    space: SearchSpace | str | Path,
     target: Target | float | str,
     run_dir: str | Path,
     options: SearchOptions | None = None,
@@ -112,7 +111,7 @@ def search(
 
     Args:
         workload: The workload to train.
-        space: The coupled batch-size space.
+        space: The coupled batch-size space, or a preset's name or a space file's path.
         target: The validation metric to reach: a :class:`Target`, text (``loss<=0.35``) or
             a number (the workload's first metric, in its direction); checked against the
             workload's :attr:`~raybatch.Workload.metrics` before anything starts.
@@ -121,8 +120,8 @@ def search(
         workload_ref: How to import the workload again (``path.py:NAME``) for ``resume``.
         verbose: Ray Tune's verbosity (1: the live progress table).
     """
-    options = options or SearchOptions()
-    target = resolve_target(target, workload.metrics)
+    options, target = options or SearchOptions(), resolve_target(target, workload.metrics)
+    space = space if isinstance(space, SearchSpace) else load_space(space)
     path = Path(run_dir)
     if (path / RUN_FILE).exists():
         raise RunDirError(
