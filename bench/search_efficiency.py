@@ -96,7 +96,7 @@ from raybatch.run.seeding import (
     reference_point,
     searched_knobs,
 )
-from raybatch.status import TrialStatus
+from raybatch.status import TrialStatus, penalty
 from raybatch.trial.reporting import heartbeat_for
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
@@ -358,7 +358,7 @@ def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | 
         else:
             study.tell(
                 asked[trial_id],
-                trial["time"] if trial["time"] is not None else 10 * member.max_time_s,
+                trial["time"] if trial["time"] is not None else penalty(member.max_time_s),
             )
 
     return simulate_search(member, rng, n, suggest, tell, rule)
@@ -383,7 +383,7 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
         ladder = None
     searcher = RaybatchSearcher(
         space, storage_url=None,  # type: ignore[arg-type]
-        study_name=f"sim-{member.name}-{seed}", penalty=10 * member.max_time_s,
+        study_name=f"sim-{member.name}-{seed}", penalty=penalty(member.max_time_s),
         estimator=estimator, budget_bytes=int(member.budget),
         points_to_evaluate=points, seed=seed, ladder=ladder,
         probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline,
@@ -469,7 +469,7 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
     rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
     race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK)
     scheduler = CappingScheduler(SLACK, level_slack=None)
-    searcher = RaceSearcher(race, scheduler, penalty=10 * member.max_time_s)  # PAR-10
+    searcher = RaceSearcher(race, scheduler, penalty=penalty(member.max_time_s))  # PAR-10
     cost = 0.0
     for n in itertools.count():
         config = searcher.suggest(f"c{n}")
@@ -500,7 +500,7 @@ def score(member: Member, trials: list[Trial], optimum: float, rng: random.Rando
     train = sum(t.get("train", 0.0) for t in trials)
     regret = member.true_time(*chosen) / optimum if chosen is not None else math.inf
     if math.isinf(regret):
-        regret = 10 * member.max_time_s / optimum  # PAR-10: nothing usable was found
+        regret = penalty(member.max_time_s) / optimum  # PAR-10: nothing usable was found
     return {
         "regret": regret,
         "compute": cost,

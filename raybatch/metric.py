@@ -36,10 +36,13 @@ class Metric:
     high: float | None = None
 
     def __post_init__(self) -> None:
+        where = f"Metric({self.name!r})"
         if self.mode not in ("max", "min"):
-            raise ValueError(f"metric mode must be 'max' or 'min', got {self.mode!r}")
+            raise OptionError(
+                [Issue(f"{where}.mode", f"must be 'max' or 'min', got {self.mode!r}")]
+            )
         if not self.name.isidentifier():
-            raise ValueError(f"metric name must be an identifier, got {self.name!r}")
+            raise OptionError([Issue(f"{where}.name", "must be an identifier")])
 
     def describe(self) -> str:
         better = "higher" if self.mode == "max" else "lower"
@@ -70,9 +73,10 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.mode not in ("max", "min"):
-            raise ValueError(f"target mode must be 'max' or 'min', got {self.mode!r}")
+            message = f"mode must be 'max' or 'min', got {self.mode!r}"
+            raise OptionError([Issue("target", message)])
         if not math.isfinite(self.value):
-            raise ValueError(f"target value must be finite, got {self.value}")
+            raise OptionError([Issue("target", f"value must be finite, got {self.value}")])
 
     @classmethod
     def parse(cls, text: str, source: str = "<python>") -> Target:
@@ -219,14 +223,14 @@ def metric_values(
     A bare number is the first metric's value.
 
     Raises:
-        TypeError: ``evaluate`` returned something else.
+        WorkloadError: ``evaluate`` returned something else.
     """
     if isinstance(result, Mapping):
         return {str(k): float(v) for k, v in result.items()}
     if isinstance(result, int | float) or hasattr(result, "__float__"):
         first = metrics[0] if metrics else ACCURACY
         return {first.name: float(result)}
-    raise TypeError(
+    raise WorkloadError(
         f"evaluate() must return a number or a mapping of metric names to numbers, got"
         f" {type(result).__name__}"
     )

@@ -64,11 +64,18 @@ WORKLOAD_RAN = frozenset(
 healthy trials): every way a launched trial ends but ``error``."""
 
 
+def penalty(cap_s: float) -> float:
+    """The objective of a trial that did not reach the target: PAR-10, ``PAR_FACTOR`` x the
+    time cap. The one place it is computed: the searcher, the scheduler, the trainable and the
+    options all read it here."""
+    return PAR_FACTOR * cap_s
+
+
 def objective_value(status: TrialStatus, time_to_target_s: float | None, cap_s: float) -> float:
-    """The value the searcher minimises: the time to target, or PAR-10 of the cap."""
+    """The value the searcher minimises: the time to target, or :func:`penalty`."""
     if status is TrialStatus.REACHED and time_to_target_s is not None:
         return float(time_to_target_s)
-    return PAR_FACTOR * cap_s
+    return penalty(cap_s)
 
 
 def final_status(

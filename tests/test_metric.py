@@ -9,7 +9,7 @@ import pytest
 
 import raybatch
 from raybatch import Metric, Target, keys
-from raybatch.errors import OptionError
+from raybatch.errors import OptionError, WorkloadError
 from raybatch.metric import ACCURACY, check_target, metric_values, resolve_target
 from raybatch.template import render, write_template
 from raybatch.trial.settings import TrialSettings
@@ -51,7 +51,7 @@ def test_targets_no_trial_can_meet_are_refused_naming_what_to_write(
 def test_evaluate_may_return_a_number_or_a_mapping() -> None:
     assert metric_values(0.9, BOTH) == {"accuracy": 0.9}
     assert metric_values({"accuracy": 0.9, "loss": 0.2}, BOTH) == {"accuracy": 0.9, "loss": 0.2}
-    with pytest.raises(TypeError, match="must return a number or a mapping"):
+    with pytest.raises(WorkloadError, match="must return a number or a mapping"):
         metric_values("high", BOTH)  # type: ignore[arg-type]
 
 

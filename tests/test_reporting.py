@@ -224,11 +224,16 @@ def test_objective_is_time_when_reached_and_ten_times_the_cap_otherwise() -> Non
             assert objective_value(status, None, 60) == 600
 
 
-def test_bad_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="eval_every_samples must be positive"):
+def test_bad_settings_are_refused_naming_the_field() -> None:
+    from raybatch.errors import OptionError
+    from raybatch.metric import Metric
+
+    with pytest.raises(OptionError, match="eval_every_samples: must be positive, got 0"):
         TrialReporter(0.9, eval_every_samples=0, max_time_s=5)
-    with pytest.raises(ValueError, match="target mode must be 'max' or 'min'"):
+    with pytest.raises(OptionError, match="target: mode must be 'max' or 'min', got 'up'"):
         Target(0.9, mode="up")
+    with pytest.raises(OptionError, match=r"Metric\('acc'\)\.mode: must be 'max' or 'min'"):
+        Metric("acc", mode="higher")
 
 
 def test_what_runs_at_the_target_is_off_the_clock_and_its_failure_is_only_a_note() -> None:

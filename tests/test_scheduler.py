@@ -46,9 +46,17 @@ def test_disabled_capping_keeps_score_but_never_stops() -> None:
     )
 
 
-def test_slack_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="slack must be >= 1"):
+def test_slack_below_one_is_refused_as_the_options_refuse_it() -> None:
+    """The same class and words as ``SearchOptions(slack=0.9)``: an option, named."""
+    from raybatch.errors import OptionError
+    from raybatch.run.options import SearchOptions
+
+    with pytest.raises(OptionError, match=r"<python>: slack: must be >= 1, got 0\.9"):
         CappingScheduler(slack=0.9)
+    with pytest.raises(OptionError, match=r"level_slack: must be >= 1, got 0\.5"):
+        CappingScheduler(level_slack=0.5)
+    with pytest.raises(OptionError, match="slack"):
+        SearchOptions(slack=0.9)
 
 
 def test_a_resumed_scheduler_times_running_trials_afresh() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.budget import parse_size
-from raybatch.status import HANG_GRACE_S, PAR_FACTOR
+from raybatch.status import HANG_GRACE_S, penalty
 
 GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
 
@@ -94,7 +94,7 @@ class SearchOptions:
 
     @property
     def penalty(self) -> float:
-        return PAR_FACTOR * self.max_time_s
+        return penalty(self.max_time_s)
 
     @property
     def confirms(self) -> bool:

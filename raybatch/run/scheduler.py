@@ -37,6 +37,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raybatch import keys
+from raybatch.errors import Issue, OptionError
 from raybatch.results.selection import is_packed
 from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
@@ -139,10 +140,11 @@ class CappingScheduler(FIFOScheduler):
         level_slack: float | None = DEFAULT_LEVEL_SLACK,
         mode: str = "max",
     ) -> None:
-        if slack < 1.0:
-            raise ValueError(f"slack must be >= 1, got {slack}")
-        if level_slack is not None and level_slack < 1.0:
-            raise ValueError(f"level_slack must be >= 1, got {level_slack}")
+        issues = [Issue(name, f"must be >= 1, got {value}")
+                  for name, value in (("slack", slack), ("level_slack", level_slack))
+                  if value is not None and value < 1.0]  # fmt: skip
+        if issues:
+            raise OptionError(issues)
         super().__init__()
         self.slack = slack
         self.enabled = enabled

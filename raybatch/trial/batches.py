@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from raybatch.errors import ConfigError, Issue
 from raybatch.memory.probe import move_to
 
 if TYPE_CHECKING:
@@ -157,14 +158,15 @@ def train_batches(
     (``collate``: the workload's, :meth:`raybatch.Workload.collate`).
 
     Raises:
-        ValueError: Not one full batch per rank fits in the dataset.
+        ConfigError: Not one full batch per rank fits in the dataset.
     """
     size = len(dataset)  # type: ignore[arg-type]
     if size // world_size < batch_size:
-        raise ValueError(
-            f"micro batch {batch_size} x world size {world_size} is larger than the training"
-            f" set ({size} samples)"
+        message = (
+            f"{batch_size} x world size {world_size} is larger than the training set ({size}"
+            " samples)"
         )
+        raise ConfigError([Issue("micro_batch_size", message)])
     source = tensor_source(dataset)
     if source is not None and num_workers == 0 and collate is None:
         return _tensor_batches(*source, batch_size, device, seed, rank, world_size)

@@ -47,7 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import first_line
+from raybatch.errors import Issue, OptionError, first_line
 from raybatch.memory.probe import is_out_of_memory, release_memory
 from raybatch.metric import Target
 from raybatch.status import TrialStatus, objective_value
@@ -115,10 +115,11 @@ class TrialReporter:
         check_budgets_between_marks: bool = True,
         heartbeat_s: float | None = None,
     ) -> None:
-        if eval_every_samples <= 0:
-            raise ValueError(f"eval_every_samples must be positive, got {eval_every_samples}")
-        if max_time_s <= 0:
-            raise ValueError(f"max_time_s must be positive, got {max_time_s}")
+        issues = [Issue(name, f"must be positive, got {value}")
+                  for name, value in (("eval_every_samples", eval_every_samples),
+                                      ("max_time_s", max_time_s)) if value <= 0]  # fmt: skip
+        if issues:
+            raise OptionError(issues)
         self.target = target if isinstance(target, Target) else Target(float(target))
         self.eval_every_samples = eval_every_samples
         self.max_time_s = max_time_s

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, parse_size
 from raybatch.metric import Target
-from raybatch.status import PAR_FACTOR
+from raybatch.status import penalty
 from raybatch.trial.loop import LoopOptions
 from raybatch.workload import Workload
 
@@ -82,7 +82,7 @@ class TrialSettings:
         One value for the trainable, the searcher and the scheduler: the searcher reads it from
         here (:meth:`RaybatchSearcher.for_trainable`) instead of being told it by hand.
         """
-        return PAR_FACTOR * self.max_time_s
+        return penalty(self.max_time_s)
 
 
 @dataclass(frozen=True)
