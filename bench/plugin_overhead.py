@@ -39,9 +39,11 @@ from stats import paired_ratio
 import raybatch
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.run.gates import search_gates
 from raybatch.run.hardware import trials_in_flight
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
+from raybatch.run.study import SearchStudy
 from raybatch.space.tune_space import tune_param_space
 from raybatch.trial.reporting import TrialReporter
 
@@ -72,10 +74,8 @@ def run_plain(trials: int, storage: str) -> float:
 
 def run_raybatch(trials: int, storage: str, estimator: MemoryEstimator) -> float:
     start = time.perf_counter()
-    searcher = RaybatchSearcher(
-        SPACE, storage_url=f"sqlite:///{storage}/optuna.db", study_name="overhead",
-        penalty=600.0, estimator=estimator, budget_bytes=2**30,
-    )  # fmt: skip
+    study = SearchStudy(f"sqlite:///{storage}/optuna.db", "overhead")
+    searcher = RaybatchSearcher(SPACE, study, 600.0, gates=search_gates(estimator, 2**30))
     tune.Tuner(
         through_reporter,
         tune_config=tune.TuneConfig(

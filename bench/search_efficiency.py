@@ -85,7 +85,9 @@ from raybatch import keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import select_winner
 from raybatch.run.confirmation import Race, RaceSearcher
+from raybatch.run.gates import search_gates
 from raybatch.run.options import SearchOptions
+from raybatch.run.plan import Plan
 from raybatch.run.scheduler import DEFAULT_LEVEL_SLACK, CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
@@ -96,6 +98,7 @@ from raybatch.run.seeding import (
     reference_point,
     searched_knobs,
 )
+from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus, penalty
 from raybatch.trial.reporting import heartbeat_for
 
@@ -382,11 +385,9 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
         points = [searched_knobs(space, p) for p in (reference, baseline) if p is not None]
         ladder = None
     searcher = RaybatchSearcher(
-        space, storage_url=None,  # type: ignore[arg-type]
-        study_name=f"sim-{member.name}-{seed}", penalty=penalty(member.max_time_s),
-        estimator=estimator, budget_bytes=int(member.budget),
-        points_to_evaluate=points, seed=seed, ladder=ladder,
-        probe_margin=PROBE_MARGIN if prescreen else 0.0, baseline=baseline,
+        space, SearchStudy(None, f"sim-{member.name}-{seed}", seed), penalty(member.max_time_s),
+        Plan(space, points, ladder, baseline),
+        search_gates(estimator, int(member.budget), PROBE_MARGIN if prescreen else 0.0),
     )  # fmt: skip
     return searcher
 

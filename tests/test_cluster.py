@@ -82,7 +82,10 @@ PACKED = textwrap.dedent(
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory.estimator import MemoryEstimator
+    from raybatch.run.gates import Devices, search_gates
+    from raybatch.run.plan import Plan
     from raybatch.run.searcher import RaybatchSearcher
+    from raybatch.run.study import SearchStudy
     from raybatch.trial.placement import assigned_gpu_share
 
     ray.init(address=sys.argv[1], log_to_driver=False)
@@ -101,11 +104,9 @@ PACKED = textwrap.dedent(
     budget = 4 * 2**30
     estimator = MemoryEstimator.for_space(workload, space)
     searcher = RaybatchSearcher(
-        space, storage_url=f"sqlite:///{sys.argv[2]}/optuna.db", study_name="packed",
-        penalty=60.0, estimator=estimator, budget_bytes=budget, data_parallel_gpus=True,
-        pack_gpus=True,
-        points_to_evaluate=[{"micro_batch_size": 64, "accumulation_steps": 1,
-                             "lr_multiplier": 1.0}],
+        space, SearchStudy(f"sqlite:///{sys.argv[2]}/optuna.db", "packed"), 60.0,
+        Plan(space, [{"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}]),
+        search_gates(estimator, budget, 0.0, True), Devices(True, None, (estimator, budget)),
     )
     fn = raybatch.trainable(workload, space, target=0.5, max_time_s=5, device="cpu",
                             gpu_budget_bytes=budget)
@@ -130,13 +131,17 @@ SUGGEST = textwrap.dedent(
     import json, sys
     import ray
     import raybatch
+    from raybatch.run.gates import Devices, search_gates
+    from raybatch.run.plan import Plan
     from raybatch.run.searcher import RaybatchSearcher
+    from raybatch.run.study import SearchStudy
 
     ray.init(address=sys.argv[1], log_to_driver=False)
     space = raybatch.SearchSpace.from_yaml(sys.argv[2])
     points = [{"micro_batch_size": 64, "world_size": w, "lr_multiplier": 1.0} for w in (8, 1)]
-    searcher = RaybatchSearcher(space, f"sqlite:///{sys.argv[3]}/suggest.db", "s", 60.0,
-                                points_to_evaluate=points, data_parallel_gpus=True)
+    searcher = RaybatchSearcher(space, SearchStudy(f"sqlite:///{sys.argv[3]}/suggest.db", "s"),
+                                60.0, Plan(space, points), search_gates(None, None, 0.0, True),
+                                Devices(True))
     config = searcher.suggest("t0")
     print("OUT " + json.dumps({
         "launched_world_size": config["world_size"],

@@ -34,8 +34,9 @@ def test_the_penalty_and_the_hang_clock_follow_the_trainables_time_cap() -> None
     assert raybatch.CappingScheduler.for_trainable(fn, slack=3.0).slack == 3.0
     pinned = _trainable(gpu_model="A100", data_parallel_gpus=True, cuda_context_bytes=300 << 20)
     searcher = raybatch.RaybatchSearcher.for_trainable(pinned)
-    assert (searcher.gpu_model, searcher.data_parallel_gpus) == ("A100", True)
-    assert searcher.context_bytes == 300 << 20
+    devices = searcher.devices
+    assert (devices.gpu_model, devices.data_parallel_gpus) == ("A100", True)
+    assert devices.context_bytes == 300 << 20
 
 
 def test_a_misspelt_trial_setting_is_refused_not_dropped() -> None:
@@ -52,13 +53,17 @@ def test_a_searcher_without_a_penalty_says_where_to_get_one() -> None:
 
 
 def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:
+    from raybatch.run.gates import MemoryBudget, gate_of
+
     screened = raybatch.RaybatchSearcher.for_trainable(_trainable(memory_budget="64MiB"))
-    assert screened.estimator is not None and screened.budget_bytes == parse_size("64MiB")
-    assert raybatch.RaybatchSearcher.for_trainable(_trainable()).estimator is None
+    gate = gate_of(screened.gates, MemoryBudget)
+    assert isinstance(gate, MemoryBudget) and gate.budget_bytes == parse_size("64MiB")
+    unbudgeted = raybatch.RaybatchSearcher.for_trainable(_trainable())
+    assert gate_of(unbudgeted.gates, MemoryBudget) is None
     off = raybatch.RaybatchSearcher.for_trainable(
         _trainable(memory_budget="64MiB"), prescreen=False
     )
-    assert off.estimator is None
+    assert gate_of(off.gates, MemoryBudget) is None
 
 
 def test_the_in_memory_study_is_kept_in_the_searchers_checkpoint(tmp_path: Path) -> None:

@@ -288,7 +288,7 @@ def test_a_larger_cuda_context_packs_fewer_trials_and_caps_them_lower() -> None:
     fn = raybatch.trainable(
         DigitsWorkload(), "digits_cnn_sgd", 0.97, gpu_budget_bytes=gib, cuda_context_bytes=large
     )
-    assert raybatch.RaybatchSearcher.for_trainable(fn).context_bytes == large
+    assert raybatch.RaybatchSearcher.for_trainable(fn).devices.context_bytes == large
 
 
 def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
@@ -321,6 +321,6 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
     space = raybatch.load_space("digits_cnn_sgd")
     options = SearchOptions(prior=False)
     plan = driver._plan(tmp_path, DigitsWorkload(), space, raybatch.Target(0.9), options)
-    assert plan.cuda and plan.searcher.context_bytes == measured
+    assert plan.cuda and plan.searcher.devices.context_bytes == measured
     assert received == {"trainable": measured, "resources": measured}
     assert plan.budget == view.budget(context_bytes=measured).bytes  # type: ignore[union-attr]

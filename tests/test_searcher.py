@@ -13,10 +13,13 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.run import gates as gates_module
 from raybatch.run import searcher as searcher_module
+from raybatch.run.gates import Devices, LearnedOutOfMemory, gate_of, search_gates
+from raybatch.run.plan import Plan
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
-from raybatch.run.study import STATUS_ATTR, status_of
+from raybatch.run.study import STATUS_ATTR, SearchStudy, status_of
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
@@ -27,20 +30,40 @@ SPACE = raybatch.load_space("digits_cnn_sgd")
 
 
 def _searcher(
-    tmp_path: Path, budget: int | None = None, penalty: float = 600.0, **kw: Any
+    tmp_path: Path,
+    budget: int | None = None,
+    penalty: float = 600.0,
+    *,
+    space: SearchSpace = SPACE,
+    estimator: MemoryEstimator | None = None,
+    points_to_evaluate: list[dict[str, Any]] | None = None,
+    ladder: Any = None,
+    baseline: dict[str, Any] | None = None,
+    probe_margin: float = 0.0,
+    seed: int = 0,
+    pack_gpus: bool = False,
+    data_parallel_gpus: bool | None = None,
+    db: str = "optuna.db",
 ) -> RaybatchSearcher:
-    estimator = None
-    if budget is not None:
+    """A searcher composed of its parts with the functions the driver composes them with."""
+    if budget is not None and estimator is None:
         estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    packing = (estimator, budget) if pack_gpus and estimator and budget is not None else None
     return RaybatchSearcher(
-        SPACE,
-        storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
-        study_name="t",
-        penalty=penalty,
-        estimator=estimator,
-        budget_bytes=budget,
-        **kw,
+        space,
+        SearchStudy(f"sqlite:///{tmp_path / db}", "t", seed),
+        penalty,
+        Plan(space, points_to_evaluate or [], ladder, baseline),
+        search_gates(estimator, budget, probe_margin, data_parallel_gpus),
+        Devices(data_parallel_gpus, None, packing),
     )
+
+
+def _out_of_memory(searcher: RaybatchSearcher) -> list[dict[str, Any]]:
+    """What the searcher learnt ran out of memory (its gate's record)."""
+    gate = gate_of(searcher.gates, LearnedOutOfMemory)
+    assert isinstance(gate, LearnedOutOfMemory)
+    return gate.out_of_memory
 
 
 def _result(status: str, ttt: float | None = None) -> dict[str, Any]:
@@ -324,7 +347,7 @@ def test_a_packed_oom_is_retried_alone_once_before_it_is_taught(tmp_path: Path) 
     assert first is not None and keys.ALONE not in first
     searcher.on_trial_complete("packed", {**_result("infeasible_memory"), keys.GPU_SHARE: 0.25})
     assert searcher.study.trials[0].state is optuna.trial.TrialState.RUNNING  # not told yet
-    assert searcher.out_of_memory == []
+    assert _out_of_memory(searcher) == []
 
     again = searcher.suggest("alone")
     assert again is not None and again[keys.ALONE] is True and again[keys.GPU_SHARE] == 1.0
@@ -333,7 +356,7 @@ def test_a_packed_oom_is_retried_alone_once_before_it_is_taught(tmp_path: Path) 
     searcher.on_trial_complete("alone", {**_result("infeasible_memory"), keys.GPU_SHARE: 1.0})
     told = searcher.study.trials[0]
     assert told.state is optuna.trial.TrialState.COMPLETE and told.constraints["memory"] > 0
-    assert [o["tune_trial_id"] for o in searcher.out_of_memory] == ["alone"]
+    assert [o["tune_trial_id"] for o in _out_of_memory(searcher)] == ["alone"]
     following = searcher.suggest("next")
     assert following is not None and keys.ALONE not in following  # retried once, not again
 
@@ -346,7 +369,7 @@ def test_a_packed_oom_retried_alone_that_fits_is_told_as_measured(tmp_path: Path
     searcher.on_trial_complete("alone", {**_result("reached", 3.0), keys.GPU_SHARE: 1.0})
     told = searcher.study.trials[0]
     assert told.value == 3.0 and told.constraints["memory"] == 0
-    assert searcher.out_of_memory == []
+    assert _out_of_memory(searcher) == []
 
 
 def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Path) -> None:
@@ -357,8 +380,7 @@ def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Pa
 
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     budget = 8 * 2**30
-    searcher = _searcher(tmp_path, budget=budget, pack_gpus=True)
-    searcher.estimator = estimator
+    searcher = _searcher(tmp_path, budget=budget, estimator=estimator, pack_gpus=True)
     config = searcher.suggest("a")
     assert config is not None
     recipe = SPACE.derive_from(config)
@@ -382,8 +404,7 @@ def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Pa
 def _first_probe(tmp_path: Path) -> tuple[RaybatchSearcher, MemoryEstimator, Any]:
     """A packing searcher with a real digits estimator, and the recipe of its first trial."""
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
-    searcher = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
-    searcher.estimator = estimator
+    searcher = _searcher(tmp_path, budget=8 * 2**30, estimator=estimator, pack_gpus=True)
     config = searcher.suggest("a")
     assert isinstance(config, dict)
     return searcher, estimator, SPACE.derive_from(config)
@@ -397,8 +418,7 @@ def test_what_the_probes_taught_survives_a_checkpoint(tmp_path: Path) -> None:
                                      keys.PROBE_RESERVED_BYTES: measured})  # fmt: skip
     searcher.save(str(tmp_path / "searcher.pkl"))
     fresh = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
-    restored = _searcher(tmp_path, budget=8 * 2**30, pack_gpus=True)
-    restored.estimator = fresh
+    restored = _searcher(tmp_path, budget=8 * 2**30, estimator=fresh, pack_gpus=True)
     restored.restore(str(tmp_path / "searcher.pkl"))
     assert fresh.predict(recipe) == pytest.approx(measured, rel=1e-6)
 
@@ -420,10 +440,7 @@ def test_a_world_size_the_cluster_cannot_place_is_prescreened_with_the_count(
     2 CPU workers can, 4 and 8 cannot."""
     space = raybatch.load_space("deit_vit_adamw")
     for gpus, allowed in ((True, {1}), (False, {1, 2})):
-        searcher = RaybatchSearcher(
-            space, storage_url=f"sqlite:///{tmp_path / f'{gpus}.db'}", study_name="t",
-            penalty=600.0, data_parallel_gpus=gpus,
-        )  # fmt: skip
+        searcher = _searcher(tmp_path, space=space, db=f"{gpus}.db", data_parallel_gpus=gpus)
         for i in range(12):
             config = searcher.suggest(f"t{i}")
             assert config is not None and config[keys.WORLD_SIZE] in allowed
@@ -563,9 +580,8 @@ def test_a_replacement_that_is_already_planned_does_not_stall_the_ladder(tmp_pat
     space = raybatch.SearchSpace.from_dict(data)
     baseline = max_batch_point(space, lambda recipe: True)
     points = opening_points(space, baseline, reference_point(space))
-    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
-                                points_to_evaluate=points, ladder=Ladder(space),
-                                baseline=baseline)  # fmt: skip
+    searcher = _searcher(tmp_path, space=space, points_to_evaluate=points, ladder=Ladder(space),
+                         baseline=baseline)  # fmt: skip
     for i in range(9):
         config = searcher.suggest(f"t{i}")
         assert isinstance(config, dict)
@@ -581,9 +597,8 @@ def test_the_ladder_works_when_the_micro_batch_is_not_searched(tmp_path: Path) -
     data["search"]["micro_batch_size"] = [64]
     space = raybatch.SearchSpace.from_dict(data)
     baseline = max_batch_point(space, lambda recipe: True)
-    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
-                                points_to_evaluate=opening_points(space, baseline, None),
-                                ladder=Ladder(space), baseline=baseline)  # fmt: skip
+    searcher = _searcher(tmp_path, space=space, points_to_evaluate=opening_points(
+        space, baseline, None), ladder=Ladder(space), baseline=baseline)  # fmt: skip
     for i in range(6):
         config = searcher.suggest(f"t{i}")
         assert isinstance(config, dict) and config["micro_batch_size"] == 64
@@ -638,8 +653,7 @@ def test_a_data_parallel_recipe_waits_in_the_searcher_until_its_workers_fit(
     space = SearchSpace.from_dict(
         minimal_space(search={"micro_batch_size": [32, 64], "world_size": [2]})
     )
-    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
-                                data_parallel_gpus=False)  # fmt: skip
+    searcher = _searcher(tmp_path, space=space, data_parallel_gpus=False)
     first = searcher.suggest("a")
     assert isinstance(first, dict) and first[keys.WORLD_SIZE] == 2
     assert searcher.suggest("b") is None and searcher.suggest("c") is None
@@ -662,14 +676,13 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
     space = SearchSpace.from_dict(
         minimal_space(search={"micro_batch_size": [32, 64], "world_size": [1, 2]})
     )
-    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
-                                data_parallel_gpus=False)  # fmt: skip
+    searcher = _searcher(tmp_path, space=space, data_parallel_gpus=False)
     searcher._held = None
     config = {**space.derive(32, 1, 2).to_dict()}
     trial = searcher.record.ask()
     searcher._held = (trial.number, config, space.derive(32, 1, 2))
-    monkeypatch.setattr(searcher_module, "worker_room", lambda *a: 1)  # a node was lost
-    monkeypatch.setattr(searcher_module, "placement_problem",
+    monkeypatch.setattr(gates_module, "worker_room", lambda *a: 1)  # a node was lost
+    monkeypatch.setattr(gates_module, "placement_problem",
                         lambda *a: "needs 2 CPUs, the cluster has 1")  # fmt: skip
     assert searcher.suggest("x") is not None  # the search goes on
     told = [p for p in searcher.prescreened if p.number == trial.number]
@@ -794,8 +807,8 @@ def test_a_data_parallel_recipe_waits_for_the_devices_single_trials_hold_too(
     )
     points = [{"micro_batch_size": 32, "world_size": 1}, {"micro_batch_size": 64, "world_size": 1},
               {"micro_batch_size": 64, "world_size": 2}]  # fmt: skip
-    searcher = RaybatchSearcher(space, f"sqlite:///{tmp_path / 'o.db'}", "t", 600.0,
-                                points_to_evaluate=points, data_parallel_gpus=False)  # fmt: skip
+    searcher = _searcher(tmp_path, space=space, points_to_evaluate=points,
+                         data_parallel_gpus=False)  # fmt: skip
     for trial in ("a", "b"):
         config = searcher.suggest(trial)
         assert isinstance(config, dict) and config[keys.WORLD_SIZE] == 1
@@ -803,3 +816,50 @@ def test_a_data_parallel_recipe_waits_for_the_devices_single_trials_hold_too(
     searcher.on_trial_complete("a", _result("reached", 1.0))
     config = searcher.suggest("d")
     assert isinstance(config, dict) and config[keys.WORLD_SIZE] == 2
+
+
+def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_trials(
+    tmp_path: Path,
+) -> None:
+    """The searcher's gates are parts: a user's ``Gate`` beside the search's own refuses what
+    it must (told to Optuna, recorded with its reason, never launched) and learns from every
+    trial that ends; what it learned is in the searcher's checkpoint."""
+    from raybatch.run.gates import Gate, Rejection
+
+    class NoLargeBatches(Gate):
+        def __init__(self) -> None:
+            self.ended: list[str] = []
+
+        def check(self, recipe: Any, config: dict[str, Any]) -> Rejection | None:
+            if recipe.micro_batch_size >= 128:
+                return Rejection("too large for this test", memory=False)
+            return None
+
+        def learn(self, config: dict[str, Any], result: dict[str, Any], oom: bool) -> None:
+            self.ended.append(config[keys.TUNE_TRIAL_ID])
+
+        def state(self) -> Any:
+            return list(self.ended)
+
+        def restore(self, state: Any) -> None:
+            self.ended = list(state)
+
+    def build() -> tuple[RaybatchSearcher, NoLargeBatches]:
+        gate = NoLargeBatches()
+        study = SearchStudy(f"sqlite:///{tmp_path / 'optuna.db'}", "t")
+        gates = [*search_gates(None, None), gate]
+        return RaybatchSearcher(SPACE, study, 600.0, Plan(SPACE), gates), gate
+
+    searcher, gate = build()
+    for i in range(8):
+        config = searcher.suggest(f"t{i}")
+        assert isinstance(config, dict) and config[keys.MICRO_BATCH_SIZE] < 128
+        searcher.on_trial_complete(f"t{i}", _result("reached", 1.0 + i))
+    assert gate.ended == [f"t{i}" for i in range(8)]
+    refused = [p for p in searcher.prescreened if p.reason == "too large for this test"]
+    assert refused and all(p.params[keys.MICRO_BATCH_SIZE] >= 128 for p in refused)
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    restored, fresh_gate = build()
+    restored.restore(str(tmp_path / "ckpt.pkl"))
+    assert fresh_gate.ended == gate.ended
+    assert Gate().check(SPACE.derive(64), {}) is None  # the base objects to nothing

@@ -50,9 +50,11 @@ from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import run_race
 from raybatch.run.context import search_budget
 from raybatch.run.failfast import FailFast, ray_errors_to
+from raybatch.run.gates import Devices, search_gates
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
+from raybatch.run.plan import Plan
 from raybatch.run.prediction import time_model_found, write_predictions
 from raybatch.run.progress import Progress, printed, ray_quiet
 from raybatch.run.progress import log as progress
@@ -260,37 +262,34 @@ def _plan(
             raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
+    screen, pinned = (
+        (estimator if options.prescreen else None),
+        (options.gpu_model if cuda else None),
+    )
+    packing = (screen, budget) if screen is not None and budget is not None else None
     searcher = RaybatchSearcher(
         space,
-        storage_url=_study_url(path),
-        study_name=STUDY_NAME,
-        penalty=options.penalty,
-        estimator=estimator if options.prescreen else None,
-        budget_bytes=budget,
-        points_to_evaluate=opening_points(space, baseline, reference),
-        seed=options.seed,
-        data_parallel_gpus=cuda,
-        pack_gpus=cuda and gpus == "auto",
-        ladder=Ladder(space, estimator, budget, measure=options.prior),
-        probe_margin=margin,
-        baseline=baseline,
-        gpu_model=options.gpu_model if cuda else None,
-        context_bytes=context,
-    )
+        SearchStudy(_study_url(path), STUDY_NAME, options.seed),
+        options.penalty,
+        Plan(space, opening_points(space, baseline, reference),
+             Ladder(space, estimator, budget, measure=options.prior), baseline),
+        search_gates(screen, budget, margin, cuda, pinned),
+        Devices(cuda, pinned, packing if cuda and gpus == "auto" else None, context),
+    )  # fmt: skip
     settings = {
         "max_time_s": options.max_time_s,
         "eval_every_samples": options.eval_every_samples,
         "memory_budget": budget if not cuda else None,
         "gpu_budget_bytes": budget if cuda else None,
         "data_parallel_gpus": cuda,
-        "gpu_model": options.gpu_model if cuda else None,
+        "gpu_model": pinned,
         "cuda_context_bytes": context,
         "seed": options.seed,
     }
     fn = trainable(workload, space, target, **settings)
     resourced = with_resources(
         fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator,
-        gpu_model=options.gpu_model if cuda else None, context_bytes=context,
+        gpu_model=pinned, context_bytes=context,
     )  # fmt: skip
     hardware = view.describe(cuda)
     return _Plan(

@@ -21,12 +21,13 @@ study (they survive a resume through it); the rest is in the searcher's Tune che
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.run.prior import TimeModel
 from raybatch.run.seeding import Ladder
-from raybatch.run.study import SearchStudy
+from raybatch.run.study import DEFAULT_STUDY, SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 
@@ -42,9 +43,11 @@ CHECKPOINTED = (
 class Plan:
     """What runs before TPE: the opening points, then the ladder ranked by a measured model.
 
+    The searcher that runs it gives it the search's study (:meth:`attach`), where its points
+    are queued (the opening once, while the study is new) and what it found survives a resume.
+
     Args:
         space: The coupled space.
-        record: The search's study (the plan's points are enqueued there).
         opening: The opening points' searched knobs, in order.
         ladder: The second stage (``None``: TPE goes on alone after the opening).
         baseline: The largest batch's integer knobs, all of them (a knob with one choice is not
@@ -54,15 +57,15 @@ class Plan:
     def __init__(
         self,
         space: SearchSpace,
-        record: SearchStudy,
-        opening: list[dict[str, Any]],
+        opening: Sequence[dict[str, Any]] = (),
         ladder: Ladder | None = None,
         baseline: dict[str, Any] | None = None,
     ) -> None:
         self.space = space
-        self.record = record
+        self.record: SearchStudy = SearchStudy(None, DEFAULT_STUDY)
         self.ladder = ladder
         self.opening = [dict(p) for p in opening]
+        self._to_queue = [dict(p) for p in opening]  # queued in the study once, when it is new
         self._baseline = dict(baseline) if baseline is not None else None
         self.sweep: set[int] | None = None
         self.opening_number: dict[int, int] = {}  # Optuna trial number -> opening index
@@ -73,6 +76,16 @@ class Plan:
         self.time_model_problem: str | None = None  # why the asked trial could not measure it
         self.measuring: str | None = None  # the Tune trial asked to measure it, while it runs
 
+    def attach(self, record: SearchStudy) -> None:
+        """Run in ``record``, the searcher's study."""
+        self.record = record
+
+    def queue_opening(self) -> None:
+        """Queue the opening points in the study, once, while it has no trial."""
+        if self._to_queue:
+            self.record.enqueue_if_new(self._to_queue)
+            self._to_queue = []
+
     def state(self) -> dict[str, Any]:
         """What the searcher's checkpoint keeps (:data:`CHECKPOINTED`)."""
         self.sweep_indices()
@@ -80,9 +93,9 @@ class Plan:
 
     def restore(self, state: dict[str, Any]) -> None:
         for name in CHECKPOINTED:
-            if name in state:
-                setattr(self, name, state[name])
+            setattr(self, name, state[name])
         self.measuring = None  # a trial asked before the interruption is asked again
+        self._to_queue = []  # the study has them since the first suggestion
 
     # ------------------------------------------------------------------ the time model
 

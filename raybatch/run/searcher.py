@@ -44,26 +44,31 @@ with the constant liar for trials still running in parallel, after a short rando
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import ConfigError, Issue, OptionError, TraceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.errors import ConfigError, Issue, OptionError
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.memory.prescreen import PrescreenResult, learned_oom
 from raybatch.results.selection import is_packed
+from raybatch.run.gates import (
+    OOM_VIOLATION,
+    Devices,
+    Gate,
+    LearnedOutOfMemory,
+    Placement,
+    Rejection,
+    gate_of,
+    search_gates,
+)
 from raybatch.run.plan import Plan
-from raybatch.run.resources import gpu_fraction
-from raybatch.run.seeding import Ladder
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
-from raybatch.trial.placement import placement_problem, running_ray, worker_room
 from raybatch.trial.settings import parts_of
 
 if TYPE_CHECKING:
@@ -72,120 +77,96 @@ if TYPE_CHECKING:
 MAX_PRESCREEN_ATTEMPTS = 200
 """Suggestions in a row the pre-screen may reject before the searcher gives up (the space's
 smallest recipes do not fit either) and ends the search."""
-OOM_VIOLATION = 1.0
-"""Constraint told for a trial that ran out of memory for real. Its true need is unknown (the
-allocation that failed is not the peak), only that it is over the budget: any positive value
-marks it infeasible to TPE, and 1.0 ("twice the budget") ranks it behind near-misses."""
 
 
 CHECKPOINTED = {
     "trial_numbers": "_trial_numbers",
     "completed": "_completed",
     "prescreened": "prescreened",
-    "out_of_memory": "out_of_memory",
     "retry_alone": "_retry_alone",
     "retried": "_retried",
-    "running_workers": "_running_workers",
 }
-"""What the searcher's Tune checkpoint holds: key -> attribute (the plan's state and an
-in-memory study are added beside them)."""
+"""What the searcher's Tune checkpoint holds of its own: key -> attribute (its parts' states,
+and an in-memory study, are added beside them)."""
 
 
 class RaybatchSearcher(Searcher):
-    """Optuna TPE over a :class:`SearchSpace`, pre-screening every suggestion for memory.
+    """Optuna TPE over a :class:`SearchSpace`, each suggestion put through gates before launch.
+
+    Composed of parts, each with one job and its own saved state, as Ray composes a
+    ``ConcurrencyLimiter`` around a searcher: the study (Optuna's record and sampler), the plan
+    (what runs before TPE), the gates (why a recipe must not launch) and the devices (how a
+    trial takes its GPU, and room for data-parallel workers). :meth:`for_trainable` builds
+    them from a :func:`raybatch.trainable`; ``raybatch search`` from what it measured.
 
     Args:
         space: The coupled space (raw knobs are searched, the rest derived).
-        storage_url: Optuna storage (``sqlite:///RUN_DIR/optuna.db`` for ``raybatch search``);
-            ``None``: in memory, kept in the searcher's Tune checkpoint for a restore.
-        study_name: The study's name in that storage.
+        study: The search's record (default: a new in-memory study, kept in the searcher's
+            Tune checkpoint for a restore).
         penalty: The objective told for prescreened-out, failed or censored trials (PAR-10:
             10x the trainable's time cap). Required; :meth:`for_trainable` reads it.
-        estimator: Memory estimator for the pre-screen (``None``: no pre-screen).
-        budget_bytes: The per-GPU budget the pre-screen compares against.
-        points_to_evaluate: Raw-knob dicts to run first (reference recipe, max-batch
-            baseline); enqueued once, when the study is new.
-        seed: Sampler seed.
-        metric: The result field to minimise (``objective``).
-        data_parallel_gpus: Whether data-parallel workers take GPUs (placement is checked
-            against GPUs) or CPUs; ``None``: placement is not checked.
-        pack_gpus: Decide each trial's GPU share here (``gpus_per_trial="auto"``).
-        ladder: The plan's second stage, queued once ``points_to_evaluate`` have all finished
-            (``None``: TPE goes on alone).
-        probe_margin: Launch a config the estimate puts over the budget by at most this
-            fraction, for its trial's real probe to decide (0: the estimate decides; only
-            meaningful where trials probe on a real device).
-        baseline: The largest batch's integer knobs, all of them (a knob with one choice is
-            not among the searched ones); default: read from the first opening point.
-        gpu_model: The GPU model the search is pinned to (``--gpu-model``): data-parallel
-            recipes are placed against that model's GPUs only.
-        context_bytes: One trial's CUDA context (measured by the search): packing pays one each.
+        plan: What runs before TPE (default: nothing; TPE from the first trial).
+        gates: Asked in order before every launch (default: only what ran out of memory is
+            refused: :class:`~raybatch.run.gates.LearnedOutOfMemory`).
+        devices: How trials take devices (default: whole devices, room not checked).
     """
 
     def __init__(
         self,
         space: SearchSpace,
-        storage_url: str | None = None,
-        study_name: str = DEFAULT_STUDY,
+        study: SearchStudy | None = None,
         penalty: float | None = None,
-        estimator: MemoryEstimator | None = None,
-        budget_bytes: int | None = None,
-        points_to_evaluate: list[dict[str, Any]] | None = None,
-        seed: int = 0,
-        metric: str = keys.OBJECTIVE,
-        data_parallel_gpus: bool | None = None,
-        pack_gpus: bool = False,
-        ladder: Ladder | None = None,
-        probe_margin: float = 0.0,
-        baseline: dict[str, Any] | None = None,
-        gpu_model: str | None = None,
-        context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
+        plan: Plan | None = None,
+        gates: Sequence[Gate] | None = None,
+        devices: Devices | None = None,
     ) -> None:
-        super().__init__(metric=metric, mode="min")
+        super().__init__(metric=keys.OBJECTIVE, mode="min")
         if penalty is None:
             why = "needed: 10x the trainable's max_time_s (for_trainable(fn) reads it from fn)"
             raise OptionError([Issue("penalty", why)])
         self.space = space
-        self.record = SearchStudy(storage_url, study_name, seed)
+        self.record = study if study is not None else SearchStudy(None, DEFAULT_STUDY)
         self.penalty = penalty
-        self.estimator = estimator
-        self.budget_bytes = budget_bytes
+        self.plan = plan if plan is not None else Plan(space)
+        self.plan.attach(self.record)
+        self.gates = list(gates) if gates is not None else [LearnedOutOfMemory()]
+        self.devices = devices if devices is not None else Devices()
         self._define = OptunaDefineByRun(space, record=False)  # suggest() stores the config
         self._trial_numbers: dict[str, int] = {}
         self._completed: set[str] = set()
         self.prescreened: list[Prescreened] = []  # this process's rejections, typed as rows
-        self.out_of_memory: list[dict[str, Any]] = []  # launched configs that ran out for real
-        self._pending_points = list(points_to_evaluate or [])
-        self.data_parallel_gpus = data_parallel_gpus
-        self.gpu_model = gpu_model  # data-parallel recipes are placed on this model's GPUs
-        self.context_bytes = context_bytes
-        self._running_workers: dict[str, float] = {}  # Tune trial -> devices it holds
         self._held: tuple[int, dict[str, Any], TrialConfig] | None = None
-        self.pack_gpus = pack_gpus
         self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
-        self.probe_margin = probe_margin
-        self.plan = Plan(space, self.record, points_to_evaluate or [], ladder, baseline)
 
     @classmethod
     def for_trainable(
-        cls, trainable: Callable[..., Any], *, prescreen: bool = True, **kwargs: Any
+        cls,
+        trainable: Callable[..., Any],
+        *,
+        prescreen: bool = True,
+        seed: int = 0,
+        storage_url: str | None = None,
+        study_name: str = DEFAULT_STUDY,
     ) -> RaybatchSearcher:
         """The searcher for a :func:`raybatch.trainable`: its space, the penalty, GPU model and
         CUDA context of its settings and, with ``prescreen`` and a budget there, a pre-screen of
-        its workload; ``kwargs`` are the other arguments (``seed``, ...), or override these."""
+        its workload; TPE seeded with ``seed``, its study in ``storage_url`` (default: in
+        memory, kept in the searcher's checkpoint)."""
         parts = parts_of(trainable)
         s = parts.settings
+        estimator = None
         if prescreen and s.budget_bytes is not None:
-            kwargs.setdefault("estimator", MemoryEstimator.for_space(parts.workload, parts.space))
-        mine = {"budget_bytes": s.budget_bytes, "context_bytes": s.cuda_context_bytes,
-                "gpu_model": s.gpu_model, "data_parallel_gpus": s.data_parallel_gpus}  # fmt: skip
-        return cls(parts.space, penalty=s.penalty, **{**mine, **kwargs})
+            estimator = MemoryEstimator.for_space(parts.workload, parts.space)
+        gates = search_gates(estimator, s.budget_bytes, 0.0, s.data_parallel_gpus, s.gpu_model)
+        devices = Devices(s.data_parallel_gpus, s.gpu_model, None, s.cuda_context_bytes)
+        study = SearchStudy(storage_url, study_name, seed)
+        return cls(parts.space, study, s.penalty, None, gates, devices)
 
     @property
     def study(self) -> optuna.Study:
-        """The Optuna study (opened on first use; the first points queued if it is new)."""
-        self._queue_first_points()
+        """The Optuna study (opened on first use; the plan's opening queued if it is new)."""
+        self.plan.queue_opening()
         return self.record.study
 
     @property
@@ -193,11 +174,6 @@ class RaybatchSearcher(Searcher):
         """Why the searcher stopped suggesting, if it did; read from the study, so that a
         searcher restored from a checkpoint does not ask Optuna all over again."""
         return self.record.gave_up_reason()
-
-    def _queue_first_points(self) -> None:
-        if self._pending_points:
-            self.record.enqueue_if_new(self._pending_points)
-            self._pending_points = []
 
     def set_search_properties(
         self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any
@@ -221,24 +197,15 @@ class RaybatchSearcher(Searcher):
             number = self._retry_alone.pop(0)
             self.record.relaunched(number, trial_id)
             self._trial_numbers[trial_id] = number
-            self._running_workers[trial_id] = 1.0  # a whole GPU, alone
+            self.devices.held[trial_id] = 1.0  # a whole GPU, alone
             return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
         if self.gave_up is not None:
             return Searcher.FINISHED
         if self._held is not None:  # a data-parallel recipe waiting for room for its workers
-            number, config, recipe = self._held
-            held = self.record.live(number)
-            if held is not None and not self._room_for(recipe):
-                problem = None if self._running_workers else self._placement(recipe)
-                if problem is None:
-                    return None  # Tune asks again later; nothing starts only to wait
-                # Nothing runs and it still cannot be placed: the cluster shrank since.
-                self._reject(held, config, OOM_VIOLATION, problem, None, memory=False)
-                held = None
-            self._held = None
-            if held is not None:
-                return self._launch(held, config, recipe, trial_id)
-        self._queue_first_points()
+            wait, launched = self._held_one(trial_id)
+            if wait or launched is not None:
+                return launched  # None: Tune asks again later; nothing starts only to wait
+        self.plan.queue_opening()
         self.plan.queue_ladder()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
@@ -246,34 +213,19 @@ class RaybatchSearcher(Searcher):
                 constants = self._define(ot_trial)
             except ConfigError as exc:  # a combination the space's limits refuse: never run
                 self.plan.note_opening(ot_trial)
-                params = dict(ot_trial.params)
-                self._reject(ot_trial, params, OOM_VIOLATION, str(exc), None, memory=False)
+                self._reject(ot_trial, dict(ot_trial.params), Rejection(str(exc), memory=False))
                 continue
             self.plan.note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
             recipe = TrialConfig.from_dict(config)  # the define-by-run's, derived once
-            problem = self._placement(recipe)
-            if problem is not None:
-                self._reject(ot_trial, config, OOM_VIOLATION, problem, None, memory=False)
+            rejection = next(filter(None, (g.check(recipe, config) for g in self.gates)), None)
+            if rejection is not None:
+                self._reject(ot_trial, config, rejection)
                 continue
-            verdict = self._screen(recipe)
-            if verdict is not None and verdict.fits is False:
-                assert verdict.predicted_bytes is not None and self.budget_bytes is not None
-                violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
-                if violation > self.probe_margin:
-                    self._reject(
-                        ot_trial, config, violation, verdict.reason, verdict.predicted_bytes
-                    )
-                    continue
-            learned = learned_oom(config, self.out_of_memory)
-            if learned is not None:
-                self._reject(ot_trial, config, OOM_VIOLATION, learned, None)
-                continue
-            if self.pack_gpus and self.estimator is not None and self.budget_bytes is not None:
-                predicted = self.estimator.predict(recipe)
-                share = gpu_fraction(predicted, self.budget_bytes, context_bytes=self.context_bytes)
+            share = self.devices.share(recipe)
+            if share is not None:
                 config[keys.GPU_SHARE] = share
-            if not self._room_for(recipe):
+            if not self.devices.room_for(recipe):
                 self._held = (ot_trial.number, config, recipe)
                 return None
             return self._launch(ot_trial, config, recipe, trial_id)
@@ -284,6 +236,26 @@ class RaybatchSearcher(Searcher):
         )
         return Searcher.FINISHED
 
+    def _held_one(self, trial_id: str) -> tuple[bool, dict[str, Any] | None]:
+        """The held data-parallel recipe: ``(True, None)`` while its workers do not fit beside
+        the running trials, its config once they do, ``(False, None)`` when it is gone (told
+        while the searcher waited, or refused: the cluster shrank) and a new one is asked."""
+        assert self._held is not None
+        number, config, recipe = self._held
+        held = self.record.live(number)
+        if held is not None and not self.devices.room_for(recipe):
+            placement = gate_of(self.gates, Placement)
+            rejection = None
+            if placement is not None and not self.devices.held:
+                rejection = placement.check(recipe, config)
+            if rejection is None:
+                return True, None
+            # Nothing runs and it still cannot be placed: the cluster shrank since.
+            self._reject(held, config, rejection)
+            held = None
+        self._held = None
+        return False, None if held is None else self._launch(held, config, recipe, trial_id)
+
     def _launch(
         self, ot_trial: optuna.Trial, config: dict[str, Any], recipe: TrialConfig, trial_id: str
     ) -> dict[str, Any]:
@@ -293,46 +265,17 @@ class RaybatchSearcher(Searcher):
         if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
             config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
             self.plan.measuring = trial_id
-        # What it holds: every data-parallel worker, or a single trial's share of a GPU.
-        held = recipe.world_size if recipe.world_size > 1 else config.get(keys.GPU_SHARE, 1.0)
-        self._running_workers[trial_id] = float(held)
+        self.devices.take(trial_id, recipe, config)
         return config
 
-    def _room_for(self, recipe: TrialConfig) -> bool:
-        """Whether a data-parallel recipe's workers fit beside what the trials running now hold
-        (data-parallel workers, and single trials' GPUs or CPUs). Tune would otherwise start its
-        trial at once (the trial itself holds no GPU) to wait inside ``fit()`` for workers, on
-        the hang guard's clock, and be censored as hung for being queued."""
-        ray = running_ray()
-        if recipe.world_size <= 1 or self.data_parallel_gpus is None or ray is None:
-            return True
-        room = worker_room(ray, self.data_parallel_gpus, self.gpu_model)
-        return sum(self._running_workers.values()) + recipe.world_size <= room
-
-    # ------------------------------------------------------------------ placement
-
-    def _placement(self, recipe: TrialConfig) -> str | None:
-        if self.data_parallel_gpus is None:
-            return None
-        return placement_problem(recipe.world_size, self.data_parallel_gpus, self.gpu_model)
-
-    def _screen(self, recipe: TrialConfig) -> PrescreenResult | None:
-        if self.estimator is None or self.budget_bytes is None:
-            return None
-        return self.estimator.prescreen(recipe, self.budget_bytes)
-
-    def _reject(
-        self,
-        ot_trial: optuna.Trial,
-        config: dict[str, Any],
-        violation: float,
-        reason: str,
-        predicted_bytes: int | None,
-        memory: bool = True,
-    ) -> None:
-        self.record.reject(ot_trial, violation, self.penalty, reason, predicted_bytes, config)
-        self.plan.opening_done(ot_trial.number, None, memory=memory)
-        self.prescreened.append(Prescreened.of(ot_trial.number, config, reason, predicted_bytes))
+    def _reject(self, ot_trial: optuna.Trial, config: dict[str, Any], why: Rejection) -> None:
+        self.record.reject(
+            ot_trial, why.violation, self.penalty, why.reason, why.predicted_bytes, config
+        )
+        self.plan.opening_done(ot_trial.number, None, memory=why.memory)
+        self.prescreened.append(
+            Prescreened.of(ot_trial.number, config, why.reason, why.predicted_bytes)
+        )
 
     # ------------------------------------------------------------------ results
 
@@ -355,7 +298,7 @@ class RaybatchSearcher(Searcher):
         A trial that ran out of memory is told infeasible (positive constraint) and remembered,
         so that no later suggestion needing as much memory is launched.
         """
-        self._running_workers.pop(trial_id, None)
+        self.devices.free(trial_id)
         self.plan.ended(trial_id, result or {})
         number = self._trial_numbers.get(trial_id)
         if number is None or trial_id in self._completed:
@@ -363,8 +306,13 @@ class RaybatchSearcher(Searcher):
         self.on_trial_result(trial_id, result or {})  # the last evaluation, if Tune sent it here
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
-        self._calibrate(number, result or {})
-        if oom and is_packed((result or {}).get(keys.GPU_SHARE)) and number not in self._retried:
+        retry = (
+            oom and is_packed((result or {}).get(keys.GPU_SHARE)) and number not in self._retried
+        )
+        launched = {**self.record.config_of(number), keys.TUNE_TRIAL_ID: trial_id}
+        for gate in self.gates:  # a packed trial out of memory is not its recipe's verdict yet
+            gate.learn(launched, result or {}, oom and not retry)
+        if retry:
             self._completed.add(trial_id)
             self._retry_alone.append(number)
             self._retried.add(number)  # once: a second OOM is the recipe's
@@ -376,30 +324,17 @@ class RaybatchSearcher(Searcher):
         self._completed.add(trial_id)
         reached = time_to_target if status is TrialStatus.REACHED else None
         self.plan.opening_done(number, reached, oom)
-        if told is None:
-            return  # told before an interruption that Tune's saved state predates
-        self._trial_numbers[trial_id] = told
-        if oom:
-            config = self.record.config_of(told)
-            self.out_of_memory.append({**config, keys.TUNE_TRIAL_ID: trial_id})
-
-    def _calibrate(self, number: int, result: dict[str, Any]) -> None:
-        measured = result.get(keys.PROBE_RESERVED_BYTES)
-        if self.estimator is None or not measured:
-            return
-        recipe = TrialConfig.from_dict(self.record.config_of(number))  # the launched recipe
-        try:
-            self.estimator.observe(recipe, int(measured))
-        except TraceError:  # an untraceable workload has no model to calibrate
-            return
+        if told is not None:  # None: told before an interruption Tune's saved state predates
+            self._trial_numbers[trial_id] = told
 
     # ------------------------------------------------------------------ checkpoint
 
     def save(self, checkpoint_path: str) -> None:
         state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
         state["plan"] = self.plan.state()
+        state["gates"] = [gate.state() for gate in self.gates]
+        state["devices"] = dict(self.devices.held)
         state["memory_storage"] = self.record.memory_storage  # None for a storage URL
-        state["probed"] = dict(self.estimator.probed) if self.estimator is not None else {}
         with open(checkpoint_path, "wb") as f:
             pickle.dump(state, f)
 
@@ -409,8 +344,8 @@ class RaybatchSearcher(Searcher):
         for key, attr in CHECKPOINTED.items():
             setattr(self, attr, state[key])
         self.plan.restore(state["plan"])
-        if self.estimator is not None:  # what the probes taught before the interruption
-            self.estimator.probed.update(state["probed"])
+        for gate, learned in zip(self.gates, state["gates"], strict=True):
+            gate.restore(learned)  # what the probes and the OOMs taught before the interruption
+        self.devices.held = dict(state["devices"])
         self.record.use_memory_storage(state["memory_storage"])
         self._held = None  # a held data-parallel recipe is asked again
-        self._pending_points = []

@@ -1,0 +1,241 @@
+"""What a suggestion passes before it is launched: gates, and the devices trials take.
+
+The searcher (:class:`raybatch.run.searcher.RaybatchSearcher`) asks Optuna for a recipe and
+puts it through its gates in order; the first that answers with a :class:`Rejection` keeps it
+from launching, and the searcher tells Optuna why (infeasible where the rejection is about
+memory, so that TPE steers away). A gate is one question about one recipe, as a sampler is one
+way to choose, in Optuna: subclass :class:`Gate`, answer :meth:`Gate.check`, and learn from
+finished trials in :meth:`Gate.learn` if the answer should change with what they show.
+Whatever a gate learned is kept in the searcher's Tune checkpoint (:meth:`Gate.state`), so a
+resumed search rejects what it rejected before.
+
+The gates a search uses (:func:`search_gates`), in the order they are asked:
+
+1. :class:`Placement`: a data-parallel recipe's workers can be placed on the cluster now;
+2. :class:`MemoryBudget`: the memory estimate fits the per-GPU budget (within ``probe_margin``,
+   the trial's real probe decides); probes calibrate it;
+3. :class:`LearnedOutOfMemory`: the recipe needs no less memory than one that ran out for real.
+
+:class:`Devices` is not a gate: it decides how a launched trial takes its devices (its share of
+a GPU when trials are packed) and whether a data-parallel recipe's workers fit beside the
+trials running now (the searcher holds it until they do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raybatch import keys
+from raybatch.errors import TraceError
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.memory.estimator import MemoryEstimator
+from raybatch.memory.prescreen import learned_oom
+from raybatch.run.resources import gpu_fraction
+from raybatch.space.config import TrialConfig
+from raybatch.trial.placement import placement_problem, running_ray, worker_room
+
+OOM_VIOLATION = 1.0
+"""Constraint told for a recipe refused without a measured size (it ran out of memory for
+real, or cannot be placed). Its true need is unknown, only that it is over the budget: any
+positive value marks it infeasible to TPE, and 1.0 ("twice the budget") ranks it behind
+near-misses."""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a recipe is not launched.
+
+    Attributes:
+        reason: Said in the study, ``trials.csv`` and the notes.
+        violation: Optuna's constraint value (> 0: infeasible).
+        predicted_bytes: The estimate's peak, where the estimate refused it.
+        memory: A refusal for memory (the plan's opening steps down to a smaller micro batch
+            after one); ``False`` for one that no batch size would change (placement).
+    """
+
+    reason: str
+    violation: float = OOM_VIOLATION
+    predicted_bytes: int | None = None
+    memory: bool = True
+
+
+class Gate:
+    """One check every suggestion passes before launch; the base answers "no objection".
+
+    Subclasses override :meth:`check`, and :meth:`learn`, :meth:`state` and :meth:`restore`
+    where they learn from finished trials.
+    """
+
+    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+        """Why ``recipe`` (its Tune ``config`` beside it) must not launch, or ``None``."""
+        return None
+
+    def learn(self, config: dict[str, Any], result: dict[str, Any], out_of_memory: bool) -> None:
+        """A launched trial ended with ``result``; ``out_of_memory``: it ran out of memory and
+        that is its recipe's verdict (not a packed trial about to run again alone)."""
+
+    def state(self) -> Any:
+        """What the searcher's checkpoint keeps of what this gate learned."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Take back what :meth:`state` returned."""
+
+
+class Placement(Gate):
+    """A data-parallel recipe's workers can be placed on the cluster now (its GPUs, of the
+    pinned model, or its CPUs), checked at every suggestion: also after a resume on a smaller
+    cluster."""
+
+    def __init__(self, data_parallel_gpus: bool, gpu_model: str | None = None) -> None:
+        self.data_parallel_gpus = data_parallel_gpus
+        self.gpu_model = gpu_model
+
+    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+        problem = placement_problem(recipe.world_size, self.data_parallel_gpus, self.gpu_model)
+        return None if problem is None else Rejection(problem, memory=False)
+
+
+class MemoryBudget(Gate):
+    """The memory estimate of a recipe fits ``budget_bytes``; over it by at most
+    ``probe_margin`` (a fraction), the trial's real probe decides. Every probe that fitted
+    calibrates the estimate (:meth:`MemoryEstimator.observe`)."""
+
+    def __init__(
+        self, estimator: MemoryEstimator, budget_bytes: int, probe_margin: float = 0.0
+    ) -> None:
+        self.estimator = estimator
+        self.budget_bytes = budget_bytes
+        self.probe_margin = probe_margin
+
+    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+        verdict = self.estimator.prescreen(recipe, self.budget_bytes)
+        if verdict.fits is not False:
+            return None
+        assert verdict.predicted_bytes is not None
+        violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
+        if violation <= self.probe_margin:
+            return None
+        return Rejection(verdict.reason, violation, verdict.predicted_bytes)
+
+    def learn(self, config: dict[str, Any], result: dict[str, Any], out_of_memory: bool) -> None:
+        measured = result.get(keys.PROBE_RESERVED_BYTES)
+        if not measured:
+            return
+        try:
+            self.estimator.observe(TrialConfig.from_dict(config), int(measured))
+        except TraceError:  # an untraceable workload has no model to calibrate
+            return
+
+    def state(self) -> Any:
+        return dict(self.estimator.probed)
+
+    def restore(self, state: Any) -> None:
+        self.estimator.probed.update(state or {})
+
+
+class LearnedOutOfMemory(Gate):
+    """A recipe needing at least the memory of one that ran out for real (micro batch,
+    accumulation and world size all no smaller) is refused before launch: the estimate was
+    wrong once, the same mistake is not paid twice."""
+
+    def __init__(self) -> None:
+        self.out_of_memory: list[dict[str, Any]] = []
+
+    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+        learned = learned_oom(config, self.out_of_memory)
+        return None if learned is None else Rejection(learned)
+
+    def learn(self, config: dict[str, Any], result: dict[str, Any], out_of_memory: bool) -> None:
+        if out_of_memory:
+            self.out_of_memory.append(config)
+
+    def state(self) -> Any:
+        return list(self.out_of_memory)
+
+    def restore(self, state: Any) -> None:
+        self.out_of_memory = list(state or [])
+
+
+def search_gates(
+    estimator: MemoryEstimator | None,
+    budget_bytes: int | None,
+    probe_margin: float = 0.0,
+    data_parallel_gpus: bool | None = None,
+    gpu_model: str | None = None,
+) -> list[Gate]:
+    """The gates of a search, in order: placement (where data-parallel workers' kind is
+    known), the memory budget (with an estimator and a budget), what ran out of memory."""
+    gates: list[Gate] = []
+    if data_parallel_gpus is not None:
+        gates.append(Placement(data_parallel_gpus, gpu_model))
+    if estimator is not None and budget_bytes is not None:
+        gates.append(MemoryBudget(estimator, budget_bytes, probe_margin))
+    gates.append(LearnedOutOfMemory())
+    return gates
+
+
+def gate_of(gates: Sequence[Gate], kind: type[Gate]) -> Gate | None:
+    """The first of ``gates`` of ``kind``, or ``None``."""
+    return next((g for g in gates if isinstance(g, kind)), None)
+
+
+class Devices:
+    """How trials take devices: a packed trial's share of a GPU, and room for data-parallel
+    workers beside the trials running now.
+
+    Args:
+        data_parallel_gpus: Whether data-parallel workers take GPUs or CPUs; ``None``: their
+            room is not checked.
+        gpu_model: The GPU model trials are pinned to (their room counts its GPUs only).
+        packing: ``(estimator, budget_bytes)`` where trials share GPUs (``gpus_per_trial
+            ="auto"``): each launched trial's share comes from the calibrated estimate.
+        context_bytes: One trial's CUDA context: every packed trial pays one.
+    """
+
+    def __init__(
+        self,
+        data_parallel_gpus: bool | None = None,
+        gpu_model: str | None = None,
+        packing: tuple[MemoryEstimator, int] | None = None,
+        context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
+    ) -> None:
+        self.data_parallel_gpus = data_parallel_gpus
+        self.gpu_model = gpu_model
+        self.packing = packing
+        self.context_bytes = context_bytes
+        self.held: dict[str, float] = {}  # Tune trial -> the devices it holds
+
+    def share(self, recipe: TrialConfig) -> float | None:
+        """A launched trial's share of a GPU where trials are packed, else ``None``."""
+        if self.packing is None:
+            return None
+        estimator, budget = self.packing
+        return gpu_fraction(estimator.predict(recipe), budget, context_bytes=self.context_bytes)
+
+    def room_for(self, recipe: TrialConfig) -> bool:
+        """Whether a data-parallel recipe's workers fit beside what the trials running now hold
+        (data-parallel workers, and single trials' GPUs or CPUs). Tune would otherwise start its
+        trial at once (the trial itself holds no GPU) to wait inside ``fit()`` for workers, on
+        the hang guard's clock, and be censored as hung for being queued."""
+        ray = running_ray()
+        if recipe.world_size <= 1 or self.data_parallel_gpus is None or ray is None:
+            return True
+        room = worker_room(ray, self.data_parallel_gpus, self.gpu_model)
+        return sum(self.held.values()) + recipe.world_size <= room
+
+    def take(self, trial_id: str, recipe: TrialConfig, config: dict[str, Any]) -> None:
+        """``trial_id`` runs now: every data-parallel worker, or a single trial's share."""
+        held = recipe.world_size if recipe.world_size > 1 else config.get(keys.GPU_SHARE, 1.0)
+        self.held[trial_id] = float(held)
+
+    def free(self, trial_id: str) -> None:
+        self.held.pop(trial_id, None)
+
+
+__all__ = [
+    "OOM_VIOLATION", "Devices", "Gate", "LearnedOutOfMemory", "MemoryBudget", "Placement",
+    "Rejection", "gate_of", "search_gates",
+]  # fmt: skip
