@@ -36,6 +36,7 @@ from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
 from raybatch.formats.retarget import retarget
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.space.presets import load_space
+from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 from raybatch.workload import build_optimizer
 
 if TYPE_CHECKING:
@@ -71,7 +72,11 @@ class BestConfig:
     source: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "provenance": self.provenance}
+        return {
+            FORMAT_KEY: RUN_FORMAT,
+            "config": self.config.to_dict(),
+            "provenance": self.provenance,
+        }
 
     @property
     def grad_clip_norm(self) -> float | None:
@@ -402,6 +407,7 @@ def load_best(path: str | Path) -> BestConfig:
         raise RunDirError([Issue("(yaml syntax)", _damaged(exc))], str(path)) from None
     if not isinstance(data, dict) or "config" not in data:
         raise RunDirError([Issue("config", "missing: not a raybatch best config")], str(path))
+    check_format(data.get(FORMAT_KEY), str(path))
     if not isinstance(data.get("provenance") or {}, dict):
         raise RunDirError([Issue("provenance", _damaged("not a mapping"))], str(path))
     config = TrialConfig.from_dict(data["config"], source=str(path))

@@ -69,3 +69,41 @@ def test_a_run_json_with_bad_options_blames_the_file_and_field(tmp_path: Path) -
     with pytest.raises(RunDirError) as err:
         read_run(tmp_path)
     assert f"{run_json}: options.trials: must be an integer >= 1, got 0" in str(err.value)
+
+
+def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """run.json, best_config.yaml and the searcher's checkpoint carry one format stamp, read by
+    one function: a file without it, or of another, is refused with the file named, not
+    misread. The files the product writes carry the current one (they read back)."""
+    import pickle
+
+    import raybatch
+    from raybatch.export import BestConfig, load_best, write_best
+    from raybatch.metric import Target
+    from raybatch.run.rundir import write_run_files
+    from raybatch.space.presets import load_space
+    from raybatch.version import RUN_FORMAT
+
+    space = load_space("generic_adamw")
+    write_run_files(tmp_path, "wl.py:w", space, Target(0.9), SearchOptions())
+    assert read_run(tmp_path)[1] == "wl.py:w"
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["format"] == RUN_FORMAT
+    (tmp_path / "run.json").write_text(json.dumps({**run, "format": RUN_FORMAT + 1}))
+    with pytest.raises(RunDirError, match=r"run\.json: format: 2: written by another raybatch"):
+        read_run(tmp_path)
+
+    write_best(tmp_path, BestConfig(space.derive(16), {"space": space.name}))
+    assert load_best(tmp_path).config == space.derive(16)
+    best = tmp_path / "best_config.yaml"
+    best.write_text(best.read_text().replace(f"format: {RUN_FORMAT}\n", ""))
+    with pytest.raises(RunDirError, match=r"best_config\.yaml: format: missing"):
+        load_best(tmp_path)
+
+    searcher = raybatch.RaybatchSearcher(space, penalty=60.0)
+    searcher.save(str(tmp_path / "ckpt.pkl"))
+    raybatch.RaybatchSearcher(space, penalty=60.0).restore(str(tmp_path / "ckpt.pkl"))
+    state = pickle.loads((tmp_path / "ckpt.pkl").read_bytes())
+    (tmp_path / "old.pkl").write_bytes(pickle.dumps({**state, "format": 0}))
+    with pytest.raises(RunDirError, match=r"old\.pkl: format: 0"):
+        raybatch.RaybatchSearcher(space, penalty=60.0).restore(str(tmp_path / "old.pkl"))

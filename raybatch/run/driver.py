@@ -93,6 +93,7 @@ from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.wrapper import trainable
+from raybatch.version import check_format
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 if TYPE_CHECKING:
@@ -324,9 +325,7 @@ def _search_tuner(
         if not isinstance(searcher, RaybatchSearcher):
             why = "holds no raybatch searcher: this is not a raybatch search's experiment"
             raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
-        if not hasattr(searcher, "plan"):  # pickled before the plan had a part of its own
-            why = "holds a searcher an earlier raybatch saved, which this one cannot continue"
-            raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
+        check_format(getattr(searcher, "run_format", None), str(path / "tune/search" / TUNER_FILE))
         searcher.record.relocate(_study_url(path))
         plan.searcher = searcher  # the one that runs: what it learnt is read after the search
         run_config.callbacks = [

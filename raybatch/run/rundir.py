@@ -16,6 +16,8 @@ Layout of a run directory::
 
 Every path raybatch keeps is relative to the run directory, or re-pointed at it on resume
 (the searcher Ray Tune restores), so a copied or moved directory resumes into itself.
+``run.json``, ``best_config.yaml``/``.json`` and the searcher's checkpoint carry one format
+stamp (:data:`raybatch.version.RUN_FORMAT`); a file of another format is refused, named.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from raybatch.export import TUNE_EXPERIMENT_WHY, is_tune_experiment
 from raybatch.metric import Target
 from raybatch.run.options import SearchOptions
 from raybatch.space.search_space import SearchSpace
+from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 
 RUN_FILE = "run.json"
 
@@ -64,6 +67,7 @@ def write_run_files(
         (run_dir / RUN_FILE).write_text(
             json.dumps(
                 {
+                    FORMAT_KEY: RUN_FORMAT,
                     "workload": workload_ref,
                     "target": dataclasses.asdict(target),
                     "options": dataclasses.asdict(options),
@@ -102,6 +106,7 @@ def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, Searc
     space = SearchSpace.from_yaml(path / SPACE_FILE)
     try:
         run = json.loads((path / RUN_FILE).read_text())
+        check_format(run.get(FORMAT_KEY), str(path / RUN_FILE))
         options = SearchOptions(**run["options"])
         return path, str(run["workload"]), space, Target(**run["target"]), options
     except OptionError as exc:

@@ -70,6 +70,7 @@ from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.settings import parts_of
+from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 
 if TYPE_CHECKING:
     import optuna
@@ -125,6 +126,7 @@ class RaybatchSearcher(Searcher):
             why = "needed: 10x the trainable's max_time_s (for_trainable(fn) reads it from fn)"
             raise OptionError([Issue("penalty", why)])
         self.space = space
+        self.run_format = RUN_FORMAT  # Tune pickles the searcher whole: a resume reads it here
         self.record = study if study is not None else SearchStudy(None, DEFAULT_STUDY)
         self.penalty = penalty
         self.plan = plan if plan is not None else Plan(space)
@@ -331,6 +333,7 @@ class RaybatchSearcher(Searcher):
 
     def save(self, checkpoint_path: str) -> None:
         state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
+        state[FORMAT_KEY] = RUN_FORMAT
         state["plan"] = self.plan.state()
         state["gates"] = [gate.state() for gate in self.gates]
         state["devices"] = dict(self.devices.held)
@@ -341,6 +344,7 @@ class RaybatchSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
+        check_format(state.get(FORMAT_KEY), checkpoint_path)
         for key, attr in CHECKPOINTED.items():
             setattr(self, attr, state[key])
         self.plan.restore(state["plan"])
