@@ -50,8 +50,8 @@ from raybatch.examples.wide import WideWorkload
 from raybatch.metric import Target, resolve_target
 from raybatch.results.cost import search_cost
 from raybatch.run.options import SearchOptions
-from raybatch.run.prior import spearman
 from raybatch.space.search_space import SearchSpace
+from raybatch.timemodel.model import spearman
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
 from raybatch.workload import Workload

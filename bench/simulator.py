@@ -38,7 +38,7 @@ from typing import Any
 import raybatch
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
-from raybatch.run.prior import NoiseScale, TimeModel
+from raybatch.timemodel.model import NoiseScale, TimeModel
 
 MICRO = [8, 16, 32, 64, 128, 256, 512]
 ACCUMULATION = [1, 2, 4, 8, 16]
@@ -236,7 +236,7 @@ class Member:
 
     def measure_cost_s(self, micro: int) -> float:
         """What measuring the time model adds to the trial at ``micro`` that measures it once it
-        reaches the target, as :mod:`raybatch.trial.gradient_noise` does: 16 big batches of 8
+        reaches the target, as :mod:`raybatch.timemodel.measure` does: 16 big batches of 8
         passes at the smallest micro batch, 3 passes (one to warm up, 2 timed) per smaller
         micro batch, 4 optimizer steps; no start-up (the trial's process has it)."""
         noise = 16 * 8 * self.step_time(MICRO[0], 1)

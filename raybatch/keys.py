@@ -86,10 +86,10 @@ ALONE: Final = "alone"
 trial that ran out of memory while packed)."""
 MEASURE_TIME_MODEL: Final = "measure_time_model"
 """In a trial's config: once it reaches the target, measure the search's time model on its
-trained model (:mod:`raybatch.trial.gradient_noise`); the searcher asks one trial at a time."""
+trained model (:mod:`raybatch.timemodel.measure`); the searcher asks one trial at a time."""
 TIME_MODEL: Final = "time_model"
 """In the final report of a trial asked to measure it: the time model, as JSON text
-(:meth:`raybatch.run.prior.TimeModel.to_dict`)."""
+(:meth:`raybatch.timemodel.model.TimeModel.to_dict`)."""
 TIME_MODEL_ERROR: Final = "time_model_error"
 """Instead, why it could not be measured (the trial itself still reached the target)."""
 GPU_SHARE: Final = "gpu_share"
@@ -100,7 +100,7 @@ PEAK_RESERVED_BYTES: Final = "peak_reserved_bytes"
 PROBE_RESERVED_BYTES: Final = "probe_reserved_bytes"
 """Reserved peak of the trial's real probe step (CUDA): calibrates the search's estimator."""
 PREDICTED_TIME_S: Final = "predicted_time_s"
-"""In ``trials.csv``: the time to target the search's prior (:mod:`raybatch.run.prior`)
+"""In ``trials.csv``: the time to target the search's prior (:mod:`raybatch.timemodel.model`)
 predicts for the row's recipe, scaled by one constant fitted to the search's measured times."""
 PREDICTED_BYTES: Final = "predicted_bytes"
 """The memory estimate's predicted peak of a recipe (``raybatch estimate``, ``raybatch check``,

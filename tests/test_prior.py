@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import raybatch
-from raybatch.run.prior import NoiseScale, TimeModel, noise_scale, spearman
+from raybatch.timemodel.model import NoiseScale, TimeModel, noise_scale, spearman
 
 
 def _norms(g: torch.Tensor, sigma: float, small: int, big: int, batches: int, seed: int

@@ -752,7 +752,7 @@ def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_mode
     at a time is asked (a capped one passes the request on), what it brings back survives the
     searcher's checkpoint, and the ladder is ranked by it (here: the smallest batches, where
     the geometric ladder without a model would run 64 and 16)."""
-    from raybatch.run.prior import NoiseScale, TimeModel
+    from raybatch.timemodel.model import NoiseScale, TimeModel
 
     searcher = _driver_searcher(tmp_path, prior=True)
     asked = [searcher.suggest("o0"), searcher.suggest("o1")]

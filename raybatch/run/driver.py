@@ -55,7 +55,6 @@ from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
 from raybatch.run.plan import Plan
-from raybatch.run.prediction import time_model_found, write_predictions
 from raybatch.run.progress import Progress, printed, ray_quiet
 from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
@@ -92,6 +91,7 @@ from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
+from raybatch.timemodel.prediction import time_model_found, write_predictions
 from raybatch.trial.wrapper import trainable
 from raybatch.version import check_format
 from raybatch.workload import Workload, absolute_reference, load_workload

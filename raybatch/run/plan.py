@@ -7,8 +7,8 @@ runs before TPE takes over, kept apart from the pre-screen, placement and Optuna
    a sweep of LRs, and the reference recipe, enqueued in the study; an opening point that runs
    out of memory for real is replaced by the next smaller micro batch, so that the largest
    batch that *really* fits is swept;
-2. **the time model** (:mod:`raybatch.run.prior`), measured inside the search's first trial
-   that reaches the target (:mod:`raybatch.trial.gradient_noise`): one trial at a time is asked;
+2. **the time model** (:mod:`raybatch.timemodel.model`), measured inside the search's first trial
+   that reaches the target (:mod:`raybatch.timemodel.measure`): one trial at a time is asked;
 3. **the ladder** (:class:`raybatch.run.seeding.Ladder`), queued once every opening point has
    ended: the LR multiplier that was fastest at the largest batch, carried to the batches the
    model predicts fastest (a geometric ladder without one).
@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.run.prior import TimeModel
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import DEFAULT_STUDY, SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
+from raybatch.timemodel.model import TimeModel
 
 if TYPE_CHECKING:
     import optuna

@@ -5,7 +5,7 @@ Every search starts from the strong simple baseline a user would otherwise run -
 batch that fits, at its best of a few LRs -- and from the published recipe, so every search
 shows how its optimum compares with both, and cannot lose to the baseline for want of trying
 it. The second stage (:class:`Ladder`) carries the best LR to the batches the time model
-(:mod:`raybatch.run.prior`) predicts fastest.
+(:mod:`raybatch.timemodel.model`) predicts fastest.
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ class Ladder:
         space: The coupled space.
         estimator: The memory estimator (``None``: every recipe fits).
         budget_bytes: The per-GPU budget the recipes must fit.
-        model: Predicts a recipe's relative time to target (:class:`~raybatch.run.prior.TimeModel`);
+        model: Predicts a recipe's relative time to target
+            (:class:`~raybatch.timemodel.model.TimeModel`);
             ``None``: the geometric ladder, unless one is measured.
         size: Recipes on the ladder (each at two LRs, see :meth:`points`).
         measure: Have the search measure the model inside its first trial that reaches the

@@ -6,7 +6,7 @@
 - ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's clock, marks,
   target check and statuses, reported to Ray Tune;
 - ``resources``: what a trial asks Ray for (GPU fraction from the memory estimate);
-- ``gpu_monitor``: GPU utilisation sampled during a trial (NVML);
-- ``gradient_noise``: the search's time model measured on a trial's device (gradient noise
-  scale, step times).
+- ``gpu_monitor``: GPU utilisation sampled during a trial (NVML).
+
+The search's time model, measured inside a trial, lives in :mod:`raybatch.timemodel`.
 """

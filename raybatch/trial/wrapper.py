@@ -38,9 +38,9 @@ from raybatch.metric import Target, resolve_target
 from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
+from raybatch.timemodel.measure import at_target_measure
 from raybatch.trial import process_age
 from raybatch.trial.gpu_monitor import DeviceFigures
-from raybatch.trial.gradient_noise import at_target_measure
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
     assigned_gpu_share,

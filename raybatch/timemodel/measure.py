@@ -1,6 +1,6 @@
 """The search's time model, measured inside a trial the moment it reaches the target.
 
-What :class:`raybatch.run.prior.TimeModel` needs, measured where it matters and where it is
+What :class:`raybatch.timemodel.model.TimeModel` needs, measured where it matters and where it is
 cheap: on the trial's own model as it reaches the target, on its device, with its data and
 autocast, in the process that already holds them (no start-up, no data loading of its own):
 
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.memory.trace import autocast_context
-from raybatch.run.prior import TimeModel, noise_scale
 from raybatch.space.config import TrialConfig
+from raybatch.timemodel.model import TimeModel, noise_scale
 from raybatch.trial.batches import train_batches
 from raybatch.workload import Workload
 

@@ -1,10 +1,10 @@
-"""The time model in a search: measured inside a trial at the target, written into its rows.
+"""The time model in a search's record: kept in the run directory, written into its rows.
 
-:mod:`raybatch.run.prior` holds the model; :mod:`raybatch.trial.gradient_noise` measures it in
-the trial the searcher asked (:mod:`raybatch.run.plan`). Here the driver's two uses once the
-search has ended: :func:`time_model_found` (the model, kept in the run directory, with a note
-saying where it was measured and what it found) and :func:`write_predictions` (each row's
-``predicted_time_s``, and how well the model ranked the search's trials).
+:mod:`raybatch.timemodel.model` holds the model; :mod:`raybatch.timemodel.measure` measures it
+in the trial the searcher's plan asked (:mod:`raybatch.run.plan`). Here the driver's two uses
+once the search has ended: :func:`time_model_found` (the model, kept in the run directory,
+with a note saying where it was measured and what it found) and :func:`write_predictions`
+(each row's ``predicted_time_s``, and how well the model ranked the search's trials).
 """
 
 from __future__ import annotations
@@ -14,19 +14,29 @@ import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from raybatch import keys
 from raybatch.results.rows import TrialRow
-from raybatch.run.plan import Plan
-from raybatch.run.prior import TimeModel, spearman
+from raybatch.timemodel.model import TimeModel, spearman
 
 PRIOR_FILE = "prior.json"
 """The time model a search measured, in its run directory (the record; a resumed search reads
 it from the searcher's checkpoint)."""
 
 
-def time_model_found(plan: Plan, run_dir: Path, asked: bool, notes: list[str]) -> TimeModel | None:
+class Measured(Protocol):
+    """What the search kept of the measurement (the searcher's plan has both)."""
+
+    time_model: dict[str, Any] | None
+    """:meth:`TimeModel.to_dict` with the ``trial_id`` that measured it; ``None``: none did."""
+    time_model_problem: str | None
+    """Why the trial asked could not measure it, where one said."""
+
+
+def time_model_found(
+    plan: Measured, run_dir: Path, asked: bool, notes: list[str]
+) -> TimeModel | None:
     """The time model a trial of the search measured (``None``, and a note, if none did), kept
     in ``run_dir``'s :data:`PRIOR_FILE`."""
     if plan.time_model is None:
