@@ -33,6 +33,7 @@ from raybatch.cli_args import (
     SpaceOpt,
 )
 from raybatch.errors import InputError, Issue, RaybatchError
+from raybatch.formats.registry import formats_help
 from raybatch.space.presets import list_presets, load_space
 
 EXIT_NO_RECIPE = 1  # the search ran and no recipe reached the target
@@ -344,8 +345,7 @@ def export_command(
         str,
         typer.Option(
             "--format",
-            help="yaml, json, env, args; hf, hf-json, lightning, deepspeed, torchrun, accelerate,"
-            " ray-train.",
+            help=formats_help(),
         ),
     ] = "yaml",
     world_size: Annotated[
@@ -365,6 +365,7 @@ def export_command(
     from pathlib import Path
 
     from raybatch.export import AMP_NOT_RECORDED, load_best
+    from raybatch.formats.registry import format_named
     from raybatch.run.rundir import RUN_FILE, read_run
 
     note = None
@@ -385,8 +386,9 @@ def export_command(
                 text = best.render(fmt, gpus_per_node)
         except InputError as exc:  # an option's value: the command line's, not <python>'s
             raise (exc.located(CLI) if exc.source == "<python>" else exc) from None
-        if fmt in ("hf-json", "deepspeed") and not best.amp_recorded:  # JSON has no comments
-            note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED
+        written = format_named(fmt)
+        if written.precision and written.origin != "comment" and not best.amp_recorded:
+            note = f"{note}; {AMP_NOT_RECORDED}" if note else AMP_NOT_RECORDED  # no comments
     if note:
         typer.echo(f"raybatch: note: {note}", err=True)
     typer.echo(f"wrote {output}" if output else text, nl=bool(output))

@@ -21,8 +21,6 @@ still the measured one.
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,8 @@ import yaml
 
 from raybatch import keys
 from raybatch.errors import Issue, OptionError, PresetNotFoundError, RaybatchError, RunDirError
-from raybatch.formats import deepspeed, hf, launch, lightning, ray_train
+from raybatch.formats import deepspeed, hf, lightning, ray_train
+from raybatch.formats.registry import format_named
 from raybatch.formats.retarget import retarget
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.space.presets import load_space
@@ -52,11 +51,6 @@ BEST_YAML = "best_config.yaml"
 MEASURED_UNDER = ("grad_clip_norm", "amp_dtype")  # provenance a training loop must reproduce
 CARRIED = (keys.TRIAL_ID, "device", "retargeted")  # and what says which recipe it is
 BEST_JSON = "best_config.json"
-FORMATS = (
-    "yaml", "json", "env", "args", "hf", "hf-json", "lightning", "deepspeed", "torchrun",
-    "accelerate", "ray-train",
-)  # fmt: skip
-MULTI_NODE_FORMATS = ("lightning", "torchrun", "accelerate")  # the ones --gpus-per-node shapes
 
 
 @dataclass(frozen=True)
@@ -298,47 +292,11 @@ class BestConfig:
             ExportError: The recipe cannot be written in that format as measured.
         """
 
-        if fmt not in FORMATS:
-            message = f"must be one of {', '.join(FORMATS)}, got {fmt!r}"
-            raise OptionError([Issue("--format", message)])
-        if gpus_per_node is not None and fmt not in MULTI_NODE_FORMATS:  # never dropped silently
-            where = ", ".join(MULTI_NODE_FORMATS)
-            raise OptionError([Issue("--gpus-per-node", f"applies to {where}; not to {fmt!r}")])
-        if fmt == "yaml":
-            return yaml.safe_dump(self.to_dict(), sort_keys=False)
-        if fmt == "json":
-            return json.dumps(self.to_dict(), indent=2) + "\n"
-        if fmt == "env":
-            values = {
-                k: json.dumps(v) if isinstance(v, dict) else str(v)
-                for k, v in self.config.to_dict().items()
-            }
-            body = "".join(f"RAYBATCH_{k.upper()}={shlex.quote(v)}\n" for k, v in values.items())
-            return self.origin_comment() + body
-        if fmt == "args":  # one line for $(...): a comment would become arguments
-            return launch.script_args(self.config) + "\n"
-        clip = self.grad_clip_norm
-        renderers = {
-            "hf": lambda: hf.snippet(self.config, self.amp_dtype, clip),
-            "hf-json": lambda: json.dumps(
-                {**self.hf_training_args_kwargs(), "raybatch": self.origin()}, indent=2
-            ) + "\n",
-            "lightning": lambda: lightning.snippet(
-                self.config, self.carried(), self.source, gpus_per_node
-            ),
-            "deepspeed": lambda: deepspeed.render(self.config, self.amp_dtype, clip, self.origin()),
-            "torchrun": lambda: launch.torchrun(self.config, gpus_per_node=gpus_per_node),
-            "accelerate": lambda: launch.accelerate(
-                self.config, self.amp_dtype, gpus_per_node=gpus_per_node
-            ),
-            "ray-train": lambda: ray_train.snippet(
-                self.config, self.measured_on_gpu(), self.carried(), self.source
-            ),
-        }  # fmt: skip
-        text = renderers[fmt]()
-        if fmt in ("hf-json", "deepspeed"):  # JSON: the origin is a field, not a comment
+        written = format_named(fmt, gpus_per_node)
+        text = written.render(self, gpus_per_node)
+        if written.origin != "comment":  # the provenance or a field carries it, or no room
             return text
-        if fmt in ("hf", "lightning", "accelerate", "ray-train") and not self.amp_recorded:
+        if written.precision and not self.amp_recorded:
             text = f"# {AMP_NOT_RECORDED}\n{text}"
         return self.origin_comment() + text
 

@@ -323,3 +323,31 @@ def test_a_launch_line_value_of_the_wrong_kind_names_its_flag() -> None:
     argv[at + 1] = "2.5"
     with pytest.raises(ConfigError, match="--micro-batch-size: must be an integer"):
         recipe_from_args(argv)
+
+
+def test_every_format_of_the_registry_renders_and_is_offered_by_the_cli() -> None:
+    """One list of formats: ``--help`` names each, each renders the winner, the ones with
+    nodes take ``--gpus-per-node`` and the rest refuse it, and each says which recipe it
+    carries where its kind of file can."""
+    from typer.testing import CliRunner
+
+    from raybatch.cli import app
+    from raybatch.errors import OptionError
+    from raybatch.formats.registry import FORMATS
+
+    best = _best(ADAMW, 16, 4, amp="bf16")
+    help_text = " ".join(CliRunner().invoke(app, ["export", "--help"]).output.split())
+    for fmt in FORMATS:
+        assert fmt.name in help_text
+        text = best.render(fmt.name)
+        if fmt.origin == "comment":
+            assert text.startswith("# raybatch recipe from"), fmt.name
+        elif fmt.origin == "none":
+            assert "#" not in text, fmt.name
+        if fmt.nodes:
+            assert best.render(fmt.name, gpus_per_node=2)
+        else:
+            with pytest.raises(
+                OptionError, match=f"--gpus-per-node: applies to .*not to '{fmt.name}'"
+            ):
+                best.render(fmt.name, gpus_per_node=2)
