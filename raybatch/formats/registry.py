@@ -130,8 +130,8 @@ def format_named(name: str, gpus_per_node: int | None = None) -> Format:
 
 
 def formats_help() -> str:
-    """``--format``'s help: every name."""
-    return ", ".join(f.name for f in FORMATS) + "."
+    """``--format``'s help: every name, with what it is for."""
+    return "; ".join(f"{f.name}: {f.what}" for f in FORMATS) + "."
 
 
 __all__ = ["FORMATS", "Format", "format_named", "formats_help"]
