@@ -321,7 +321,7 @@ def resume_command(
     from raybatch.run.rundir import read_run
 
     with _user_errors():
-        _, _, _, target, _ = read_run(run_dir)
+        target = read_run(run_dir).target
         with printed(True):
             result = resume(run_dir, 1 - quiet)
     cli_format.print_summary(result, target)
@@ -376,7 +376,7 @@ def export_command(
                 message = f"must be an integer >= 1, got {world_size}"
                 raise InputError([Issue("--world-size", message)], CLI)
             in_run = (Path(run_dir) / RUN_FILE).is_file()  # a run knows its space
-            space = read_run(run_dir)[2] if in_run else None
+            space = read_run(run_dir).space if in_run else None
             best = best.retarget(world_size, space)
             note = best.provenance.get("retargeted", {}).get("note")
         try:

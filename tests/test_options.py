@@ -86,7 +86,7 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
 
     space = load_space("generic_adamw")
     write_run_files(tmp_path, "wl.py:w", space, Target(0.9), SearchOptions())
-    assert read_run(tmp_path)[1] == "wl.py:w"
+    assert read_run(tmp_path).workload == "wl.py:w"
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["format"] == RUN_FORMAT
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": RUN_FORMAT + 1}))

@@ -157,7 +157,8 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
         RunDirError: Not a run directory, its search never started, or a file it needs is
             damaged (named, with what survives).
     """
-    path, ref, space, target, options = read_run(run_dir)
+    run = read_run(run_dir)
+    path, ref, space, target, options = run.path, run.workload, run.space, run.target, run.options
     with RunLock(path, "resume") as lock:
         if (path / TRIALS_CSV).is_file():
             return _finished(path)

@@ -32,7 +32,8 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
 
-    path, _, space, target, options = read_run(run_dir)
+    run = read_run(run_dir)
+    path, space, target, options = run.path, run.space, run.target, run.options
     measured_on: dict[str, Any] | None = None
     if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
         try:
@@ -65,7 +66,8 @@ def rebuild_report(run_dir: str | Path) -> Path:
         RunDirError: Not a run directory, or its search has not finished (no trials.csv).
     """
 
-    path, ref, space, target, options = read_run(run_dir)
+    run = read_run(run_dir)
+    path, ref, space, target, options = run.path, run.workload, run.space, run.target, run.options
     stored = stored_result(path)
     estimator, budget = None, options.memory_budget
     if budget is not None:
@@ -88,7 +90,8 @@ def stored_result(run_dir: str | Path) -> SearchResult:
         RunDirError: Not a run directory, its search has not finished (no trials.csv), or a
             file is damaged (named).
     """
-    path, _, space, _, _ = read_run(run_dir)
+    run = read_run(run_dir)
+    path, space = run.path, run.space
     rows = stored_rows(path)
     best = load_best(path) if (path / BEST_YAML).is_file() else None
     baseline = best.provenance.get("baseline_point") if best is not None else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -91,7 +92,19 @@ def forget_run_files(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
-def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, SearchOptions]:
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run directory says of its search: what :func:`write_run_files` wrote."""
+
+    path: Path
+    workload: str
+    """How to import the workload again (``path.py:NAME``, or ``<object NAME>``)."""
+    space: SearchSpace
+    target: Target
+    options: SearchOptions
+
+
+def read_run(run_dir: str | Path) -> RunRecord:
     """The workload reference, space, target and options of an existing run directory.
 
     Raises:
@@ -108,7 +121,7 @@ def read_run(run_dir: str | Path) -> tuple[Path, str, SearchSpace, Target, Searc
         run = json.loads((path / RUN_FILE).read_text())
         check_format(run.get(FORMAT_KEY), str(path / RUN_FILE))
         options = SearchOptions(**run["options"])
-        return path, str(run["workload"]), space, Target(**run["target"]), options
+        return RunRecord(path, str(run["workload"]), space, Target(**run["target"]), options)
     except OptionError as exc:
         names = {name: f"options.{name}" for name in SearchOptions.field_names()}
         raise RunDirError(exc.renamed(names, "").issues, str(path / RUN_FILE)) from None
