@@ -53,12 +53,8 @@ from provenance import measured_tree
 
 import raybatch
 from raybatch.errors import first_line
-from raybatch.memory.budget import (
-    CUDA_CONTEXT_OVERHEAD_BYTES,
-    read_all_devices,
-    read_device_memory,
-    resolve_budget,
-)
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
+from raybatch.memory.nvml import read_all_devices, read_device_memory
 from raybatch.trial.placement import packed_memory_fraction
 
 REQUIRES_GPU = True

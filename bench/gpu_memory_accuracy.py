@@ -42,8 +42,9 @@ from gpu_targets import Goal, at_least, at_most, finish, holds
 from models import WORKLOADS
 from provenance import measured_tree, results_dir
 
-from raybatch.memory.budget import DEFAULT_HEADROOM, read_device_memory
+from raybatch.memory.budget import DEFAULT_HEADROOM
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.memory.nvml import read_device_memory
 from raybatch.memory.probe import probe, release_memory
 
 REQUIRES_GPU = True

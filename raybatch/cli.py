@@ -157,8 +157,9 @@ def estimate_command(
 ) -> None:
     """Predict each micro batch's peak GPU memory by tracing, with no GPU and no training step."""
     from raybatch.errors import BudgetUnavailableError
-    from raybatch.memory.budget import parse_size, resolve_budget
+    from raybatch.memory.budget import resolve_budget
     from raybatch.memory.estimator import estimate
+    from raybatch.memory.sizes import parse_size
     from raybatch.workload import load_workload
 
     with _user_errors():
@@ -421,7 +422,7 @@ def check_command(
     """Show what a search would see and do here: nodes, GPUs, budget, packing, placement."""
     import ray
 
-    from raybatch.memory.budget import parse_size
+    from raybatch.memory.sizes import parse_size
     from raybatch.run.cluster import init_ray
     from raybatch.run.hardware import read_cluster
     from raybatch.run.preflight import preflight

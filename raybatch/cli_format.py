@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from raybatch import keys
-from raybatch.memory.budget import format_bytes
+from raybatch.memory.sizes import format_bytes
 from raybatch.report import REPORT, verdict
 from raybatch.results.rows import status_counts
 from raybatch.space.config import TrialConfig

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.export import BEST_YAML
-from raybatch.memory.budget import format_bytes
+from raybatch.memory.sizes import format_bytes
 from raybatch.metric import Target
 from raybatch.results.outcome import no_winner_reason
 from raybatch.results.rows import TrialRow, plain_text, status_counts

@@ -5,14 +5,9 @@ from __future__ import annotations
 import pytest
 
 from raybatch.errors import BudgetUnavailableError, OptionError
-from raybatch.memory.budget import (
-    CUDA_CONTEXT_OVERHEAD_BYTES,
-    DeviceMemory,
-    format_bytes,
-    parse_size,
-    read_device_memory,
-    resolve_budget,
-)
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
+from raybatch.memory.nvml import DeviceMemory, read_device_memory
+from raybatch.memory.sizes import format_bytes, parse_size
 
 from .fake_nvml import FourGpus, NoPermission
 
@@ -111,7 +106,8 @@ class _ContainerNvml:
 
 
 def test_a_process_listing_nvml_refuses_keeps_the_memory_reading() -> None:
-    from raybatch.memory.budget import _device_memory, budget_of
+    from raybatch.memory.budget import budget_of
+    from raybatch.memory.nvml import _device_memory
 
     device = _device_memory(_ContainerNvml(), handle=object())
     assert (device.free_bytes, device.total_bytes) == (70 * 2**30, 80 * 2**30)
@@ -130,15 +126,15 @@ def test_the_node_reader_sees_the_gpus_cuda_numbers_not_every_physical_one(
     """A node started with CUDA_VISIBLE_DEVICES gives Ray only those GPUs (indices or UUIDs, in
     CUDA's order); a busy GPU outside them must not shrink the budget. With --num-gpus below
     what CUDA sees, Ray manages the first ones."""
-    import raybatch.memory.budget as budget
+    import raybatch.memory.nvml as nvml
     from raybatch.run.hardware import ClusterView, NodeView, rays_devices
 
-    monkeypatch.setattr(budget, "nvml", FourGpus)
+    monkeypatch.setattr(nvml, "nvml", FourGpus)
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    devices = budget.read_all_devices()
+    devices = nvml.read_all_devices()
     assert devices is not None and [d.name for d in devices] == names
     ray_two = rays_devices(tuple(devices), 2.0)  # ray start --num-gpus 2
     assert ray_two is not None and [d.name for d in ray_two] == names[:2]

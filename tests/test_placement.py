@@ -7,7 +7,8 @@ import os
 import pytest
 
 from raybatch.errors import TrialDeviceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DeviceMemory
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.memory.nvml import DeviceMemory
 from raybatch.run.hardware import ClusterView, NodeView, collect_readings
 from raybatch.trial.placement import (
     choose_device,
@@ -277,7 +278,7 @@ def test_a_chosen_gpu_model_whose_nodes_are_at_zero_asks_for_the_budget() -> Non
     """A100 nodes up, the T4 nodes the user chose at zero under the autoscaler: no T4's memory
     can be read yet, so the search asks for --memory-budget (it said "NVML answered on none")."""
     from raybatch.errors import OptionError
-    from raybatch.run.context import search_budget
+    from raybatch.run.gpu_budget import search_budget
     from raybatch.run.hardware import one_gpu_model
     from raybatch.run.options import SearchOptions
 
@@ -313,10 +314,10 @@ def test_the_nvml_reader_reads_the_node_s_gpus_when_ray_blanks_a_zero_gpu_task_s
 
     @ray.remote(num_cpus=0, runtime_env=_NODE_ON_GPUS_2_3)
     def read() -> tuple[str | None, list[str] | None]:
-        import raybatch.memory.budget as budget
+        import raybatch.memory.nvml as nvml
         from raybatch.run.hardware import read_node_devices
 
-        budget.nvml = fake_nvml.FourGpus  # type: ignore[assignment]
+        nvml.nvml = fake_nvml.FourGpus  # type: ignore[assignment]
         devices = read_node_devices()
         names = None if devices is None else [d.name for d in devices]
         return os.environ.get("CUDA_VISIBLE_DEVICES"), names
@@ -333,7 +334,7 @@ def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(
     GPU 3 is CUDA's device 3: the context is measured there, by the trials' own rule."""
     import torch
 
-    from raybatch.run import context
+    from raybatch.run import gpu_budget as context
 
     measured_on: list[int] = []
     monkeypatch.setattr(context, "trial_device", lambda requested: torch.device("cuda", 3))

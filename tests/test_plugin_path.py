@@ -13,7 +13,7 @@ import raybatch
 from raybatch import keys
 from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory.budget import parse_size
+from raybatch.memory.sizes import parse_size
 from raybatch.status import HANG_GRACE_S
 from raybatch.trial.settings import parts_of
 

@@ -212,7 +212,7 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
     GPU of the cluster), so the public helper works from a laptop driving a GPU cluster."""
     import raybatch.memory.budget as budget_module
     import raybatch.run.hardware as hardware
-    from raybatch.memory.budget import DeviceMemory
+    from raybatch.memory.nvml import DeviceMemory
 
     gib = 2**30
     gpu = DeviceMemory("A100", 40 * gib, 38 * gib, 2 * gib, 0)
@@ -262,7 +262,7 @@ def test_the_cuda_context_is_measured_on_a_gpu_or_said_to_be_assumed() -> None:
     """No GPU alive, or none free in time: the assumed context, and the notes say why; the
     search neither fails nor waits for this figure."""
     from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
-    from raybatch.run.context import cluster_context_bytes
+    from raybatch.run.gpu_budget import cluster_context_bytes
     from raybatch.run.hardware import ClusterView, NodeView
 
     notes: list[str] = []
@@ -298,7 +298,7 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
     the trainable's allocator caps and the resources' shares: none of them keeps 512 MiB."""
     import raybatch.run.driver as driver
     import raybatch.run.hardware as hardware
-    from raybatch.memory.budget import DeviceMemory
+    from raybatch.memory.nvml import DeviceMemory
     from raybatch.run.options import SearchOptions
     from raybatch.trial.settings import parts_of
 
@@ -309,7 +309,7 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
         (hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,), accelerator_types=("A100",)),)
     )
     monkeypatch.setattr(driver, "read_cluster", lambda: view)
-    monkeypatch.setattr("raybatch.run.context.cluster_context_bytes", lambda *a: measured)
+    monkeypatch.setattr("raybatch.run.gpu_budget.cluster_context_bytes", lambda *a: measured)
     received: dict[str, int] = {}
 
     def resources(fn, *args, context_bytes, **kw):  # type: ignore[no-untyped-def]

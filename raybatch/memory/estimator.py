@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import TraceError
-from raybatch.memory.budget import format_bytes
 from raybatch.memory.model import EstimateSource, LinearMemoryModel
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.memory.probe import probe
+from raybatch.memory.sizes import format_bytes
 from raybatch.memory.trace import (
     CUDA_KERNEL_WORKSPACE_BYTES,
     Category,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from raybatch.memory.budget import format_bytes
+from raybatch.memory.sizes import format_bytes
 from raybatch.memory.trace import Category, TraceResult
 
 

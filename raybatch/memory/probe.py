@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch.errors import first_line
-from raybatch.memory.budget import format_bytes
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
+from raybatch.memory.sizes import format_bytes
 from raybatch.memory.trace import autocast_context
 from raybatch.space.config import TrialConfig
 from raybatch.workload import Workload

@@ -48,9 +48,9 @@ from raybatch.results.rows import (
 from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import run_race
-from raybatch.run.context import search_budget
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.gates import Devices, search_gates
+from raybatch.run.gpu_budget import search_budget
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions

@@ -23,13 +23,11 @@ from raybatch.errors import Issue, OptionError, first_line
 from raybatch.memory.budget import (
     CUDA_CONTEXT_OVERHEAD_BYTES,
     DEFAULT_HEADROOM,
-    DeviceMemory,
     MemoryBudget,
     budget_of,
-    format_bytes,
-    parse_size,
-    read_all_devices,
 )
+from raybatch.memory.nvml import DeviceMemory, read_all_devices
+from raybatch.memory.sizes import format_bytes, parse_size
 from raybatch.trial.placement import (
     ACCELERATOR_TYPE,
     MAX_TRIALS_PER_GPU,

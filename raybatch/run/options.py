@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from raybatch.errors import Issue, OptionError
-from raybatch.memory.budget import parse_size
+from raybatch.memory.sizes import parse_size
 from raybatch.status import HANG_GRACE_S, penalty
 
 GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"

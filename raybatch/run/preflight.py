@@ -16,7 +16,7 @@ from raybatch import keys
 from raybatch.errors import OptionError, TraceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, MemoryBudget
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.context import cluster_context_bytes
+from raybatch.run.gpu_budget import cluster_context_bytes
 from raybatch.run.hardware import ClusterView, gpu_request
 from raybatch.run.resources import gpu_fraction
 from raybatch.space.search_space import SearchSpace

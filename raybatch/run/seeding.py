@@ -17,7 +17,7 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import RaybatchError
-from raybatch.memory.budget import format_bytes
+from raybatch.memory.sizes import format_bytes
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from raybatch import keys
-from raybatch.memory.budget import nvml, physical_handle
+from raybatch.memory.nvml import nvml, physical_handle
 
 
 class UtilizationMonitor:

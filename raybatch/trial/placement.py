@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from raybatch.errors import TrialDeviceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, visible_devices
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.memory.nvml import visible_devices
 
 
 def running_ray() -> Any:

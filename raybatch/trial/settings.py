@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, parse_size
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.memory.sizes import parse_size
 from raybatch.metric import Target
 from raybatch.status import penalty
 from raybatch.trial.loop import LoopOptions
@@ -50,7 +51,7 @@ class TrialSettings:
         gpu_model: Pin data-parallel GPU workers to GPUs of this model (the search's
             ``--gpu-model``), as the trial itself is pinned.
         cuda_context_bytes: One process's CUDA context on the search's GPUs (measured at the
-            search's start, :mod:`raybatch.run.context`): a packed trial's allocator cap
+            search's start, :mod:`raybatch.run.gpu_budget`): a packed trial's allocator cap
             leaves room for its own.
         loop: Options of the training loop.
     """

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import RaybatchError, first_line
-from raybatch.memory.budget import format_bytes, parse_size
 from raybatch.memory.probe import is_out_of_memory, model_bytes, probe, release_memory
+from raybatch.memory.sizes import format_bytes, parse_size
 from raybatch.metric import Target, resolve_target
 from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig

@@ -18,8 +18,9 @@ from raybatch.errors import (
     TrialDeviceError,
     first_line,
 )
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, format_bytes
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.context import measure_context_bytes
+from raybatch.memory.sizes import format_bytes
 from raybatch.run.hardware import ClusterView
 from raybatch.run.options import SearchOptions
 from raybatch.trial.placement import model_resource, trial_device
