@@ -244,10 +244,6 @@ def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, 
             "command line: --target: must be METRIC>=VALUE",
         ),
         (
-            ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "1"],
-            "gpus_per_trial: is 1.0, but no node of the cluster has a GPU",
-        ),
-        (
             ["search", DIGITS, "--target", "0.97", "--gpus-per-trial", "lots"],
             "command line: --gpus-per-trial: must be 'auto' or a number >= 0, got 'lots'",
         ),
@@ -264,13 +260,32 @@ def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, 
     ],
 )
 def test_cli_bad_input_exits_2_with_a_clear_message(
-    args: list[str], message: str, tmp_path: Path
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Refused before anything starts: the CLI's own app, in this process (each case needs no
+    Ray; the console entry point itself is run as a user runs it by the tests that search)."""
+    from typer.testing import CliRunner
+
+    from raybatch.cli import app
+
+    monkeypatch.chdir(Path(__file__).parent)  # where run_cli runs, so relative paths agree
     if args[0] == "search":
         args = [*args, "--run-dir", str(tmp_path / "r"), "--trials", "1"]
-    proc = run_cli(*args)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output[-2000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_gpus_asked_of_a_machine_without_one_are_refused_through_the_console_script(
+    tmp_path: Path,
+) -> None:
+    """Read from the Ray the search starts (a process of its own): no node has a GPU."""
+    proc = run_cli("search", DIGITS, "--target", "0.97", "--gpus-per-trial", "1",
+                   "--run-dir", str(tmp_path / "r"), "--trials", "1")  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr
+    assert "gpus_per_trial: is 1.0, but no node of the cluster has a GPU" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
