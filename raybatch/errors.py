@@ -146,6 +146,20 @@ class TrialDeviceError(RaybatchError):
     """Ray gave a trial a GPU that its process cannot use (a torch without CUDA there)."""
 
 
+class WorkerMemoryError(RaybatchError):
+    """A data-parallel worker's recipe does not fit its GPU: its probe said so, or it ran out
+    of memory while training. Raised inside the worker so that Ray Train stops every rank (a
+    rank that returned would leave the others waiting in their next all-reduce); the Tune trial
+    reads it back and ends as ``infeasible_memory``."""
+
+
+class WorkerLostError(RaybatchError):
+    """A trial lost its process (a data-parallel worker's process or node died, or the process
+    Tune reused was left broken by an earlier trial): not the recipe's fault, so it is raised
+    into Ray Tune, which runs the trial again up to ``max_failures`` times, as it does a single
+    trial whose worker died."""
+
+
 class ExportError(InputError):
     """The winner cannot be written for the training framework asked for, as measured: an
     optimizer the framework does not offer, or a world size the recipe cannot be moved to."""

@@ -272,5 +272,29 @@ def test_a_trial_hung_inside_a_step_is_stopped_by_the_driver_and_the_search_goes
 
 
 def test_errors_raised_on_purpose_share_one_base() -> None:
-    for cls in (SpaceError, RunDirError):
-        assert issubclass(cls, RaybatchError)
+    """Every exception class of ``raybatch.errors`` is a ``RaybatchError`` (``except
+    RaybatchError`` catches every refusal on purpose), and the package raises no exception
+    class of its own defined anywhere else."""
+    import ast
+    import inspect
+
+    import raybatch
+    import raybatch.errors as errors
+
+    ours = [c for _, c in inspect.getmembers(errors, inspect.isclass)
+            if issubclass(c, BaseException) and c.__module__ == errors.__name__]  # fmt: skip
+    assert len(ours) >= 15 and SpaceError in ours and RunDirError in ours
+    assert all(issubclass(c, RaybatchError) for c in ours), ours
+    root = Path(raybatch.__file__).parent
+    elsewhere = [
+        f"{path.relative_to(root)}: {node.name}"
+        for path in root.rglob("*.py")
+        if path.name != "errors.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(
+            getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception"))
+            for b in node.bases
+        )
+    ]
+    assert elsewhere == []

@@ -10,6 +10,7 @@ import torch
 
 import raybatch
 from raybatch import SearchSpace, Target, keys
+from raybatch.errors import WorkerLostError
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.status import TrialStatus
 from raybatch.trial.loop import LoopOptions
@@ -48,7 +49,7 @@ def test_a_sticky_device_error_at_cleanup_ends_the_trial_not_the_worker(
         monkeypatch.setattr(module, "release_memory", sticky)
     reporter, reports = _run({"micro_batch_size": 64}, target=1.01, max_time_s=0.5)
     assert reporter.stopped and reports[-1][keys.STATUS] == "censored"  # what it measured
-    with pytest.raises(wrapper.WorkerLostError, match="RuntimeError releasing"):
+    with pytest.raises(WorkerLostError, match="RuntimeError releasing"):
         _run({"micro_batch_size": 64}, target=1.01, max_time_s=0.5)
 
 

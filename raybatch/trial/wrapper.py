@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.errors import RaybatchError, first_line
+from raybatch.errors import WorkerLostError, WorkerMemoryError, first_line
 from raybatch.memory.probe import is_out_of_memory, model_bytes, probe, release_memory
 from raybatch.memory.sizes import format_bytes, parse_size
 from raybatch.metric import Target, resolve_target
@@ -270,13 +270,6 @@ def _ddp_overrun(
     )
 
 
-class WorkerMemoryError(RaybatchError):
-    """A data-parallel worker's recipe does not fit its GPU: its probe said so, or it ran out
-    of memory while training. Raised inside the worker so that Ray Train stops every rank (a
-    rank that returned would leave the others waiting in their next all-reduce); the Tune trial
-    reads it back and ends as ``infeasible_memory``."""
-
-
 def _worker(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: one rank of a data-parallel trial, memory-gated like a single one."""
     import ray.train
@@ -356,13 +349,6 @@ def _memory_failure(exc: BaseException) -> str | None:
                 if f"{name}: " in line:
                     return line.split(f"{name}: ", 1)[1].strip()
     return None
-
-
-class WorkerLostError(RaybatchError):
-    """A trial lost its process (a data-parallel worker's process or node died, or the process
-    Tune reused was left broken by an earlier trial): not the recipe's fault, so it is raised
-    into Ray Tune, which runs the trial again up to ``max_failures`` times, as it does a single
-    trial whose worker died."""
 
 
 def _lost_worker(exc: BaseException) -> str | None:
