@@ -153,6 +153,11 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
     assert [r.user_attrs["status"] for r in runs] == ["reached", "capped"]
     assert max(runs[0].intermediate_values) == 1000 and runs[0].intermediate_values[1000] == 0.97
     assert 1200 <= max(runs[1].intermediate_values) <= 1250  # stopped past 1.2x A's time
+    # A resumed search runs its race again: the study beside holds that race, not both.
+    record.start_confirmation()
+    _play(Race(rows, top=2, seeds=[1, 2], slack=SLACK), {A: {1: 1.0}, B: {1: 1.6}}, record)
+    again = optuna.load_study(study_name="raybatch-confirmation", storage=url).trials
+    assert len(again) == 2
 
 
 def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None:

@@ -90,8 +90,15 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["format"] == RUN_FORMAT
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": RUN_FORMAT + 1}))
-    with pytest.raises(RunDirError, match=r"run\.json: format: 2: written by another raybatch"):
+    with pytest.raises(
+        RunDirError, match=r"run\.json: format: 2: written by another raybatch"
+    ) as e:
         read_run(tmp_path)
+    assert "damaged" not in str(e.value)  # said as what it is
+    (tmp_path / "run.json").write_text("[1, 2]")
+    with pytest.raises(RunDirError, match=r"run\.json: damaged \(TypeError: holds a list"):
+        read_run(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps(run))
 
     write_best(tmp_path, BestConfig(space.derive(16), {"space": space.name}))
     assert load_best(tmp_path).config == space.derive(16)

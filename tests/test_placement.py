@@ -224,6 +224,9 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
     assert len(notes) == 1 and "an autoscaler may start some" in notes[0] and "Ctrl-C" in notes[0]
     with pytest.raises(OptionError, match="memory_budget: no GPU node is alive yet"):
         gpu_request(cpus, 1, None, [])
+    # A v2 autoscaler's configuration says what it may start: CPU nodes only, a CPU search.
+    cpu_config = ClusterView((head, NodeView("worker", "10.0.0.2", 8, 0)), autoscale_cpus=32)
+    assert gpu_request(cpu_config, None, None, []) == 0
     with pytest.raises(OptionError, match=r"gpus_per_trial: is 1\.0, but no node"):
         gpu_request(fixed, 1.0, "16GiB", [])
 
@@ -297,10 +300,10 @@ def test_a_chosen_gpu_model_whose_nodes_are_at_zero_asks_for_the_budget() -> Non
 # A zero-GPU Ray task under Ray's switch back to blanking CUDA_VISIBLE_DEVICES, on a node
 # started on GPUs 2 and 3 (runtime_env sets both when the worker starts, as a node's raylet
 # environment would); NVML is a stand-in for the driver, in the worker. The reader must budget
-# GPUs 2 and 3, not read the blank as "every GPU" and keep GPUs 0 and 1.
-_NODE_ON_GPUS_2_3 = {
-    "env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
-}
+# GPUs 2 and 3, not read the blank as "every GPU" and keep GPUs 0 and 1; on a node started
+# without the variable (every GPU Ray's), every GPU, not none.
+_SWITCH = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
+_NODE_ON_GPUS_2_3 = {"env_vars": {**_SWITCH, "CUDA_VISIBLE_DEVICES": "2,3"}}
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -312,7 +315,6 @@ def test_the_nvml_reader_reads_the_node_s_gpus_when_ray_blanks_a_zero_gpu_task_s
 
     cloudpickle.register_pickle_by_value(fake_nvml)  # the worker cannot import tests.*
 
-    @ray.remote(num_cpus=0, runtime_env=_NODE_ON_GPUS_2_3)
     def read() -> tuple[str | None, list[str] | None]:
         import raybatch.memory.nvml as nvml
         from raybatch.run.hardware import read_node_devices
@@ -322,9 +324,15 @@ def test_the_nvml_reader_reads_the_node_s_gpus_when_ray_blanks_a_zero_gpu_task_s
         names = None if devices is None else [d.name for d in devices]
         return os.environ.get("CUDA_VISIBLE_DEVICES"), names
 
-    task_sees, reader_reads = ray.get(read.remote(), timeout=120)
+    on_2_3 = ray.remote(num_cpus=0, runtime_env=_NODE_ON_GPUS_2_3)(read)
+    task_sees, reader_reads = ray.get(on_2_3.remote(), timeout=120)
     assert task_sees == ""  # Ray blanked it for this task: the switch is on
     assert reader_reads == ["GPU 2", "GPU 3"]
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:  # this session's node: started without it
+        on_all = ray.remote(num_cpus=0, runtime_env={"env_vars": _SWITCH})(read)
+        task_sees, reader_reads = ray.get(on_all.remote(), timeout=120)
+        assert task_sees == ""
+        assert reader_reads == ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]
 
 
 def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(

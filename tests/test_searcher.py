@@ -274,6 +274,8 @@ def test_a_trial_the_scheduler_stopped_is_pruned_with_its_learning_curve(tmp_pat
     assert status_of(lost) == "lost_at_interruption"
     assert told.state == optuna.trial.TrialState.PRUNED and told.params == lost.params
     assert told.intermediate_values == {256: 0.3} and told.user_attrs[STATUS_ATTR] == "capped"
+    # Each keeps its last evaluation as its value, as Optuna's tell keeps a pruned trial's.
+    assert told.value == 0.3 and trial.value == 0.6
 
 
 @pytest.mark.parametrize(
@@ -862,4 +864,9 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
     restored, fresh_gate = build()
     restored.restore(str(tmp_path / "ckpt.pkl"))
     assert fresh_gate.ended == gate.ended
+    from raybatch.errors import RunDirError
+
+    other = RaybatchSearcher(SPACE, SearchStudy(None, "x"), 600.0, Plan(SPACE))  # other gates
+    with pytest.raises(RunDirError, match=r"gates: saved by a searcher with gates \['Learned"):
+        other.restore(str(tmp_path / "ckpt.pkl"))
     assert Gate().check(SPACE.derive(64), {}) is None  # the base objects to nothing

@@ -50,14 +50,14 @@ def visible_devices(visible: str | None = None) -> list[str] | None:
     return [e.strip() for e in text.split(",") if e.strip()]
 
 
-def physical_handle(pynvml: Any, cuda_index: int, visible: str | None = None) -> Any:
+def physical_handle(pynvml: Any, cuda_index: int, entries: list[str] | None = None) -> Any:
     """NVML handle of CUDA device ``cuda_index`` of this process (or of a process whose
-    ``CUDA_VISIBLE_DEVICES`` is ``visible``).
+    ``CUDA_VISIBLE_DEVICES`` entries are ``entries``; default: this process's).
 
     NVML numbers physical GPUs; CUDA numbers the ones in ``CUDA_VISIBLE_DEVICES`` (which Ray
     sets per trial). The visible list may name indices or UUIDs.
     """
-    entries = visible_devices(visible)
+    entries = visible_devices() if entries is None else entries
     if entries is None:
         return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
     entry = entries[cuda_index]
@@ -103,19 +103,25 @@ def read_device_memory(cuda_index: int = 0) -> DeviceMemory | None:
         pynvml.nvmlShutdown()
 
 
-def read_all_devices(visible: str | None = None) -> list[DeviceMemory] | None:
-    """The GPUs this process's CUDA numbers (or a process's whose ``CUDA_VISIBLE_DEVICES`` is
-    ``visible``), in CUDA's order: those ``CUDA_VISIBLE_DEVICES`` names (indices or UUIDs,
-    matched to NVML's physical GPUs), or every GPU when it is unset. A node started with
-    ``CUDA_VISIBLE_DEVICES`` gives Ray only those GPUs, and a busy GPU outside them must not
-    shrink the budget. ``None`` without a usable NVIDIA driver."""
+def read_all_devices() -> list[DeviceMemory] | None:
+    """The GPUs this process's CUDA numbers (:func:`read_devices` of its
+    ``CUDA_VISIBLE_DEVICES``)."""
+    return read_devices(visible_devices())
+
+
+def read_devices(entries: list[str] | None) -> list[DeviceMemory] | None:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` entries name (indices or UUIDs, matched to NVML's
+    physical GPUs), in CUDA's order; ``None``: every GPU (the variable unset). A node started
+    with ``CUDA_VISIBLE_DEVICES`` gives Ray only those GPUs, and a busy GPU outside them must
+    not shrink the budget. ``None`` without a usable NVIDIA driver."""
     pynvml = nvml()
     if pynvml is None:
         return None
     try:
-        entries = visible_devices(visible)
         count = len(entries) if entries is not None else pynvml.nvmlDeviceGetCount()
-        return [_device_memory(pynvml, physical_handle(pynvml, i, visible)) for i in range(count)]
+        every = [str(i) for i in range(count)]  # physical indices, where nothing narrows them
+        named = entries if entries is not None else every
+        return [_device_memory(pynvml, physical_handle(pynvml, i, named)) for i in range(count)]
     except pynvml.NVMLError:
         return None
     finally:
@@ -124,5 +130,5 @@ def read_all_devices(visible: str | None = None) -> list[DeviceMemory] | None:
 
 __all__ = [
     "DeviceMemory", "nvml", "physical_handle", "read_all_devices", "read_device_memory",
-    "visible_devices",
+    "read_devices", "visible_devices",
 ]  # fmt: skip

@@ -263,6 +263,8 @@ def run_race(
         hang_after_s=options.max_time_s + options.hang_grace_s,
         level_slack=None,  # a confirmation run is judged at the target, not along the way
     )
+    if record is not None:
+        record.start_confirmation()
     searcher = RaceSearcher(race, scheduler, options.penalty, whole_gpus, record)
     tuner = tune.Tuner(
         resourced,

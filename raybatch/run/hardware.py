@@ -15,7 +15,6 @@ CPUs, and one that read NVML there would find nothing to budget. So:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from raybatch.memory.budget import (
     MemoryBudget,
     budget_of,
 )
-from raybatch.memory.nvml import DeviceMemory, read_all_devices
+from raybatch.memory.nvml import DeviceMemory, read_devices, visible_devices
 from raybatch.memory.sizes import format_bytes, parse_size
 from raybatch.trial.placement import (
     ACCELERATOR_TYPE,
@@ -310,7 +309,7 @@ def read_cluster(read_nvml: bool = True, timeout_s: float = NVML_TIMEOUT_S) -> C
     )
 
 
-def started_visible_devices() -> str | None:
+def started_visible_devices() -> list[str] | None:
     """``CUDA_VISIBLE_DEVICES`` as this Ray worker's process was started with: the node's GPUs
     as its raylet sees them, not as Ray set the variable for the task now running.
 
@@ -321,21 +320,21 @@ def started_visible_devices() -> str | None:
     GPUs 0,1. Ray keeps the value it found when the worker started
     (``Worker.original_visible_accelerator_ids``, through which it maps a task's assigned GPU
     ids to CUDA's); that is read here, and this process's own variable where Ray keeps none
-    (not a Ray worker, or a Ray that moved it).
+    (not a Ray worker, or a Ray that moved it). Its entries; ``None``: it was unset, every GPU.
     """
     try:
         from ray._private.worker import global_worker
 
-        started = global_worker.original_visible_accelerator_ids.get("GPU")
-    except (ImportError, AttributeError):
-        return os.environ.get("CUDA_VISIBLE_DEVICES")
-    return None if started is None else ",".join(str(i) for i in started)
+        started = global_worker.original_visible_accelerator_ids["GPU"]
+    except (ImportError, AttributeError, KeyError):
+        return visible_devices()
+    return None if started is None else [str(i) for i in started]
 
 
 def read_node_devices() -> list[DeviceMemory] | None:
     """The GPUs of the node this runs on, as Ray manages them (:func:`started_visible_devices`),
     through NVML; ``None`` without a usable NVIDIA driver. The body of the per-node reader."""
-    return read_all_devices(started_visible_devices())
+    return read_devices(started_visible_devices())
 
 
 def gpu_request(
@@ -360,7 +359,10 @@ def gpu_request(
     """
 
     gpus = view.gpus_per_trial(requested)
-    if requested is None and gpus in (0, 0.0) and len(view.nodes) > 1:
+    # Several nodes and no autoscaler configuration at all (a v2 one says what it may start,
+    # GPUs or CPUs only): GPU nodes at zero under v1 cannot be told from a CPU cluster.
+    unknown = len(view.nodes) > 1 and view.autoscale_gpus <= 0 and view.autoscale_cpus <= 0
+    if requested is None and gpus in (0, 0.0) and unknown:
         message = (
             f"not given, and no node of this {len(view.nodes)}-node cluster has a GPU, nor"
             " does an autoscaler say it may start one (GPU nodes at zero under Ray's v1"
@@ -371,9 +373,7 @@ def gpu_request(
         raise OptionError([Issue("gpus_per_trial", message)])
     if gpus in (0, 0.0) or view.gpus > 0:
         return gpus
-    # One node cannot grow; several may, under an autoscaler that publishes nothing (v1).
-    unknown = view.autoscale_gpus <= 0 and len(view.nodes) > 1
-    if view.autoscale_gpus <= 0 and not unknown:
+    if view.autoscale_gpus <= 0 and not unknown:  # one node, or a config without GPUs
         message = f"is {gpus!r}, but no node of the cluster has a GPU"
         raise OptionError([Issue("gpus_per_trial", message)])
     up_to = "an autoscaler may start some" if unknown else f"up to {view.autoscale_gpus}"

@@ -119,17 +119,25 @@ def read_run(run_dir: str | Path) -> RunRecord:
     space = SearchSpace.from_yaml(path / SPACE_FILE)
     try:
         run = json.loads((path / RUN_FILE).read_text())
-        check_format(run.get(FORMAT_KEY), str(path / RUN_FILE))
+        if not isinstance(run, dict):
+            raise TypeError(f"holds a {type(run).__name__}, not an object")
+    except (ValueError, TypeError) as exc:  # JSON, or not an object
+        raise RunDirError([Issue(RUN_FILE, _damaged_run(exc))], str(path)) from None
+    check_format(run.get(FORMAT_KEY), str(path / RUN_FILE))  # another raybatch's: said so
+    try:
         options = SearchOptions(**run["options"])
         return RunRecord(path, str(run["workload"]), space, Target(**run["target"]), options)
     except OptionError as exc:
         names = {name: f"options.{name}" for name in SearchOptions.field_names()}
         raise RunDirError(exc.renamed(names, "").issues, str(path / RUN_FILE)) from None
-    except (ValueError, TypeError, KeyError) as exc:  # JSON, a missing or mistyped entry
-        why = (
-            f"damaged ({type(exc).__name__}: {exc}): it holds the workload, target and options"
-            " the search started with, and resume needs it; the trials are kept in optuna.db"
-            " and tune/ (and trials.csv, best_config.yaml if the search finished); restore the"
-            " file from a copy"
-        )
-        raise RunDirError([Issue(RUN_FILE, why)], str(path)) from None
+    except (ValueError, TypeError, KeyError) as exc:  # a missing or mistyped entry
+        raise RunDirError([Issue(RUN_FILE, _damaged_run(exc))], str(path)) from None
+
+
+def _damaged_run(exc: Exception) -> str:
+    return (
+        f"damaged ({type(exc).__name__}: {exc}): it holds the workload, target and options"
+        " the search started with, and resume needs it; the trials are kept in optuna.db"
+        " and tune/ (and trials.csv, best_config.yaml if the search finished); restore the"
+        " file from a copy"
+    )

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import ConfigError, Issue, OptionError
+from raybatch.errors import ConfigError, Issue, OptionError, RunDirError
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.results.selection import is_packed
 from raybatch.run.gates import (
@@ -336,6 +336,7 @@ class RaybatchSearcher(Searcher):
         state[FORMAT_KEY] = RUN_FORMAT
         state["plan"] = self.plan.state()
         state["gates"] = [gate.state() for gate in self.gates]
+        state["gate_kinds"] = [type(gate).__name__ for gate in self.gates]
         state["devices"] = dict(self.devices.held)
         state["memory_storage"] = self.record.memory_storage  # None for a storage URL
         with open(checkpoint_path, "wb") as f:
@@ -348,6 +349,10 @@ class RaybatchSearcher(Searcher):
         for key, attr in CHECKPOINTED.items():
             setattr(self, attr, state[key])
         self.plan.restore(state["plan"])
+        kinds = [type(g).__name__ for g in self.gates]
+        if state["gate_kinds"] != kinds:  # a searcher built otherwise than the one that saved
+            why = f"saved by a searcher with gates {state['gate_kinds']}, restored into {kinds}"
+            raise RunDirError([Issue("gates", why)], checkpoint_path)
         for gate, learned in zip(self.gates, state["gates"], strict=True):
             gate.restore(learned)  # what the probes and the OOMs taught before the interruption
         self.devices.held = dict(state["devices"])

@@ -222,10 +222,11 @@ class SearchStudy:
     def progress(self, number: int, value: float, step: int) -> None:
         """An evaluation of the open trial ``number``: its target metric after ``step``
         samples, kept as an intermediate value (the learning curves optuna-dashboard draws).
-        TPE reads them only for a pruned (capped) trial, and only to rank it among other
-        pruned ones where fewer trials reached than its "good" group holds; they rank it below
-        every trial that reached, as the penalty did. A step not past the last is skipped (a
-        trial run again alone restarts its count)."""
+        TPE ranks a pruned (capped) trial below every COMPLETE one, those told the penalty
+        (censored, diverged, an error) included, and reads its curve only to rank it among
+        other pruned ones; both matter only while fewer trials reached than TPE's "good"
+        group holds (a tenth of the trials: at most one reached, at 20). A step not past the
+        last is skipped (a trial run again alone restarts its count)."""
         trial = self._live.get(number)
         last = self._steps.get(number, -1)
         if trial is None or step <= last or not math.isfinite(value):
@@ -282,10 +283,15 @@ class SearchStudy:
                 self.study.tell(trial, value)
             self._steps.pop(number, None)
             return number
-        return self._finish_restored(number, attrs, None if pruned else value, violation)
+        return self._finish_restored(number, attrs, None if pruned else value, violation, pruned)
 
     def _finish_restored(
-        self, number: int, attrs: dict[str, Any], value: float | None, violation: float
+        self,
+        number: int,
+        attrs: dict[str, Any],
+        value: float | None,
+        violation: float,
+        pruned: bool = False,
     ) -> int | None:
         import optuna
 
@@ -293,9 +299,12 @@ class SearchStudy:
         if old.state.is_finished():
             return None
         self.study.tell(number, state=_state("FAIL"), skip_if_finished=True)
+        curve = old.intermediate_values
+        if value is None and curve:  # pruned: its last evaluation, as Optuna's tell keeps it
+            value = curve[max(curve)]
         self.study.add_trial(
             optuna.trial.create_trial(
-                state=_state("PRUNED" if value is None else "COMPLETE"),
+                state=_state("PRUNED" if pruned else "COMPLETE"),
                 value=value,
                 params=old.params,
                 distributions=old.distributions,
@@ -342,6 +351,20 @@ class SearchStudy:
         """The largest batch that fits, as the search found it (``None``: as planned)."""
         stored = self.study.user_attrs.get(BASELINE_ATTR)
         return dict(stored) if stored is not None else None
+
+    def start_confirmation(self) -> None:
+        """A race starts: the study beside this one holds its runs only. A race interrupted
+        and run again on resume leaves none of its runs there (they are not in the record:
+        ``trials.csv`` has the race that finished)."""
+        import optuna
+
+        self._confirmation = None
+        storage = self.storage_url or self.memory_storage
+        if storage is None:  # an in-memory study never opened: nothing ran
+            return
+        with contextlib.suppress(KeyError):  # no race ran before
+            optuna.delete_study(study_name=CONFIRMATION_STUDY.format(self.study_name),
+                                storage=storage)  # fmt: skip
 
     def confirmation_run(
         self,
