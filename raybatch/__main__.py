@@ -1,3 +1,3 @@
-from raybatch.cli import main
+from raybatch.cli.app import main
 
 main()

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from raybatch import load_space
-from raybatch.cli import app
+from raybatch.cli.app import app
 from raybatch.space.presets import list_presets
 
 from .conftest import run_cli

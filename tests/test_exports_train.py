@@ -202,7 +202,7 @@ def test_every_written_export_says_where_it_came_from_and_whether_it_was_measure
     export command (its app, in this process: 18 exports) with and without a retarget."""
     from typer.testing import CliRunner
 
-    from raybatch.cli import app
+    from raybatch.cli.app import app
     from raybatch.formats.registry import FORMATS
 
     best = BestConfig(ADAMW.derive(64, 3), {"space": ADAMW.name, "amp_dtype": None,

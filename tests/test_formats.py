@@ -331,7 +331,7 @@ def test_every_format_of_the_registry_renders_and_is_offered_by_the_cli() -> Non
     carries where its kind of file can."""
     from typer.testing import CliRunner
 
-    from raybatch.cli import app
+    from raybatch.cli.app import app
     from raybatch.errors import OptionError
     from raybatch.formats.registry import FORMATS
 

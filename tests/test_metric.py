@@ -9,9 +9,9 @@ import pytest
 
 import raybatch
 from raybatch import Metric, Target, keys
+from raybatch.cli.template import render, write_template
 from raybatch.errors import OptionError, WorkloadError
 from raybatch.metric import ACCURACY, check_target, metric_values, resolve_target
-from raybatch.template import render, write_template
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
 from raybatch.workload import load_workload
@@ -68,7 +68,7 @@ def test_trainable_refuses_an_unreachable_target_before_any_trial() -> None:
 def test_init_workload_writes_the_file_and_its_space_and_never_overwrites(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from raybatch.cli import app
+    from raybatch.cli.app import app
 
     runner = CliRunner()
     target = tmp_path / "mine.py"

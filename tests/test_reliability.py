@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import raybatch
 from raybatch import SearchSpace, Target, keys
-from raybatch.cli import app
+from raybatch.cli.app import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
 from raybatch.results.rows import read_trials_csv
 from raybatch.run.options import SearchOptions

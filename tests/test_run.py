@@ -266,7 +266,7 @@ def test_cli_bad_input_exits_2_with_a_clear_message(
     Ray; the console entry point itself is run as a user runs it by the tests that search)."""
     from typer.testing import CliRunner
 
-    from raybatch.cli import app
+    from raybatch.cli.app import app
 
     monkeypatch.chdir(Path(__file__).parent)  # where run_cli runs, so relative paths agree
     if args[0] == "search":

@@ -83,7 +83,7 @@ def test_a_shipped_workload_runs_where_its_folder_does_not_exist(tmp_path: Path)
 def test_the_init_workload_template_runs_where_its_folder_does_not_exist(tmp_path: Path) -> None:
     """The file users start from caches its data with ``functools.cache``: a cached function
     of a shipped module travels by value too (it used to be looked up by name, and failed)."""
-    from raybatch.template import write_template
+    from raybatch.cli.template import write_template
 
     path, _space = write_template(tmp_path / "user" / "my_model.py")
     assert _unpickled_elsewhere(path, tmp_path) == ["MyWorkload", "(1,", "4)", "2048"]

@@ -1,5 +1,5 @@
 """The ``raybatch`` command line's option types and the parsers of its option values, kept
-apart from the commands (:mod:`raybatch.cli`) so each stays one screenful of its own."""
+apart from the commands (:mod:`raybatch.cli.app`) so each stays one screenful of its own."""
 
 from __future__ import annotations
 

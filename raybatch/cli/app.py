@@ -17,8 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from raybatch import cli_args, cli_format
-from raybatch.cli_args import (
+from raybatch.cli import args as cli_args
+from raybatch.cli import tables as cli_format
+from raybatch.cli.args import (
     CLI,
     AddressOpt,
     BudgetOpt,
@@ -299,7 +300,7 @@ def init_workload_command(
     ] = "workload",
 ) -> None:
     """Write a workload file to start from (own model, own data) and its space file."""
-    from raybatch.template import write_template
+    from raybatch.cli.template import write_template
 
     with _user_errors():
         workload_path, space_path = write_template(file, start)
