@@ -311,13 +311,19 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
     monkeypatch.setattr(driver, "read_cluster", lambda: view)
     monkeypatch.setattr("raybatch.run.gpu_budget.cluster_context_bytes", lambda *a: measured)
     received: dict[str, int] = {}
+    import raybatch.run.resources as resources_module
 
-    def resources(fn, *args, context_bytes, **kw):  # type: ignore[no-untyped-def]
+    def resources(fn, *args, **kw):  # type: ignore[no-untyped-def]
         received["trainable"] = parts_of(fn).settings.cuda_context_bytes
-        received["resources"] = context_bytes
-        return fn
+        return with_resources(fn, *args, **kw)  # the real one, reading the trainable's parts
 
+    def shares(*args, **kw):  # type: ignore[no-untyped-def]
+        received["resources"] = args[7]  # the context each packed share pays
+        return trial_resources(*args, **kw)
+
+    with_resources, trial_resources = driver.with_resources, resources_module.trial_resources
     monkeypatch.setattr(driver, "with_resources", resources)
+    monkeypatch.setattr(resources_module, "trial_resources", shares)
     space = raybatch.load_space("digits_cnn_sgd")
     options = SearchOptions(prior=False)
     plan = driver._plan(tmp_path, DigitsWorkload(), space, raybatch.Target(0.9), options)

@@ -86,8 +86,11 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
             steps = sorted(trial.intermediate_values)
             assert steps and steps[-1] == int(row["samples_to_target"])
             assert trial.intermediate_values[steps[-1]] >= 0.97
-    statuses = {r["status"] for r in rows}
-    assert statuses <= {"reached", "censored", "capped", "diverged", "prescreened_out"}
+    # The LR is fixed: a trial reaches, is capped behind the best, or (a slow machine) meets its
+    # time cap; the budget keeps the larger micro batches out before launch.
+    statuses = {r["status"] for r in search_rows}
+    assert "reached" in statuses and statuses <= {"reached", "capped", "censored"}, statuses
+    assert prescreened
     assert all(t.state == COMPLETE for t in asked if t.user_attrs[STATUS_ATTR] != "capped")
     # The race's runs, in the study beside (optuna-dashboard lists both), as trials.csv has them.
     confirmed = [r for r in rows if r["phase"] == "confirmation"]

@@ -92,6 +92,7 @@ from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.timemodel.prediction import time_model_found, write_predictions
+from raybatch.trial.settings import parts_of
 from raybatch.trial.wrapper import trainable
 from raybatch.version import check_format
 from raybatch.workload import Workload, absolute_reference, load_workload
@@ -264,35 +265,29 @@ def _plan(
             raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
-    screen, pinned = (
-        (estimator if options.prescreen else None),
-        (options.gpu_model if cuda else None),
-    )
-    packing = (screen, budget) if screen is not None and budget is not None else None
+    # The trials' settings, one frozen object the trainable carries: the searcher and the
+    # resources below read what they need from it, as a plugin user's parts do.
+    fn = trainable(
+        workload, space, target, max_time_s=options.max_time_s, seed=options.seed,
+        eval_every_samples=options.eval_every_samples, data_parallel_gpus=cuda,
+        memory_budget=None if cuda else budget, gpu_budget_bytes=budget if cuda else None,
+        gpu_model=options.gpu_model if cuda else None, cuda_context_bytes=context,
+    )  # fmt: skip
+    s = parts_of(fn).settings
+    screen = estimator if options.prescreen else None
+    packing = None
+    if screen is not None and s.budget_bytes is not None and cuda and gpus == "auto":
+        packing = (screen, s.budget_bytes)
     searcher = RaybatchSearcher(
         space,
         SearchStudy(_study_url(path), STUDY_NAME, options.seed),
-        options.penalty,
+        s.penalty,
         Plan(space, opening_points(space, baseline, reference),
              Ladder(space, estimator, budget, measure=options.prior), baseline),
-        search_gates(screen, budget, margin, cuda, pinned),
-        Devices(cuda, pinned, packing if cuda and gpus == "auto" else None, context),
+        search_gates(screen, s.budget_bytes, margin, s.data_parallel_gpus, s.gpu_model),
+        Devices(s.data_parallel_gpus, s.gpu_model, packing, s.cuda_context_bytes),
     )  # fmt: skip
-    settings = {
-        "max_time_s": options.max_time_s,
-        "eval_every_samples": options.eval_every_samples,
-        "memory_budget": budget if not cuda else None,
-        "gpu_budget_bytes": budget if cuda else None,
-        "data_parallel_gpus": cuda,
-        "gpu_model": pinned,
-        "cuda_context_bytes": context,
-        "seed": options.seed,
-    }
-    fn = trainable(workload, space, target, **settings)
-    resourced = with_resources(
-        fn, workload, space, gpus, options.cpus_per_trial, budget, estimator=estimator,
-        gpu_model=pinned, context_bytes=context,
-    )  # fmt: skip
+    resourced = with_resources(fn, None, None, gpus, options.cpus_per_trial, estimator=estimator)
     hardware = view.describe(cuda)
     return _Plan(
         gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, notes,
