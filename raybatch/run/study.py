@@ -235,6 +235,12 @@ class SearchStudy:
         self._steps[number] = step
 
     def config_of(self, number: int) -> dict[str, Any]:
+        """The config trial ``number`` was launched with. A trial open in this process is read
+        alone (every trial's end asks for it; reading the whole study would load every trial
+        from the database each time)."""
+        live = self._live.get(number)
+        if live is not None:
+            return dict(live.user_attrs[CONFIG_ATTR])
         return dict(self.study.get_trials(deepcopy=False)[number].user_attrs[CONFIG_ATTR])
 
     def reject(
