@@ -14,7 +14,7 @@ from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run import gates as gates_module
-from raybatch.run import searcher as searcher_module
+from raybatch.run import screen as screen_module
 from raybatch.run.gates import Devices, LearnedOutOfMemory, gate_of, search_gates
 from raybatch.run.plan import Plan
 from raybatch.run.searcher import RaybatchSearcher
@@ -314,7 +314,7 @@ def test_checkpoint_restores_the_trial_map_and_prescreened_list(tmp_path: Path) 
 def test_a_search_that_cannot_fit_anything_finishes_instead_of_crashing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(searcher_module, "MAX_PRESCREEN_ATTEMPTS", 20)
+    monkeypatch.setattr(screen_module, "MAX_PRESCREEN_ATTEMPTS", 20)
     searcher = _searcher(tmp_path, budget=1)  # one byte: nothing fits
     assert searcher.suggest("a") == searcher.FINISHED
     assert searcher.gave_up is not None and "rejected before launch" in searcher.gave_up
@@ -671,6 +671,7 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
 ) -> None:
     """A node lost while a data-parallel suggestion is held: with nothing running, waiting
     would stall the search forever; the held recipe is pre-screened with the count instead."""
+    from raybatch.run.waiting import Held
     from raybatch.space.search_space import SearchSpace
 
     from .conftest import minimal_space
@@ -679,10 +680,9 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
         minimal_space(search={"micro_batch_size": [32, 64], "world_size": [1, 2]})
     )
     searcher = _searcher(tmp_path, space=space, data_parallel_gpus=False)
-    searcher._held = None
     config = {**space.derive(32, 1, 2).to_dict()}
     trial = searcher.record.ask()
-    searcher._held = (trial.number, config, space.derive(32, 1, 2))
+    searcher.waiting.held = Held(trial.number, config, space.derive(32, 1, 2))
     monkeypatch.setattr(gates_module, "worker_room", lambda *a: 1)  # a node was lost
     monkeypatch.setattr(gates_module, "placement_problem",
                         lambda *a: "needs 2 CPUs, the cluster has 1")  # fmt: skip

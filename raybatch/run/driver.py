@@ -49,7 +49,7 @@ from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import run_race
 from raybatch.run.failfast import FailFast, ray_errors_to
-from raybatch.run.gates import Devices, search_gates
+from raybatch.run.gates import for_settings
 from raybatch.run.gpu_budget import search_budget
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
@@ -275,17 +275,15 @@ def _plan(
     )  # fmt: skip
     s = parts_of(fn).settings
     screen = estimator if options.prescreen else None
-    packing = None
-    if screen is not None and s.budget_bytes is not None and cuda and gpus == "auto":
-        packing = (screen, s.budget_bytes)
+    gates, devices = for_settings(s, screen, margin, packed=cuda and gpus == "auto")
     searcher = RaybatchSearcher(
         space,
         SearchStudy(_study_url(path), STUDY_NAME, options.seed),
         s.penalty,
         Plan(space, opening_points(space, baseline, reference),
              Ladder(space, estimator, budget, measure=options.prior), baseline),
-        search_gates(screen, s.budget_bytes, margin, s.data_parallel_gpus, s.gpu_model),
-        Devices(s.data_parallel_gpus, s.gpu_model, packing, s.cuda_context_bytes),
+        gates,
+        devices,
     )  # fmt: skip
     resourced = with_resources(fn, None, None, gpus, options.cpus_per_trial, estimator=estimator)
     hardware = view.describe(cuda)

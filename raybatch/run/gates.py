@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import TraceError
+from raybatch.errors import Issue, RunDirError, TraceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import learned_oom
 from raybatch.run.resources import gpu_fraction
 from raybatch.space.config import TrialConfig
 from raybatch.trial.placement import placement_problem, running_ray, worker_room
+from raybatch.trial.settings import TrialSettings
 
 OOM_VIOLATION = 1.0
 """Constraint told for a recipe refused without a measured size (it ran out of memory for
@@ -182,6 +183,46 @@ def gate_of(gates: Sequence[Gate], kind: type[Gate]) -> Gate | None:
     return next((g for g in gates if isinstance(g, kind)), None)
 
 
+def gates_state(gates: Sequence[Gate]) -> dict[str, Any]:
+    """What ``gates`` learned, and which kinds they are, for the searcher's checkpoint."""
+    return {"gates": [g.state() for g in gates], "gate_kinds": [type(g).__name__ for g in gates]}
+
+
+def restore_gates(gates: Sequence[Gate], state: dict[str, Any], source: str) -> None:
+    """Teach ``gates`` what they had learned before an interruption (:func:`gates_state`).
+
+    Raises:
+        RunDirError: ``state`` was saved by other gates (a searcher built otherwise than the
+            one that saved ``source``).
+    """
+    kinds = [type(g).__name__ for g in gates]
+    if state["gate_kinds"] != kinds:
+        why = f"saved by a searcher with gates {state['gate_kinds']}, restored into {kinds}"
+        raise RunDirError([Issue("gates", why)], source)
+    for gate, learned in zip(gates, state["gates"], strict=True):
+        gate.restore(learned)
+
+
+def for_settings(
+    settings: TrialSettings,
+    estimator: MemoryEstimator | None,
+    probe_margin: float = 0.0,
+    packed: bool = False,
+) -> tuple[list[Gate], Devices]:
+    """The gates and devices of a search whose trials run under ``settings`` (the budget, the
+    data-parallel workers' kind, the GPU model and CUDA context a :func:`raybatch.trainable`
+    carries): how ``raybatch search`` and :meth:`RaybatchSearcher.for_trainable` both build
+    them. ``estimator``: the pre-screen's (``None``: none); ``packed``: trials share GPUs, each
+    taking the share its calibrated estimate needs."""
+    s = settings
+    gates = search_gates(estimator, s.budget_bytes, probe_margin, s.data_parallel_gpus, s.gpu_model)
+    packing = None
+    if packed and estimator is not None and s.budget_bytes is not None:
+        packing = (estimator, s.budget_bytes)
+    devices = Devices(s.data_parallel_gpus, s.gpu_model, packing, s.cuda_context_bytes)
+    return gates, devices
+
+
 class Devices:
     """How trials take devices: a packed trial's share of a GPU, and room for data-parallel
     workers beside the trials running now.
@@ -237,5 +278,5 @@ class Devices:
 
 __all__ = [
     "OOM_VIOLATION", "Devices", "Gate", "LearnedOutOfMemory", "MemoryBudget", "Placement",
-    "Rejection", "gate_of", "search_gates",
+    "Rejection", "for_settings", "gate_of", "gates_state", "restore_gates", "search_gates",
 ]  # fmt: skip

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import ConfigError, Issue, OptionError, RunDirError
+from raybatch.errors import Issue, OptionError
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.results.selection import is_packed
 from raybatch.run.gates import (
@@ -59,15 +59,17 @@ from raybatch.run.gates import (
     Gate,
     LearnedOutOfMemory,
     Placement,
-    Rejection,
+    for_settings,
     gate_of,
-    search_gates,
+    gates_state,
+    restore_gates,
 )
 from raybatch.run.plan import Plan
+from raybatch.run.screen import Screen
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
+from raybatch.run.waiting import Held, Waiting
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
-from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.settings import parts_of
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
@@ -75,17 +77,9 @@ from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 if TYPE_CHECKING:
     import optuna
 
-MAX_PRESCREEN_ATTEMPTS = 200
-"""Suggestions in a row the pre-screen may reject before the searcher gives up (the space's
-smallest recipes do not fit either) and ends the search."""
-
-
 CHECKPOINTED = {
     "trial_numbers": "_trial_numbers",
     "completed": "_completed",
-    "prescreened": "prescreened",
-    "retry_alone": "_retry_alone",
-    "retried": "_retried",
 }
 """What the searcher's Tune checkpoint holds of its own: key -> attribute (its parts' states,
 and an in-memory study, are added beside them)."""
@@ -133,13 +127,10 @@ class RaybatchSearcher(Searcher):
         self.plan.attach(self.record)
         self.gates = list(gates) if gates is not None else [LearnedOutOfMemory()]
         self.devices = devices if devices is not None else Devices()
-        self._define = OptunaDefineByRun(space, record=False)  # suggest() stores the config
+        self.screen = Screen(space, self.record, self.plan, self.gates, penalty)
         self._trial_numbers: dict[str, int] = {}
         self._completed: set[str] = set()
-        self.prescreened: list[Prescreened] = []  # this process's rejections, typed as rows
-        self._held: tuple[int, dict[str, Any], TrialConfig] | None = None
-        self._retry_alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
-        self._retried: set[int] = set()
+        self.waiting = Waiting()  # a held data-parallel recipe, packed OOMs to retry alone
 
     @classmethod
     def for_trainable(
@@ -156,20 +147,23 @@ class RaybatchSearcher(Searcher):
         its workload; TPE seeded with ``seed``, its study in ``storage_url`` (default: in
         memory, kept in the searcher's checkpoint)."""
         parts = parts_of(trainable)
-        s = parts.settings
         estimator = None
-        if prescreen and s.budget_bytes is not None:
+        if prescreen and parts.settings.budget_bytes is not None:
             estimator = MemoryEstimator.for_space(parts.workload, parts.space)
-        gates = search_gates(estimator, s.budget_bytes, 0.0, s.data_parallel_gpus, s.gpu_model)
-        devices = Devices(s.data_parallel_gpus, s.gpu_model, None, s.cuda_context_bytes)
+        gates, devices = for_settings(parts.settings, estimator)
         study = SearchStudy(storage_url, study_name, seed)
-        return cls(parts.space, study, s.penalty, None, gates, devices)
+        return cls(parts.space, study, parts.settings.penalty, None, gates, devices)
 
     @property
     def study(self) -> optuna.Study:
         """The Optuna study (opened on first use; the plan's opening queued if it is new)."""
         self.plan.queue_opening()
         return self.record.study
+
+    @property
+    def prescreened(self) -> list[Prescreened]:
+        """This process's refusals before launch, typed as rows (:class:`Prescreened`)."""
+        return self.screen.refused
 
     @property
     def gave_up(self) -> str | None:
@@ -187,64 +181,43 @@ class RaybatchSearcher(Searcher):
     # ------------------------------------------------------------------ suggest
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
-        """The next config that passes the pre-screen; rejected ones are told as infeasible.
-
-        When :data:`MAX_PRESCREEN_ATTEMPTS` suggestions in a row are rejected, the search
-        ends (``Searcher.FINISHED``) with the reason in :attr:`gave_up`, rather than raising
-        inside Tune's controller, which would end the whole experiment as a crash.
-        """
+        """The next config that passes the pre-screen (:class:`~raybatch.run.screen.Screen`);
+        ``Searcher.FINISHED`` once it gave up (the reason in :attr:`gave_up`), rather than
+        raising inside Tune's controller, which would end the whole experiment as a crash."""
         if trial_id in self._trial_numbers:  # a restored, unfinished trial asks again
             return self.record.config_of(self._trial_numbers[trial_id])
-        if self._retry_alone:
-            number = self._retry_alone.pop(0)
+        number = self.waiting.next_alone()
+        if number is not None:
             self.record.relaunched(number, trial_id)
             self._trial_numbers[trial_id] = number
             self.devices.held[trial_id] = 1.0  # a whole GPU, alone
             return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
         if self.gave_up is not None:
             return Searcher.FINISHED
-        if self._held is not None:  # a data-parallel recipe waiting for room for its workers
+        if self.waiting.held is not None:  # a data-parallel recipe waiting for its workers
             wait, launched = self._held_one(trial_id)
             if wait or launched is not None:
                 return launched  # None: Tune asks again later; nothing starts only to wait
         self.plan.queue_opening()
         self.plan.queue_ladder()
-        for _ in range(MAX_PRESCREEN_ATTEMPTS):
-            ot_trial = self.record.ask()
-            try:  # the recipe, derived once, here, where the knobs are chosen
-                constants = self._define(ot_trial)
-            except ConfigError as exc:  # a combination the space's limits refuse: never run
-                self.plan.note_opening(ot_trial)
-                self._reject(ot_trial, dict(ot_trial.params), Rejection(str(exc), memory=False))
-                continue
-            self.plan.note_opening(ot_trial)
-            config = {**ot_trial.params, **constants}
-            recipe = TrialConfig.from_dict(config)  # the define-by-run's, derived once
-            rejection = next(filter(None, (g.check(recipe, config) for g in self.gates)), None)
-            if rejection is not None:
-                self._reject(ot_trial, config, rejection)
-                continue
-            share = self.devices.share(recipe)
-            if share is not None:
-                config[keys.GPU_SHARE] = share
-            if not self.devices.room_for(recipe):
-                self._held = (ot_trial.number, config, recipe)
-                return None
-            return self._launch(ot_trial, config, recipe, trial_id)
-        last = self.prescreened[-1].reason if self.prescreened else "?"
-        self.record.gave_up(
-            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the last:"
-            f" {last}); the space's smallest recipes may already be too large for this cluster"
-        )
-        return Searcher.FINISHED
+        passed = self.screen.next()
+        if passed is None:
+            return Searcher.FINISHED
+        share = self.devices.share(passed.recipe)
+        config = passed.config if share is None else {**passed.config, keys.GPU_SHARE: share}
+        if not self.devices.room_for(passed.recipe):
+            self.waiting.held = Held(passed.trial.number, config, passed.recipe)
+            return None
+        return self._launch(passed.trial, config, passed.recipe, trial_id)
 
     def _held_one(self, trial_id: str) -> tuple[bool, dict[str, Any] | None]:
         """The held data-parallel recipe: ``(True, None)`` while its workers do not fit beside
         the running trials, its config once they do, ``(False, None)`` when it is gone (told
         while the searcher waited, or refused: the cluster shrank) and a new one is asked."""
-        assert self._held is not None
-        number, config, recipe = self._held
-        held = self.record.live(number)
+        waiting = self.waiting.held
+        assert waiting is not None
+        config, recipe = waiting.config, waiting.recipe
+        held = self.record.live(waiting.number)
         if held is not None and not self.devices.room_for(recipe):
             placement = gate_of(self.gates, Placement)
             rejection = None
@@ -253,9 +226,9 @@ class RaybatchSearcher(Searcher):
             if rejection is None:
                 return True, None
             # Nothing runs and it still cannot be placed: the cluster shrank since.
-            self._reject(held, config, rejection)
+            self.screen.refuse(held, config, rejection)
             held = None
-        self._held = None
+        self.waiting.held = None
         return False, None if held is None else self._launch(held, config, recipe, trial_id)
 
     def _launch(
@@ -269,15 +242,6 @@ class RaybatchSearcher(Searcher):
             self.plan.measuring = trial_id
         self.devices.take(trial_id, recipe, config)
         return config
-
-    def _reject(self, ot_trial: optuna.Trial, config: dict[str, Any], why: Rejection) -> None:
-        self.record.reject(
-            ot_trial, why.violation, self.penalty, why.reason, why.predicted_bytes, config
-        )
-        self.plan.opening_done(ot_trial.number, None, memory=why.memory)
-        self.prescreened.append(
-            Prescreened.of(ot_trial.number, config, why.reason, why.predicted_bytes)
-        )
 
     # ------------------------------------------------------------------ results
 
@@ -308,16 +272,13 @@ class RaybatchSearcher(Searcher):
         self.on_trial_result(trial_id, result or {})  # the last evaluation, if Tune sent it here
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
-        retry = (
-            oom and is_packed((result or {}).get(keys.GPU_SHARE)) and number not in self._retried
-        )
+        packed = is_packed((result or {}).get(keys.GPU_SHARE))
+        retry = oom and packed and self.waiting.retry_alone(number)
         launched = {**self.record.config_of(number), keys.TUNE_TRIAL_ID: trial_id}
         for gate in self.gates:  # a packed trial out of memory is not its recipe's verdict yet
             gate.learn(launched, result or {}, oom and not retry)
-        if retry:
+        if retry:  # once: a second OOM is the recipe's
             self._completed.add(trial_id)
-            self._retry_alone.append(number)
-            self._retried.add(number)  # once: a second OOM is the recipe's
             return
         time_to_target = (result or {}).get(keys.TIME_TO_TARGET_S)
         told = self.record.finish(
@@ -333,10 +294,10 @@ class RaybatchSearcher(Searcher):
 
     def save(self, checkpoint_path: str) -> None:
         state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
+        state.update(**gates_state(self.gates), **self.waiting.state())
         state[FORMAT_KEY] = RUN_FORMAT
+        state["prescreened"] = self.screen.refused
         state["plan"] = self.plan.state()
-        state["gates"] = [gate.state() for gate in self.gates]
-        state["gate_kinds"] = [type(gate).__name__ for gate in self.gates]
         state["devices"] = dict(self.devices.held)
         state["memory_storage"] = self.record.memory_storage  # None for a storage URL
         with open(checkpoint_path, "wb") as f:
@@ -346,15 +307,11 @@ class RaybatchSearcher(Searcher):
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
         check_format(state.get(FORMAT_KEY), checkpoint_path)
+        restore_gates(self.gates, state, checkpoint_path)  # what probes and OOMs taught
         for key, attr in CHECKPOINTED.items():
             setattr(self, attr, state[key])
+        self.screen.refused = state["prescreened"]
         self.plan.restore(state["plan"])
-        kinds = [type(g).__name__ for g in self.gates]
-        if state["gate_kinds"] != kinds:  # a searcher built otherwise than the one that saved
-            why = f"saved by a searcher with gates {state['gate_kinds']}, restored into {kinds}"
-            raise RunDirError([Issue("gates", why)], checkpoint_path)
-        for gate, learned in zip(self.gates, state["gates"], strict=True):
-            gate.restore(learned)  # what the probes and the OOMs taught before the interruption
         self.devices.held = dict(state["devices"])
         self.record.use_memory_storage(state["memory_storage"])
-        self._held = None  # a held data-parallel recipe is asked again
+        self.waiting.restore(state)  # a held data-parallel recipe is asked again

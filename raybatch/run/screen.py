@@ -1,0 +1,110 @@
+"""The pre-screen loop: ask Optuna for recipes until one passes every gate.
+
+The one place a suggestion is turned from Optuna's knobs into a recipe (derived once, by the
+space's define-by-run) and put through the gates (:mod:`raybatch.run.gates`). A recipe a gate
+refuses is never launched: it is told to Optuna at once, with the penalty and the gate's
+constraint (infeasible where the refusal is about memory, so that TPE steers away), and kept
+as a typed row for ``trials.csv``. When :data:`MAX_PRESCREEN_ATTEMPTS` suggestions in a row
+are refused, the screen gives up and says why, in the study, so that a restored searcher does
+not ask again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raybatch.errors import ConfigError
+from raybatch.run.gates import Gate, Rejection
+from raybatch.run.plan import Plan
+from raybatch.run.study import Prescreened, SearchStudy
+from raybatch.space.config import TrialConfig
+from raybatch.space.search_space import SearchSpace
+from raybatch.space.tune_space import OptunaDefineByRun
+
+if TYPE_CHECKING:
+    import optuna
+
+MAX_PRESCREEN_ATTEMPTS = 200
+"""Suggestions in a row the pre-screen may reject before the searcher gives up (the space's
+smallest recipes do not fit either) and ends the search."""
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A suggestion every gate let through: its Optuna trial, Tune config and recipe."""
+
+    trial: optuna.Trial
+    config: dict[str, Any]
+    recipe: TrialConfig
+
+
+class Screen:
+    """Asks ``record`` for suggestions, derives each recipe, and puts it through ``gates``.
+
+    Args:
+        space: Derives each suggestion's recipe from its knobs.
+        record: The study suggestions are asked from and refusals told to.
+        plan: Told of every opening point asked and of every refusal (the opening steps down
+            to a smaller micro batch after a refusal for memory).
+        gates: Asked in order; the first :class:`Rejection` refuses the recipe.
+        penalty: The objective a refused recipe is told.
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        record: SearchStudy,
+        plan: Plan,
+        gates: Sequence[Gate],
+        penalty: float,
+    ) -> None:
+        self.record = record
+        self.plan = plan
+        self.gates = gates  # the searcher's own list: it teaches them what trials show
+        self.penalty = penalty
+        self.refused: list[Prescreened] = []  # this process's refusals, typed as rows
+        self._define = OptunaDefineByRun(space, record=False)  # the launch stores the config
+
+    def next(self) -> Passed | None:
+        """The next suggestion that passes every gate; ``None`` when it gave up (the reason is
+        in the study's :meth:`~raybatch.run.study.SearchStudy.gave_up_reason`)."""
+        for _ in range(MAX_PRESCREEN_ATTEMPTS):
+            ot_trial = self.record.ask()
+            try:  # the recipe, derived once, here, where the knobs are chosen
+                constants = self._define(ot_trial)
+            except ConfigError as exc:  # a combination the space's limits refuse: never run
+                self.plan.note_opening(ot_trial)
+                self.refuse(ot_trial, dict(ot_trial.params), Rejection(str(exc), memory=False))
+                continue
+            self.plan.note_opening(ot_trial)
+            config = {**ot_trial.params, **constants}
+            recipe = TrialConfig.from_dict(config)  # the define-by-run's, derived once
+            rejection = self.check(recipe, config)
+            if rejection is None:
+                return Passed(ot_trial, config, recipe)
+            self.refuse(ot_trial, config, rejection)
+        last = self.refused[-1].reason if self.refused else "?"
+        self.record.gave_up(
+            f"{MAX_PRESCREEN_ATTEMPTS} suggestions in a row were rejected before launch (the last:"
+            f" {last}); the space's smallest recipes may already be too large for this cluster"
+        )
+        return None
+
+    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+        """The first gate's objection to ``recipe``, or ``None``."""
+        return next(filter(None, (g.check(recipe, config) for g in self.gates)), None)
+
+    def refuse(self, ot_trial: optuna.Trial, config: dict[str, Any], why: Rejection) -> None:
+        """Tell Optuna ``ot_trial`` is not launched, and why."""
+        self.record.reject(
+            ot_trial, why.violation, self.penalty, why.reason, why.predicted_bytes, config
+        )
+        self.plan.opening_done(ot_trial.number, None, memory=why.memory)
+        self.refused.append(
+            Prescreened.of(ot_trial.number, config, why.reason, why.predicted_bytes)
+        )
+
+
+__all__ = ["MAX_PRESCREEN_ATTEMPTS", "Passed", "Screen"]
