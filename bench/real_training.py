@@ -98,8 +98,8 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
         return None, points, {"seed": seed, "search_wall_s": wall, "winner": None,
                               "device_s": spent.device_s, "train_s": spent.train_s}  # fmt: skip
     best = result.best.config
-    median = result.best.provenance["median_time_to_target_s"]
-    prior = result.best.provenance.get("prior") or {}
+    median = result.best.provenance.median_time_to_target_s
+    prior = result.best.provenance.prior or {}
     reached = [
         r
         for r in result.rows
@@ -111,7 +111,7 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
         "winner": {k: getattr(best, k) for k in keys.RAW_KNOBS},
         "winner_effective_batch": best.effective_batch_size,
         "confirmed_median_s": median,
-        "within_noise_of_runner_up": (result.best.provenance.get("runner_up") or {}).get(
+        "within_noise_of_runner_up": (result.best.provenance.runner_up or {}).get(
             "within_noise"),
         "device_s": spent.device_s,
         "train_s": spent.train_s,

@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
 
     best = raybatch.load_best(args.best)
-    print(f"recipe from trial {best.provenance.get('trial_id')}:")
+    print(f"recipe from trial {best.provenance.trial_id}:")
     print(best.config.explain())
 
     torch.manual_seed(0)

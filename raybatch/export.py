@@ -21,18 +21,25 @@ still the measured one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from raybatch import keys
-from raybatch.errors import Issue, OptionError, PresetNotFoundError, RaybatchError, RunDirError
+from raybatch.errors import (
+    ConfigError,
+    Issue,
+    OptionError,
+    PresetNotFoundError,
+    RaybatchError,
+    RunDirError,
+)
 from raybatch.formats import deepspeed, hf, lightning, ray_train
 from raybatch.formats.registry import format_named
 from raybatch.formats.retarget import retarget
+from raybatch.provenance import Provenance, Retargeted
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.space.presets import load_space
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
@@ -48,8 +55,6 @@ AMP_NOT_RECORDED = (
     " set bf16/fp16 if you train with autocast"
 )
 BEST_YAML = "best_config.yaml"
-MEASURED_UNDER = ("grad_clip_norm", "amp_dtype")  # provenance a training loop must reproduce
-CARRIED = (keys.TRIAL_ID, "device", "retargeted")  # and what says which recipe it is
 BEST_JSON = "best_config.json"
 
 
@@ -59,51 +64,57 @@ class BestConfig:
 
     ``source`` is the file it was loaded from (``None``: built in memory); every export names
     it, with whether the recipe is the measured one, so a file found later says what it is.
+    ``provenance`` may be given as a mapping (a snippet's written-out ``best`` does): it is
+    read with :meth:`Provenance.from_dict`, unknown fields refused.
     """
 
     config: TrialConfig
-    provenance: dict[str, Any]
+    provenance: Provenance = field(default_factory=Provenance)
     source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.provenance, Mapping):
+            read = Provenance.from_dict(self.provenance, self.source or "<python>")
+            object.__setattr__(self, "provenance", read)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             FORMAT_KEY: RUN_FORMAT,
             "config": self.config.to_dict(),
-            "provenance": self.provenance,
+            "provenance": self.provenance.to_dict(),
         }
 
     @property
     def grad_clip_norm(self) -> float | None:
         """The gradient clipping the recipe was measured with (``None``: unclipped)."""
-        value = self.provenance.get("grad_clip_norm")
+        value = self.provenance.grad_clip_norm
         return float(value) if value is not None else None
 
     @property
     def amp_recorded(self) -> bool:
         """Whether the run recorded the workload's autocast (runs before it did, did not)."""
-        return "amp_dtype" in self.provenance
+        return self.provenance.amp_recorded
 
     @property
     def amp_dtype(self) -> str | None:
         """The workload's autocast dtype as the run recorded it (``None``: fp32, or a run made
         before raybatch recorded it)."""
-        value = self.provenance.get("amp_dtype")
+        value = self.provenance.amp_dtype
         return str(value) if value else None
 
     @property
     def measured(self) -> bool:
         """Whether this is the recipe the search measured (a retarget may have re-derived it)."""
-        moved = self.provenance.get("retargeted")
-        return not moved or bool(moved.get("measured"))
+        return self.provenance.measured
 
     def origin(self) -> dict[str, Any]:
         """Where the recipe came from and whether it was measured, as every export records it."""
         out: dict[str, Any] = {
             "from": self.source or "(in memory)",
-            "trial_id": self.provenance.get(keys.TRIAL_ID),
+            "trial_id": self.provenance.trial_id,
             "measured": self.measured,
         }
-        note = (self.provenance.get("retargeted") or {}).get("note")
+        note = self.provenance.retargeted.note if self.provenance.retargeted else None
         if note:
             out["retargeted"] = note
         return out
@@ -177,19 +188,26 @@ class BestConfig:
     def measured_under(self) -> dict[str, Any]:
         """The provenance that changes training, where recorded: ``grad_clip_norm`` and
         ``amp_dtype``, as their properties read them (what a Ray Train loop is handed)."""
-        values = {"grad_clip_norm": self.grad_clip_norm, "amp_dtype": self.amp_dtype}
-        return {k: values[k] for k in MEASURED_UNDER if k in self.provenance}
+        out: dict[str, Any] = {}
+        if self.grad_clip_norm is not None:
+            out["grad_clip_norm"] = self.grad_clip_norm
+        if self.amp_recorded:
+            out["amp_dtype"] = self.amp_dtype
+        return out
 
     def carried(self) -> dict[str, Any]:
         """The provenance a snippet's written-out ``best`` keeps: :meth:`measured_under`, and
         the trial, the device and a retarget's verdict (so ``best.measured`` stays true to it)."""
-        kept = {k: self.provenance[k] for k in CARRIED if k in self.provenance}
-        return {**kept, **self.measured_under()}
+        p = self.provenance
+        kept: dict[str, Any] = {"trial_id": p.trial_id, "device": p.device}
+        if p.retargeted is not None:
+            kept["retargeted"] = p.retargeted.to_dict()
+        return {**{k: v for k, v in kept.items() if v is not None}, **self.measured_under()}
 
     def measured_on_gpu(self) -> bool | None:
         """Whether the recipe was measured on a GPU (the provenance's ``device``; ``None``: not
         recorded, as in a ``BestConfig`` built in memory)."""
-        device = self.provenance.get("device")
+        device = self.provenance.device
         return None if device is None else not str(device).startswith("CPU")
 
     def ray_train_scaling_config(self, use_gpu: bool | None = None) -> Any:
@@ -220,11 +238,12 @@ class BestConfig:
         """The recipe a Ray Train loop was handed by :meth:`ray_train_loop_config`, with the
         clipping and autocast it was measured under."""
         origin = config.get("raybatch") or {}
-        provenance = {k: config[k] for k in MEASURED_UNDER if k in config}
-        if origin.get("trial_id"):
-            provenance[keys.TRIAL_ID] = origin["trial_id"]
+        under: dict[str, Any] = {
+            k: config[k] for k in ("grad_clip_norm", "amp_dtype") if k in config
+        }
+        provenance = Provenance.from_dict({**under, "trial_id": origin.get("trial_id") or None})
         if origin.get("measured") is False:  # a retargeted recipe stays marked NOT MEASURED
-            provenance["retargeted"] = {"measured": False, "note": origin.get("retargeted")}
+            provenance = replace(provenance, retargeted=Retargeted(note=origin.get("retargeted")))
         return cls(TrialConfig.from_dict(config["recipe"]), provenance, origin.get("from"))
 
     def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
@@ -251,16 +270,12 @@ class BestConfig:
             "world_size": c.world_size,
             "effective_batch_size": c.effective_batch_size,
         }
-        retargeted = {
-            "world_size": world_size,
-            "measured": moved.measured,
-            "note": moved.note,
-            "measured_recipe": measured,
-        }
-        return BestConfig(moved.config, {**self.provenance, "retargeted": retargeted}, self.source)
+        retargeted = Retargeted(world_size, moved.measured, moved.note, measured)
+        provenance = replace(self.provenance, retargeted=retargeted)
+        return BestConfig(moved.config, provenance, self.source)
 
     def _space(self) -> SearchSpace | None:
-        name = self.provenance.get("space")
+        name = self.provenance.space
         if not name:
             return None
         try:
@@ -369,7 +384,11 @@ def load_best(path: str | Path) -> BestConfig:
     if not isinstance(data.get("provenance") or {}, dict):
         raise RunDirError([Issue("provenance", _damaged("not a mapping"))], str(path))
     config = TrialConfig.from_dict(data["config"], source=str(path))
-    return BestConfig(config, dict(data.get("provenance") or {}), str(path))
+    try:
+        provenance = Provenance.from_dict(data.get("provenance") or {}, str(path))
+    except ConfigError as exc:
+        raise RunDirError(exc.issues, str(path)) from None
+    return BestConfig(config, provenance, str(path))
 
 
 def _damaged(why: object) -> str:

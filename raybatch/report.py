@@ -176,8 +176,8 @@ def _compared_points(result: SearchResult) -> list[tuple[str, dict[str, Any] | N
     LR), at the rule's LR, and the reference."""
     tuned = None
     if result.best is not None:
-        compared = result.best.provenance.get("compared", {}).get("max_batch_tuned") or {}
-        knobs = {k: compared[k] for k in keys.RAW_KNOBS if k in compared}
+        compared = (result.best.provenance.compared or {}).get("max_batch_tuned") or {}
+        knobs: dict[str, Any] = {k: compared[k] for k in keys.RAW_KNOBS if k in compared}
         at_rule = result.baseline or {}
         if knobs and not compared.get("is_winner") and not runs_point(knobs, at_rule):
             tuned = knobs
@@ -303,14 +303,14 @@ def verdict(result: SearchResult, target: Target) -> str:
         return f"No recipe reached {target} in every run that judged it."
     c = result.best.config
     p = result.best.provenance
-    runs = p["time_to_target_s_runs"]
+    runs = p.time_to_target_s_runs or []
     lines = [
         f"Winner: micro batch {c.micro_batch_size} x {c.accumulation_steps} accumulation"
         f" (effective {c.effective_batch_size}) at {c.lr_multiplier:.3g}x the rule's LR"
-        f" (lr {c.lr:.4g}) reaches {target} in {p['median_time_to_target_s']:.2f} s of"
+        f" (lr {c.lr:.4g}) reaches {target} in {p.median_time_to_target_s or 0.0:.2f} s of"
         f" training (median; it reached the target in {len(runs)} of {len(runs)} runs)."
     ]
-    runner = p.get("runner_up")
+    runner = p.runner_up
     if runner:
         name = (f"{runner['micro_batch_size']} x {runner['accumulation_steps']} at"
                 f" {runner['lr_multiplier']:.3g}x")  # fmt: skip
@@ -322,10 +322,10 @@ def verdict(result: SearchResult, target: Target) -> str:
         lines.append(f"Runner-up {name}: the winner is {how}, {runner['wins']} of"
                      f" {runner['pairs']} pairs won.")  # fmt: skip
     for key, name in _COMPARED:
-        compared = p.get("compared", {}).get(key)
+        compared = (p.compared or {}).get(key)
         if compared is not None:
             lines.append(f"Against {name}, {compared['recipe']}: {_ratio_text(compared)}.")
-    cost = p.get("search_cost")
+    cost = p.search_cost
     if cost:
         lines.append(
             f"This search cost {cost['trainings']:.1f} trainings of the recipe it found"

@@ -100,7 +100,7 @@ def _search_from_elsewhere(tmp_path: Path, workload: str, space: str, target: st
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_trials_csv(cwd / "run" / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == 2 and any(r["status"] == "reached" for r in rows), rows
-    assert raybatch.load_best(cwd / "run").provenance["target"] == target
+    assert raybatch.load_best(cwd / "run").provenance.target == target
     # --quiet: raybatch's own lines, and none of Ray's boxes or INFO lines.
     assert "raybatch: trial 2 of 2" in proc.stderr and "Winner:" in proc.stdout
     assert "Configuration for experiment" not in proc.stdout, proc.stdout[:2000]
@@ -254,4 +254,4 @@ def test_python_search_of_a_lightning_job(job: Path, tmp_path: Path) -> None:
     result = raybatch.search(workload, "tabular_mlp_adamw", "val_acc>=0.9", tmp_path / "run",
                              options, verbose=0)  # fmt: skip
     assert any(r.status.value == "reached" for r in result.rows), result.rows
-    assert result.best is not None and result.best.provenance["target"] == "val_acc>=0.9"
+    assert result.best is not None and result.best.provenance.target == "val_acc>=0.9"

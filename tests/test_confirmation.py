@@ -13,6 +13,7 @@ from ray.tune.search import Searcher
 
 import raybatch
 from raybatch import Target, keys
+from raybatch.provenance import Provenance
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
@@ -121,7 +122,7 @@ def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped()
     assert rounds == [(1, [A, B])]
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     assert best is not None and (best.config.micro_batch_size, best.config.lr_multiplier) == (64, 4)
-    assert best.provenance["time_to_target_s_runs"] == [1.0, 1.0]
+    assert best.provenance.time_to_target_s_runs == [1.0, 1.0]
     cost = race.rows[-1]
     assert cost.status is TrialStatus.CAPPED
     assert 1.2 < cost.train_s <= 1.25  # stopped at its first report past 1.2x A's time on seed 1
@@ -168,7 +169,7 @@ def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None
     rounds = _play(race, {A: {1: 1.6}, B: {1: 1.1}})
     assert len(rounds) == 1
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
-    assert best is not None and best.provenance["runner_up"]["within_noise"] is True
+    assert best is not None and (best.provenance.runner_up or {})["within_noise"] is True
 
 
 def test_a_split_outside_the_indifference_zone_runs_one_more_seed() -> None:
@@ -222,9 +223,9 @@ def test_the_verdict_compares_with_the_largest_batch_as_a_bound_when_it_was_capp
     rows.append(_row(B, keys.PHASE_CONFIRMATION, None, 1, TrialStatus.CAPPED, train_s=1.2))
     baseline = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
     best = choose_winner(Target(0.97), rows, confirmed=True,
-                         measured_on={"baseline_point": baseline})  # fmt: skip
+                         measured_on=Provenance(baseline_point=baseline))  # fmt: skip
     assert best is not None
-    compared = best.provenance["compared"]
+    compared = best.provenance.compared or {}
     assert compared["max_batch"]["bound"] == "at_least"
     assert compared["max_batch"]["ratio"] == pytest.approx(2.5)
     assert compared["max_batch_tuned"]["bound"] == "measured"
@@ -257,7 +258,7 @@ def test_a_packed_search_run_is_no_pair_of_the_race() -> None:
     rows = [packed, _row(B, keys.PHASE_SEARCH, 1.0, 0), *confirmed]
     best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 128
-    assert best.provenance["time_to_target_s_runs"] == [1.0, 1.0, 1.0]
+    assert best.provenance.time_to_target_s_runs == [1.0, 1.0, 1.0]
 
 
 def test_trials_take_a_whole_gpu_unless_packing_is_asked_for() -> None:
@@ -302,9 +303,9 @@ def test_a_rival_capped_in_the_race_is_compared_from_its_search_run_not_a_stand_
     rows = [*_search((A, 1.0), (tuned, 1.5)), _row(A, keys.PHASE_CONFIRMATION, 1.0, 1), capped]
     baseline = {"micro_batch_size": 256, "accumulation_steps": 1, "world_size": 1}
     best = choose_winner(Target(0.97), rows, confirmed=True,
-                         measured_on={"baseline_point": baseline})  # fmt: skip
+                         measured_on=Provenance(baseline_point=baseline))  # fmt: skip
     assert best is not None
-    compared = best.provenance["compared"]["max_batch_tuned"]
+    compared = (best.provenance.compared or {})["max_batch_tuned"]
     assert compared["bound"] == "measured" and compared["ratio"] == pytest.approx(1.5)
 
 

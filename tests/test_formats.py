@@ -7,6 +7,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ def test_lightning_trainer_runs_the_recipe_with_the_exported_optimizers() -> Non
         "precision": "bf16-mixed",
         "gradient_clip_val": None,  # a search's loop does not clip
     }
-    clipped = BestConfig(best.config, {**best.provenance, "grad_clip_norm": 1.0})
+    clipped = BestConfig(best.config, replace(best.provenance, grad_clip_norm=1.0))
     assert clipped.lightning_trainer_kwargs()["gradient_clip_val"] == 1.0
 
     class Module(L.LightningModule):
@@ -234,8 +235,11 @@ def test_a_world_size_that_cannot_keep_the_batch_is_re_derived_and_marked_not_me
     with pytest.raises(ExportError, match="re-deriving the recipe needs its space"):
         retarget(measured, 5)
     best = BestConfig(measured, {"space": ADAMW.name}).retarget(5)  # the preset it names
-    assert best.provenance["retargeted"]["measured"] is False
-    assert best.provenance["retargeted"]["measured_recipe"]["effective_batch_size"] == 192
+    moved = best.provenance.retargeted
+    assert moved is not None and moved.measured is False
+    assert (
+        moved.measured_recipe is not None and moved.measured_recipe["effective_batch_size"] == 192
+    )
 
 
 def test_export_cli_retargets_and_prints_launch_lines(tmp_path: Path) -> None:

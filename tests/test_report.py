@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import raybatch
+from raybatch.provenance import Provenance
 from raybatch.report import verdict
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TrialRow
@@ -36,7 +37,7 @@ WINNER, RUNNER = (32, 4, 1.0), (64, 1, 2.0)
 def _result(rows: list[TrialRow]) -> SearchResult:
     """As the driver builds it: the winner chosen from the rows, with its comparisons."""
     best = choose_winner(raybatch.Target(0.97), rows, confirmed=True,
-                         measured_on={"baseline_point": BASELINE})  # fmt: skip
+                         measured_on=Provenance(baseline_point=BASELINE))  # fmt: skip
     return SearchResult(Path("."), rows, best, BASELINE, None)
 
 

@@ -57,7 +57,7 @@ def test_the_baseline_wins_when_it_confirms_fastest() -> None:
     assert winner.median == pytest.approx(1.15)
     best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 256
-    assert best.provenance[keys.TRIAL_ID] == "s1"  # the search trial that ran it
+    assert best.provenance.trial_id == "s1"  # the search trial that ran it
 
 
 def test_the_reference_can_win_too() -> None:
@@ -93,7 +93,7 @@ def test_without_confirmation_the_search_rows_decide() -> None:
     winner = select_winner(rows, confirmed=False)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
     best = choose_winner(Target(0.97), rows, confirmed=False)
-    assert best is not None and best.provenance["time_to_target_s_runs"] == [0.8]
+    assert best is not None and best.provenance.time_to_target_s_runs == [0.8]
 
 
 def test_the_search_run_judges_a_confirmed_recipe_but_never_an_unconfirmed_one() -> None:
@@ -125,7 +125,7 @@ def test_a_recipe_that_missed_once_never_wins_however_many_pairs_it_won() -> Non
     winner = select_winner(rows, confirmed=True)
     assert winner is not None and _knobs_of(winner.runs) == BASELINE
     best = choose_winner(Target(0.97), rows, confirmed=True)
-    assert best is not None and "runner_up" not in best.provenance
+    assert best is not None and best.provenance.runner_up is None
 
 
 def _seeded(knobs: tuple[int, int, float], *times: float | None, first_seed: int = 1
@@ -141,7 +141,8 @@ def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> N
     assert winner is not None and _knobs_of(winner.runs) == CANDIDATE
     best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None
-    runner_up = best.provenance["runner_up"]
+    runner_up = best.provenance.runner_up
+    assert runner_up is not None
     assert runner_up["micro_batch_size"] == 256
     assert (runner_up["wins"], runner_up["pairs"]) == (2, 3)
     assert runner_up["paired_ratio"] == pytest.approx(1.4 / 1.31)  # the median pair

@@ -380,7 +380,8 @@ def export_command(
             in_run = (Path(run_dir) / RUN_FILE).is_file()  # a run knows its space
             space = read_run(run_dir).space if in_run else None
             best = best.retarget(world_size, space)
-            note = best.provenance.get("retargeted", {}).get("note")
+            moved = best.provenance.retargeted
+            note = moved.note if moved is not None else None
         try:
             if output:
                 text = best.write(output, fmt, gpus_per_node)

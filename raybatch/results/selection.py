@@ -8,13 +8,14 @@ import platform
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue
 from raybatch.export import BestConfig
 from raybatch.metric import Target
+from raybatch.provenance import Provenance
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
 from raybatch.status import TrialStatus
@@ -364,16 +365,17 @@ def choose_winner(
     target: Target,
     rows: list[TrialRow],
     confirmed: bool,
-    measured_on: dict[str, Any] | None = None,
+    measured_on: Provenance | None = None,
 ) -> BestConfig | None:
     """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
 
     ``confirmed``: whether the search ran a confirmation (then its runs alone judge).
-    ``measured_on`` holds what the rows cannot say: ``device`` (the hardware the trials ran
-    on, as the search saw the cluster), ``amp_dtype`` (the workload's autocast, which the
-    framework exports need), ``baseline_point`` and ``reference_point`` (the largest batch as
-    found and the reference, which the verdict compares with: ``compared``); without it,
-    ``device`` is this machine's. The winner's recipe is
+    ``measured_on`` holds what the rows cannot say (:meth:`Provenance.measured_on`): ``device``
+    (the hardware the trials ran on, as the search saw the cluster), ``amp_dtype`` (the
+    workload's autocast, which the framework exports need), ``grad_clip_norm``, the time model
+    (``prior``), ``baseline_point`` and ``reference_point`` (the largest batch as found and the
+    reference, which the verdict compares with: ``compared``); without it, ``device`` is this
+    machine's. The winner's recipe is
     the one its rows carry (:attr:`TrialRow.config`); rows read back from ``trials.csv`` get
     theirs with :meth:`TrialRow.derived_under` first.
 
@@ -393,38 +395,35 @@ def choose_winner(
         raise ConfigError([Issue("recipe", problem)], f"trial {first.trial_id}")
     peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
     samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
-    provenance = {
-        "median_time_to_target_s": winner.median,
-        "time_to_target_s_runs": winner.times,
-        "spread_s": max(winner.times) - min(winner.times),
-        "samples_to_target": statistics.median(samples) if samples else None,
-        "peak_memory_bytes": max(peaks) if peaks else None,
-        "device": _device_name(),
-        "amp_dtype": None,
-        "versions": _versions(),
-        keys.TRIAL_ID: (searched or winner.runs)[0].trial_id,
-        "space": recipe.space,
-        "target": str(target),
-        "search_trials": sum(1 for r in rows if r.phase == keys.PHASE_SEARCH),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    given = measured_on if measured_on is not None else Provenance(device=_device_name())
+    runner_up = None
     if len(order) > 1:
         paired = compare_paired(winner, order[1])
         if paired is not None:
-            second = order[1].runs[0]
-            provenance["runner_up"] = {
-                **second.knob_dict(),
+            runner_up = {
+                **order[1].runs[0].knob_dict(),
                 "paired_ratio": paired.ratio,
                 "wins": paired.wins,
                 "pairs": paired.pairs,
                 "within_noise": paired.within_noise(),
                 "indifference": INDIFFERENCE - 1,
             }
-    given = dict(measured_on or {})
-    provenance["compared"] = comparisons(
-        rows, winner, given.get("baseline_point"), given.get("reference_point"),
-        measured_recipes(rows, confirmed),
+    provenance = replace(
+        given,
+        median_time_to_target_s=winner.median,
+        time_to_target_s_runs=winner.times,
+        spread_s=max(winner.times) - min(winner.times),
+        samples_to_target=statistics.median(samples) if samples else None,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        versions=_versions(),
+        trial_id=(searched or winner.runs)[0].trial_id,
+        space=recipe.space,
+        target=str(target),
+        search_trials=sum(1 for r in rows if r.phase == keys.PHASE_SEARCH),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        runner_up=runner_up,
+        compared=comparisons(rows, winner, given.baseline_point, given.reference_point,
+                             measured_recipes(rows, confirmed)),
+        search_cost=search_cost(rows, winner.median).to_dict(),
     )  # fmt: skip
-    provenance["search_cost"] = search_cost(rows, winner.median).to_dict()
-    provenance.update(given)
     return BestConfig(recipe, provenance)

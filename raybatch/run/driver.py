@@ -37,6 +37,7 @@ from raybatch.errors import (
 from raybatch.export import write_best
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.metric import Target, resolve_target
+from raybatch.provenance import Provenance
 from raybatch.report import write_report
 from raybatch.results.cost import search_cost
 from raybatch.results.outcome import SearchResult
@@ -412,16 +413,14 @@ def _execute(
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
     # points the verdict compares with.
-    measured_on: dict[str, Any] = {
-        "device": plan.hardware,
-        "amp_dtype": workload.amp_dtype,
-        "grad_clip_norm": None,
-        "baseline_point": plan.baseline,
-        "reference_point": plan.reference,
-    }
+    prior = None
     model = time_model_found(plan.searcher.plan, path, options.prior, notes)
     if model is not None:
-        rows, measured_on["prior"] = write_predictions(rows, model, notes)
+        rows, prior = write_predictions(rows, model, notes)
+    measured_on = Provenance(
+        device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
+        baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
+    )  # fmt: skip
     best = choose_winner(target, rows, options.confirms, measured_on)
     if best is not None:
         write_best(path, best)

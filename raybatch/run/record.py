@@ -4,11 +4,11 @@ from ``trials.csv``, its report written again. Nothing here runs a trial or star
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from raybatch.errors import ConfigError, RaybatchError
 from raybatch.export import BEST_YAML, BestConfig, load_best
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.provenance import Provenance
 from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TrialRow, stored_rows
@@ -34,15 +34,12 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
 
     run = read_run(run_dir)
     path, space, target, options = run.path, run.space, run.target, run.options
-    measured_on: dict[str, Any] | None = None
+    measured_on: Provenance | None = None
     if (path / BEST_YAML).is_file():  # what the rows cannot say, as the search recorded it
         try:
-            stored = load_best(path).provenance
+            measured_on = load_best(path).provenance.measured_on()
         except RaybatchError:  # damaged: the rows alone choose the winner again
-            stored = {}
-        kept = ("device", "amp_dtype", "grad_clip_norm", "prior", "baseline_point",
-                "reference_point")  # fmt: skip
-        measured_on = {k: stored[k] for k in kept if k in stored}
+            measured_on = Provenance()
     return choose_winner(target, _derived(space, stored_rows(path)), options.confirms, measured_on)
 
 
@@ -94,7 +91,7 @@ def stored_result(run_dir: str | Path) -> SearchResult:
     path, space = run.path, run.space
     rows = stored_rows(path)
     best = load_best(path) if (path / BEST_YAML).is_file() else None
-    baseline = best.provenance.get("baseline_point") if best is not None else None
+    baseline = best.provenance.baseline_point if best is not None else None
     return SearchResult(path, rows, best, baseline, reference_point(space))
 
 

@@ -1,0 +1,148 @@
+"""Where a searched recipe came from: a typed record, written under ``provenance`` in
+``best_config.yaml`` and read back field by field.
+
+A :class:`Provenance` is what the search measured of the winner (its runs' times to target,
+their spread, its peak memory), on what (the device, the versions, the autocast and clipping
+the trials trained under), against what (the runner-up, the simple alternatives, what the
+search cost), and whether a retarget has moved it off the measured recipe. Each field has one
+name and one type, so training code, the report and the CLI read ``best.provenance.device``
+rather than a chain of ``.get()`` on a dict whose keys nobody lists.
+
+The nested records (``compared``, ``runner_up``, ``search_cost``, ``prior``, the seed points)
+are kept as the mappings the YAML holds: each is written by one function
+(:func:`raybatch.results.selection.comparisons`, :class:`raybatch.results.cost.SearchCost`,
+the time model) and read by the report.
+
+Fields a file does not carry are ``None``; :attr:`Provenance.amp_recorded` tells "the run
+trained in fp32" (``amp_dtype: null`` written) from "this file does not say" (no key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from raybatch.errors import ConfigError, Issue
+
+
+@dataclass(frozen=True)
+class Retargeted:
+    """A retarget's verdict (:meth:`raybatch.BestConfig.retarget`).
+
+    Attributes:
+        world_size: The GPU count the recipe was moved to.
+        measured: Whether the moved recipe is still the measured one (same effective batch).
+        note: Why not, or what changed, in a sentence every export repeats.
+        measured_recipe: The measured recipe's batch shape (micro batch, accumulation, world
+            size, effective batch).
+    """
+
+    world_size: int | None = None
+    measured: bool = False
+    note: str | None = None
+    measured_recipe: dict[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a searched recipe came from (see the module's docstring).
+
+    Attributes:
+        median_time_to_target_s: The median training seconds to target over its judging runs.
+        time_to_target_s_runs: Each judging run's training seconds to target.
+        spread_s: The largest minus the smallest of them.
+        samples_to_target: The median training samples to target.
+        peak_memory_bytes: The largest peak GPU memory of its runs.
+        device: The hardware the trials ran on (``CPU (...)`` on CPUs).
+        amp_dtype: The workload's autocast dtype (``None``: fp32, or not recorded).
+        grad_clip_norm: The gradient clipping the trials trained with (``None``: none).
+        versions: raybatch, PyTorch, Ray, Optuna and Python, as the search ran them.
+        trial_id: The search trial that first ran it.
+        space: The space's name (a preset's name lets a retarget re-derive the recipe).
+        target: The target it reached, as the search stated it.
+        search_trials: Trials the search ran.
+        created: When the winner was chosen (local time, ISO 8601).
+        runner_up: The second-best recipe's knobs and its paired comparison.
+        compared: The winner against the largest batch and the reference, by name.
+        search_cost: What the search cost, in trainings of the winner.
+        baseline_point: The largest batch that fits, as the search found it (its knobs).
+        reference_point: The reference recipe's knobs.
+        prior: The time model measured inside the search, where one was.
+        retargeted: A retarget's verdict (``None``: the recipe as searched).
+        amp_recorded: Whether ``amp_dtype`` was recorded (not written as a field of its own).
+    """
+
+    median_time_to_target_s: float | None = None
+    time_to_target_s_runs: list[float] | None = None
+    spread_s: float | None = None
+    samples_to_target: float | None = None
+    peak_memory_bytes: int | None = None
+    device: str | None = None
+    amp_dtype: str | None = None
+    grad_clip_norm: float | None = None
+    versions: dict[str, str] | None = None
+    trial_id: str | None = None
+    space: str | None = None
+    target: str | None = None
+    search_trials: int | None = None
+    created: str | None = None
+    runner_up: dict[str, Any] | None = None
+    compared: dict[str, dict[str, Any]] | None = None
+    search_cost: dict[str, Any] | None = None
+    baseline_point: dict[str, Any] | None = None
+    reference_point: dict[str, Any] | None = None
+    prior: dict[str, Any] | None = None
+    retargeted: Retargeted | None = None
+    amp_recorded: bool = field(default=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<python>") -> Provenance:
+        """The record a ``provenance`` mapping holds (a file's, or one written by hand).
+
+        Raises:
+            ConfigError: A key that is no field of the record (named, with ``source``).
+        """
+        names = {f.name for f in fields(cls)} - {"amp_recorded"}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            why = f"unknown field (the fields: {', '.join(sorted(names))})"
+            raise ConfigError([Issue(f"provenance.{k}", why) for k in unknown], source)
+        values = dict(data)
+        moved = values.get("retargeted")
+        if isinstance(moved, Mapping):
+            values["retargeted"] = Retargeted(**moved)
+        return cls(**values, amp_recorded="amp_dtype" in data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping written under ``provenance``: every field that says something (``None``
+        left out, but an fp32 run's recorded ``amp_dtype: null``)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "amp_recorded" or (value is None and f.name != "amp_dtype"):
+                continue
+            if f.name == "amp_dtype" and not self.amp_recorded:
+                continue
+            out[f.name] = value.to_dict() if isinstance(value, Retargeted) else value
+        return out
+
+    @property
+    def measured(self) -> bool:
+        """Whether the recipe is the one the search measured (a retarget may have re-derived
+        it)."""
+        return self.retargeted is None or self.retargeted.measured
+
+    def measured_on(self) -> Provenance:
+        """What the trial rows cannot say, and a winner chosen again from them keeps: the
+        device, autocast, clipping, seed points and time model (:func:`choose_winner`)."""
+        kept = ("device", "amp_dtype", "grad_clip_norm", "baseline_point", "reference_point")
+        return Provenance(
+            **{k: getattr(self, k) for k in kept}, prior=self.prior, amp_recorded=self.amp_recorded
+        )
+
+
+__all__ = ["Provenance", "Retargeted"]
