@@ -12,6 +12,24 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+DEFERRED_IMPORTS: Mapping[str, str] = {
+    "torch": "PyTorch (seconds to import) loads only where a model is built, traced or trained:"
+    " `import raybatch`, the CLI's start and Ray's zero-GPU tasks (the NVML reader) go without",
+    "ray": "Ray loads only where a cluster is reached or Tune runs: `raybatch --help`, `export`"
+    " and the rows, report and exports of a finished run go without",
+    "optuna": "Optuna (and SQLAlchemy) load only where a study is opened, not in a trial worker",
+    "numpy": "NumPy loads with PyTorch's work, not with the package",
+    "pydantic": "pydantic loads where a file is validated, never on a trial's GPU path",
+    "matplotlib": "an optional plotting dependency: only the report draws",
+    "sklearn": "an examples-only dependency: only a bundled example's data needs it",
+    "transformers": "an optional dependency: only the Hugging Face adapter and export use it",
+    "lightning": "an optional dependency: only the Lightning adapter uses it",
+    "pynvml": "an optional dependency (nvidia-ml-py): without it, no GPU is read, cleanly",
+}
+"""Third-party packages imported inside functions, each with why it is deferred: the one place
+that says it, instead of a comment at each of their many imports. Any other import inside a
+function says why on its line or the comment line above it (the package's tests check both)."""
+
 
 def lazy_exports(
     package: str, exports: Mapping[str, tuple[str, ...]]

@@ -21,6 +21,7 @@ still the measured one.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -214,8 +215,6 @@ class BestConfig:
         """A real ``ray.train.ScalingConfig`` with the placement the trials had
         (:mod:`raybatch.formats.ray_train`); ``use_gpu`` defaults to where it was measured,
         GPUs (with a warning) when that was not recorded."""
-        import warnings
-
         from ray.train import ScalingConfig
 
         gpu = self.measured_on_gpu() if use_gpu is None else use_gpu

@@ -184,3 +184,34 @@ def test_every_package_init_is_only_its_docstring() -> None:
             continue
         body = ast.parse(init.read_text()).body
         assert len(body) == 1 and isinstance(body[0], ast.Expr), init  # the docstring alone
+
+
+def test_every_import_inside_a_function_says_why_it_is_deferred() -> None:
+    """An import inside a function is either of a third-party package whose deferral
+    ``raybatch._lazy.DEFERRED_IMPORTS`` explains (PyTorch, Ray, Optuna, the optional
+    dependencies), or says why on its line or the comment line above its block; anything else
+    (the standard library, a light module of the package) is imported at the top."""
+    import ast
+
+    from raybatch._lazy import DEFERRED_IMPORTS
+
+    unexplained = []
+    for path, source in _sources().items():
+        if not path.startswith("raybatch"):
+            continue
+        lines = source.splitlines()
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.Import | ast.ImportFrom):
+                    continue
+                module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                if (module or "").split(".")[0] in DEFERRED_IMPORTS:
+                    continue
+                above = node.lineno - 2  # the block's first import, then the line above it
+                while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+                    above -= 1
+                if "#" not in lines[node.lineno - 1] and not lines[above].strip().startswith("#"):
+                    unexplained.append(f"{path}:{node.lineno} {module}")
+    assert unexplained == []

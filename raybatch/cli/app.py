@@ -4,15 +4,18 @@ Bad input never shows a Python traceback: every :class:`~raybatch.errors.Raybatc
 printed to stderr as ``raybatch: error: FILE:LINE: FIELD: what is wrong`` and the command
 exits with status 2 (the status click uses for usage errors).
 
-The commands import the library inside their bodies, not at the top: ``raybatch --help`` or a
-bad option must answer at once, without importing torch, Ray and Optuna (seconds) first.
+The commands that search import the driver inside their bodies, not at the top: ``raybatch
+--help`` or a bad option must answer at once, without importing torch, Ray and Optuna (seconds)
+first. What the other commands need is light and imported at the top.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -33,9 +36,28 @@ from raybatch.cli.args import (
     SpaceArg,
     SpaceOpt,
 )
-from raybatch.errors import InputError, Issue, RaybatchError
-from raybatch.formats.registry import formats_help
+from raybatch.errors import (
+    BudgetUnavailableError,
+    InputError,
+    Issue,
+    OptionError,
+    RaybatchError,
+    SearchInterrupted,
+)
+from raybatch.export import AMP_NOT_RECORDED, load_best
+from raybatch.formats.registry import format_named, formats_help
+from raybatch.memory.budget import resolve_budget
+from raybatch.memory.estimator import estimate
+from raybatch.memory.sizes import parse_size
+from raybatch.metric import Target, resolve_target
+from raybatch.results.outcome import no_winner_reason
+from raybatch.run.cluster import init_ray
+from raybatch.run.hardware import read_cluster
+from raybatch.run.options import SearchOptions
+from raybatch.run.preflight import preflight
+from raybatch.run.rundir import RUN_FILE, read_run
 from raybatch.space.presets import list_presets, load_space
+from raybatch.workload import load_workload
 
 EXIT_NO_RECIPE = 1  # the search ran and no recipe reached the target
 EXIT_BAD_INPUT = 2
@@ -53,8 +75,6 @@ app = typer.Typer(
 @contextmanager
 def _user_errors() -> Iterator[None]:
     """Report raybatch's input errors as one clean message and exit status 2."""
-    from raybatch.errors import SearchInterrupted
-
     try:
         yield
     except SearchInterrupted as exc:
@@ -157,12 +177,6 @@ def estimate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Predict each micro batch's peak GPU memory by tracing, with no GPU and no training step."""
-    from raybatch.errors import BudgetUnavailableError
-    from raybatch.memory.budget import resolve_budget
-    from raybatch.memory.estimator import estimate
-    from raybatch.memory.sizes import parse_size
-    from raybatch.workload import load_workload
-
     with _user_errors():
         sizes = cli_args.positive_ints(batch, "--batch")
         for name, value in (("--accum", accum), ("--world-size", world_size)):
@@ -242,14 +256,9 @@ def search_command(
     quiet: cli_args.QuietOpt = False,
 ) -> None:
     """Search the recipe that reaches the target fastest; writes a run directory."""
-    import time
-
-    from raybatch.errors import OptionError
-    from raybatch.metric import Target, resolve_target
+    # The search's machinery (Ray, Optuna, PyTorch: seconds) loads only when a search runs.
     from raybatch.run.driver import search
-    from raybatch.run.options import SearchOptions
     from raybatch.run.progress import printed
-    from raybatch.workload import load_workload
 
     with _user_errors():
         Target.parse(target, CLI)  # the syntax first, before the (slower) workload import
@@ -300,6 +309,7 @@ def init_workload_command(
     ] = "workload",
 ) -> None:
     """Write a workload file to start from (own model, own data) and its space file."""
+    # The templates import PyTorch to check what they write: only this command pays it.
     from raybatch.cli.template import write_template
 
     with _user_errors():
@@ -318,9 +328,9 @@ def resume_command(
 ) -> None:
     """Continue an interrupted search; completed trials are kept, never re-run. A finished
     run is left alone (its result is printed again); to search again, start a new search."""
+    # The search's machinery (Ray, Optuna, PyTorch: seconds) loads only when a search runs.
     from raybatch.run.driver import resume
     from raybatch.run.progress import printed
-    from raybatch.run.rundir import read_run
 
     with _user_errors():
         target = read_run(run_dir).target
@@ -332,8 +342,6 @@ def resume_command(
 
 def _fail_without_recipe(result: Any, target: Any) -> None:
     """A search that found no recipe fails (exit 1), saying why in one line."""
-    from raybatch.results.outcome import no_winner_reason
-
     if result.best is None:
         why = no_winner_reason(result.rows, target)
         typer.echo(f"raybatch: error: no recipe reached {target}: {why}", err=True)
@@ -364,11 +372,6 @@ def export_command(
     output: Annotated[str | None, typer.Option("-o", "--output", help="Write to a file.")] = None,
 ) -> None:
     """Print (or write) the winning recipe with its provenance, or in a trainer's format."""
-    from pathlib import Path
-
-    from raybatch.export import AMP_NOT_RECORDED, load_best
-    from raybatch.formats.registry import format_named
-    from raybatch.run.rundir import RUN_FILE, read_run
 
     note = None
     with _user_errors():
@@ -402,6 +405,7 @@ def report_command(
     run_dir: Annotated[str, typer.Argument(help="A finished run directory.")],
 ) -> None:
     """Write a finished run's report again (report.html and its PNGs) and print its path."""
+    # The report's machinery (matplotlib, the estimator's trace) loads only when it redraws.
     from raybatch.run.driver import rebuild_report
 
     with _user_errors():
@@ -423,12 +427,6 @@ def check_command(
 ) -> None:
     """Show what a search would see and do here: nodes, GPUs, budget, packing, placement."""
     import ray
-
-    from raybatch.memory.sizes import parse_size
-    from raybatch.run.cluster import init_ray
-    from raybatch.run.hardware import read_cluster
-    from raybatch.run.preflight import preflight
-    from raybatch.workload import load_workload
 
     with _user_errors():
         if memory_budget is not None:

@@ -22,17 +22,15 @@ existing default ``accelerate config`` can collapse the launch to a single proce
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from raybatch.errors import ConfigError, ExportError, Issue
-
-if TYPE_CHECKING:
-    from raybatch.space.config import TrialConfig
+from raybatch.space.config import TrialConfig
 
 WRITTEN_AGAINST = "torch 2.x torchrun, accelerate 1.x"
 PORT = 29500
@@ -130,10 +128,6 @@ def recipe_from_args(argv: Sequence[str] | None = None) -> tuple[TrialConfig, li
         >>> recipe, rest = recipe_from_args()          # in train.py, under torchrun
         >>> loader = DataLoader(train_set, batch_size=recipe.micro_batch_size, shuffle=True)
     """
-    import argparse
-
-    from raybatch.space.config import TrialConfig
-
     fields = dataclasses.fields(TrialConfig)
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for f in fields:

@@ -22,7 +22,7 @@ batch itself, on the list or not (a hand-written config, a space edited since).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from raybatch.errors import ExportError, Issue, RaybatchError
@@ -49,8 +49,6 @@ class Retargeted:
 
 
 def _same_effective(config: TrialConfig, micro: int, accumulation: int, world: int) -> TrialConfig:
-    from dataclasses import replace
-
     return replace(
         config, micro_batch_size=micro, accumulation_steps=accumulation, world_size=world
     )

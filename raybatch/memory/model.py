@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -217,6 +218,4 @@ def _upper_envelope(lines: dict[str, Line]) -> dict[str, Line]:
 
 
 def _replace(model: LinearMemoryModel, **changes: Any) -> LinearMemoryModel:
-    import dataclasses
-
     return dataclasses.replace(model, **changes)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import logging
+import pickle
 import re
 import sys
 import threading
@@ -75,8 +76,6 @@ def _cause_of_error(trial: Any) -> tuple[str, str]:
     wrappers (a task error, an actor that died while its class was unpickled) are looked
     through: the cause is the innermost ``SomeError: message`` of the text.
     """
-    import pickle
-
     text = _read(trial.error_file).decode("utf-8", "replace")
     text = text[text.rfind("Failure # ") :] if "Failure # " in text else text
     inner = None

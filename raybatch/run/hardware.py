@@ -15,6 +15,7 @@ CPUs, and one that read NVML there would find nothing to budget. So:
 from __future__ import annotations
 
 import math
+import platform
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -229,8 +230,6 @@ class ClusterView:
     def describe(self, cuda: bool) -> str:
         """The hardware trials run on, in one line (a winner's provenance)."""
         if not cuda:
-            import platform
-
             return f"CPU ({platform.machine()}), {self.cpus:g} CPUs on {len(self.nodes)} node(s)"
         models: dict[str, int] = {}
         for n in self.nodes:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import raybatch
+
 REUSE_WAIT_S = 60
 """How long Tune may wait for a stopped trial's cleanup (data-loader workers, a CUDA sync)
 before it reuses the process for the next trial. Past it Tune fails that next trial, which is
@@ -39,8 +41,6 @@ def start_trial() -> float:
     if _charged:
         return now
     _charged = True
-    import raybatch
-
     return min(now, getattr(raybatch, "_imported_at", now))
 
 

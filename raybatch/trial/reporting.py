@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
@@ -352,8 +353,6 @@ class TrialReporter:
 
     def fail(self, exc: BaseException, during: str = "") -> None:
         """End the trial for an exception: ``infeasible_memory`` for an OOM, else ``error``."""
-        import traceback
-
         text = first_line(exc)
         if is_out_of_memory(exc):
             self.finish(TrialStatus.INFEASIBLE_MEMORY, f"out of memory {during}: {text}".strip())

@@ -462,6 +462,7 @@ def trainable(
         >>> # tune.Tuner(raybatch.with_resources(fn, ...), param_space=..., ...)
     """
 
+    # pydantic and YAML stay out of a trial's worker, which imports this module to run it.
     from raybatch.space.presets import load_space
     from raybatch.space.search_space import SearchSpace
 
