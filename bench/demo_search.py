@@ -37,7 +37,7 @@ def _runs(rows: list[TrialRow], knobs: dict[str, Any]) -> list[dict[str, float |
          "throughput": r.throughput}
         for r in rows
         if r.phase in (keys.PHASE_SEARCH, keys.PHASE_CONFIRMATION) and r.reached
-        and all(float(r[k]) == float(v) for k, v in knobs.items())
+        and all(float(r.knob_dict()[k]) == float(v) for k, v in knobs.items())
     ]  # fmt: skip
 
 

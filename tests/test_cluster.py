@@ -111,7 +111,7 @@ PACKED = textwrap.dedent(
     fn = raybatch.trainable(workload, space, target=0.5, max_time_s=5, device="cpu",
                             gpu_budget_bytes=budget)
     tuner = tune.Tuner(
-        raybatch.with_resources(fn, workload, space, "auto", 0.5, budget, estimator=estimator),
+        raybatch.with_resources(fn, "auto", 0.5, estimator=estimator),
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=2, max_concurrent_trials=1),
         run_config=tune.RunConfig(storage_path=sys.argv[2], name="packed", verbose=0),
     )

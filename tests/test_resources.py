@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -330,3 +331,24 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
     assert plan.cuda and plan.searcher.devices.context_bytes == measured
     assert received == {"trainable": measured, "resources": measured}
     assert plan.budget == view.budget(context_bytes=measured).bytes  # type: ignore[union-attr]
+
+
+def test_with_resources_reads_a_trainables_settings_and_refuses_a_plain_function() -> None:
+    """Nothing is given twice: the budget and the context a trial's share is computed with are
+    the trainable's own; a function raybatch did not make is pointed to trial_resources."""
+    import raybatch
+    from raybatch.examples.digits import workload
+
+    def plain(config: dict[str, Any]) -> None: ...
+
+    with pytest.raises(TypeError, match="trial_resources"):
+        raybatch.with_resources(plain)
+    fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.9, max_time_s=5,
+                            gpu_budget_bytes=2**30, cuda_context_bytes=2**28)  # fmt: skip
+    resourced = raybatch.with_resources(fn, "auto", 0.5)
+    space = raybatch.load_space("digits_cnn_sgd")
+    config = space.derive(64, 1, 1).to_dict()
+    asked = resourced._resources(config)  # Tune's resource function, as Tune calls it
+    given = trial_resources(workload, space, "auto", 0.5, 2**30, None, None, 2**28)(config)
+    other = trial_resources(workload, space, "auto", 0.5, 2**31, None, None, 2**28)(config)
+    assert asked == given != other and asked["cpu"] == 0.5

@@ -132,8 +132,8 @@ def test_reference_recipe_and_max_batch_baseline_are_among_the_trials(
     result = finished_run["result"]
     assert result.reference == {"micro_batch_size": 64, "accumulation_steps": 1, "world_size": 1}
     assert result.baseline == {"micro_batch_size": 64, "accumulation_steps": 1, "world_size": 1}
-    first = next(r for r in result.rows if r["phase"] == "search")
-    assert (first["micro_batch_size"], first["accumulation_steps"], first["lr_multiplier"]) == (
+    first = next(r for r in result.rows if r.phase == "search")
+    assert (first.micro_batch_size, first.accumulation_steps, first.lr_multiplier) == (
         64,
         1,
         1.0,
@@ -169,14 +169,14 @@ def test_capping_stops_slow_trials_and_the_optimum_still_wins(clocked_run: Any) 
     """Capping stops trials slower than the incumbent before their target (so it saves their
     training) and the search still picks the optimum, which ran after slower trials had set
     the incumbent."""
-    rows = [r for r in clocked_run.rows if r[keys.PHASE] == "search"]
-    capped = [r for r in rows if r[keys.STATUS] == "capped"]
+    rows = [r for r in clocked_run.rows if r.phase == "search"]
+    capped = [r for r in rows if r.status == "capped"]
     assert capped, rows
-    assert all(r[keys.TRAIN_S] < CLOCKED_SECONDS[r[keys.MICRO_BATCH_SIZE]] for r in capped)
+    assert all(r.train_s < CLOCKED_SECONDS[r.micro_batch_size] for r in capped)
     assert clocked_run.best is not None
     optimum = min(CLOCKED_SECONDS, key=CLOCKED_SECONDS.get)
     assert clocked_run.best.config.micro_batch_size == optimum
-    assert rows[0][keys.MICRO_BATCH_SIZE] != optimum  # not won by the first trial
+    assert rows[0].micro_batch_size != optimum  # not won by the first trial
 
 
 @pytest.mark.slow
@@ -185,26 +185,26 @@ def test_capped_trials_stop_near_slack_times_the_incumbent(clocked_run: Any) -> 
     evaluation interval after its cap (slack x the incumbent); one stopped at the final level
     no earlier than that cap, one stopped behind at an intermediate level only when it truly
     is more than ``level_slack`` x slower than the incumbent."""
-    rows = [r for r in clocked_run.rows if r[keys.PHASE] == "search"]
+    rows = [r for r in clocked_run.rows if r.phase == "search"]
     checked = 0
     for i, row in enumerate(rows):
-        if row[keys.STATUS] != "capped":
+        if row.status != "capped":
             continue
-        before = [r[keys.TIME_TO_TARGET_S] for r in rows[:i] if r[keys.STATUS] == "reached"]
+        before = [r.time_to_target_s for r in rows[:i] if r.status == "reached"]
         if not before:  # capped beside a neighbour before any trial reached: behind it
-            assert "intermediate level" in row[keys.REASON]
+            assert "intermediate level" in row.reason
             continue
         incumbent = min(before)
-        micro = row[keys.MICRO_BATCH_SIZE]
+        micro = row.micro_batch_size
         interval = CLOCKED_SECONDS[micro] * CLOCKED_EVAL_EVERY / CLOCKED_TARGET_SAMPLES
-        assert row[keys.TRAIN_S] < CLOCKED_SECONDS[micro]
-        assert row[keys.TRAIN_S] <= DEFAULT_SLACK * incumbent + interval + 0.3
-        if "intermediate level" in row[keys.REASON]:
+        assert row.train_s < CLOCKED_SECONDS[micro]
+        assert row.train_s <= DEFAULT_SLACK * incumbent + interval + 0.3
+        if "intermediate level" in row.reason:
             assert CLOCKED_SECONDS[micro] > DEFAULT_LEVEL_SLACK * incumbent
         else:
-            assert row[keys.TRAIN_S] >= DEFAULT_SLACK * incumbent * 0.999
+            assert row.train_s >= DEFAULT_SLACK * incumbent * 0.999
         # Evaluations are off the clock (a trial capped at a heartbeat may have had none).
-        assert row[keys.ELAPSED_S] >= row[keys.TRAIN_S]
+        assert row.elapsed_s >= row.train_s
         checked += 1
     assert checked
 

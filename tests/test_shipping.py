@@ -141,7 +141,7 @@ if __name__ == "__main__":
     space = raybatch.SearchSpace.from_yaml(sys.argv[1])
     options = raybatch.SearchOptions(trials=2, max_time_s=10, confirm_seeds=0)
     result = raybatch.search(ScriptWorkload(), space, 0.9, sys.argv[2], options, verbose=0)
-    print("RESULT " + json.dumps([r["status"] for r in result.rows if r["phase"] == "search"]))
+    print("RESULT " + json.dumps([r.status.value for r in result.rows if r.phase == "search"]))
 """
 
 

@@ -177,7 +177,7 @@ def test_trainable_in_a_real_tuner_reaches_target_and_survives_a_sibling_oom(
 
     fn = raybatch.trainable(DigitsOOMAtLargeBatch(), SPACE, target=0.97, max_time_s=30)
     tuner = tune.Tuner(
-        raybatch.with_resources(fn, DIGITS, SPACE, gpus_per_trial=0, cpus_per_trial=1),
+        raybatch.with_resources(fn, gpus_per_trial=0, cpus_per_trial=1),
         param_space={"micro_batch_size": tune.grid_search([64, 128]), "accumulation_steps": 1},
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="trial", verbose=0),
     )
@@ -205,7 +205,7 @@ def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
     # data-parallel steps on gloo over 2 cores take about a second each.
     fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, eval_every_samples=512)
     tuner = tune.Tuner(
-        raybatch.with_resources(fn, DIGITS, SPACE, gpus_per_trial=0),
+        raybatch.with_resources(fn, gpus_per_trial=0),
         param_space={"micro_batch_size": 64, "accumulation_steps": 2, "world_size": 2},
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="ddp", verbose=0),
     )
@@ -234,7 +234,7 @@ def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_worke
 
     fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, memory_budget="1MiB")
     tuner = tune.Tuner(
-        raybatch.with_resources(fn, DIGITS, SPACE, gpus_per_trial=0),
+        raybatch.with_resources(fn, gpus_per_trial=0),
         param_space={"micro_batch_size": 64, "world_size": tune.grid_search([2, 4])},
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="dp_gate", verbose=0),
     )

@@ -146,21 +146,6 @@ class TrialRow:
     def reached(self) -> bool:
         return self.status is TrialStatus.REACHED
 
-    def __getitem__(self, column: str) -> Any:
-        """A column by its ``trials.csv`` name (``row["status"]``), as the CSV reads."""
-        if column not in COLUMNS:
-            raise KeyError(column)
-        return getattr(self, column)
-
-    def __contains__(self, column: object) -> bool:
-        return column in COLUMNS
-
-    __iter__ = None  # a row is a record, not a sequence of its cells: iterating it is an error
-
-    def get(self, column: str, default: Any = None) -> Any:
-        value = getattr(self, column, None) if column in COLUMNS else None
-        return default if value is None else value
-
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow) if f.name != "config")
 """``trials.csv``'s columns, in order: :class:`TrialRow`'s fields but ``config``."""

@@ -286,7 +286,7 @@ def _plan(
         gates,
         devices,
     )  # fmt: skip
-    resourced = with_resources(fn, None, None, gpus, options.cpus_per_trial, estimator=estimator)
+    resourced = with_resources(fn, gpus, options.cpus_per_trial, estimator=estimator)
     hardware = view.describe(cuda)
     return _Plan(
         gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, notes,

@@ -155,31 +155,38 @@ def _budget(memory_budget: str | int | None, gpu_model: str | None, context_byte
 
 def with_resources(
     trainable: Callable[[dict[str, Any]], Any],
-    workload: Workload | None = None,
-    space: SearchSpace | None = None,
     gpus_per_trial: str | float = "auto",
     cpus_per_trial: float = 1.0,
-    memory_budget: str | int | None = None,
+    *,
     estimator: MemoryEstimator | None = None,
-    gpu_model: str | None = None,
-    context_bytes: int | None = None,
 ) -> Any:
-    """``tune.with_resources(trainable, trial_resources(...))`` in one call.
+    """``tune.with_resources`` for a :func:`raybatch.trainable`: each trial's CPUs and GPU
+    (share) from :func:`trial_resources`, with everything else read from the settings the
+    trainable carries, whole: its workload and space, memory budget, GPU model and CUDA
+    context (:func:`raybatch.trial.settings.parts_of`). Nothing is given twice, so the
+    resources cannot disagree with the trials. ``estimator``: one already built for the
+    workload (default: built here, when trials are packed).
 
-    For a :func:`raybatch.trainable`, the workload, the space, the memory budget and the GPU
-    model default to the ones it was made with (:func:`raybatch.trial.settings.parts_of`).
+    For a trainable of your own, ``tune.with_resources(fn, trial_resources(workload, space,
+    ...))`` takes the same parts one by one.
+
+    Raises:
+        TypeError: ``trainable`` was not made by :func:`raybatch.trainable`.
     """
     from ray import tune
 
-    if workload is None or space is None:
+    try:
         parts = parts_of(trainable)
-        workload, space = workload or parts.workload, space or parts.space
-        memory_budget = memory_budget or parts.settings.budget_bytes
-        gpu_model = gpu_model or parts.settings.gpu_model
-        context_bytes = context_bytes or parts.settings.cuda_context_bytes
+    except TypeError:
+        name = getattr(trainable, "__name__", trainable)
+        raise TypeError(
+            f"{name!r} was not made by raybatch.trainable(): give Tune"
+            " tune.with_resources(fn, trial_resources(workload, space, ...)) instead"
+        ) from None
+    s = parts.settings
     resources = trial_resources(
-        workload, space, gpus_per_trial, cpus_per_trial, memory_budget, estimator, gpu_model,
-        context_bytes or CUDA_CONTEXT_OVERHEAD_BYTES,
+        parts.workload, parts.space, gpus_per_trial, cpus_per_trial, s.budget_bytes, estimator,
+        s.gpu_model, s.cuda_context_bytes,
     )  # fmt: skip
     return tune.with_resources(trainable, resources)  # type: ignore[arg-type]
 
