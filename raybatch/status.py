@@ -95,3 +95,13 @@ def final_status(
     if status is not TrialStatus.REACHED or value is None or not math.isfinite(value):
         return status, penalty
     return status, float(value)
+
+
+def evaluation_of(result: dict[str, Any]) -> tuple[int, float] | None:
+    """The evaluation a trial's report holds: ``(samples seen, target metric)``; ``None`` for
+    a heartbeat, a report without the metric, or a metric that is not finite. A point of the
+    learning curves the studies keep (the search's, and the race's beside it)."""
+    metric = result.get(keys.METRIC)
+    if metric is None or result.get(keys.HEARTBEAT) or not math.isfinite(float(metric)):
+        return None
+    return int(result.get(keys.SAMPLES_SEEN) or 0), float(metric)

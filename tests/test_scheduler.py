@@ -40,10 +40,12 @@ def test_trials_past_slack_times_the_incumbent_are_stopped() -> None:
 def test_disabled_capping_keeps_score_but_never_stops() -> None:
     s = CappingScheduler(enabled=False)
     s.on_trial_result(None, _trial("a"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 1.0})
+    assert s.best_time_to_target_s == 1.0 and s.cap_s == pytest.approx(s.slack)  # the score
     assert (
         s.on_trial_result(None, _trial("b"), {keys.STATUS: "running", keys.TRAIN_S: 100.0})
         == TrialScheduler.CONTINUE
     )
+    assert s.capped == {}  # 100x past the cap, and never stopped
 
 
 def test_slack_below_one_is_refused_as_the_options_refuse_it() -> None:

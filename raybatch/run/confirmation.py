@@ -54,7 +54,7 @@ from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.study import SearchStudy
 from raybatch.run.untold import TellUntold
 from raybatch.space.config import TrialConfig
-from raybatch.status import final_status
+from raybatch.status import evaluation_of, final_status
 
 
 @dataclass(frozen=True)
@@ -192,13 +192,10 @@ class RaceSearcher(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         """An evaluation of a run: its curve, for the run's record in the study."""
-        metric = result.get(keys.METRIC)
-        if metric is None or result.get(keys.HEARTBEAT) or not math.isfinite(metric):
-            return
+        evaluation = evaluation_of(result)
         curve = self._curves.setdefault(trial_id, {})
-        step = int(result.get(keys.SAMPLES_SEEN) or 0)
-        if step > max(curve, default=-1):
-            curve[step] = float(metric)
+        if evaluation is not None and evaluation[0] > max(curve, default=-1):
+            curve[evaluation[0]] = evaluation[1]
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.run.seeding import Ladder
-from raybatch.run.study import DEFAULT_STUDY, SearchStudy
+from raybatch.run.study import SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import TimeModel
@@ -62,7 +62,7 @@ class Plan:
         baseline: dict[str, Any] | None = None,
     ) -> None:
         self.space = space
-        self.record: SearchStudy = SearchStudy(None, DEFAULT_STUDY)
+        self._record: SearchStudy | None = None  # the searcher's, given by attach()
         self.ladder = ladder
         self.opening = [dict(p) for p in opening]
         self._to_queue = [dict(p) for p in opening]  # queued in the study once, when it is new
@@ -76,9 +76,20 @@ class Plan:
         self.time_model_problem: str | None = None  # why the asked trial could not measure it
         self.measuring: str | None = None  # the Tune trial asked to measure it, while it runs
 
+    @property
+    def record(self) -> SearchStudy:
+        """The searcher's study, where the plan queues its points.
+
+        Raises:
+            RuntimeError: The plan is not part of a searcher yet (a programming error).
+        """
+        if self._record is None:
+            raise RuntimeError("a Plan runs inside a RaybatchSearcher, which attaches its study")
+        return self._record
+
     def attach(self, record: SearchStudy) -> None:
         """Run in ``record``, the searcher's study."""
-        self.record = record
+        self._record = record
 
     def queue_opening(self) -> None:
         """Queue the opening points in the study, once, while it has no trial."""

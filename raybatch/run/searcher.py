@@ -70,7 +70,7 @@ from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
 from raybatch.run.waiting import Held, Waiting
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
-from raybatch.status import TrialStatus, final_status
+from raybatch.status import TrialStatus, evaluation_of, final_status
 from raybatch.trial.settings import parts_of
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 
@@ -250,10 +250,9 @@ class RaybatchSearcher(Searcher):
         at its samples seen (learning curves in optuna-dashboard); heartbeats are not
         evaluations."""
         number = self._trial_numbers.get(trial_id)
-        metric = result.get(keys.METRIC)
-        if number is None or metric is None or result.get(keys.HEARTBEAT):
-            return
-        self.record.progress(number, float(metric), int(result.get(keys.SAMPLES_SEEN) or 0))
+        evaluation = evaluation_of(result)
+        if number is not None and evaluation is not None:
+            self.record.progress(number, evaluation[1], evaluation[0])
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
