@@ -96,7 +96,7 @@ def test_digits_linear_model_checks_out_within_one_percent() -> None:
     report = estimate(digits, SGD_MOMENTUM, [8, 32, 256], cuda=True)
     residual = report.model.residual_bytes
     assert report.model.check_batch == 32 and residual is not None
-    assert abs(residual) <= 0.01 * report.rows[1]["predicted_bytes"]
+    assert abs(residual) <= 0.01 * report.rows[1].predicted_bytes
 
 
 def _model(fixed: float, slope: float, kink: float = 0.0) -> LinearMemoryModel:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from raybatch import keys
 from raybatch.memory.sizes import format_bytes
 from raybatch.report import REPORT, verdict
 from raybatch.results.rows import status_counts
 from raybatch.space.config import TrialConfig
+
+if TYPE_CHECKING:
+    from raybatch.memory.estimator import MemoryReport
+    from raybatch.run.preflight import Preflight
 
 
 def budget_text(report: Any) -> str:
@@ -20,14 +23,14 @@ def budget_text(report: Any) -> str:
     return f"budget {format_bytes(report.budget_bytes)} ({report.budget_source})"
 
 
-def print_estimate(report: Any) -> None:
+def print_estimate(report: MemoryReport) -> None:
     """The estimate's table, its linear model and the largest micro batch that fits."""
 
     rows = [
         (
-            str(r["micro_batch_size"]),
-            format_bytes(r[keys.PREDICTED_BYTES]),
-            "?" if r["fits"] is None else ("yes" if r["fits"] else "NO"),
+            str(r.micro_batch_size),
+            format_bytes(r.predicted_bytes),
+            "?" if r.fits is None else ("yes" if r.fits else "NO"),
         )
         for r in report.rows
     ]
@@ -46,7 +49,7 @@ def print_estimate(report: Any) -> None:
     )
 
 
-def print_check(report: Any) -> None:
+def print_check(report: Preflight) -> None:
     view = report.view
     typer.echo(
         f"{len(view.nodes)} node(s), {view.cpus:g} CPUs, {view.gpus:g} GPUs on"
@@ -67,15 +70,11 @@ def print_check(report: Any) -> None:
     if report.recipes:
         recipes = [
             [
-                f"{r['micro_batch_size']}x{r['accumulation_steps']}x{r['world_size']}",
-                show(
-                    None
-                    if r[keys.PREDICTED_BYTES] is None
-                    else format_bytes(r[keys.PREDICTED_BYTES])
-                ),
-                show(r["fits"]),
-                show(r["trials_per_gpu"]),
-                r["placement"] or "ok",
+                f"{r.micro_batch_size}x{r.accumulation_steps}x{r.world_size}",
+                show(None if r.predicted_bytes is None else format_bytes(r.predicted_bytes)),
+                show(r.fits),
+                show(r.trials_per_gpu),
+                r.placement or "ok",
             ]
             for r in report.recipes
         ]

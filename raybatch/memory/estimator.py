@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raybatch import keys
 from raybatch.errors import TraceError
 from raybatch.memory.model import EstimateSource, LinearMemoryModel
 from raybatch.memory.prescreen import PrescreenResult
@@ -203,6 +202,20 @@ def _kind(config: TrialConfig) -> tuple[bool, int]:
 
 
 @dataclass(frozen=True)
+class EstimateRow:
+    """One micro batch's prediction in ``raybatch estimate``: its peak, whether it fits the
+    budget (``None``: no budget), and the peak's parts (:meth:`LinearMemoryModel.breakdown`)."""
+
+    micro_batch_size: int
+    predicted_bytes: int
+    fits: bool | None
+    breakdown: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class MemoryReport:
     """Predictions for a list of micro batches: what ``raybatch estimate`` prints."""
 
@@ -211,7 +224,7 @@ class MemoryReport:
     optimizer: str
     accumulation_steps: int
     world_size: int
-    rows: list[dict[str, Any]]
+    rows: list[EstimateRow]
     model: LinearMemoryModel
     budget_bytes: int | None
     budget_source: str | None
@@ -225,7 +238,7 @@ class MemoryReport:
             "optimizer": self.optimizer,
             "accumulation_steps": self.accumulation_steps,
             "world_size": self.world_size,
-            "rows": self.rows,
+            "rows": [r.to_dict() for r in self.rows],
             "fixed_bytes": math.ceil(self.model.fixed_bytes),
             "per_sample_bytes": self.model.per_sample_bytes,
             "anchors": list(self.model.anchors),
@@ -276,14 +289,7 @@ def estimate(
     for b in micro_batch_sizes:
         predicted = model.predict(b)
         fits = None if budget_bytes is None else predicted <= budget_bytes
-        rows.append(
-            {
-                "micro_batch_size": b,
-                keys.PREDICTED_BYTES: predicted,
-                "fits": fits,
-                "breakdown": model.breakdown(b),
-            }
-        )
+        rows.append(EstimateRow(b, predicted, fits, model.breakdown(b)))
     largest = None if budget_bytes is None else model.max_micro_batch_size(budget_bytes)
     return MemoryReport(
         workload=workload.name,

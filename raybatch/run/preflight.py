@@ -9,10 +9,9 @@ reach, or a space asking for more GPUs than exist, in seconds rather than in a f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from raybatch import keys
 from raybatch.errors import OptionError, TraceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, MemoryBudget
 from raybatch.memory.estimator import MemoryEstimator
@@ -25,13 +24,39 @@ from raybatch.workload import Workload
 
 
 @dataclass(frozen=True)
+class RecipeCheck:
+    """One recipe of the space as ``raybatch check`` sees it before a search.
+
+    Attributes:
+        micro_batch_size, accumulation_steps, world_size, effective_batch_size: The recipe's
+            batch shape.
+        predicted_bytes: The estimate's peak (``None``: no budget, or untraceable).
+        fits: Whether that peak fits the budget (``None``: not known).
+        trials_per_gpu: Trials that share one GPU (``None``: not packed, or not known).
+        placement: Why its workers cannot be placed now (``None``: they can).
+    """
+
+    micro_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    effective_batch_size: int
+    predicted_bytes: int | None
+    fits: bool | None
+    trials_per_gpu: int | None
+    placement: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Preflight:
     """What ``raybatch check`` reports (``to_dict`` is its ``--json``)."""
 
     view: ClusterView
     trial_device: str
     budget: MemoryBudget | None
-    recipes: list[dict[str, Any]] = field(default_factory=list)
+    recipes: list[RecipeCheck] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -40,8 +65,8 @@ class Preflight:
             "trial_device": self.trial_device,
             "budget_bytes": None if self.budget is None else self.budget.bytes,
             "budget_source": None if self.budget is None else self.budget.source,
-            "recipes": self.recipes,
-            "unplaceable": [r for r in self.recipes if r["placement"] is not None],
+            "recipes": [r.to_dict() for r in self.recipes],
+            "unplaceable": [r.to_dict() for r in self.recipes if r.placement is not None],
             "warnings": self.warnings,
         }
 
@@ -90,7 +115,7 @@ def _recipes(
     device: str,
     gpus: str | float,
     context: int,
-) -> list[dict[str, Any]]:
+) -> list[RecipeCheck]:
     estimator = MemoryEstimator.for_space(workload, space) if budget is not None else None
     use_gpu = device == "cuda"
     room = view.placeable(use_gpu)
@@ -109,19 +134,14 @@ def _recipes(
                 per_gpu = round(1 / gpu_fraction(predicted, budget.bytes, context_bytes=context))
             elif isinstance(gpus, int | float) and gpus > 0:
                 per_gpu = max(int(1 / gpus + 1e-9), 1)
+        fits = None if predicted is None or budget is None else predicted <= budget.bytes
         rows.append(
-            {
-                "micro_batch_size": recipe.micro_batch_size,
-                "accumulation_steps": recipe.accumulation_steps,
-                "world_size": recipe.world_size,
-                "effective_batch_size": recipe.effective_batch_size,
-                keys.PREDICTED_BYTES: predicted,
-                "fits": None if predicted is None or budget is None else predicted <= budget.bytes,
-                "trials_per_gpu": per_gpu,
-                "placement": placement,
-            }
-        )
+            RecipeCheck(
+                recipe.micro_batch_size, recipe.accumulation_steps, recipe.world_size,
+                recipe.effective_batch_size, predicted, fits, per_gpu, placement,
+            )
+        )  # fmt: skip
     return rows
 
 
-__all__ = ["Preflight", "preflight"]
+__all__ = ["Preflight", "RecipeCheck", "preflight"]
