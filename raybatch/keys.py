@@ -8,7 +8,7 @@ every trial, and ``best_config.yaml`` stores them.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypedDict
 
 # Raw knobs: what the searcher samples.
 MICRO_BATCH_SIZE: Final = "micro_batch_size"
@@ -24,6 +24,25 @@ RAW_KNOBS: Final = (
     LR_MULTIPLIER,
     WEIGHT_DECAY_MULTIPLIER,
 )
+
+
+class KnobPoint(TypedDict, total=False):
+    """A point of the search as its raw knobs: the largest batch that fits, the reference, the
+    plan's opening and ladder points. A knob left out takes its default (accumulation and world
+    size 1, multipliers 1.0) or is a constant of the space. A dict, typed, because that is what
+    Optuna's ``enqueue_trial`` and ``best_config.yaml`` take as they are."""
+
+    micro_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    lr_multiplier: float
+    weight_decay_multiplier: float
+
+
+def knob_items(point: KnobPoint) -> list[tuple[str, float]]:
+    """A point's knobs as ``(name, value)`` pairs, for comparing points knob by knob."""
+    return [(name, float(point[name])) for name in RAW_KNOBS if name in point]
+
 
 # Derived values: computed from the raw knobs by the space's rules, never searched.
 EFFECTIVE_BATCH_SIZE: Final = "effective_batch_size"

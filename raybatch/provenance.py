@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from raybatch.errors import ConfigError, Issue
+from raybatch.keys import KnobPoint
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ class Provenance:
     runner_up: dict[str, Any] | None = None
     compared: dict[str, dict[str, Any]] | None = None
     search_cost: dict[str, Any] | None = None
-    baseline_point: dict[str, Any] | None = None
-    reference_point: dict[str, Any] | None = None
+    baseline_point: KnobPoint | None = None
+    reference_point: KnobPoint | None = None
     prior: dict[str, Any] | None = None
     retargeted: Retargeted | None = None
     amp_recorded: bool = field(default=False, compare=False)

@@ -14,10 +14,11 @@ import html
 import math
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
 from raybatch.export import BEST_YAML
+from raybatch.keys import KnobPoint, knob_items
 from raybatch.memory.sizes import format_bytes
 from raybatch.metric import Target
 from raybatch.results.outcome import no_winner_reason
@@ -170,22 +171,25 @@ def _plot_predicted(rows: list[TrialRow], out: Path, winner: list[TrialRow]) -> 
     return True
 
 
-def _compared_points(result: SearchResult) -> list[tuple[str, dict[str, Any] | None]]:
+def _compared_points(result: SearchResult) -> list[tuple[str, KnobPoint | None]]:
     """The recipes the verdict compares the winner with, as the table and the bars name them:
     the largest batch at its best swept LR (where it is neither the winner nor the rule's
     LR), at the rule's LR, and the reference."""
     tuned = None
     if result.best is not None:
         compared = (result.best.provenance.compared or {}).get("max_batch_tuned") or {}
-        knobs: dict[str, Any] = {k: compared[k] for k in keys.RAW_KNOBS if k in compared}
-        at_rule = result.baseline or {}
+        knobs = cast(KnobPoint, {k: compared[k] for k in keys.RAW_KNOBS if k in compared})
+        at_rule = result.baseline or KnobPoint()
         if knobs and not compared.get("is_winner") and not runs_point(knobs, at_rule):
             tuned = knobs
-    points = [("max batch, best LR", tuned), ("max batch", result.baseline)]
+    points: list[tuple[str, KnobPoint | None]] = [
+        ("max batch, best LR", tuned),
+        ("max batch", result.baseline),
+    ]
     return [*[p for p in points if p[1] is not None], ("reference", result.reference)]
 
 
-def _matching(rows: list[TrialRow], knobs: dict[str, Any] | None) -> list[TrialRow]:
+def _matching(rows: list[TrialRow], knobs: KnobPoint | None) -> list[TrialRow]:
     if knobs is None:
         return []
 
@@ -195,11 +199,11 @@ def _matching(rows: list[TrialRow], knobs: dict[str, Any] | None) -> list[TrialR
     return confirmed or [r for r in same if r.phase == keys.PHASE_SEARCH]
 
 
-def _is_point(knobs: dict[str, Any], point: dict[str, Any]) -> bool:
+def _is_point(knobs: dict[str, Any], point: KnobPoint) -> bool:
     """A seeded point (integer knobs at the rule's LR), or a whole recipe's raw knobs."""
     if keys.LR_MULTIPLIER not in point:
         return runs_point(knobs, point)
-    return all(math.isclose(float(knobs[k]), float(v), rel_tol=1e-9) for k, v in point.items())
+    return all(math.isclose(float(knobs[k]), v, rel_tol=1e-9) for k, v in knob_items(point))
 
 
 def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:

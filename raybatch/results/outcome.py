@@ -9,6 +9,7 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.export import BestConfig
+from raybatch.keys import KnobPoint
 from raybatch.results.rows import TrialRow
 from raybatch.status import TrialStatus
 
@@ -20,8 +21,8 @@ class SearchResult:
     run_dir: Path
     rows: list[TrialRow]
     best: BestConfig | None
-    baseline: dict[str, Any] | None = None
-    reference: dict[str, Any] | None = None
+    baseline: KnobPoint | None = None
+    reference: KnobPoint | None = None
     notes: list[str] = field(default_factory=list)
 
 

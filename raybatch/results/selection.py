@@ -14,6 +14,7 @@ from typing import Any
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue
 from raybatch.export import BestConfig
+from raybatch.keys import KnobPoint, knob_items
 from raybatch.metric import Target
 from raybatch.provenance import Provenance
 from raybatch.results.cost import search_cost
@@ -35,7 +36,7 @@ def same_knobs(row: TrialRow, others: list[TrialRow]) -> bool:
     return any(_knobs(row) == _knobs(o) for o in others)
 
 
-def runs_point(knobs: Mapping[str, Any], point: dict[str, Any]) -> bool:
+def runs_point(knobs: Mapping[str, Any], point: KnobPoint) -> bool:
     """Whether raw ``knobs`` (a row's :meth:`~TrialRow.knob_dict`, a recipe's ``to_dict()``)
     are the seeded ``point`` (the max-batch baseline or the reference).
 
@@ -43,13 +44,13 @@ def runs_point(knobs: Mapping[str, Any], point: dict[str, Any]) -> bool:
     from ``trials.csv`` carry floats through text, hence a relative tolerance, not ``==``.
     """
     return (
-        all(int(knobs[k]) == int(v) for k, v in point.items())
+        all(int(knobs[k]) == int(v) for k, v in knob_items(point))
         and math.isclose(float(knobs[keys.LR_MULTIPLIER]), 1.0, rel_tol=1e-9)
         and math.isclose(float(knobs[keys.WEIGHT_DECAY_MULTIPLIER]), 1.0, rel_tol=1e-9)
     )
 
 
-def comparison_rows(rows: list[TrialRow], *points: dict[str, Any] | None) -> list[TrialRow]:
+def comparison_rows(rows: list[TrialRow], *points: KnobPoint | None) -> list[TrialRow]:
     """The search rows of the baseline and reference points (LR and WD multipliers 1)."""
     out: list[TrialRow] = []
     for point in points:
@@ -122,8 +123,8 @@ def _first(rows: list[TrialRow]) -> TrialRow | None:
 def comparisons(
     rows: list[TrialRow],
     winner: Measured,
-    baseline: dict[str, Any] | None,
-    reference: dict[str, Any] | None,
+    baseline: KnobPoint | None,
+    reference: KnobPoint | None,
     raced: list[Measured] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The winner against the simple alternatives, each from its search run: the largest batch
@@ -137,7 +138,7 @@ def comparisons(
     out: dict[str, dict[str, Any]] = {}
     tuned: TrialRow | None = None
     if baseline is not None:
-        knobs = baseline.items()
+        knobs = knob_items(baseline)
         at_batch = [r for r in searched if all(int(r.knob_dict()[k]) == int(v) for k, v in knobs)]
         reached = sorted((r for r in at_batch if r.reached), key=_time)
         stopped = sorted(at_batch, key=lambda r: -(r.train_s or 0.0))

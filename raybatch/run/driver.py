@@ -35,6 +35,7 @@ from raybatch.errors import (
     TrialsFailedError,
 )
 from raybatch.export import write_best
+from raybatch.keys import KnobPoint
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.metric import Target, resolve_target
 from raybatch.provenance import Provenance
@@ -219,8 +220,8 @@ class _Plan:
     hardware: str
     budget: int | None
     estimator: MemoryEstimator | None
-    baseline: dict[str, Any]
-    reference: dict[str, Any] | None
+    baseline: KnobPoint
+    reference: KnobPoint | None
     searcher: RaybatchSearcher
     resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
     notes: list[str] = field(default_factory=list)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
+from raybatch.keys import KnobPoint, knob_items
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.config import TrialConfig
@@ -57,16 +58,16 @@ class Plan:
     def __init__(
         self,
         space: SearchSpace,
-        opening: Sequence[dict[str, Any]] = (),
+        opening: Sequence[KnobPoint] = (),
         ladder: Ladder | None = None,
-        baseline: dict[str, Any] | None = None,
+        baseline: KnobPoint | None = None,
     ) -> None:
         self.space = space
         self._record: SearchStudy | None = None  # the searcher's, given by attach()
         self.ladder = ladder
-        self.opening = [dict(p) for p in opening]
-        self._to_queue = [dict(p) for p in opening]  # queued in the study once, when it is new
-        self._baseline = dict(baseline) if baseline is not None else None
+        self.opening = [p.copy() for p in opening]
+        self._to_queue = [p.copy() for p in opening]  # queued in the study once, when it is new
+        self._baseline = baseline.copy() if baseline is not None else None
         self.sweep: set[int] | None = None
         self.opening_number: dict[int, int] = {}  # Optuna trial number -> opening index
         self.opening_time: dict[int, float | None] = {}  # opening index -> time to target
@@ -159,16 +160,17 @@ class Plan:
             self.record.queue_ladder(self.ladder.points(self.best_multiplier(), self.baseline))
 
     @property
-    def baseline(self) -> dict[str, Any]:
+    def baseline(self) -> KnobPoint:
         """The largest batch that fits (its integer knobs): the opening's first point, or the
         smaller one that replaced it after it ran out of memory."""
         stored = self.record.baseline()
         if stored is not None:
-            return {**(self._baseline or {}), **stored}
+            merged: KnobPoint = {**(self._baseline or KnobPoint()), **stored}
+            return merged
         if self._baseline is not None:
-            return dict(self._baseline)
-        first = self.opening[0] if self.opening else {}
-        return {k: v for k, v in first.items() if k in keys.RAW_KNOBS[:3]}
+            return self._baseline.copy()
+        first = self.opening[0] if self.opening else KnobPoint()
+        return cast(KnobPoint, {k: v for k, v in first.items() if k in keys.RAW_KNOBS[:3]})
 
     def sweep_indices(self) -> set[int]:
         """The opening's indices of the largest batch's LR sweep (fixed when first asked, so a
@@ -177,11 +179,12 @@ class Plan:
             self.sweep = {i for i, p in enumerate(self.opening) if self.at_baseline(p)}
         return self.sweep
 
-    def at_baseline(self, point: dict[str, Any]) -> bool:
+    def at_baseline(self, point: KnobPoint) -> bool:
         """Whether an opening point runs the largest batch. A knob the point leaves out is one
         the space does not search (a single choice, e.g. ``world_size`` [1]): it is the
         baseline's by construction, so only the knobs the point names are compared."""
-        return all(point.get(k, v) == v for k, v in self.baseline.items())
+        named = dict(knob_items(point))
+        return all(named.get(k, v) == v for k, v in knob_items(self.baseline))
 
     def best_multiplier(self) -> float:
         """The LR multiplier that reached the target fastest at the largest batch (1.0 when
@@ -209,9 +212,9 @@ class Plan:
         self.record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: smaller[
             keys.MICRO_BATCH_SIZE]})  # fmt: skip
         self.opening = [*self.opening[:i], smaller, *self.opening[i + 1 :]]
-        self.record.study.enqueue_trial(smaller)
+        self.record.study.enqueue_trial(dict(smaller))
 
-    def _smaller(self, point: dict[str, Any]) -> dict[str, Any] | None:
+    def _smaller(self, point: KnobPoint) -> KnobPoint | None:
         micro = point.get(keys.MICRO_BATCH_SIZE)
         below = [m for m in self.space.search.micro_batch_size if micro is not None and m < micro]
         return {**point, keys.MICRO_BATCH_SIZE: max(below)} if below else None

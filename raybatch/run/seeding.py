@@ -17,39 +17,39 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.errors import RaybatchError
+from raybatch.keys import KnobPoint
 from raybatch.memory.sizes import format_bytes
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 
 
-def searched_knobs(space: SearchSpace, knobs: dict[str, Any]) -> dict[str, Any]:
+def searched_knobs(space: SearchSpace, knobs: KnobPoint) -> KnobPoint:
     """Only the knobs Optuna samples (single-choice knobs are constants, not parameters)."""
     s = space.search
-    out = {}
-    for name, choices in (
-        (keys.MICRO_BATCH_SIZE, s.micro_batch_size),
-        (keys.ACCUMULATION_STEPS, s.accumulation_steps),
-        (keys.WORLD_SIZE, s.world_size),
-    ):
-        if len(choices) > 1:
-            out[name] = knobs[name]
-    for name, rng in (
-        (keys.LR_MULTIPLIER, s.lr_multiplier),
-        (keys.WEIGHT_DECAY_MULTIPLIER, s.weight_decay_multiplier),
-    ):
-        if rng is not None and rng.low < rng.high:
-            out[name] = min(max(knobs.get(name, 1.0), rng.low), rng.high)
+    out = KnobPoint()
+    if len(s.micro_batch_size) > 1:
+        out["micro_batch_size"] = knobs["micro_batch_size"]
+    if len(s.accumulation_steps) > 1:
+        out["accumulation_steps"] = knobs["accumulation_steps"]
+    if len(s.world_size) > 1:
+        out["world_size"] = knobs["world_size"]
+    lr, wd = s.lr_multiplier, s.weight_decay_multiplier
+    if lr is not None and lr.low < lr.high:
+        out["lr_multiplier"] = min(max(knobs.get("lr_multiplier", 1.0), lr.low), lr.high)
+    if wd is not None and wd.low < wd.high:
+        multiplier = knobs.get("weight_decay_multiplier", 1.0)
+        out["weight_decay_multiplier"] = min(max(multiplier, wd.low), wd.high)
     return out
 
 
-def reference_point(space: SearchSpace) -> dict[str, Any] | None:
+def reference_point(space: SearchSpace) -> KnobPoint | None:
     """The reference recipe as raw knobs of the space (micro x accumulation = its batch)."""
     s = space.search
     batch = space.reference.batch_size
     for micro in sorted(s.micro_batch_size, reverse=True):
         if batch % micro == 0 and batch // micro in s.accumulation_steps and 1 in s.world_size:
-            return {keys.MICRO_BATCH_SIZE: micro, keys.ACCUMULATION_STEPS: batch // micro,
-                    keys.WORLD_SIZE: 1}  # fmt: skip
+            return KnobPoint(micro_batch_size=micro, accumulation_steps=batch // micro,
+                             world_size=1)  # fmt: skip
     return None
 
 
@@ -68,18 +68,18 @@ def budget_check(
     return fits
 
 
-def max_batch_point(space: SearchSpace, fits: Callable[[TrialConfig], bool]) -> dict[str, Any]:
+def max_batch_point(space: SearchSpace, fits: Callable[[TrialConfig], bool]) -> KnobPoint:
     """The "largest batch that fits" baseline: biggest fitting micro batch, accumulation 1."""
     s = space.search
     world = 1 if 1 in s.world_size else min(s.world_size)
     accumulation = 1 if 1 in s.accumulation_steps else min(s.accumulation_steps)
     for micro in sorted(s.micro_batch_size, reverse=True):
-        knobs = {keys.MICRO_BATCH_SIZE: micro, keys.ACCUMULATION_STEPS: accumulation,
-                 keys.WORLD_SIZE: world}  # fmt: skip
-        if fits(space.derive(**knobs)):
+        knobs = KnobPoint(micro_batch_size=micro, accumulation_steps=accumulation,
+                          world_size=world)  # fmt: skip
+        if fits(space.derive(micro, accumulation, world)):
             return knobs
-    return {keys.MICRO_BATCH_SIZE: min(s.micro_batch_size), keys.ACCUMULATION_STEPS: accumulation,
-            keys.WORLD_SIZE: world}  # fmt: skip
+    return KnobPoint(micro_batch_size=min(s.micro_batch_size), accumulation_steps=accumulation,
+                     world_size=world)  # fmt: skip
 
 
 def nothing_fits(
@@ -118,8 +118,8 @@ def lr_sweep(space: SearchSpace) -> list[float]:
 
 
 def opening_points(
-    space: SearchSpace, baseline: dict[str, Any], reference: dict[str, Any] | None
-) -> list[dict[str, Any]]:
+    space: SearchSpace, baseline: KnobPoint, reference: KnobPoint | None
+) -> list[KnobPoint]:
     """What every search runs first, as the searched knobs Optuna is given: the largest batch at
     the rule's LR and at twice it, the reference recipe, then the largest batch at the sweep's
     other LRs (:func:`lr_sweep`).
@@ -132,9 +132,9 @@ def opening_points(
     largest batch never reached the target, four trials ran to the time cap. Run second, beside
     the largest batch at a rule's LR too low, both crawled uncapped (the simulated family's
     ``rule_lr_too_low``: 6x the compute)."""
-    sweep = [{**baseline, keys.LR_MULTIPLIER: m} for m in lr_sweep(space)]
+    sweep: list[KnobPoint] = [{**baseline, "lr_multiplier": m} for m in lr_sweep(space)]
     points = [*sweep[:2], *([reference] if reference is not None else []), *sweep[2:]]
-    out: list[dict[str, Any]] = []
+    out: list[KnobPoint] = []
     for p in points:
         knobs = searched_knobs(space, p)
         if knobs not in out:
@@ -187,7 +187,7 @@ class Ladder:
     def fits(self, recipe: TrialConfig) -> bool:
         return budget_check(self.estimator, self.budget_bytes)(recipe)
 
-    def recipes(self, baseline: dict[str, Any]) -> list[TrialConfig]:
+    def recipes(self, baseline: KnobPoint) -> list[TrialConfig]:
         """The ladder's recipes at the rule's LR, best first, one per effective batch, none at
         the ``baseline``'s (the largest batch, already swept)."""
         s = self.space.search
@@ -217,7 +217,7 @@ class Ladder:
                 break
         return out
 
-    def points(self, multiplier: float, baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    def points(self, multiplier: float, baseline: KnobPoint) -> list[KnobPoint]:
         """The second stage's searched knobs: each ladder batch bracketed by two LRs.
 
         The best LR of a smaller batch lies between two carries of the largest batch's best
@@ -240,12 +240,11 @@ class Ladder:
                 chosen.append((r, constant))
         if recipes and len(chosen) == len(recipes):  # no rule: bracket the first batch's LR
             chosen += [(recipes[0], multiplier * 2), (recipes[0], multiplier / 2)]
-        out: list[dict[str, Any]] = []
+        out: list[KnobPoint] = []
         for r, m in chosen:
-            knobs = {keys.MICRO_BATCH_SIZE: r.micro_batch_size,
-                     keys.ACCUMULATION_STEPS: r.accumulation_steps,
-                     keys.WORLD_SIZE: r.world_size,
-                     keys.LR_MULTIPLIER: min(max(m, low), high)}  # fmt: skip
+            knobs = KnobPoint(micro_batch_size=r.micro_batch_size,
+                              accumulation_steps=r.accumulation_steps, world_size=r.world_size,
+                              lr_multiplier=min(max(m, low), high))  # fmt: skip
             point = searched_knobs(self.space, knobs)
             if point not in out:
                 out.append(point)

@@ -20,10 +20,11 @@ import math
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
+from raybatch.keys import KnobPoint
 from raybatch.results.rows import TrialRow
 from raybatch.space.config import TrialConfig
 from raybatch.status import WORKLOAD_RAN, TrialStatus
@@ -191,11 +192,11 @@ class SearchStudy:
         if self.storage_url is None and storage is not None:
             self.memory_storage, self._study = storage, None
 
-    def enqueue_if_new(self, points: list[dict[str, Any]]) -> None:
+    def enqueue_if_new(self, points: list[KnobPoint]) -> None:
         """Queue points to run first, once: only while the study has no trial."""
         if points and not self.study.get_trials(deepcopy=False):
             for point in points:
-                self.study.enqueue_trial(point, skip_if_exists=True)
+                self.study.enqueue_trial(dict(point), skip_if_exists=True)
 
     # ------------------------------------------------------------------ the searcher's side
 
@@ -329,10 +330,10 @@ class SearchStudy:
     def ladder_queued(self) -> bool:
         return bool(self.study.user_attrs.get(LADDER_ATTR, False))
 
-    def queue_ladder(self, points: list[dict[str, Any]]) -> None:
+    def queue_ladder(self, points: list[KnobPoint]) -> None:
         """Queue the plan's second stage, once."""
         for point in points:
-            self.study.enqueue_trial(point, skip_if_exists=True)
+            self.study.enqueue_trial(dict(point), skip_if_exists=True)
         self.study.set_user_attr(LADDER_ATTR, True)
 
     def queued(self) -> bool:
@@ -342,7 +343,7 @@ class SearchStudy:
         waiting = (optuna.trial.TrialState.WAITING,)
         return bool(self.study.get_trials(deepcopy=False, states=waiting))
 
-    def has_run(self, params: dict[str, Any]) -> bool:
+    def has_run(self, params: KnobPoint) -> bool:
         """Whether a trial with exactly these parameters was asked already."""
         return any(
             all(t.params.get(k) == v for k, v in params.items())
@@ -350,13 +351,13 @@ class SearchStudy:
             if t.params
         )
 
-    def set_baseline(self, knobs: dict[str, Any]) -> None:
+    def set_baseline(self, knobs: KnobPoint) -> None:
         self.study.set_user_attr(BASELINE_ATTR, knobs)
 
-    def baseline(self) -> dict[str, Any] | None:
+    def baseline(self) -> KnobPoint | None:
         """The largest batch that fits, as the search found it (``None``: as planned)."""
         stored = self.study.user_attrs.get(BASELINE_ATTR)
-        return dict(stored) if stored is not None else None
+        return cast(KnobPoint, dict(stored)) if stored is not None else None
 
     def start_confirmation(self) -> None:
         """A race starts: the study beside this one holds its runs only. A race interrupted
