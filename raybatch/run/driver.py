@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,6 +224,7 @@ class _Plan:
     baseline: KnobPoint
     reference: KnobPoint | None
     searcher: RaybatchSearcher
+    trainable: Callable[[dict[str, Any]], Any]  # raybatch.trainable's: it carries the settings
     resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
     notes: list[str] = field(default_factory=list)
     in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
@@ -290,8 +292,8 @@ def _plan(
     resourced = with_resources(fn, gpus, options.cpus_per_trial, estimator=estimator)
     hardware = view.describe(cuda)
     return _Plan(
-        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, resourced, notes,
-        view.trials_at_once(gpus, options.cpus_per_trial),
+        gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, fn, resourced,
+        notes, view.trials_at_once(gpus, options.cpus_per_trial),
     )  # fmt: skip
 
 
@@ -368,13 +370,10 @@ def _execute(
     notes = plan.notes = [*(notes or []), *plan.notes]
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
 
-    scheduler = CappingScheduler(
-        options.slack,
-        enabled=options.capping,
-        hang_after_s=options.max_time_s + options.hang_grace_s,
+    scheduler = CappingScheduler.for_trainable(
+        plan.trainable, options.hang_grace_s, slack=options.slack, enabled=options.capping,
         level_slack=options.level_slack,
-        mode=target.mode,
-    )
+    )  # fmt: skip
     tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
     progress.info(f"searching: {options.trials} trials, {plan.in_flight} at a time: the largest"
                   " batch at a few LRs and the reference, then the batches the time model"

@@ -160,12 +160,14 @@ class CappingScheduler(FIFOScheduler):
         self._incumbent: Trajectory | None = None
 
     @classmethod
-    def for_trainable(cls, trainable: Callable[..., Any], **kwargs: Any) -> CappingScheduler:
+    def for_trainable(
+        cls, trainable: Callable[..., Any], hang_grace_s: float = HANG_GRACE_S, **kwargs: Any
+    ) -> CappingScheduler:
         """The scheduler for a :func:`raybatch.trainable`: its target's direction, and a trial
-        silent for the trainable's ``max_time_s`` plus :data:`~raybatch.status.HANG_GRACE_S`
-        counts as hung. ``kwargs`` are this class's other arguments (``slack``, ...)."""
+        silent for the trainable's ``max_time_s`` plus ``hang_grace_s`` counts as hung.
+        ``kwargs`` are this class's other arguments (``slack``, ...)."""
         settings = parts_of(trainable).settings
-        kwargs.setdefault("hang_after_s", settings.max_time_s + HANG_GRACE_S)
+        kwargs.setdefault("hang_after_s", settings.max_time_s + hang_grace_s)
         kwargs.setdefault("mode", settings.target.mode)
         return cls(**kwargs)
 
