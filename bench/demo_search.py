@@ -22,6 +22,7 @@ from provenance import measured_at, write_result
 
 from raybatch import keys
 from raybatch.results.rows import TrialRow, stored_rows
+from raybatch.run.rundir import read_run
 
 RESULTS = Path(__file__).parent / "results" / "demo_search.json"
 ARGS = ["raybatch.examples.tabular:workload", "--target", "accuracy>=0.87", "--trials", "12",
@@ -56,7 +57,7 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
     wall = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     best = json.loads((run_dir / "best_config.json").read_text())
-    rows = stored_rows(run_dir)
+    rows = stored_rows(run_dir, read_run(run_dir).space)
     winner = {k: best["config"][k] for k in keys.RAW_KNOBS}
     data = {
         "benchmark": "demo_search",

@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from raybatch.results.rows import stored_rows
-from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
+from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME, read_run
 from raybatch.run.study import STATUS_ATTR
 
 from .conftest import start_emulated_cluster
@@ -91,7 +91,7 @@ def test_a_node_that_dies_mid_search_loses_nothing_finished_and_counts_nothing_t
     # The node's death reached a running trial (which Tune then retried or recorded).
     log = (run_dir / "search.log").read_text()
     assert re.search(r"failed: (Actor|Node|Worker)\w*Error", log), log[-3000:]
-    rows = [r for r in stored_rows(run_dir) if r.phase == "search"]
+    rows = [r for r in stored_rows(run_dir, read_run(run_dir).space) if r.phase == "search"]
     ids = [r.trial_id for r in rows]
     assert len(ids) == len(set(ids)) == trials  # every trial once, the total asked
     assert all(r.reason for r in rows if r.status.value == "error")  # lost, with a reason

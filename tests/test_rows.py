@@ -11,7 +11,7 @@ import pytest
 
 import raybatch
 from raybatch import keys
-from raybatch.errors import ConfigError, RunDirError
+from raybatch.errors import RunDirError
 from raybatch.metric import Target
 from raybatch.results.rows import (
     COLUMNS,
@@ -73,21 +73,26 @@ def test_trials_csv_round_trips_every_row_exactly(tmp_path: Path) -> None:
         assert tuple(next(csv.reader(f))) == COLUMNS  # the columns are the row's fields
     text = read_trials_csv(tmp_path / TRIALS_CSV)
     assert text[0]["status"] == "reached" and text[0]["trial_id"] == "00012e45"
-    back = stored_rows(tmp_path)
+    back = stored_rows(tmp_path, SPACE)
     assert back == rows  # a Tune id that looks like a number (00012e45) stays text
     assert status_counts(back) == {"reached": 1, "prescreened_out": 1}  # confirmations apart
 
 
-def test_a_row_read_back_holds_columns_and_gets_its_recipe_only_under_the_space(
+def test_a_row_read_back_holds_the_recipe_it_recorded_not_one_derived_again(
     tmp_path: Path,
 ) -> None:
+    """The recipe is held once, flattened into its columns only in the file; read back, it is
+    the recipe as it ran, even under a space edited since (its rules would derive another)."""
     rows = _rows()
     write_trials_csv(tmp_path / TRIALS_CSV, rows)
-    back = stored_rows(tmp_path)
-    assert "config" not in COLUMNS and all(r.config is None for r in back)
-    assert [r.derived_under(SPACE).config for r in back] == [r.config for r in rows]
-    with pytest.raises(ConfigError, match="carries no recipe"):
-        choose_winner(Target(0.97), back, confirmed=False)
+    back = stored_rows(tmp_path, SPACE)
+    assert "config" not in COLUMNS and [r.config for r in back] == [r.config for r in rows]
+    edited = SPACE.model_copy(update={"reference": SPACE.reference.model_copy(update={"lr": 1.0})})
+    again = stored_rows(tmp_path, edited)
+    assert [r.config.lr for r in again] == [r.config.lr for r in rows]  # as measured
+    assert edited.derive(32, 2, 1, 1.3).lr != rows[0].config.lr
+    best = choose_winner(Target(0.97), back, confirmed=False)
+    assert best is not None and best.config == rows[0].config
 
 
 def test_a_csv_without_a_column_raybatch_writes_is_refused_as_damaged(tmp_path: Path) -> None:
@@ -97,7 +102,7 @@ def test_a_csv_without_a_column_raybatch_writes_is_refused_as_damaged(tmp_path: 
         writer.writeheader()
         writer.writerow(_rows()[0].to_csv())
     with pytest.raises(RunDirError, match="its header lacks elapsed_to_target_s, predicted_time_s"):
-        stored_rows(tmp_path)
+        stored_rows(tmp_path, SPACE)
 
 
 def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:
@@ -105,7 +110,7 @@ def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:
     text = (tmp_path / TRIALS_CSV).read_text().replace("prescreened_out", "fitted", 1)
     (tmp_path / TRIALS_CSV).write_text(text)
     with pytest.raises(RunDirError) as caught:
-        stored_rows(tmp_path)
+        stored_rows(tmp_path, SPACE)
     assert "trials.csv" in str(caught.value) and "line 3" in str(caught.value)
     assert "'fitted' is not a valid TrialStatus" in str(caught.value)
 
@@ -117,13 +122,13 @@ def test_cells_read_back_exactly_or_are_refused_by_line(tmp_path: Path) -> None:
     row = _rows()[2]
     big = dataclasses.replace(row, seed=2**60 + 1)
     write_trials_csv(tmp_path / TRIALS_CSV, [big])
-    assert stored_rows(tmp_path)[0].seed == 2**60 + 1
+    assert stored_rows(tmp_path, SPACE)[0].seed == 2**60 + 1
     cells = {**row.to_csv(), "samples_to_target": "1e5"}
-    back = TrialRow.from_csv({k: "" if v is None else str(v) for k, v in cells.items()})
+    back = TrialRow.from_csv({k: "" if v is None else str(v) for k, v in cells.items()}, SPACE)
     assert back.status is row.status and back.samples_to_target == 100000
     with pytest.raises(ValueError, match="None is not a valid TrialStatus"):
         TrialRow.from_csv(
-            {k: "" if v is None else str(v) for k, v in {**cells, "status": ""}.items()}
+            {k: "" if v is None else str(v) for k, v in {**cells, "status": ""}.items()}, SPACE
         )
     for bad, why in (("12.7", "not a whole number"), ("inf", "")):
         cells = {**row.to_csv(), "samples_to_target": bad}
@@ -132,6 +137,6 @@ def test_cells_read_back_exactly_or_are_refused_by_line(tmp_path: Path) -> None:
             writer.writeheader()
             writer.writerow(cells)
         with pytest.raises(RunDirError, match="line 2") as caught:
-            stored_rows(tmp_path)
+            stored_rows(tmp_path, SPACE)
         assert why in str(caught.value)
     assert "seed" in COLUMNS and "val_accuracy" not in COLUMNS

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import Issue, RunDirError
+from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 
 if TYPE_CHECKING:
-    from raybatch.space.config import TrialConfig
     from raybatch.space.search_space import SearchSpace
 
 TRIALS_CSV = "trials.csv"
@@ -31,8 +31,10 @@ TRIALS_CSV = "trials.csv"
 
 @dataclass(frozen=True)
 class TrialRow:
-    """A trial's recipe and what it measured; the field names are ``trials.csv``'s columns
-    (and :mod:`raybatch.keys`'s names), all but :attr:`config`, the recipe itself.
+    """A trial's recipe and what it measured. The recipe is held once, in :attr:`config`; its
+    columns in ``trials.csv`` (the knobs and the derived values, :data:`RECIPE_COLUMNS`) are
+    read from it, and the other fields are the file's other columns, by the same names
+    (:mod:`raybatch.keys`'s).
 
     ``time_to_target_s`` is the objective (training only); ``elapsed_to_target_s`` is the same
     moment with evaluation counted, as the objective was before, kept for comparison.
@@ -44,16 +46,10 @@ class TrialRow:
     phase: str
     trial_id: str
     status: TrialStatus
-    micro_batch_size: int
-    accumulation_steps: int
-    world_size: int
-    lr_multiplier: float
-    weight_decay_multiplier: float
-    effective_batch_size: int
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    lr_scale: float
+    config: TrialConfig = field(repr=False)
+    """The recipe itself: the searcher's, carried through Tune's config and back, so that what
+    follows the search reads the record it measured instead of deriving it again; a row read
+    back from ``trials.csv`` gets the one its columns recorded (:func:`recorded_recipe`)."""
     time_to_target_s: float | None = None
     elapsed_to_target_s: float | None = None
     samples_to_target: int | None = None
@@ -71,11 +67,6 @@ class TrialRow:
     seed: int | None = None
     predicted_time_s: float | None = None
     reason: str | None = None
-    config: TrialConfig | None = field(default=None, compare=False, repr=False)
-    """The recipe itself, not a column: on a row built from one (the searcher's, carried
-    through Tune's config and back), so that what follows the search reads the record it
-    measured instead of deriving it again. A row read back from ``trials.csv`` has its columns
-    only; :meth:`derived_under` gives it its recipe again."""
 
     @classmethod
     def of(
@@ -87,16 +78,13 @@ class TrialRow:
         Raises:
             TypeError: A figure that is not a column (a misspelt name is never dropped).
         """
-        unknown = sorted(set(figures) - set(COLUMNS))
+        unknown = sorted(set(figures) - set(_FIGURES))
         if unknown:
             raise TypeError(f"not columns of a trial row: {unknown}")
         if not isinstance(status, TrialStatus):
             raise TypeError(f"status must be a TrialStatus, got {status!r}")
-        recipe_cells = {k: getattr(recipe, k) for k in _RECIPE_COLUMNS}
         named = {keys.PHASE: phase, keys.TRIAL_ID: trial_id, keys.STATUS: status}
-        return dataclasses.replace(
-            _converted(cls, {**figures, **named, **recipe_cells}), config=recipe
-        )
+        return cls(config=recipe, **_converted({**figures, **named}))
 
     @classmethod
     def from_result(
@@ -115,40 +103,117 @@ class TrialRow:
                       **{k: metrics.get(k) for k in REPORTED}, **extra)  # fmt: skip
 
     @classmethod
-    def from_csv(cls, cells: Mapping[str, str]) -> TrialRow:
-        """A ``trials.csv`` row, typed again (empty cells: ``None``)."""
-        return _converted(cls, {k: (None if v == "" else v) for k, v in cells.items()})
+    def from_csv(cls, cells: Mapping[str, str], space: SearchSpace) -> TrialRow:
+        """A ``trials.csv`` row, typed again (empty cells: ``None``), its recipe the one its
+        columns recorded under ``space``'s constants (:func:`recorded_recipe`)."""
+        values = {k: (None if v == "" else v) for k, v in cells.items()}
+        recipe_cells = {k: _cell(k, values.get(k)) for k in RECIPE_COLUMNS}
+        return cls(config=recorded_recipe(space, recipe_cells), **_converted(values))
 
     def to_csv(self) -> dict[str, Any]:
-        """The CSV cells (the status as its string)."""
+        """The CSV cells (the status as its string, the recipe flattened into its columns)."""
         cells = {k: getattr(self, k) for k in COLUMNS}
         cells[keys.STATUS] = self.status.value
         return cells
 
+    # The recipe's columns, read from the recipe (held once).
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.config.micro_batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.config.accumulation_steps
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def lr_multiplier(self) -> float:
+        return self.config.lr_multiplier
+
+    @property
+    def weight_decay_multiplier(self) -> float:
+        return self.config.weight_decay_multiplier
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.config.effective_batch_size
+
+    @property
+    def lr(self) -> float:
+        return self.config.lr
+
+    @property
+    def weight_decay(self) -> float:
+        return self.config.weight_decay
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.config.warmup_steps
+
+    @property
+    def lr_scale(self) -> float:
+        return self.config.lr_scale
+
     @property
     def knobs(self) -> tuple[int, int, int, float, float]:
         """The raw knobs, in :data:`raybatch.keys.RAW_KNOBS` order: what identifies a recipe."""
+        c = self.config
         return (
-            self.micro_batch_size, self.accumulation_steps, self.world_size,
-            self.lr_multiplier, self.weight_decay_multiplier,
+            c.micro_batch_size, c.accumulation_steps, c.world_size,
+            c.lr_multiplier, c.weight_decay_multiplier,
         )  # fmt: skip
 
     def knob_dict(self) -> dict[str, Any]:
         """The raw knobs by name (a Tune config's, for :meth:`SearchSpace.derive_from`)."""
         return dict(zip(keys.RAW_KNOBS, self.knobs, strict=True))
 
-    def derived_under(self, space: SearchSpace) -> TrialRow:
-        """The row with its recipe (:attr:`config`): that of its knobs under ``space``'s
-        rules. For rows read back from ``trials.csv``, which keep the recipe's columns only."""
-        return dataclasses.replace(self, config=space.derive(*self.knobs))
-
     @property
     def reached(self) -> bool:
         return self.status is TrialStatus.REACHED
 
 
-COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRow) if f.name != "config")
-"""``trials.csv``'s columns, in order: :class:`TrialRow`'s fields but ``config``."""
+def recorded_recipe(space: SearchSpace, cells: Mapping[str, Any]) -> TrialConfig:
+    """The recipe a row recorded: its knobs and derived values as they ran (``cells``, the
+    :data:`RECIPE_COLUMNS`), with ``space``'s constants (its name, rules, optimizer and
+    reference). Not derived again, nor checked against the space's limits: the row says what
+    ran, and a space edited since would otherwise change it.
+
+    Raises:
+        ConfigError: A recorded value is missing or not of its kind.
+    """
+    ref = space.reference
+    scale = cells.get(keys.LR_SCALE)
+    values = {
+        **cells,
+        keys.WARMUP_SAMPLES: space.warmup_samples(scale) if isinstance(scale, float) else None,
+        "space": space.name, "lr_rule": space.rules.lr.value,
+        "weight_decay_rule": space.rules.weight_decay.value, keys.OPTIMIZER: ref.optimizer.value,
+        "reference_batch_size": ref.batch_size, "reference_lr": ref.lr,
+        "reference_weight_decay": ref.weight_decay,
+        keys.OPTIMIZER_KWARGS: dict(ref.optimizer_kwargs),
+    }  # fmt: skip
+    return TrialConfig.from_dict(values, "a trial row")
+
+
+RECIPE_COLUMNS: tuple[str, ...] = (
+    *keys.RAW_KNOBS, keys.EFFECTIVE_BATCH_SIZE, keys.LR, keys.WEIGHT_DECAY, keys.WARMUP_STEPS,
+    keys.LR_SCALE,
+)  # fmt: skip
+"""The recipe's columns in ``trials.csv``, flattened from :attr:`TrialRow.config`."""
+
+_FIGURES = tuple(
+    f.name
+    for f in dataclasses.fields(TrialRow)
+    if f.name not in ("phase", "trial_id", "status", "config")
+)
+"""The fields that are the trial's figures (all but its identity and its recipe)."""
+
+COLUMNS: tuple[str, ...] = (keys.PHASE, keys.TRIAL_ID, keys.STATUS, *RECIPE_COLUMNS, *_FIGURES)
+"""``trials.csv``'s columns, in order: the row's identity, its recipe's columns, its figures."""
 
 REPORTED = (
     keys.TIME_TO_TARGET_S, keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S,
@@ -158,10 +223,6 @@ REPORTED = (
 """The columns a trial's own reports fill (:mod:`raybatch.trial.reporting`), and the driver's
 ``objective`` and ``reason``; the seed, candidate and prediction are the driver's to add."""
 
-_RECIPE_COLUMNS = (
-    *keys.RAW_KNOBS, keys.EFFECTIVE_BATCH_SIZE, keys.LR, keys.WEIGHT_DECAY, keys.WARMUP_STEPS,
-    keys.LR_SCALE,
-)  # fmt: skip
 _INTS = frozenset(
     {keys.MICRO_BATCH_SIZE, keys.ACCUMULATION_STEPS, keys.WORLD_SIZE, keys.EFFECTIVE_BATCH_SIZE,
      keys.WARMUP_STEPS, keys.SAMPLES_TO_TARGET, keys.PEAK_MEMORY_BYTES, keys.CANDIDATE,
@@ -179,21 +240,25 @@ def plain_text(text: str) -> str:
     return _ANSI_ESCAPE.sub("", text)
 
 
-def _converted(cls: type[TrialRow], values: Mapping[str, Any]) -> TrialRow:
-    out: dict[str, Any] = {}
-    for name in COLUMNS:
-        value = values.get(name)
-        if name == keys.STATUS:
-            out[name] = TrialStatus(value)  # an empty or unknown status is damage
-        elif value is None:
-            out[name] = "" if name in (keys.PHASE, keys.TRIAL_ID) else None
-        elif name in _TEXTS:
-            out[name] = plain_text(str(value))
-        elif name in _INTS:
-            out[name] = _integer(name, value)
-        else:
-            out[name] = float(value)
-    return cls(**out)
+def _converted(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The row's identity and figures from ``values`` (text or numbers), typed."""
+    return {
+        name: _cell(name, values.get(name))
+        for name in (keys.PHASE, keys.TRIAL_ID, keys.STATUS, *_FIGURES)
+    }
+
+
+def _cell(name: str, value: Any) -> Any:
+    """One column's value, typed (the status a member; ``None`` stays ``None``)."""
+    if name == keys.STATUS:
+        return TrialStatus(value)  # an empty or unknown status is damage
+    if value is None:
+        return "" if name in (keys.PHASE, keys.TRIAL_ID) else None
+    if name in _TEXTS:
+        return plain_text(str(value))
+    if name in _INTS:
+        return _integer(name, value)
+    return float(value)
 
 
 def _integer(name: str, value: Any) -> int:
@@ -225,8 +290,9 @@ def read_trials_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def stored_rows(run_dir: Path) -> list[TrialRow]:
-    """The typed rows of a finished run's ``trials.csv``.
+def stored_rows(run_dir: Path, space: SearchSpace) -> list[TrialRow]:
+    """The typed rows of a finished run's ``trials.csv``, each with the recipe it recorded
+    under the run's ``space`` (:func:`recorded_recipe`).
 
     Raises:
         RunDirError: The search has not finished (no trials.csv), or a cell is malformed.
@@ -249,7 +315,7 @@ def stored_rows(run_dir: Path) -> list[TrialRow]:
     rows = []
     for line, cells in enumerate(cells_of_rows, start=2):
         try:
-            rows.append(TrialRow.from_csv(cells))
+            rows.append(TrialRow.from_csv(cells, space))
         except (ValueError, OverflowError) as exc:
             raise RunDirError([Issue(f"line {line}", _damaged(str(exc)))], str(path)) from None
     return rows

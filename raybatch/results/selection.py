@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import ConfigError, Issue
 from raybatch.export import BestConfig
 from raybatch.keys import KnobPoint, knob_items
 from raybatch.metric import Target
@@ -377,12 +376,7 @@ def choose_winner(
     (``prior``), ``baseline_point`` and ``reference_point`` (the largest batch as found and the
     reference, which the verdict compares with: ``compared``); without it, ``device`` is this
     machine's. The winner's recipe is
-    the one its rows carry (:attr:`TrialRow.config`); rows read back from ``trials.csv`` get
-    theirs with :meth:`TrialRow.derived_under` first.
-
-    Raises:
-        ConfigError: The winner's rows carry no recipe (rows read back and not derived, or
-            knobs the run's space now refuses).
+    the one its rows carry (:attr:`TrialRow.config`).
     """
     order = ranked(rows, confirmed)
     if not order:
@@ -390,10 +384,7 @@ def choose_winner(
     winner = order[0]
     first = winner.runs[0]
     searched = [r for r in rows if r.phase == keys.PHASE_SEARCH and same_knobs(r, [first])]
-    recipe = next((r.config for r in winner.runs if r.config is not None), None)
-    if recipe is None:
-        problem = "carries no recipe: derive the rows under the run's space (derived_under)"
-        raise ConfigError([Issue("recipe", problem)], f"trial {first.trial_id}")
+    recipe = winner.runs[0].config
     peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
     samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
     given = measured_on if measured_on is not None else Provenance(device=_device_name())

@@ -172,7 +172,7 @@ class RaceSearcher(Searcher):
                 return Searcher.FINISHED
             self.scheduler.forget_incumbent()  # capped against this seed's leader, no other
             self._queue = [
-                ({**_recipe_of(e).to_dict(), keys.CANDIDATE: i, keys.SEED: round_.seed}, e.trial_id)
+                ({**e.config.to_dict(), keys.CANDIDATE: i, keys.SEED: round_.seed}, e.trial_id)
                 for i, e in enumerate(round_.entrants)
             ]
             self._in_round = True
@@ -241,9 +241,6 @@ def run_race(
 
     Each run's config carries its recipe (:attr:`TrialRow.config`, the one the search
     measured), and its row carries it back: nothing is derived again here.
-
-    Raises:
-        ValueError: An entrant carries no recipe (a row read back from ``trials.csv``).
     """
     from ray import tune
 
@@ -252,7 +249,7 @@ def run_race(
     first = race.next_round()
     if first is None:  # decided already (or no seeds): no experiment at all
         return []
-    names = " and ".join(recipe(_recipe_of(e).to_dict()) for e in first.entrants)
+    names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
     log.info(f"confirming: {names} on up to {len(seeds)} fresh seed(s), one run at a time")
     scheduler = CappingScheduler(
         options.slack,
@@ -289,12 +286,6 @@ def run_race(
 
 def _time_of(row: TrialRow) -> float:
     return row.time_to_target_s if row.time_to_target_s is not None else math.inf
-
-
-def _recipe_of(candidate: TrialRow) -> TrialConfig:
-    if candidate.config is None:
-        raise ValueError(f"candidate {candidate.trial_id} carries no recipe to confirm")
-    return candidate.config
 
 
 def confirmation_seeds(options: SearchOptions) -> list[int]:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.errors import (
-    ConfigError,
     Issue,
     NothingFitsError,
     RaybatchError,
@@ -404,7 +403,7 @@ def _execute(
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
-    rows += _prescreened_rows(plan.searcher.record, space)
+    rows += _prescreened_rows(plan.searcher.record)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
         spent = search_cost(rows, 1.0).device_s
@@ -461,19 +460,15 @@ def _search_rows(results: Any, options: SearchOptions, at_level: dict[str, float
     return rows
 
 
-def _prescreened_rows(record: SearchStudy, space: SearchSpace) -> list[TrialRow]:
+def _prescreened_rows(record: SearchStudy) -> list[TrialRow]:
     """Pre-screened-out configs with the recipes the searcher derived, read back from the
-    study (so they survive a resume). A study written before raybatch kept those recipes has
-    only the knobs: they are derived under ``space``. A combination the space's rules refused
-    has no recipe to show: it is left out of the rows (the study keeps it, with its reason)."""
+    study (so they survive a resume). A combination the space's rules refused has no recipe to
+    show: it is left out of the rows (the study keeps it, with its reason)."""
     rows = []
     for p in record.prescreened():
         recipe = p.recipe
         if recipe is None:
-            try:
-                recipe = space.derive_from({**space.reference_config().to_dict(), **p.params})
-            except ConfigError:
-                continue
+            continue
         rows.append(
             TrialRow.of(
                 recipe,

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raybatch.errors import ConfigError, RaybatchError
+from raybatch.errors import RaybatchError
 from raybatch.export import BEST_YAML, BestConfig, load_best
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.provenance import Provenance
 from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
-from raybatch.results.rows import TrialRow, stored_rows
+from raybatch.results.rows import stored_rows
 from raybatch.results.selection import choose_winner
 from raybatch.run.rundir import read_run
 from raybatch.run.seeding import budget_check, max_batch_point, reference_point
-from raybatch.space.search_space import SearchSpace
 from raybatch.workload import load_workload
 
 
@@ -40,20 +39,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
             measured_on = load_best(path).provenance.measured_on()
         except RaybatchError:  # damaged: the rows alone choose the winner again
             measured_on = Provenance()
-    return choose_winner(target, _derived(space, stored_rows(path)), options.confirms, measured_on)
-
-
-def _derived(space: SearchSpace, rows: list[TrialRow]) -> list[TrialRow]:
-    """Stored rows with their recipes again. A row whose knobs the space now refuses (an
-    edited ``space.yaml``) keeps its columns only: it still counts, and should it win,
-    :func:`choose_winner` says that its recipe is missing."""
-    out = []
-    for r in rows:
-        try:
-            out.append(r.derived_under(space))
-        except ConfigError:
-            out.append(r)
-    return out
+    return choose_winner(target, stored_rows(path, space), options.confirms, measured_on)
 
 
 def rebuild_report(run_dir: str | Path) -> Path:
@@ -89,7 +75,7 @@ def stored_result(run_dir: str | Path) -> SearchResult:
     """
     run = read_run(run_dir)
     path, space = run.path, run.space
-    rows = stored_rows(path)
+    rows = stored_rows(path, space)
     best = load_best(path) if (path / BEST_YAML).is_file() else None
     baseline = best.provenance.baseline_point if best is not None else None
     return SearchResult(path, rows, best, baseline, reference_point(space))

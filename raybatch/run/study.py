@@ -410,7 +410,7 @@ class SearchStudy:
             SEARCH_TRIAL_ATTR: search_trial_id,
             TUNE_TRIAL_ID_ATTR: row.trial_id,
             TIME_TO_TARGET_ATTR: row.time_to_target_s,
-            CONFIG_ATTR: None if row.config is None else row.config.to_dict(),
+            CONFIG_ATTR: row.config.to_dict(),
         }
         self._confirmation.add_trial(
             optuna.trial.create_trial(

@@ -248,7 +248,7 @@ class SearchSpace(_Model):
         effective = m * a * w
         ratio = effective / ref.batch_size
         lr_scale = self.rules.lr.factor(ratio) * lr_mult
-        warmup_samples = self._warmup_samples(lr_scale)
+        warmup_samples = self.warmup_samples(lr_scale)
         return TrialConfig(
             space=self.name,
             micro_batch_size=m,
@@ -295,7 +295,7 @@ class SearchSpace(_Model):
         ref = self.reference
         ratio = effective / ref.batch_size
         lr_scale = self.rules.lr.factor(ratio) * lr_mult
-        warmup_samples = self._warmup_samples(lr_scale)
+        warmup_samples = self.warmup_samples(lr_scale)
         if lr_scale >= self.warmup.required_from_scale and warmup_samples == 0:
             issues.append(
                 Issue(
@@ -364,7 +364,8 @@ class SearchSpace(_Model):
 
     # ---------------------------------------------------------------- rules
 
-    def _warmup_samples(self, lr_scale: float) -> int:
+    def warmup_samples(self, lr_scale: float) -> int:
+        """Warmup length in samples at an LR scale (none at or below the rule's ``from_scale``)."""
         w = self.warmup
         if w.samples_per_scale == 0 or lr_scale <= w.from_scale:
             return 0
