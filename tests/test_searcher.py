@@ -21,7 +21,6 @@ from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
 from raybatch.run.study import STATUS_ATTR, SearchStudy, status_of
 from raybatch.space.search_space import SearchSpace
-from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.status import TrialStatus, final_status
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
@@ -166,19 +165,9 @@ def test_prescreened_rows_carry_the_recipes_the_searcher_derived_not_derived_aga
         raise AssertionError("a pre-screened recipe was derived a second time")
 
     monkeypatch.setattr(SearchSpace, "derive", derived_again)
-    rows = _prescreened_rows(searcher.record, SPACE)  # read back from the study, as after a resume
+    rows = _prescreened_rows(searcher.record)  # read back from the study, as after a resume
     assert rows and [r.config for r in rows] == expected
     assert all(r.status is TrialStatus.PRESCREENED_OUT and r.reason for r in rows)
-    # A study written before the recipe was kept has the knobs only: they are derived.
-    monkeypatch.undo()
-    plain = SPACE.derive(256).to_dict()
-    searcher.study.enqueue_trial({k: plain[k] for k in keys.RAW_KNOBS})
-    older = searcher.record.ask()
-    OptunaDefineByRun(SPACE, record=False)(older)  # the knobs, with the searcher's choices
-    searcher.record.reject(older, 1.0, 600.0, "kept out by an older raybatch", None)
-    [old_row] = [r for r in _prescreened_rows(searcher.record, SPACE) if r.trial_id.endswith(
-        f"_{older.number}")]  # fmt: skip
-    assert old_row.config == SPACE.derive(256) and old_row.reason == "kept out by an older raybatch"
 
 
 def test_the_sampler_learns_the_infeasible_region(tmp_path: Path) -> None:
@@ -638,7 +627,7 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     # The run's rows at the end leave them out (no recipe to show), instead of failing there.
     from raybatch.run.driver import _prescreened_rows
 
-    assert all(r.micro_batch_size != 256 for r in _prescreened_rows(searcher.record, SPACE))
+    assert all(r.micro_batch_size != 256 for r in _prescreened_rows(searcher.record))
 
 
 @pytest.mark.usefixtures("ray_session")
