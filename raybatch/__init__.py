@@ -28,14 +28,9 @@ address.
 
 from __future__ import annotations
 
-import time as _time
 from typing import TYPE_CHECKING
 
 from raybatch._lazy import lazy_exports
-
-_imported_at = _time.perf_counter()
-"""When this process first imported raybatch: where a reused trial process's start-up is
-charged from (:mod:`raybatch.trial.process_age`)."""
 
 if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.errors import InputError, RaybatchError, SearchInterrupted, TrialsFailedError

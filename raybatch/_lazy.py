@@ -9,8 +9,13 @@ and the module is imported on first use.
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+IMPORTED_AT = time.perf_counter()
+"""When this process first imported raybatch (the package imports this module first): where
+a reused trial process's start-up is charged from (:mod:`raybatch.trial.process_age`)."""
 
 DEFERRED_IMPORTS: Mapping[str, str] = {
     "torch": "PyTorch (seconds to import) loads only where a model is built, traced or trained:"

@@ -78,7 +78,7 @@ def test_a_metric_validation_step_does_not_log_is_named(job: Path) -> None:
     assert isinstance(workload, LightningWorkload)
     workload.metrics = (raybatch.Metric("val_f1"),)
     model = workload.build_model()
-    from raybatch.trial.batches import eval_batches
+    from raybatch.batches import eval_batches
 
     batches = eval_batches(workload.val_dataset(), 256, model.device, workload.collate())
     with pytest.raises(WorkloadError, match=r"logged \['val_acc', 'val_loss'\], not \['val_f1'\]"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from raybatch.trial.batches import (
+from raybatch.batches import (
     CPU_EVAL_BATCH_LIMIT,
     eval_batch_size,
     eval_batches,
@@ -119,7 +119,7 @@ def test_evaluation_batches_are_large_and_independent_of_the_micro_batch() -> No
 )  # fmt: skip
 def test_rows_are_gathered_in_one_copy_into_pinned_memory_on_cuda(pinned: bool) -> None:
     """``t[index].pin_memory()`` copied every batch twice inside the timed loop."""
-    from raybatch.trial.batches import gather
+    from raybatch.batches import gather
 
     t = torch.arange(40.0).reshape(20, 2)
     index = torch.tensor([3, 0, 7])

@@ -215,3 +215,47 @@ def test_every_import_inside_a_function_says_why_it_is_deferred() -> None:
                 if "#" not in lines[node.lineno - 1] and not lines[above].strip().startswith("#"):
                     unexplained.append(f"{path}:{node.lineno} {module}")
     assert unexplained == []
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("raybatch.errors", "raybatch.keys", "raybatch._lazy", "raybatch.shipping"),
+    ("raybatch.version", "raybatch.status", "raybatch.metric", "raybatch.provenance",
+     "raybatch.space"),
+    ("raybatch.workload",),
+    ("raybatch.memory", "raybatch.formats", "raybatch.adapters", "raybatch.examples"),
+    ("raybatch.batches", "raybatch.export"),
+    ("raybatch.results",),
+    ("raybatch.timemodel", "raybatch.report"),
+    ("raybatch.trial",),
+    ("raybatch.run",),
+    ("raybatch.cli", "raybatch.__main__"),
+)  # fmt: skip
+"""The rooms from the ground up (``docs/layout.md`` is the map): a room imports only rooms on
+its own floor or below, so each can be read, tested and shipped without those above it."""
+
+
+def _layer(module: str) -> int:
+    for floor, rooms in enumerate(LAYERS):
+        if any(module == r or module.startswith(f"{r}.") for r in rooms):
+            return floor
+    raise AssertionError(f"{module} stands in no layer: give it a floor in LAYERS")
+
+
+def test_every_import_runs_down_the_layers_or_along_one() -> None:
+    """No arrow runs back up, lazy imports and ``TYPE_CHECKING`` ones included; and no module
+    below the command line leans on the package's face (``import raybatch``)."""
+    graph = _module_graph()
+    upward = sorted(
+        f"{a} -> {b}" for a, edges in graph.items() for b in edges if _layer(b) > _layer(a)
+    )
+    assert upward == []
+    import ast
+
+    face = [
+        path
+        for path, source in _sources().items()
+        if path.startswith("raybatch/") and not path.startswith(("raybatch/cli/", "raybatch/ex"))
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import) and any(a.name == "raybatch" for a in node.names)
+    ]  # fmt: skip
+    assert face == []

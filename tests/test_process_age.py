@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-import raybatch
 from raybatch.trial import process_age
 
 
@@ -16,7 +15,7 @@ def test_the_first_trial_in_a_process_is_charged_from_raybatchs_import(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(process_age, "_charged", False)
-    monkeypatch.setattr(raybatch, "_imported_at", time.perf_counter() - 7.0, raising=False)
+    monkeypatch.setattr(process_age, "IMPORTED_AT", time.perf_counter() - 7.0)
     before = time.perf_counter()
     first = process_age.start_trial()
     assert before - 8.0 < first <= before - 7.0  # the import and the unpickling: charged
@@ -28,7 +27,7 @@ def test_a_process_that_ran_a_raybatch_task_first_charges_its_trial_from_its_own
 ) -> None:
     """Its start-up was charged to the task (the time model, a device reading)."""
     monkeypatch.setattr(process_age, "_charged", False)
-    monkeypatch.setattr(raybatch, "_imported_at", time.perf_counter() - 7.0, raising=False)
+    monkeypatch.setattr(process_age, "IMPORTED_AT", time.perf_counter() - 7.0)
     assert process_age.charged_to_task(lambda x: x + 1)(1) == 2
     before = time.perf_counter()
     assert process_age.start_trial() >= before

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
+from raybatch.batches import train_batches
 from raybatch.memory.trace import autocast_context
 from raybatch.space.config import TrialConfig
 from raybatch.timemodel.model import TimeModel, noise_scale
-from raybatch.trial.batches import train_batches
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:

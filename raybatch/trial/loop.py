@@ -13,7 +13,7 @@
   which owns the clock, the target check and the statuses; evaluation is timed apart and
   kept out of the objective;
 - no cost a hand-written loop would not pay: batches fetched in one call
-  (:mod:`raybatch.trial.batches`), evaluation in large batches, and on CUDA no host
+  (:mod:`raybatch.batches`), evaluation in large batches, and on CUDA no host
   synchronisation between marks (the loss is summed on the device and read at marks);
 - data-parallel: the model is wrapped in ``DistributedDataParallel`` (gradient sync skipped
   with ``no_sync`` inside an accumulation window), BatchNorm optionally converted to
@@ -32,10 +32,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raybatch.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_scheduler
-from raybatch.trial.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.trial.ema import WeightAverage
 from raybatch.trial.reporting import TrialReporter
 from raybatch.workload import Workload
@@ -54,7 +54,7 @@ class LoopOptions:
         ema_decay: Keep an exponential moving average of the weights (updated on optimizer
             steps) and evaluate it instead of the raw weights (``None``: off).
         eval_batch_size: Batch size for validation (``None``: a large one for the device,
-            see :func:`raybatch.trial.batches.eval_batch_size`). Evaluation time is not in
+            see :func:`raybatch.batches.eval_batch_size`). Evaluation time is not in
             the objective, so this changes ``eval_s`` only, never a verdict.
         num_workers: ``DataLoader`` worker processes for the training data.
         seed: Seed of model initialisation and data order.

@@ -4,7 +4,7 @@ Tune reuses a trial's process for the next trial of the same resources
 (:data:`raybatch.run.resources.REUSE_ACTORS`), so the process's start-up (unpickling the
 trainable, which imports raybatch, torch and the workload) is paid once per process, not once
 per trial, but it is still device time the search held: the first trial run in a process is
-charged from when the process first imported raybatch (``raybatch._imported_at``), every later
+charged from when the process first imported raybatch (``raybatch._lazy.IMPORTED_AT``), every later
 one from its own start. Not from the process's own start: Ray starts idle workers ahead of use,
 and one may wait unused for minutes before it is given a trial. A process that first ran one of
 raybatch's own Ray tasks (the time model, a device reading) has paid its start-up there:
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import raybatch
+from raybatch._lazy import IMPORTED_AT
 
 REUSE_WAIT_S = 60
 """How long Tune may wait for a stopped trial's cleanup (data-loader workers, a CUDA sync)
@@ -41,7 +41,7 @@ def start_trial() -> float:
     if _charged:
         return now
     _charged = True
-    return min(now, getattr(raybatch, "_imported_at", now))
+    return min(now, IMPORTED_AT)
 
 
 def charged_to_task(function: F) -> F:
