@@ -660,7 +660,7 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
 ) -> None:
     """A node lost while a data-parallel suggestion is held: with nothing running, waiting
     would stall the search forever; the held recipe is pre-screened with the count instead."""
-    from raybatch.run.waiting import Held
+    from raybatch.run.launches import Held
     from raybatch.space.search_space import SearchSpace
 
     from .conftest import minimal_space
@@ -671,7 +671,7 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
     searcher = _searcher(tmp_path, space=space, data_parallel_gpus=False)
     config = {**space.derive(32, 1, 2).to_dict()}
     trial = searcher.record.ask()
-    searcher.waiting.held = Held(trial.number, config, space.derive(32, 1, 2))
+    searcher.launches.held = Held(trial.number, config, space.derive(32, 1, 2))
     monkeypatch.setattr(gates_module, "worker_room", lambda *a: 1)  # a node was lost
     monkeypatch.setattr(gates_module, "placement_problem",
                         lambda *a: "needs 2 CPUs, the cluster has 1")  # fmt: skip

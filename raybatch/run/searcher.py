@@ -64,10 +64,10 @@ from raybatch.run.gates import (
     gates_state,
     restore_gates,
 )
+from raybatch.run.launches import Held, Launches
 from raybatch.run.plan import Plan
 from raybatch.run.screen import Screen
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
-from raybatch.run.waiting import Held, Waiting
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, evaluation_of, final_status
@@ -76,13 +76,6 @@ from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 
 if TYPE_CHECKING:
     import optuna
-
-CHECKPOINTED = {
-    "trial_numbers": "_trial_numbers",
-    "completed": "_completed",
-}
-"""What the searcher's Tune checkpoint holds of its own: key -> attribute (its parts' states,
-and an in-memory study, are added beside them)."""
 
 
 class RaybatchSearcher(Searcher):
@@ -128,9 +121,7 @@ class RaybatchSearcher(Searcher):
         self.gates = list(gates) if gates is not None else [LearnedOutOfMemory()]
         self.devices = devices if devices is not None else Devices()
         self.screen = Screen(space, self.record, self.plan, self.gates, penalty)
-        self._trial_numbers: dict[str, int] = {}
-        self._completed: set[str] = set()
-        self.waiting = Waiting()  # a held data-parallel recipe, packed OOMs to retry alone
+        self.launches = Launches()  # Tune trial -> Optuna trial; a held recipe; alone retries
 
     @classmethod
     def for_trainable(
@@ -184,17 +175,17 @@ class RaybatchSearcher(Searcher):
         """The next config that passes the pre-screen (:class:`~raybatch.run.screen.Screen`);
         ``Searcher.FINISHED`` once it gave up (the reason in :attr:`gave_up`), rather than
         raising inside Tune's controller, which would end the whole experiment as a crash."""
-        if trial_id in self._trial_numbers:  # a restored, unfinished trial asks again
-            return self.record.config_of(self._trial_numbers[trial_id])
-        number = self.waiting.next_alone()
+        if trial_id in self.launches.numbers:  # a restored, unfinished trial asks again
+            return self.record.config_of(self.launches.numbers[trial_id])
+        number = self.launches.next_alone()
         if number is not None:
             self.record.relaunched(number, trial_id)
-            self._trial_numbers[trial_id] = number
+            self.launches.launched(trial_id, number)
             self.devices.held[trial_id] = 1.0  # a whole GPU, alone
             return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
         if self.gave_up is not None:
             return Searcher.FINISHED
-        if self.waiting.held is not None:  # a data-parallel recipe waiting for its workers
+        if self.launches.held is not None:  # a data-parallel recipe waiting for its workers
             wait, launched = self._held_one(trial_id)
             if wait or launched is not None:
                 return launched  # None: Tune asks again later; nothing starts only to wait
@@ -206,7 +197,7 @@ class RaybatchSearcher(Searcher):
         share = self.devices.share(passed.recipe)
         config = passed.config if share is None else {**passed.config, keys.GPU_SHARE: share}
         if not self.devices.room_for(passed.recipe):
-            self.waiting.held = Held(passed.trial.number, config, passed.recipe)
+            self.launches.held = Held(passed.trial.number, config, passed.recipe)
             return None
         return self._launch(passed.trial, config, passed.recipe, trial_id)
 
@@ -214,7 +205,7 @@ class RaybatchSearcher(Searcher):
         """The held data-parallel recipe: ``(True, None)`` while its workers do not fit beside
         the running trials, its config once they do, ``(False, None)`` when it is gone (told
         while the searcher waited, or refused: the cluster shrank) and a new one is asked."""
-        waiting = self.waiting.held
+        waiting = self.launches.held
         assert waiting is not None
         config, recipe = waiting.config, waiting.recipe
         held = self.record.live(waiting.number)
@@ -228,14 +219,14 @@ class RaybatchSearcher(Searcher):
             # Nothing runs and it still cannot be placed: the cluster shrank since.
             self.screen.refuse(held, config, rejection)
             held = None
-        self.waiting.held = None
+        self.launches.held = None
         return False, None if held is None else self._launch(held, config, recipe, trial_id)
 
     def _launch(
         self, ot_trial: optuna.Trial, config: dict[str, Any], recipe: TrialConfig, trial_id: str
     ) -> dict[str, Any]:
         self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
-        self._trial_numbers[trial_id] = ot_trial.number
+        self.launches.launched(trial_id, ot_trial.number)
         # Measured alone on its device: a packed trial's step times are its neighbours' too.
         if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
             config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
@@ -249,7 +240,7 @@ class RaybatchSearcher(Searcher):
         """An evaluation's target metric, kept in the study as the trial's intermediate value
         at its samples seen (learning curves in optuna-dashboard); heartbeats are not
         evaluations."""
-        number = self._trial_numbers.get(trial_id)
+        number = self.launches.numbers.get(trial_id)
         evaluation = evaluation_of(result)
         if number is not None and evaluation is not None:
             self.record.progress(number, evaluation[1], evaluation[0])
@@ -265,36 +256,32 @@ class RaybatchSearcher(Searcher):
         """
         self.devices.free(trial_id)
         self.plan.ended(trial_id, result or {})
-        number = self._trial_numbers.get(trial_id)
-        if number is None or trial_id in self._completed:
+        number = self.launches.to_tell(trial_id)
+        if number is None:
             return
-        self.on_trial_result(trial_id, result or {})  # the last evaluation, if Tune sent it here
+        result = result or {}
+        self.on_trial_result(trial_id, result)  # the last evaluation, if Tune sent it here
         status, value = final_status(result, error, self.penalty)
         oom = status is TrialStatus.INFEASIBLE_MEMORY
-        packed = is_packed((result or {}).get(keys.GPU_SHARE))
-        retry = oom and packed and self.waiting.retry_alone(number)
+        retry = oom and is_packed(result.get(keys.GPU_SHARE)) and self.launches.retry_alone(number)
         launched = {**self.record.config_of(number), keys.TUNE_TRIAL_ID: trial_id}
         for gate in self.gates:  # a packed trial out of memory is not its recipe's verdict yet
-            gate.learn(launched, result or {}, oom and not retry)
+            gate.learn(launched, result, oom and not retry)
         if retry:  # once: a second OOM is the recipe's
-            self._completed.add(trial_id)
             return
-        time_to_target = (result or {}).get(keys.TIME_TO_TARGET_S)
-        told = self.record.finish(
-            number, status, value, OOM_VIOLATION if oom else 0.0, time_to_target
+        time_to_target = result.get(keys.TIME_TO_TARGET_S)
+        violation = OOM_VIOLATION if oom else 0.0
+        told = self.record.finish(number, status, value, violation, time_to_target)
+        self.plan.opening_done(
+            number, time_to_target if status is TrialStatus.REACHED else None, oom
         )
-        self._completed.add(trial_id)
-        reached = time_to_target if status is TrialStatus.REACHED else None
-        self.plan.opening_done(number, reached, oom)
         if told is not None:  # None: told before an interruption Tune's saved state predates
-            self._trial_numbers[trial_id] = told
+            self.launches.launched(trial_id, told)
 
     # ------------------------------------------------------------------ checkpoint
 
     def save(self, checkpoint_path: str) -> None:
-        state = {key: getattr(self, attr) for key, attr in CHECKPOINTED.items()}
-        state.update(**gates_state(self.gates), **self.waiting.state())
-        state[FORMAT_KEY] = RUN_FORMAT
+        state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **gates_state(self.gates)}
         state["prescreened"] = self.screen.refused
         state["plan"] = self.plan.state()
         state["devices"] = dict(self.devices.held)
@@ -307,10 +294,8 @@ class RaybatchSearcher(Searcher):
             state = pickle.load(f)
         check_format(state.get(FORMAT_KEY), checkpoint_path)
         restore_gates(self.gates, state, checkpoint_path)  # what probes and OOMs taught
-        for key, attr in CHECKPOINTED.items():
-            setattr(self, attr, state[key])
+        self.launches.restore(state)  # a held data-parallel recipe is asked again
         self.screen.refused = state["prescreened"]
         self.plan.restore(state["plan"])
         self.devices.held = dict(state["devices"])
         self.record.use_memory_storage(state["memory_storage"])
-        self.waiting.restore(state)  # a held data-parallel recipe is asked again

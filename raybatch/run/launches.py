@@ -1,7 +1,10 @@
-"""Recipes the searcher chose but has not launched yet, and why they wait.
+"""Which Tune trial runs which Optuna trial, and the recipes chosen but not launched yet.
 
-Two kinds wait, each for devices, and both belong to the searcher's saved state:
+The searcher's bookkeeping between its two records, kept in its Tune checkpoint so that a
+resumed search and its study agree:
 
+- **launched trials**: every Tune trial is one Optuna trial, its number kept here; a trial is
+  told once (Tune may report an end twice, and a restored trial asks for its config again);
 - **a data-parallel recipe held** until its workers fit beside the trials running now
   (:class:`Held`). Tune would otherwise start its trial at once, and the trial would wait
   inside ``fit()`` for workers, on the hang guard's clock. A held recipe is not kept across a
@@ -28,14 +31,28 @@ class Held:
     recipe: TrialConfig
 
 
-class Waiting:
-    """What waits to launch: at most one :class:`Held` recipe, and Optuna trials to run again
-    alone (:meth:`retry_alone`, :meth:`next_alone`)."""
+class Launches:
+    """Tune trial -> Optuna trial, which are told, the :class:`Held` recipe, and the Optuna
+    trials to run again alone (:meth:`retry_alone`, :meth:`next_alone`)."""
 
     def __init__(self) -> None:
+        self.numbers: dict[str, int] = {}  # Tune trial -> Optuna trial
         self.held: Held | None = None
+        self._told: set[str] = set()
         self._alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
+
+    def launched(self, trial_id: str, number: int) -> None:
+        self.numbers[trial_id] = number
+
+    def to_tell(self, trial_id: str) -> int | None:
+        """The Optuna trial Tune trial ``trial_id`` ran, marked told; ``None`` when it ran none
+        of the searcher's, or was told already."""
+        number = self.numbers.get(trial_id)
+        if number is None or trial_id in self._told:
+            return None
+        self._told.add(trial_id)
+        return number
 
     def retry_alone(self, number: int) -> bool:
         """Queue Optuna trial ``number`` to run again alone, unless it already has; whether it
@@ -51,13 +68,20 @@ class Waiting:
         return self._alone.pop(0) if self._alone else None
 
     def state(self) -> dict[str, Any]:
-        """What the searcher's checkpoint keeps (the retries; a held recipe is asked again)."""
-        return {"retry_alone": list(self._alone), "retried": set(self._retried)}
+        """What the searcher's checkpoint keeps (all but a held recipe, which is asked again)."""
+        return {
+            "trial_numbers": dict(self.numbers),
+            "completed": set(self._told),
+            "retry_alone": list(self._alone),
+            "retried": set(self._retried),
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
+        self.numbers = dict(state["trial_numbers"])
+        self._told = set(state["completed"])
         self._alone = list(state["retry_alone"])
         self._retried = set(state["retried"])
         self.held = None
 
 
-__all__ = ["Held", "Waiting"]
+__all__ = ["Held", "Launches"]
