@@ -53,7 +53,7 @@ from raybatch.run.resources import REUSE_ACTORS
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.study import SearchStudy
 from raybatch.run.untold import TellUntold
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import carried_recipe
 from raybatch.status import evaluation_of, final_status
 
 
@@ -214,7 +214,7 @@ class RaceSearcher(Searcher):
                 f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: slower on this"
                 f" seed than {self.scheduler.slack} x the leader's time"
             )
-        recipe = TrialConfig.from_dict(config, "a confirmation run's Tune config")
+        recipe = carried_recipe(config, "a confirmation run's Tune config")
         row = TrialRow.from_result(
             recipe, keys.PHASE_CONFIRMATION, str(metrics.get(keys.TRIAL_ID, trial_id)), status,
             metrics, candidate=config[keys.CANDIDATE], seed=config[keys.SEED],

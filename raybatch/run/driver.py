@@ -89,7 +89,7 @@ from raybatch.run.tune_state import (
     set_aside_cut_sessions,
 )
 from raybatch.run.untold import TellUntold
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import carried_recipe
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
@@ -452,7 +452,7 @@ def _search_rows(results: Any, options: SearchOptions, at_level: dict[str, float
         if result.error is not None:
             metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"
         metrics[keys.OBJECTIVE] = value
-        recipe = TrialConfig.from_dict(result.config, "a search trial's Tune config")
+        recipe = carried_recipe(result.config, "a search trial's Tune config")
         trial_id = str(metrics.get(keys.TRIAL_ID, ""))
         rows.append(TrialRow.from_result(
             recipe, keys.PHASE_SEARCH, trial_id, status, metrics, seed=options.seed

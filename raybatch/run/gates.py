@@ -33,7 +33,7 @@ from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import learned_oom
 from raybatch.run.resources import gpu_fraction
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.trial.placement import placement_problem, running_ray, worker_room
 from raybatch.trial.settings import TrialSettings
 
@@ -126,7 +126,7 @@ class MemoryBudget(Gate):
         if not measured:
             return
         try:
-            self.estimator.observe(TrialConfig.from_dict(config), int(measured))
+            self.estimator.observe(carried_recipe(config), int(measured))
         except TraceError:  # an untraceable workload has no model to calibrate
             return
 

@@ -21,7 +21,7 @@ from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.hardware import read_cluster
 from raybatch.run.options import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
-from raybatch.space.config import RECIPE_KEYS, TrialConfig
+from raybatch.space.config import RECIPE_KEYS, TrialConfig, carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import MAX_TRIALS_PER_GPU, model_resource
 from raybatch.trial.settings import parts_of
@@ -196,5 +196,5 @@ def _recipe(space: SearchSpace, config: dict[str, Any]) -> TrialConfig:
     chosen), read rather than derived again; a hand-written config's, from its knobs. The
     trial checks at its door that a carried recipe agrees with its knobs."""
     if all(k in config for k in RECIPE_KEYS if k != keys.OPTIMIZER_KWARGS):
-        return TrialConfig.from_dict(config, "a trial's Tune config")
+        return carried_recipe(config)
     return space.recipe_of(config)

@@ -19,7 +19,7 @@ from raybatch.errors import ConfigError
 from raybatch.run.gates import Gate, Rejection
 from raybatch.run.plan import Plan
 from raybatch.run.study import Prescreened, SearchStudy
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 
@@ -80,7 +80,7 @@ class Screen:
                 continue
             self.plan.note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
-            recipe = TrialConfig.from_dict(config)  # the define-by-run's, derived once
+            recipe = carried_recipe(config)  # the define-by-run's, derived once
             rejection = self.check(recipe, config)
             if rejection is None:
                 return Passed(ot_trial, config, recipe)

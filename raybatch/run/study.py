@@ -26,7 +26,7 @@ from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
 from raybatch.keys import KnobPoint
 from raybatch.results.rows import TrialRow
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
 if TYPE_CHECKING:
@@ -492,6 +492,6 @@ def _recipe(config: Any) -> TrialConfig | None:
     if not isinstance(config, dict):
         return None
     try:
-        return TrialConfig.from_dict(config)
+        return carried_recipe(config, "the study's record")
     except ConfigError:
         return None

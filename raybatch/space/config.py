@@ -190,6 +190,19 @@ _FLOAT_KEYS = frozenset(
 )
 
 
+def carried_recipe(config: Mapping[str, Any], source: str = "a trial's Tune config") -> TrialConfig:
+    """The recipe a Tune config carries: the searcher's, derived once where its knobs were
+    chosen and carried through Tune, read back here and never derived again. The search's
+    side of the Tune boundary, wherever a config comes back (a result, a resource request, the
+    study's record); the trial's side checks the carried recipe against its knobs
+    (:meth:`raybatch.SearchSpace.recipe_of`).
+
+    Raises:
+        ConfigError: The config carries no whole recipe (a key missing or of the wrong kind).
+    """
+    return TrialConfig.from_dict(config, source)
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Convert one value read back from a dict (JSON, YAML, numpy from Ray) to its type."""
     if name in _INT_KEYS:
