@@ -114,7 +114,11 @@ class Provenance:
             raise ConfigError([Issue(f"provenance.{k}", why) for k in unknown], source)
         values = dict(data)
         moved = values.get("retargeted")
-        if isinstance(moved, Mapping):
+        if moved is not None:
+            known = {f.name for f in fields(Retargeted)}
+            if not isinstance(moved, Mapping) or set(moved) - known:
+                why = f"not a retarget's record (its fields: {', '.join(sorted(known))})"
+                raise ConfigError([Issue("provenance.retargeted", why)], source)
             values["retargeted"] = Retargeted(**moved)
         return cls(**values, amp_recorded="amp_dtype" in data)
 

@@ -59,3 +59,5 @@ def test_a_mapping_given_as_provenance_is_read_as_the_record() -> None:
     assert isinstance(best.provenance, Provenance) and best.provenance.trial_id == "t9"
     with pytest.raises(ConfigError, match=r"provenance\.nope"):
         BestConfig(best.config, {"nope": 1})
+    with pytest.raises(ConfigError, match=r"provenance\.retargeted: not a retarget's record"):
+        BestConfig(best.config, {"retargeted": {"measured": False, "nott": "x"}})
