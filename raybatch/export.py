@@ -187,11 +187,10 @@ class BestConfig:
         return deepspeed.ds_config(self.config, self.amp_dtype, self.grad_clip_norm, self.origin())
 
     def measured_under(self) -> dict[str, Any]:
-        """The provenance that changes training, where recorded: ``grad_clip_norm`` and
-        ``amp_dtype``, as their properties read them (what a Ray Train loop is handed)."""
-        out: dict[str, Any] = {}
-        if self.grad_clip_norm is not None:
-            out["grad_clip_norm"] = self.grad_clip_norm
+        """The provenance that changes training: ``grad_clip_norm`` (``None``: unclipped, as a
+        search's trials train) and, where recorded, ``amp_dtype``, as their properties read
+        them (what a Ray Train loop is handed)."""
+        out: dict[str, Any] = {"grad_clip_norm": self.grad_clip_norm}  # None: unclipped
         if self.amp_recorded:
             out["amp_dtype"] = self.amp_dtype
         return out

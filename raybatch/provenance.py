@@ -20,7 +20,7 @@ trained in fp32" (``amp_dtype: null`` written) from "this file does not say" (no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from raybatch.errors import ConfigError, Issue
@@ -74,7 +74,8 @@ class Provenance:
         reference_point: The reference recipe's knobs.
         prior: The time model measured inside the search, where one was.
         retargeted: A retarget's verdict (``None``: the recipe as searched).
-        amp_recorded: Whether ``amp_dtype`` was recorded (not written as a field of its own).
+        amp_recorded: Whether ``amp_dtype`` was recorded (not written as a field of its own;
+            true whenever ``amp_dtype`` is given).
     """
 
     median_time_to_target_s: float | None = None
@@ -98,7 +99,11 @@ class Provenance:
     reference_point: KnobPoint | None = None
     prior: dict[str, Any] | None = None
     retargeted: Retargeted | None = None
-    amp_recorded: bool = field(default=False, compare=False)
+    amp_recorded: bool = False
+
+    def __post_init__(self) -> None:
+        if self.amp_dtype is not None and not self.amp_recorded:  # a dtype given is recorded
+            object.__setattr__(self, "amp_recorded", True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<python>") -> Provenance:

@@ -16,9 +16,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from raybatch.errors import Issue, RunDirError
 
-RUN_FORMAT = 1
+RUN_FORMAT = 2
 """The format of the files a search writes and reads back. Bump it when any of them changes in
-a way this reader would misread; older formats are then refused (or migrated here)."""
+a way this reader would misread; older formats are then refused (or migrated here). 2: the
+searcher Tune pickles whole is composed of other parts (its screen, its launches), and the
+provenance is a typed record."""
 FORMAT_KEY = "format"
 """Where each file keeps it."""
 

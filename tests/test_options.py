@@ -91,7 +91,7 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     assert run["format"] == RUN_FORMAT
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": RUN_FORMAT + 1}))
     with pytest.raises(
-        RunDirError, match=r"run\.json: format: 2: written by another raybatch"
+        RunDirError, match=rf"run\.json: format: {RUN_FORMAT + 1}: written by another raybatch"
     ) as e:
         read_run(tmp_path)
     assert "damaged" not in str(e.value)  # said as what it is

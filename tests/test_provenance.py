@@ -36,6 +36,8 @@ def test_an_fp32_run_is_told_from_one_that_did_not_record_its_autocast(tmp_path:
     assert Provenance.from_dict({"amp_dtype": None}).amp_recorded
     assert not Provenance.from_dict({}).amp_recorded
     assert not _best(Provenance()).amp_recorded and _best(fp32).amp_recorded
+    assert Provenance(amp_dtype="bf16").to_dict() == {"amp_dtype": "bf16"}  # given: recorded
+    assert fp32 != Provenance()  # recorded fp32 and "not said" are two records
 
 
 def test_an_unknown_provenance_field_in_a_file_is_refused_naming_file_and_field(

@@ -70,7 +70,7 @@ def test_trials_csv_round_trips_every_row_exactly(tmp_path: Path) -> None:
     rows = _rows()
     write_trials_csv(tmp_path / TRIALS_CSV, rows)
     with (tmp_path / TRIALS_CSV).open() as f:
-        assert tuple(next(csv.reader(f))) == COLUMNS  # the columns are the row's fields
+        assert tuple(next(csv.reader(f))) == COLUMNS  # identity, the recipe's columns, figures
     text = read_trials_csv(tmp_path / TRIALS_CSV)
     assert text[0]["status"] == "reached" and text[0]["trial_id"] == "00012e45"
     back = stored_rows(tmp_path, SPACE)

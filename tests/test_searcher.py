@@ -15,13 +15,14 @@ from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run import gates as gates_module
 from raybatch.run import screen as screen_module
-from raybatch.run.gates import Devices, LearnedOutOfMemory, gate_of, search_gates
+from raybatch.run.gates import LearnedOutOfMemory, for_settings, gate_of, search_gates
 from raybatch.run.plan import Plan
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
 from raybatch.run.study import STATUS_ATTR, SearchStudy, status_of
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
+from raybatch.trial.settings import parts_of
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
 
@@ -44,17 +45,24 @@ def _searcher(
     data_parallel_gpus: bool | None = None,
     db: str = "optuna.db",
 ) -> RaybatchSearcher:
-    """A searcher composed of its parts with the functions the driver composes them with."""
+    """A searcher composed as the driver composes it: a trainable's settings (the budget, the
+    data-parallel workers' kind, the time cap whose 10x is the penalty) read by
+    :func:`~raybatch.run.gates.for_settings`, the driver's own function."""
     if budget is not None and estimator is None:
         estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
-    packing = (estimator, budget) if pack_gpus and estimator and budget is not None else None
+    fn = raybatch.trainable(
+        DigitsWorkload(), space, 0.9, max_time_s=penalty / 10, gpu_budget_bytes=budget,
+        data_parallel_gpus=data_parallel_gpus,
+    )  # fmt: skip
+    settings = parts_of(fn).settings
+    gates, devices = for_settings(settings, estimator, probe_margin, packed=pack_gpus)
     return RaybatchSearcher(
         space,
         SearchStudy(f"sqlite:///{tmp_path / db}", "t", seed),
-        penalty,
+        settings.penalty,
         Plan(space, points_to_evaluate or [], ladder, baseline),
-        search_gates(estimator, budget, probe_margin, data_parallel_gpus),
-        Devices(data_parallel_gpus, None, packing),
+        gates,
+        devices,
     )
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import raybatch
 from raybatch import Target, keys
+from raybatch.provenance import Provenance
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner, measured_recipes, select_winner
 from raybatch.status import TrialStatus
@@ -58,6 +59,10 @@ def test_the_baseline_wins_when_it_confirms_fastest() -> None:
     best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 256
     assert best.provenance.trial_id == "s1"  # the search trial that ran it
+    # What the rows cannot say, given in part: the device the rest falls back to is this one.
+    given = Provenance(baseline_point={"micro_batch_size": 256})
+    chosen = choose_winner(Target(0.97), rows, confirmed=True, measured_on=given)
+    assert chosen is not None and chosen.provenance.device == best.provenance.device is not None
 
 
 def test_the_reference_can_win_too() -> None:

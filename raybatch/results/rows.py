@@ -3,8 +3,9 @@
 The driver writes a row for every search trial, every config the pre-screen kept out and every
 confirmation run; selection, :func:`raybatch.analyze_run`, the report and ``bench/`` read the
 same rows back. The row is frozen and typed (the status a :class:`TrialStatus` member, counts
-as ``int``, times as ``float``); strings exist only at the CSV edge, and the CSV's columns are
-the row's fields, declared once, here.
+as ``int``, times as ``float``); strings exist only at the CSV edge. The CSV's columns are
+declared once, here: the row's identity, its recipe's columns (flattened from the recipe it
+holds) and its figures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ class TrialRow:
     phase: str
     trial_id: str
     status: TrialStatus
-    config: TrialConfig = field(repr=False)
+    config: TrialConfig
     """The recipe itself: the searcher's, carried through Tune's config and back, so that what
     follows the search reads the record it measured instead of deriving it again; a row read
     back from ``trials.csv`` gets the one its columns recorded (:func:`recorded_recipe`)."""
@@ -79,8 +80,8 @@ class TrialRow:
             TypeError: A figure that is not a column (a misspelt name is never dropped).
         """
         unknown = sorted(set(figures) - set(_FIGURES))
-        if unknown:
-            raise TypeError(f"not columns of a trial row: {unknown}")
+        if unknown:  # the recipe's columns come from the recipe, never beside it
+            raise TypeError(f"not figures of a trial row: {unknown}")
         if not isinstance(status, TrialStatus):
             raise TypeError(f"status must be a TrialStatus, got {status!r}")
         named = {keys.PHASE: phase, keys.TRIAL_ID: trial_id, keys.STATUS: status}
@@ -179,17 +180,22 @@ class TrialRow:
 def recorded_recipe(space: SearchSpace, cells: Mapping[str, Any]) -> TrialConfig:
     """The recipe a row recorded: its knobs and derived values as they ran (``cells``, the
     :data:`RECIPE_COLUMNS`), with ``space``'s constants (its name, rules, optimizer and
-    reference). Not derived again, nor checked against the space's limits: the row says what
-    ran, and a space edited since would otherwise change it.
+    reference) and its warmup in samples (not a column: the row's ``warmup_steps`` is what
+    ran). Not derived again, nor checked against the space's limits: the row says what ran, and
+    a space edited since would otherwise change it (its reference may then no longer be the
+    one the row's ``lr_scale`` was taken against).
 
     Raises:
         ConfigError: A recorded value is missing or not of its kind.
     """
     ref = space.reference
     scale = cells.get(keys.LR_SCALE)
+    warmup = None  # a missing or malformed scale: from_dict names the cell
+    if isinstance(scale, int | float) and not isinstance(scale, bool):
+        warmup = space.warmup_samples(float(scale))
     values = {
         **cells,
-        keys.WARMUP_SAMPLES: space.warmup_samples(scale) if isinstance(scale, float) else None,
+        keys.WARMUP_SAMPLES: warmup,
         "space": space.name, "lr_rule": space.rules.lr.value,
         "weight_decay_rule": space.rules.weight_decay.value, keys.OPTIMIZER: ref.optimizer.value,
         "reference_batch_size": ref.batch_size, "reference_lr": ref.lr,

@@ -387,7 +387,9 @@ def choose_winner(
     recipe = winner.runs[0].config
     peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
     samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
-    given = measured_on if measured_on is not None else Provenance(device=_device_name())
+    given = measured_on if measured_on is not None else Provenance()
+    if given.device is None:  # the rows alone: the trials ran here, as far as anyone can say
+        given = replace(given, device=_device_name())
     runner_up = None
     if len(order) > 1:
         paired = compare_paired(winner, order[1])

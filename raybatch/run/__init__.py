@@ -6,8 +6,9 @@
   ``plan``: the part of the searcher that runs them before TPE;
 - ``searcher``: :class:`~raybatch.run.searcher.RaybatchSearcher`, TPE composed with the plan,
   the ``gates`` every suggestion passes before launch (placement, the memory budget, what ran
-  out of memory) and the devices trials take; ``study``: the Optuna study it owns (the one
-  place that opens it);
+  out of memory) and the devices trials take, the ``screen`` that asks Optuna until a
+  suggestion passes them, and its ``launches`` (which Tune trial runs which Optuna trial, and
+  what waits to launch); ``study``: the Optuna study it owns (the one place that opens it);
 - ``scheduler``: adaptive capping, at every level of the metric; ``failfast``: stopping on
   a repeated failure; ``cluster``: connecting to Ray;
 - ``driver``: :func:`search`, :func:`resume` and re-analysis of a finished run;

@@ -46,13 +46,15 @@ class Launches:
         self.numbers[trial_id] = number
 
     def to_tell(self, trial_id: str) -> int | None:
-        """The Optuna trial Tune trial ``trial_id`` ran, marked told; ``None`` when it ran none
-        of the searcher's, or was told already."""
+        """The Optuna trial Tune trial ``trial_id`` ran, while it is not told yet; ``None``
+        when it ran none of the searcher's, or was told already (:meth:`told`)."""
         number = self.numbers.get(trial_id)
-        if number is None or trial_id in self._told:
-            return None
+        return None if number is None or trial_id in self._told else number
+
+    def told(self, trial_id: str) -> None:
+        """``trial_id``'s end is told (marked once the study has it, so an end whose telling
+        failed half-way is told again when Tune reports it again)."""
         self._told.add(trial_id)
-        return number
 
     def retry_alone(self, number: int) -> bool:
         """Queue Optuna trial ``number`` to run again alone, unless it already has; whether it

@@ -165,7 +165,7 @@ def with_resources(
     trainable carries, whole: its workload and space, memory budget, GPU model and CUDA
     context (:func:`raybatch.trial.settings.parts_of`). Nothing is given twice, so the
     resources cannot disagree with the trials. ``estimator``: one already built for the
-    workload (default: built here, when trials are packed).
+    workload (default: built here where ``gpus_per_trial="auto"`` needs one).
 
     For a trainable of your own, ``tune.with_resources(fn, trial_resources(workload, space,
     ...))`` takes the same parts one by one.

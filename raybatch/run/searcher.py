@@ -268,10 +268,12 @@ class RaybatchSearcher(Searcher):
         for gate in self.gates:  # a packed trial out of memory is not its recipe's verdict yet
             gate.learn(launched, result, oom and not retry)
         if retry:  # once: a second OOM is the recipe's
+            self.launches.told(trial_id)
             return
         time_to_target = result.get(keys.TIME_TO_TARGET_S)
         violation = OOM_VIOLATION if oom else 0.0
         told = self.record.finish(number, status, value, violation, time_to_target)
+        self.launches.told(trial_id)
         self.plan.opening_done(
             number, time_to_target if status is TrialStatus.REACHED else None, oom
         )
