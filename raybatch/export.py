@@ -43,7 +43,7 @@ from raybatch.formats.retarget import retarget
 from raybatch.provenance import Provenance, Retargeted
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.space.presets import load_space
-from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
+from raybatch.version import FORMAT_KEY, RUN_FORMAT, SAME_SINCE, check_format
 from raybatch.workload import build_optimizer
 
 if TYPE_CHECKING:
@@ -378,7 +378,7 @@ def load_best(path: str | Path) -> BestConfig:
         raise RunDirError([Issue("(yaml syntax)", _damaged(exc))], str(path)) from None
     if not isinstance(data, dict) or "config" not in data:
         raise RunDirError([Issue("config", "missing: not a raybatch best config")], str(path))
-    check_format(data.get(FORMAT_KEY), str(path))
+    check_format(data.get(FORMAT_KEY), str(path), SAME_SINCE)
     if not isinstance(data.get("provenance") or {}, dict):
         raise RunDirError([Issue("provenance", _damaged("not a mapping"))], str(path))
     config = TrialConfig.from_dict(data["config"], source=str(path))

@@ -18,24 +18,31 @@ from raybatch.errors import Issue, RunDirError
 
 RUN_FORMAT = 2
 """The format of the files a search writes and reads back. Bump it when any of them changes in
-a way this reader would misread; older formats are then refused (or migrated here). 2: the
-searcher Tune pickles whole is composed of other parts (its screen, its launches), and the
-provenance is a typed record."""
+a way this reader would misread; older formats of that file are then refused (or migrated
+here). 2: the searcher Tune pickles whole, and its checkpoint, are composed of other parts
+(its screen, its launches); ``run.json`` and ``best_config.yaml`` read as in 1
+(:data:`SAME_SINCE`)."""
+SAME_SINCE = 1
+"""The oldest format ``run.json`` and ``best_config.yaml`` are read from: a finished run of
+format 1 is analysed and exported as it is; only resuming one is refused (its searcher)."""
 FORMAT_KEY = "format"
 """Where each file keeps it."""
 
 
-def check_format(found: object, source: str) -> None:
-    """Refuse a file (``source``) whose format is not :data:`RUN_FORMAT`.
+def check_format(found: object, source: str, oldest: int = RUN_FORMAT) -> None:
+    """Refuse a file (``source``) whose format this raybatch cannot read: older than
+    ``oldest`` (the first format this kind of file has had since it last changed: a bump for
+    one file leaves the others readable), or newer than :data:`RUN_FORMAT`.
 
     Raises:
         RunDirError: Written by a raybatch of another format, or by none (no format).
     """
-    if found == RUN_FORMAT:
+    if isinstance(found, int) and not isinstance(found, bool) and oldest <= found <= RUN_FORMAT:
         return
     what = "missing" if found is None else f"{found!r}"
+    reads = f"format {RUN_FORMAT}" if oldest == RUN_FORMAT else f"formats {oldest}-{RUN_FORMAT}"
     why = (
-        f"{what}: written by another raybatch version (this one reads format {RUN_FORMAT});"
+        f"{what}: written by another raybatch version (this one reads {reads});"
         " use the raybatch that wrote it, or start a new search"
     )
     raise RunDirError([Issue(FORMAT_KEY, why)], source)
@@ -46,4 +53,4 @@ try:
 except PackageNotFoundError:
     __version__ = "0+unknown"
 
-__all__ = ["FORMAT_KEY", "RUN_FORMAT", "__version__", "check_format"]
+__all__ = ["FORMAT_KEY", "RUN_FORMAT", "SAME_SINCE", "__version__", "check_format"]

@@ -82,13 +82,15 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     from raybatch.metric import Target
     from raybatch.run.rundir import write_run_files
     from raybatch.space.presets import load_space
-    from raybatch.version import RUN_FORMAT
+    from raybatch.version import RUN_FORMAT, SAME_SINCE
 
     space = load_space("generic_adamw")
     write_run_files(tmp_path, "wl.py:w", space, Target(0.9), SearchOptions())
     assert read_run(tmp_path).workload == "wl.py:w"
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["format"] == RUN_FORMAT
+    (tmp_path / "run.json").write_text(json.dumps({**run, "format": SAME_SINCE}))
+    assert read_run(tmp_path).workload == "wl.py:w"  # a finished run of format 1 reads as is
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": RUN_FORMAT + 1}))
     with pytest.raises(
         RunDirError, match=rf"run\.json: format: {RUN_FORMAT + 1}: written by another raybatch"
@@ -103,7 +105,10 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     write_best(tmp_path, BestConfig(space.derive(16), {"space": space.name}))
     assert load_best(tmp_path).config == space.derive(16)
     best = tmp_path / "best_config.yaml"
-    best.write_text(best.read_text().replace(f"format: {RUN_FORMAT}\n", ""))
+    written = best.read_text()
+    best.write_text(written.replace(f"format: {RUN_FORMAT}\n", f"format: {SAME_SINCE}\n"))
+    assert load_best(tmp_path).config == space.derive(16)  # a format bump elsewhere: still read
+    best.write_text(written.replace(f"format: {RUN_FORMAT}\n", ""))
     with pytest.raises(RunDirError, match=r"best_config\.yaml: format: missing"):
         load_best(tmp_path)
 
@@ -111,6 +116,6 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     searcher.save(str(tmp_path / "ckpt.pkl"))
     raybatch.RaybatchSearcher(space, penalty=60.0).restore(str(tmp_path / "ckpt.pkl"))
     state = pickle.loads((tmp_path / "ckpt.pkl").read_bytes())
-    (tmp_path / "old.pkl").write_bytes(pickle.dumps({**state, "format": 0}))
-    with pytest.raises(RunDirError, match=r"old\.pkl: format: 0"):
+    (tmp_path / "old.pkl").write_bytes(pickle.dumps({**state, "format": SAME_SINCE}))
+    with pytest.raises(RunDirError, match=rf"old\.pkl: format: {SAME_SINCE}: .* reads format"):
         raybatch.RaybatchSearcher(space, penalty=60.0).restore(str(tmp_path / "old.pkl"))

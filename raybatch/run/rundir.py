@@ -35,7 +35,7 @@ from raybatch.export import TUNE_EXPERIMENT_WHY, is_tune_experiment
 from raybatch.metric import Target
 from raybatch.run.options import SearchOptions
 from raybatch.space.search_space import SearchSpace
-from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
+from raybatch.version import FORMAT_KEY, RUN_FORMAT, SAME_SINCE, check_format
 
 RUN_FILE = "run.json"
 
@@ -123,7 +123,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
             raise TypeError(f"holds a {type(run).__name__}, not an object")
     except (ValueError, TypeError) as exc:  # JSON, or not an object
         raise RunDirError([Issue(RUN_FILE, _damaged_run(exc))], str(path)) from None
-    check_format(run.get(FORMAT_KEY), str(path / RUN_FILE))  # another raybatch's: said so
+    check_format(run.get(FORMAT_KEY), str(path / RUN_FILE), SAME_SINCE)  # another's: said so
     try:
         options = SearchOptions(**run["options"])
         return RunRecord(path, str(run["workload"]), space, Target(**run["target"]), options)
