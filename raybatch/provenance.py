@@ -8,10 +8,11 @@ search cost), and whether a retarget has moved it off the measured recipe. Each 
 name and one type, so training code, the report and the CLI read ``best.provenance.device``
 rather than a chain of ``.get()`` on a dict whose keys nobody lists.
 
-The nested records (``compared``, ``runner_up``, ``search_cost``, ``prior``, the seed points)
-are kept as the mappings the YAML holds: each is written by one function
-(:func:`raybatch.results.selection.comparisons`, :class:`raybatch.results.cost.SearchCost`,
-the time model) and read by the report.
+What the search cost is a record too (:class:`SearchCost`), and the seed points are typed
+(:class:`~raybatch.keys.KnobPoint`). The comparisons (``compared``, ``runner_up``) and the
+time model (``prior``) are kept as the mappings the YAML holds: each is written by one
+function (:func:`raybatch.results.selection.comparisons`, the time model's ``to_dict``) and
+read by the report.
 
 Fields a file does not carry are ``None``; :attr:`Provenance.amp_recorded` tells "the run
 trained in fp32" (``amp_dtype: null`` written) from "this file does not say" (no key).
@@ -20,11 +21,56 @@ trained in fp32" (``amp_dtype: null`` written) from "this file does not say" (no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from raybatch.errors import ConfigError, Issue
 from raybatch.keys import KnobPoint
+
+
+@dataclass(frozen=True)
+class SearchCost:
+    """A search's cost.
+
+    Attributes:
+        device_s: Seconds the search's trials (and the time model) held their devices.
+        train_s: The training seconds among them (the objective's clock).
+        unit_s: The time to target the cost is counted in (the winner's median, or the grid's
+            best in a benchmark).
+        runs: Trials and confirmation runs that held a device.
+    """
+
+    device_s: float
+    train_s: float
+    unit_s: float
+    runs: int
+
+    @property
+    def trainings(self) -> float:
+        """Device seconds in trainings of the unit recipe."""
+        return self.device_s / self.unit_s
+
+    @property
+    def trainings_train(self) -> float:
+        """Training seconds alone in trainings of the unit recipe."""
+        return self.train_s / self.unit_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "trainings": self.trainings,
+                "trainings_train": self.trainings_train}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchCost:
+        """The cost :meth:`to_dict` wrote (its trainings are computed again, not read)."""
+        return cls(float(data["device_s"]), float(data["train_s"]), float(data["unit_s"]),
+                   int(data["runs"]))  # fmt: skip
+
+    def sentence(self, unit: str = "the recipe it found") -> str:
+        return (
+            f"this search cost {self.trainings:.1f} trainings of {unit}"
+            f" ({self.device_s:.0f} device seconds over {self.runs} runs;"
+            f" {self.trainings_train:.1f} counting training seconds alone)"
+        )
 
 
 @dataclass(frozen=True)
@@ -94,7 +140,7 @@ class Provenance:
     created: str | None = None
     runner_up: dict[str, Any] | None = None
     compared: dict[str, dict[str, Any]] | None = None
-    search_cost: dict[str, Any] | None = None
+    search_cost: SearchCost | None = None
     baseline_point: KnobPoint | None = None
     reference_point: KnobPoint | None = None
     prior: dict[str, Any] | None = None
@@ -125,6 +171,13 @@ class Provenance:
                 why = f"not a retarget's record (its fields: {', '.join(sorted(known))})"
                 raise ConfigError([Issue("provenance.retargeted", why)], source)
             values["retargeted"] = Retargeted(**moved)
+        cost = values.get("search_cost")
+        if cost is not None:
+            try:
+                values["search_cost"] = SearchCost.from_dict(cost)
+            except (KeyError, TypeError, ValueError):
+                why = "not a search's cost (device_s, train_s, unit_s, runs)"
+                raise ConfigError([Issue("provenance.search_cost", why)], source) from None
         return cls(**values, amp_recorded="amp_dtype" in data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +190,7 @@ class Provenance:
                 continue
             if f.name == "amp_dtype" and not self.amp_recorded:
                 continue
-            out[f.name] = value.to_dict() if isinstance(value, Retargeted) else value
+            out[f.name] = value.to_dict() if isinstance(value, Retargeted | SearchCost) else value
         return out
 
     @property
@@ -155,4 +208,4 @@ class Provenance:
         )
 
 
-__all__ = ["Provenance", "Retargeted"]
+__all__ = ["Provenance", "Retargeted", "SearchCost"]

@@ -329,13 +329,9 @@ def verdict(result: SearchResult, target: Target) -> str:
         compared = (p.compared or {}).get(key)
         if compared is not None:
             lines.append(f"Against {name}, {compared['recipe']}: {_ratio_text(compared)}.")
-    cost = p.search_cost
-    if cost:
-        lines.append(
-            f"This search cost {cost['trainings']:.1f} trainings of the recipe it found"
-            f" ({cost['device_s']:.0f} device seconds over {cost['runs']} runs;"
-            f" {cost['trainings_train']:.1f} counting training seconds alone)."
-        )
+    if p.search_cost is not None:
+        said = p.search_cost.sentence()
+        lines.append(f"{said[0].upper()}{said[1:]}.")
     return "\n".join(lines)
 
 

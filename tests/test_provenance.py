@@ -10,7 +10,7 @@ import yaml
 
 from raybatch.errors import ConfigError, RunDirError
 from raybatch.export import BEST_YAML, BestConfig, load_best, write_best
-from raybatch.provenance import Provenance, Retargeted
+from raybatch.provenance import Provenance, Retargeted, SearchCost
 from raybatch.space.presets import load_space
 
 
@@ -23,11 +23,13 @@ def test_a_provenance_written_to_best_config_reads_back_equal(tmp_path: Path) ->
         median_time_to_target_s=1.5, time_to_target_s_runs=[1.4, 1.6], device="CPU (test)",
         amp_dtype="bf16", amp_recorded=True, trial_id="t1", compared={"reference": {"ratio": 2.0}},
         retargeted=Retargeted(4, False, "moved", {"effective_batch_size": 64}),
+        search_cost=SearchCost(30.0, 12.0, 1.5, 7),
     )  # fmt: skip
     write_best(tmp_path, _best(written))
     read = load_best(tmp_path).provenance
     assert read == written and read.amp_recorded
     assert read.retargeted is not None and read.retargeted.note == "moved"
+    assert read.search_cost is not None and read.search_cost.trainings == 20.0
 
 
 def test_an_fp32_run_is_told_from_one_that_did_not_record_its_autocast(tmp_path: Path) -> None:

@@ -217,8 +217,8 @@ def test_load_best_builds_a_real_optimizer_and_schedule(finished_run: dict[str, 
     confirmation = [r for r in finished_run["result"].rows if r.phase == keys.PHASE_CONFIRMATION]
     assert len(confirmation) == 1 and confirmation[0].seed == 1
     assert len(best.provenance.time_to_target_s_runs or []) >= 2
-    cost = best.provenance.search_cost or {}
-    assert cost["trainings"] > cost["trainings_train"]
+    cost = best.provenance.search_cost
+    assert cost is not None and cost.trainings > cost.trainings_train
     model = torch.nn.Linear(4, 2)
     optimizer = best.build_optimizer(model.parameters())
     assert isinstance(optimizer, torch.optim.SGD)

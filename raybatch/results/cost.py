@@ -11,50 +11,9 @@ slots for about 7.7x the seconds they trained).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 from raybatch import keys
+from raybatch.provenance import SearchCost
 from raybatch.results.rows import TrialRow
-
-
-@dataclass(frozen=True)
-class SearchCost:
-    """A search's cost.
-
-    Attributes:
-        device_s: Seconds the search's trials (and the time model) held their devices.
-        train_s: The training seconds among them (the objective's clock).
-        unit_s: The time to target the cost is counted in (the winner's median, or the grid's
-            best in a benchmark).
-        runs: Trials and confirmation runs that held a device.
-    """
-
-    device_s: float
-    train_s: float
-    unit_s: float
-    runs: int
-
-    @property
-    def trainings(self) -> float:
-        """Device seconds in trainings of the unit recipe."""
-        return self.device_s / self.unit_s
-
-    @property
-    def trainings_train(self) -> float:
-        """Training seconds alone in trainings of the unit recipe."""
-        return self.train_s / self.unit_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "trainings": self.trainings,
-                "trainings_train": self.trainings_train}  # fmt: skip
-
-    def sentence(self, unit: str = "the recipe it found") -> str:
-        return (
-            f"this search cost {self.trainings:.1f} trainings of {unit}"
-            f" ({self.device_s:.0f} device seconds over {self.runs} runs;"
-            f" {self.trainings_train:.1f} counting training seconds alone)"
-        )
 
 
 def held_seconds(row: TrialRow) -> float:
@@ -91,4 +50,4 @@ def search_cost(rows: list[TrialRow], unit_s: float) -> SearchCost:
     return SearchCost(device, train, unit_s, len(ran))
 
 
-__all__ = ["SearchCost", "device_seconds", "held_seconds", "search_cost"]
+__all__ = ["device_seconds", "held_seconds", "search_cost"]

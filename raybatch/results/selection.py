@@ -418,6 +418,6 @@ def choose_winner(
         runner_up=runner_up,
         compared=comparisons(rows, winner, given.baseline_point, given.reference_point,
                              measured_recipes(rows, confirmed)),
-        search_cost=search_cost(rows, winner.median).to_dict(),
+        search_cost=search_cost(rows, winner.median),
     )  # fmt: skip
     return BestConfig(recipe, provenance)
