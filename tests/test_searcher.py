@@ -13,6 +13,7 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
+from raybatch.memory.prescreen import RanOut
 from raybatch.run import gates as gates_module
 from raybatch.run import screen as screen_module
 from raybatch.run.gates import LearnedOutOfMemory, for_settings, gate_of, search_gates
@@ -20,6 +21,7 @@ from raybatch.run.plan import Plan
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
 from raybatch.run.study import STATUS_ATTR, SearchStudy, status_of
+from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.settings import parts_of
@@ -66,7 +68,7 @@ def _searcher(
     )
 
 
-def _out_of_memory(searcher: RaybatchSearcher) -> list[dict[str, Any]]:
+def _out_of_memory(searcher: RaybatchSearcher) -> list[RanOut]:
     """What the searcher learnt ran out of memory (its gate's record)."""
     gate = gate_of(searcher.gates, LearnedOutOfMemory)
     assert isinstance(gate, LearnedOutOfMemory)
@@ -355,7 +357,7 @@ def test_a_packed_oom_is_retried_alone_once_before_it_is_taught(tmp_path: Path) 
     searcher.on_trial_complete("alone", {**_result("infeasible_memory"), keys.GPU_SHARE: 1.0})
     told = searcher.study.trials[0]
     assert told.state is optuna.trial.TrialState.COMPLETE and told.constraints["memory"] > 0
-    assert [o["tune_trial_id"] for o in _out_of_memory(searcher)] == ["alone"]
+    assert [o.trial_id for o in _out_of_memory(searcher)] == ["alone"]
     following = searcher.suggest("next")
     assert following is not None and keys.ALONE not in following  # retried once, not again
 
@@ -829,13 +831,15 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
         def __init__(self) -> None:
             self.ended: list[str] = []
 
-        def check(self, recipe: Any, config: dict[str, Any]) -> Rejection | None:
+        def check(self, recipe: TrialConfig) -> Rejection | None:
             if recipe.micro_batch_size >= 128:
                 return Rejection("too large for this test", memory=False)
             return None
 
-        def learn(self, config: dict[str, Any], result: dict[str, Any], oom: bool) -> None:
-            self.ended.append(config[keys.TUNE_TRIAL_ID])
+        def learn(
+            self, trial_id: str, recipe: TrialConfig, result: dict[str, Any], oom: bool
+        ) -> None:
+            self.ended.append(trial_id)
 
         def state(self) -> Any:
             return list(self.ended)
@@ -866,4 +870,4 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
     other = RaybatchSearcher(SPACE, SearchStudy(None, "x"), 600.0, Plan(SPACE))  # other gates
     with pytest.raises(RunDirError, match=r"gates: saved by a searcher with gates \['Learned"):
         other.restore(str(tmp_path / "ckpt.pkl"))
-    assert Gate().check(SPACE.derive(64), {}) is None  # the base objects to nothing
+    assert Gate().check(SPACE.derive(64)) is None  # the base objects to nothing

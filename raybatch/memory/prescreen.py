@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from raybatch import keys
 from raybatch.memory.model import EstimateSource
+from raybatch.space.config import TrialConfig
 
 
 @dataclass(frozen=True)
@@ -33,27 +32,35 @@ class PrescreenResult:
     reason: str
 
 
-def needs_at_least(config: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether ``config`` needs at least the memory ``other`` needs, whatever the model.
+@dataclass(frozen=True)
+class RanOut:
+    """A launched trial that ran out of memory although the estimate let it through."""
+
+    trial_id: str
+    recipe: TrialConfig
+
+
+def needs_at_least(recipe: TrialConfig, other: TrialConfig) -> bool:
+    """Whether ``recipe`` needs at least the memory ``other`` needs, whatever the model.
 
     Peak memory grows with the micro batch and the world size (DDP buckets); accumulation adds
     one gradient buffer kept alive across micro steps, the same for 2 steps as for 16.
     """
-    return bool(
-        config[keys.MICRO_BATCH_SIZE] >= other[keys.MICRO_BATCH_SIZE]
-        and min(config[keys.ACCUMULATION_STEPS], 2) >= min(other[keys.ACCUMULATION_STEPS], 2)
-        and config.get(keys.WORLD_SIZE, 1) >= other.get(keys.WORLD_SIZE, 1)
+    return (
+        recipe.micro_batch_size >= other.micro_batch_size
+        and min(recipe.accumulation_steps, 2) >= min(other.accumulation_steps, 2)
+        and recipe.world_size >= other.world_size
     )
 
 
-def learned_oom(config: dict[str, Any], out_of_memory: list[dict[str, Any]]) -> str | None:
-    """Why ``config`` is known not to fit without an estimate: it needs at least the memory
+def learned_oom(recipe: TrialConfig, ran_out: list[RanOut]) -> str | None:
+    """Why ``recipe`` is known not to fit without an estimate: it needs at least the memory
     of a launched trial that ran out (:func:`needs_at_least`); ``None`` when none did."""
-    failed = next((o for o in out_of_memory if needs_at_least(config, o)), None)
+    failed = next((o for o in ran_out if needs_at_least(recipe, o.recipe)), None)
     if failed is None:
         return None
     return (
-        f"needs at least the memory of trial {failed[keys.TUNE_TRIAL_ID]}"
-        f" (micro batch {failed[keys.MICRO_BATCH_SIZE]} x"
-        f" {failed[keys.ACCUMULATION_STEPS]}), which ran out of memory"
+        f"needs at least the memory of trial {failed.trial_id}"
+        f" (micro batch {failed.recipe.micro_batch_size} x"
+        f" {failed.recipe.accumulation_steps}), which ran out of memory"
     )

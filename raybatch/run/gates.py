@@ -31,9 +31,9 @@ from raybatch import keys
 from raybatch.errors import Issue, RunDirError, TraceError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.memory.prescreen import learned_oom
+from raybatch.memory.prescreen import RanOut, learned_oom
 from raybatch.run.resources import gpu_fraction
-from raybatch.space.config import TrialConfig, carried_recipe
+from raybatch.space.config import TrialConfig
 from raybatch.trial.placement import placement_problem, running_ray, worker_room
 from raybatch.trial.settings import TrialSettings
 
@@ -69,13 +69,16 @@ class Gate:
     where they learn from finished trials.
     """
 
-    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
-        """Why ``recipe`` (its Tune ``config`` beside it) must not launch, or ``None``."""
+    def check(self, recipe: TrialConfig) -> Rejection | None:
+        """Why ``recipe`` must not launch, or ``None``."""
         return None
 
-    def learn(self, config: dict[str, Any], result: dict[str, Any], out_of_memory: bool) -> None:
-        """A launched trial ended with ``result``; ``out_of_memory``: it ran out of memory and
-        that is its recipe's verdict (not a packed trial about to run again alone)."""
+    def learn(
+        self, trial_id: str, recipe: TrialConfig, result: dict[str, Any], out_of_memory: bool
+    ) -> None:
+        """Tune trial ``trial_id`` ran ``recipe`` and ended with ``result`` (Tune's);
+        ``out_of_memory``: it ran out of memory and that is its recipe's verdict (not a packed
+        trial about to run again alone)."""
 
     def state(self) -> Any:
         """What the searcher's checkpoint keeps of what this gate learned."""
@@ -94,7 +97,7 @@ class Placement(Gate):
         self.data_parallel_gpus = data_parallel_gpus
         self.gpu_model = gpu_model
 
-    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+    def check(self, recipe: TrialConfig) -> Rejection | None:
         problem = placement_problem(recipe.world_size, self.data_parallel_gpus, self.gpu_model)
         return None if problem is None else Rejection(problem, memory=False)
 
@@ -111,7 +114,7 @@ class MemoryBudget(Gate):
         self.budget_bytes = budget_bytes
         self.probe_margin = probe_margin
 
-    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+    def check(self, recipe: TrialConfig) -> Rejection | None:
         verdict = self.estimator.prescreen(recipe, self.budget_bytes)
         if verdict.fits is not False:
             return None
@@ -121,12 +124,14 @@ class MemoryBudget(Gate):
             return None
         return Rejection(verdict.reason, violation, verdict.predicted_bytes)
 
-    def learn(self, config: dict[str, Any], result: dict[str, Any], out_of_memory: bool) -> None:
+    def learn(
+        self, trial_id: str, recipe: TrialConfig, result: dict[str, Any], out_of_memory: bool
+    ) -> None:
         measured = result.get(keys.PROBE_RESERVED_BYTES)
         if not measured:
             return
         try:
-            self.estimator.observe(carried_recipe(config), int(measured))
+            self.estimator.observe(recipe, int(measured))
         except TraceError:  # an untraceable workload has no model to calibrate
             return
 
@@ -143,15 +148,17 @@ class LearnedOutOfMemory(Gate):
     wrong once, the same mistake is not paid twice."""
 
     def __init__(self) -> None:
-        self.out_of_memory: list[dict[str, Any]] = []
+        self.out_of_memory: list[RanOut] = []
 
-    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
-        learned = learned_oom(config, self.out_of_memory)
+    def check(self, recipe: TrialConfig) -> Rejection | None:
+        learned = learned_oom(recipe, self.out_of_memory)
         return None if learned is None else Rejection(learned)
 
-    def learn(self, config: dict[str, Any], result: dict[str, Any], out_of_memory: bool) -> None:
+    def learn(
+        self, trial_id: str, recipe: TrialConfig, result: dict[str, Any], out_of_memory: bool
+    ) -> None:
         if out_of_memory:
-            self.out_of_memory.append(config)
+            self.out_of_memory.append(RanOut(trial_id, recipe))
 
     def state(self) -> Any:
         return list(self.out_of_memory)

@@ -1,4 +1,4 @@
-"""Which Tune trial runs which Optuna trial, and the recipes chosen but not launched yet.
+"""Each launch, from the recipe that passed the screen to its end told in the study.
 
 The searcher's bookkeeping between its two records, kept in its Tune checkpoint so that a
 resumed search and its study agree:
@@ -17,9 +17,17 @@ resumed search and its study agree:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from raybatch import keys
+from raybatch.results.selection import is_packed
+from raybatch.run.gates import OOM_VIOLATION, Devices
+from raybatch.run.screen import Passed, Screen
 from raybatch.space.config import TrialConfig
+from raybatch.status import TrialStatus
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -32,42 +40,110 @@ class Held:
 
 
 class Launches:
-    """Tune trial -> Optuna trial, which are told, the :class:`Held` recipe, and the Optuna
-    trials to run again alone (:meth:`retry_alone`, :meth:`next_alone`)."""
+    """Launches what passed ``screen`` on ``devices`` (or holds it until its workers fit), and
+    tells each end once.
 
-    def __init__(self) -> None:
+    Tune trial -> Optuna trial (:attr:`numbers`), which are told, the :class:`Held` recipe, and
+    the packed trials out of memory to run again alone (:meth:`end`).
+    """
+
+    def __init__(self, screen: Screen, devices: Devices) -> None:
+        self.screen = screen
+        self.record = screen.record
+        self.plan = screen.plan
+        self.devices = devices
         self.numbers: dict[str, int] = {}  # Tune trial -> Optuna trial
         self.held: Held | None = None
         self._told: set[str] = set()
         self._alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
 
-    def launched(self, trial_id: str, number: int) -> None:
+    def again(self, trial_id: str) -> dict[str, Any] | None:
+        """The config of a trial launched before (a restored one asks again), or of the next
+        packed trial that ran out of memory, to run again alone on a whole GPU; else ``None``."""
+        if trial_id in self.numbers:
+            return self.record.config_of(self.numbers[trial_id])
+        if not self._alone:
+            return None
+        number = self._alone.pop(0)
+        self.record.relaunched(number, trial_id)
         self.numbers[trial_id] = number
+        self.devices.held[trial_id] = 1.0  # a whole GPU, alone
+        return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
+
+    def release(self, trial_id: str) -> tuple[bool, dict[str, Any] | None]:
+        """The held data-parallel recipe: ``(True, None)`` while its workers do not fit beside
+        the running trials, its config once they do, ``(False, None)`` when it is gone (told
+        while the searcher waited, or refused: the cluster shrank) and a new one is asked."""
+        waiting = self.held
+        assert waiting is not None
+        held = self.record.live(waiting.number)
+        if held is not None and not self.devices.room_for(waiting.recipe):
+            rejection = None if self.devices.held else self.screen.placement(waiting.recipe)
+            if rejection is None:
+                return True, None
+            # Nothing runs and it still cannot be placed: the cluster shrank since.
+            self.screen.refuse(held, waiting.config, rejection)
+            held = None
+        self.held = None
+        if held is None:
+            return False, None
+        return False, self.launch(held, waiting.config, waiting.recipe, trial_id)
+
+    def start(self, passed: Passed, trial_id: str) -> dict[str, Any] | None:
+        """Launch what passed the screen, with its share of a GPU where trials are packed; or
+        hold it (``None``) while its data-parallel workers do not fit."""
+        share = self.devices.share(passed.recipe)
+        config = passed.config if share is None else {**passed.config, keys.GPU_SHARE: share}
+        if not self.devices.room_for(passed.recipe):
+            self.held = Held(passed.trial.number, config, passed.recipe)
+            return None
+        return self.launch(passed.trial, config, passed.recipe, trial_id)
+
+    def launch(
+        self, ot_trial: optuna.Trial, config: dict[str, Any], recipe: TrialConfig, trial_id: str
+    ) -> dict[str, Any]:
+        self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
+        self.numbers[trial_id] = ot_trial.number
+        # Measured alone on its device: a packed trial's step times are its neighbours' too.
+        if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
+            config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
+            self.plan.measuring = trial_id
+        self.devices.take(trial_id, recipe, config)
+        return config
 
     def to_tell(self, trial_id: str) -> int | None:
         """The Optuna trial Tune trial ``trial_id`` ran, while it is not told yet; ``None``
-        when it ran none of the searcher's, or was told already (:meth:`told`)."""
+        when it ran none of the searcher's, or was told already."""
         number = self.numbers.get(trial_id)
         return None if number is None or trial_id in self._told else number
 
-    def told(self, trial_id: str) -> None:
-        """``trial_id``'s end is told (marked once the study has it, so an end whose telling
-        failed half-way is told again when Tune reports it again)."""
-        self._told.add(trial_id)
+    def end(
+        self, trial_id: str, number: int, status: TrialStatus, value: float, result: dict[str, Any]
+    ) -> bool:
+        """Tell the study how Tune trial ``trial_id`` (Optuna trial ``number``) ended, and the
+        plan whether an opening point reached; whether that end is its recipe's verdict.
 
-    def retry_alone(self, number: int) -> bool:
-        """Queue Optuna trial ``number`` to run again alone, unless it already has; whether it
-        was queued (``False``: its second OOM, the recipe's verdict)."""
-        if number in self._retried:
+        ``False`` for a packed trial out of memory (a neighbour's doing, perhaps): it is queued
+        to run once more alone on a whole GPU instead, and told then. A trial is marked told
+        once the study has it, so an end whose telling failed half-way is told again when Tune
+        reports it again.
+        """
+        oom = status is TrialStatus.INFEASIBLE_MEMORY
+        if oom and is_packed(result.get(keys.GPU_SHARE)) and number not in self._retried:
+            self._alone.append(number)
+            self._retried.add(number)
+            self._told.add(trial_id)
             return False
-        self._alone.append(number)
-        self._retried.add(number)
+        time_to_target = result.get(keys.TIME_TO_TARGET_S)
+        violation = OOM_VIOLATION if oom else 0.0
+        told = self.record.finish(number, status, value, violation, time_to_target)
+        self._told.add(trial_id)
+        reached = time_to_target if status is TrialStatus.REACHED else None
+        self.plan.opening_done(number, reached, oom)
+        if told is not None:  # None: told before an interruption Tune's saved state predates
+            self.numbers[trial_id] = told
         return True
-
-    def next_alone(self) -> int | None:
-        """The next trial to run again alone, taken off the queue, or ``None``."""
-        return self._alone.pop(0) if self._alone else None
 
     def state(self) -> dict[str, Any]:
         """What the searcher's checkpoint keeps (all but a held recipe, which is asked again)."""
@@ -76,6 +152,7 @@ class Launches:
             "completed": set(self._told),
             "retry_alone": list(self._alone),
             "retried": set(self._retried),
+            "devices": dict(self.devices.held),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -83,6 +160,7 @@ class Launches:
         self._told = set(state["completed"])
         self._alone = list(state["retry_alone"])
         self._retried = set(state["retried"])
+        self.devices.held = dict(state["devices"])
         self.held = None
 
 

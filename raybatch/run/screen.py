@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch.errors import ConfigError
-from raybatch.run.gates import Gate, Rejection
+from raybatch.run.gates import Gate, Placement, Rejection, gate_of, gates_state, restore_gates
 from raybatch.run.plan import Plan
 from raybatch.run.study import Prescreened, SearchStudy
 from raybatch.space.config import TrialConfig, carried_recipe
@@ -69,7 +69,10 @@ class Screen:
 
     def next(self) -> Passed | None:
         """The next suggestion that passes every gate; ``None`` when it gave up (the reason is
-        in the study's :meth:`~raybatch.run.study.SearchStudy.gave_up_reason`)."""
+        in the study's :meth:`~raybatch.run.study.SearchStudy.gave_up_reason`). The plan's points
+        are queued in the study first: they are asked before TPE's."""
+        self.plan.queue_opening()
+        self.plan.queue_ladder()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
             try:  # the recipe, derived once, here, where the knobs are chosen
@@ -81,7 +84,7 @@ class Screen:
             self.plan.note_opening(ot_trial)
             config = {**ot_trial.params, **constants}
             recipe = carried_recipe(config)  # the define-by-run's, derived once
-            rejection = self.check(recipe, config)
+            rejection = self.check(recipe)
             if rejection is None:
                 return Passed(ot_trial, config, recipe)
             self.refuse(ot_trial, config, rejection)
@@ -92,9 +95,29 @@ class Screen:
         )
         return None
 
-    def check(self, recipe: TrialConfig, config: dict[str, Any]) -> Rejection | None:
+    def check(self, recipe: TrialConfig) -> Rejection | None:
         """The first gate's objection to ``recipe``, or ``None``."""
-        return next(filter(None, (g.check(recipe, config) for g in self.gates)), None)
+        return next(filter(None, (g.check(recipe) for g in self.gates)), None)
+
+    def placement(self, recipe: TrialConfig) -> Rejection | None:
+        """The :class:`Placement` gate's objection to ``recipe`` (``None`` without one)."""
+        gate = gate_of(self.gates, Placement)
+        return None if gate is None else gate.check(recipe)
+
+    def learn(
+        self, trial_id: str, recipe: TrialConfig, result: dict[str, Any], out_of_memory: bool
+    ) -> None:
+        """Teach every gate how a launched trial ended (:meth:`Gate.learn`)."""
+        for gate in self.gates:
+            gate.learn(trial_id, recipe, result, out_of_memory)
+
+    def state(self) -> dict[str, Any]:
+        """What the searcher's checkpoint keeps: the refusals, and what the gates learned."""
+        return {"prescreened": self.refused, **gates_state(self.gates)}
+
+    def restore(self, state: dict[str, Any], source: str) -> None:
+        restore_gates(self.gates, state, source)  # what probes and OOMs taught
+        self.refused = state["prescreened"]
 
     def refuse(self, ot_trial: optuna.Trial, config: dict[str, Any], why: Rejection) -> None:
         """Tell Optuna ``ot_trial`` is not launched, and why."""

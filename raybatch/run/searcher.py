@@ -52,23 +52,12 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.results.selection import is_packed
-from raybatch.run.gates import (
-    OOM_VIOLATION,
-    Devices,
-    Gate,
-    LearnedOutOfMemory,
-    Placement,
-    for_settings,
-    gate_of,
-    gates_state,
-    restore_gates,
-)
-from raybatch.run.launches import Held, Launches
+from raybatch.run.gates import Devices, Gate, LearnedOutOfMemory, for_settings
+from raybatch.run.launches import Launches
 from raybatch.run.plan import Plan
 from raybatch.run.screen import Screen
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
-from raybatch.space.config import TrialConfig
+from raybatch.space.config import carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, evaluation_of, final_status
 from raybatch.trial.settings import parts_of
@@ -83,9 +72,9 @@ class RaybatchSearcher(Searcher):
 
     Composed of parts, each with one job and its own saved state, as Ray composes a
     ``ConcurrencyLimiter`` around a searcher: the study (Optuna's record and sampler), the plan
-    (what runs before TPE), the gates (why a recipe must not launch) and the devices (how a
-    trial takes its GPU, and room for data-parallel workers). :meth:`for_trainable` builds
-    them from a :func:`raybatch.trainable`; ``raybatch search`` from what it measured.
+    (what runs before TPE), the screen and its gates (why a recipe must not launch), the
+    launches (which trial runs what, on which devices). :meth:`for_trainable` builds them from
+    a :func:`raybatch.trainable`; ``raybatch search`` from what it measured.
 
     Args:
         space: The coupled space (raw knobs are searched, the rest derived).
@@ -121,7 +110,7 @@ class RaybatchSearcher(Searcher):
         self.gates = list(gates) if gates is not None else [LearnedOutOfMemory()]
         self.devices = devices if devices is not None else Devices()
         self.screen = Screen(space, self.record, self.plan, self.gates, penalty)
-        self.launches = Launches()  # Tune trial -> Optuna trial; a held recipe; alone retries
+        self.launches = Launches(self.screen, self.devices)
 
     @classmethod
     def for_trainable(
@@ -158,8 +147,8 @@ class RaybatchSearcher(Searcher):
 
     @property
     def gave_up(self) -> str | None:
-        """Why the searcher stopped suggesting, if it did; read from the study, so that a
-        searcher restored from a checkpoint does not ask Optuna all over again."""
+        """Why the searcher stopped suggesting, if it did (read from the study: a restored
+        searcher does not ask Optuna all over again)."""
         return self.record.gave_up_reason()
 
     def set_search_properties(
@@ -169,77 +158,27 @@ class RaybatchSearcher(Searcher):
             self._metric = metric
         return mode in (None, "min")  # the objective (a time) is always minimised
 
-    # ------------------------------------------------------------------ suggest
-
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         """The next config that passes the pre-screen (:class:`~raybatch.run.screen.Screen`);
         ``Searcher.FINISHED`` once it gave up (the reason in :attr:`gave_up`), rather than
         raising inside Tune's controller, which would end the whole experiment as a crash."""
-        if trial_id in self.launches.numbers:  # a restored, unfinished trial asks again
-            return self.record.config_of(self.launches.numbers[trial_id])
-        number = self.launches.next_alone()
-        if number is not None:
-            self.record.relaunched(number, trial_id)
-            self.launches.launched(trial_id, number)
-            self.devices.held[trial_id] = 1.0  # a whole GPU, alone
-            return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
+        again = self.launches.again(trial_id)  # a restored trial, or a packed OOM run alone
+        if again is not None:
+            return again
         if self.gave_up is not None:
             return Searcher.FINISHED
         if self.launches.held is not None:  # a data-parallel recipe waiting for its workers
-            wait, launched = self._held_one(trial_id)
+            wait, launched = self.launches.release(trial_id)
             if wait or launched is not None:
                 return launched  # None: Tune asks again later; nothing starts only to wait
-        self.plan.queue_opening()
-        self.plan.queue_ladder()
         passed = self.screen.next()
         if passed is None:
             return Searcher.FINISHED
-        share = self.devices.share(passed.recipe)
-        config = passed.config if share is None else {**passed.config, keys.GPU_SHARE: share}
-        if not self.devices.room_for(passed.recipe):
-            self.launches.held = Held(passed.trial.number, config, passed.recipe)
-            return None
-        return self._launch(passed.trial, config, passed.recipe, trial_id)
-
-    def _held_one(self, trial_id: str) -> tuple[bool, dict[str, Any] | None]:
-        """The held data-parallel recipe: ``(True, None)`` while its workers do not fit beside
-        the running trials, its config once they do, ``(False, None)`` when it is gone (told
-        while the searcher waited, or refused: the cluster shrank) and a new one is asked."""
-        waiting = self.launches.held
-        assert waiting is not None
-        config, recipe = waiting.config, waiting.recipe
-        held = self.record.live(waiting.number)
-        if held is not None and not self.devices.room_for(recipe):
-            placement = gate_of(self.gates, Placement)
-            rejection = None
-            if placement is not None and not self.devices.held:
-                rejection = placement.check(recipe, config)
-            if rejection is None:
-                return True, None
-            # Nothing runs and it still cannot be placed: the cluster shrank since.
-            self.screen.refuse(held, config, rejection)
-            held = None
-        self.launches.held = None
-        return False, None if held is None else self._launch(held, config, recipe, trial_id)
-
-    def _launch(
-        self, ot_trial: optuna.Trial, config: dict[str, Any], recipe: TrialConfig, trial_id: str
-    ) -> dict[str, Any]:
-        self.record.launched(ot_trial, config, trial_id)  # constraint told at completion
-        self.launches.launched(trial_id, ot_trial.number)
-        # Measured alone on its device: a packed trial's step times are its neighbours' too.
-        if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
-            config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
-            self.plan.measuring = trial_id
-        self.devices.take(trial_id, recipe, config)
-        return config
-
-    # ------------------------------------------------------------------ results
+        return self.launches.start(passed, trial_id)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         """An evaluation's target metric, kept in the study as the trial's intermediate value
-        at its samples seen (learning curves in optuna-dashboard); heartbeats are not
-        evaluations."""
+        at its samples seen (learning curves in optuna-dashboard)."""
         number = self.launches.numbers.get(trial_id)
         evaluation = evaluation_of(result)
         if number is not None and evaluation is not None:
@@ -248,45 +187,24 @@ class RaybatchSearcher(Searcher):
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
-        """Tell Optuna the trial's objective; a trial stopped mid-run by the scheduler is capped
-        (PRUNED in the study).
-
-        A trial that ran out of memory is told infeasible (positive constraint) and remembered,
-        so that no later suggestion needing as much memory is launched.
-        """
+        """Tell Optuna the trial's objective (one the scheduler stopped is PRUNED); one out of
+        memory is told infeasible and taught to the gates, or, packed, runs once more alone."""
         self.devices.free(trial_id)
-        self.plan.ended(trial_id, result or {})
+        result = result or {}
+        self.plan.ended(trial_id, result)
         number = self.launches.to_tell(trial_id)
         if number is None:
             return
-        result = result or {}
         self.on_trial_result(trial_id, result)  # the last evaluation, if Tune sent it here
         status, value = final_status(result, error, self.penalty)
-        oom = status is TrialStatus.INFEASIBLE_MEMORY
-        retry = oom and is_packed(result.get(keys.GPU_SHARE)) and self.launches.retry_alone(number)
-        launched = {**self.record.config_of(number), keys.TUNE_TRIAL_ID: trial_id}
-        for gate in self.gates:  # a packed trial out of memory is not its recipe's verdict yet
-            gate.learn(launched, result, oom and not retry)
-        if retry:  # once: a second OOM is the recipe's
-            self.launches.told(trial_id)
-            return
-        time_to_target = result.get(keys.TIME_TO_TARGET_S)
-        violation = OOM_VIOLATION if oom else 0.0
-        told = self.record.finish(number, status, value, violation, time_to_target)
-        self.launches.told(trial_id)
-        self.plan.opening_done(
-            number, time_to_target if status is TrialStatus.REACHED else None, oom
-        )
-        if told is not None:  # None: told before an interruption Tune's saved state predates
-            self.launches.launched(trial_id, told)
-
-    # ------------------------------------------------------------------ checkpoint
+        recipe = carried_recipe(self.record.config_of(number))  # read while the trial is open
+        verdict = self.launches.end(trial_id, number, status, value, result)
+        oom = verdict and status is TrialStatus.INFEASIBLE_MEMORY  # the recipe's verdict
+        self.screen.learn(trial_id, recipe, result, oom)
 
     def save(self, checkpoint_path: str) -> None:
-        state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **gates_state(self.gates)}
-        state["prescreened"] = self.screen.refused
+        state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **self.screen.state()}
         state["plan"] = self.plan.state()
-        state["devices"] = dict(self.devices.held)
         state["memory_storage"] = self.record.memory_storage  # None for a storage URL
         with open(checkpoint_path, "wb") as f:
             pickle.dump(state, f)
@@ -295,9 +213,7 @@ class RaybatchSearcher(Searcher):
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
         check_format(state.get(FORMAT_KEY), checkpoint_path)
-        restore_gates(self.gates, state, checkpoint_path)  # what probes and OOMs taught
+        self.screen.restore(state, checkpoint_path)
         self.launches.restore(state)  # a held data-parallel recipe is asked again
-        self.screen.refused = state["prescreened"]
         self.plan.restore(state["plan"])
-        self.devices.held = dict(state["devices"])
         self.record.use_memory_storage(state["memory_storage"])
