@@ -100,6 +100,7 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
     best = result.best.config
     median = result.best.provenance.median_time_to_target_s
     prior = result.best.provenance.prior or {}
+    runner_up = result.best.provenance.runner_up
     reached = [
         r
         for r in result.rows
@@ -111,8 +112,7 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
         "winner": {k: getattr(best, k) for k in keys.RAW_KNOBS},
         "winner_effective_batch": best.effective_batch_size,
         "confirmed_median_s": median,
-        "within_noise_of_runner_up": (result.best.provenance.runner_up or {}).get(
-            "within_noise"),
+        "within_noise_of_runner_up": runner_up.within_noise if runner_up else None,
         "device_s": spent.device_s,
         "train_s": spent.train_s,
         "cost_trainings_winner": spent.device_s / median,

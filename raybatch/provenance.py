@@ -8,11 +8,11 @@ search cost), and whether a retarget has moved it off the measured recipe. Each 
 name and one type, so training code, the report and the CLI read ``best.provenance.device``
 rather than a chain of ``.get()`` on a dict whose keys nobody lists.
 
-What the search cost is a record too (:class:`SearchCost`), and the seed points are typed
-(:class:`~raybatch.keys.KnobPoint`). The comparisons (``compared``, ``runner_up``) and the
-time model (``prior``) are kept as the mappings the YAML holds: each is written by one
-function (:func:`raybatch.results.selection.comparisons`, the time model's ``to_dict``) and
-read by the report.
+What the search cost is a record too (:class:`SearchCost`), as are the comparisons
+(:class:`RunnerUp`, :class:`Comparison`: written flat, their knobs beside their verdict) and
+the seed points (:class:`~raybatch.keys.KnobPoint`). The time model (``prior``) is kept as the
+mapping its own ``to_dict`` writes (:class:`raybatch.timemodel.model.TimeModel` reads it
+back): the model stands above this record, which only carries it.
 
 Fields a file does not carry are ``None``; :attr:`Provenance.amp_recorded` tells "the run
 trained in fp32" (``amp_dtype: null`` written) from "this file does not say" (no key).
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 from raybatch.errors import ConfigError, Issue
-from raybatch.keys import KnobPoint
+from raybatch.keys import RAW_KNOBS, KnobPoint
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,122 @@ class Retargeted:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _split(data: Any, kind: type, field: str, source: str) -> tuple[KnobPoint, dict[str, Any]]:
+    """A flat mapping as the YAML holds it, split into its knobs and ``kind``'s other fields.
+
+    Raises:
+        ConfigError: Not a mapping, or a key that is neither a knob nor a field (``field``
+            named, with ``source``).
+    """
+    names = {f.name for f in fields(kind)} - {"knobs"}
+    if not isinstance(data, Mapping) or set(data) - names - set(RAW_KNOBS):
+        why = f"not a {kind.__name__} record (the knobs and {', '.join(sorted(names))})"
+        raise ConfigError([Issue(field, why)], source)
+    knobs = cast(KnobPoint, {k: data[k] for k in RAW_KNOBS if k in data})
+    return knobs, {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class RunnerUp:
+    """The second-best recipe against the winner, seed by seed (written flat, its knobs beside
+    the verdict).
+
+    Attributes:
+        knobs: Its raw knobs.
+        paired_ratio: Its time over the winner's, the median over their paired runs (> 1: the
+            winner is faster).
+        wins: Pairs the winner won.
+        pairs: Pairs compared.
+        within_noise: Whether the ratio lies inside the indifference zone (called equal).
+        indifference: The zone's half-width (0.1: within 10 %).
+    """
+
+    knobs: KnobPoint
+    paired_ratio: float
+    wins: int
+    pairs: int
+    within_noise: bool
+    indifference: float = 0.1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.knobs, **{f.name: getattr(self, f.name) for f in fields(self)[1:]}}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<python>") -> RunnerUp:
+        knobs, values = _split(data, cls, "provenance.runner_up", source)
+        try:
+            return cls(knobs, **values)
+        except TypeError:
+            why = "a runner-up's verdict needs paired_ratio, wins, pairs and within_noise"
+            raise ConfigError([Issue("provenance.runner_up", why)], source) from None
+
+
+BOUNDS = ("measured", "paired", "at_least")
+"""How a comparison's ratio was measured: each from a run that reached (``measured``), seed by
+seed over the race's pairs (``paired``), or a lower bound from a run stopped before the target
+(``at_least``: its training seconds over the winner's time)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The winner against one simple alternative (the largest batch at the rule's LR or at its
+    best swept LR, the reference), written flat: its label, knobs and verdict.
+
+    Attributes:
+        recipe: The alternative, in words.
+        knobs: Its raw knobs.
+        status: How its run ended in the search.
+        ratio: Its time over the winner's (> 1: the winner is faster); ``None``: no figure.
+        bound: One of :data:`BOUNDS`, or ``None`` with ``ratio``.
+        is_winner: It is the winner (ratio 1).
+        pairs: Paired runs compared (``paired``).
+        wins: Pairs the winner won (``paired``).
+        within_noise: Whether the paired ratio is inside the indifference zone (``paired``).
+        time_to_target_s: Its search run's time to target (``measured``).
+        train_s: Its search run's training seconds before it stopped (``at_least``).
+        reason: Why there is no figure (``bound`` ``None``).
+    """
+
+    recipe: str
+    knobs: KnobPoint
+    status: str
+    ratio: float | None = None
+    bound: str | None = None
+    is_winner: bool = False
+    pairs: int | None = None
+    wins: int | None = None
+    within_noise: bool | None = None
+    time_to_target_s: float | None = None
+    train_s: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"recipe": self.recipe, **self.knobs, "status": self.status}
+        if self.is_winner:
+            out["is_winner"] = True
+        out.update(ratio=self.ratio, bound=self.bound)
+        for name in ("pairs", "wins", "within_noise", "time_to_target_s", "train_s"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.bound is None:
+            out["reason"] = self.reason
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<python>", name: str = "?") -> Comparison:
+        field = f"provenance.compared.{name}"
+        knobs, values = _split(data, cls, field, source)
+        if values.get("bound") not in (*BOUNDS, None):
+            why = f"bound must be one of {', '.join(BOUNDS)} or null, got {values['bound']!r}"
+            raise ConfigError([Issue(field, why)], source)
+        try:
+            return cls(knobs=knobs, **values)
+        except TypeError:
+            raise ConfigError(
+                [Issue(field, "a comparison needs recipe and status")], source
+            ) from None
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a searched recipe came from (see the module's docstring).
@@ -138,8 +254,8 @@ class Provenance:
     target: str | None = None
     search_trials: int | None = None
     created: str | None = None
-    runner_up: dict[str, Any] | None = None
-    compared: dict[str, dict[str, Any]] | None = None
+    runner_up: RunnerUp | None = None
+    compared: dict[str, Comparison] | None = None
     search_cost: SearchCost | None = None
     baseline_point: KnobPoint | None = None
     reference_point: KnobPoint | None = None
@@ -171,6 +287,15 @@ class Provenance:
                 why = f"not a retarget's record (its fields: {', '.join(sorted(known))})"
                 raise ConfigError([Issue("provenance.retargeted", why)], source)
             values["retargeted"] = Retargeted(**moved)
+        if values.get("runner_up") is not None:
+            values["runner_up"] = RunnerUp.from_dict(values["runner_up"], source)
+        compared = values.get("compared")
+        if compared is not None:
+            if not isinstance(compared, Mapping):
+                raise ConfigError([Issue("provenance.compared", "not a mapping")], source)
+            values["compared"] = {
+                str(k): Comparison.from_dict(v, source, str(k)) for k, v in compared.items()
+            }
         cost = values.get("search_cost")
         if cost is not None:
             try:
@@ -190,7 +315,11 @@ class Provenance:
                 continue
             if f.name == "amp_dtype" and not self.amp_recorded:
                 continue
-            out[f.name] = value.to_dict() if isinstance(value, Retargeted | SearchCost) else value
+            if f.name == "compared":
+                value = {k: c.to_dict() for k, c in value.items()}
+            elif isinstance(value, Retargeted | SearchCost | RunnerUp):
+                value = value.to_dict()
+            out[f.name] = value
         return out
 
     @property
@@ -208,4 +337,4 @@ class Provenance:
         )
 
 
-__all__ = ["Provenance", "Retargeted", "SearchCost"]
+__all__ = ["BOUNDS", "Comparison", "Provenance", "Retargeted", "RunnerUp", "SearchCost"]

@@ -14,13 +14,14 @@ import html
 import math
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.export import BEST_YAML
 from raybatch.keys import KnobPoint, knob_items
 from raybatch.memory.sizes import format_bytes
 from raybatch.metric import Target
+from raybatch.provenance import Comparison
 from raybatch.results.outcome import no_winner_reason
 from raybatch.results.rows import TrialRow, plain_text, status_counts
 from raybatch.results.selection import runs_point, select_winner
@@ -177,11 +178,10 @@ def _compared_points(result: SearchResult) -> list[tuple[str, KnobPoint | None]]
     LR), at the rule's LR, and the reference."""
     tuned = None
     if result.best is not None:
-        compared = (result.best.provenance.compared or {}).get("max_batch_tuned") or {}
-        knobs = cast(KnobPoint, {k: compared[k] for k in keys.RAW_KNOBS if k in compared})
+        compared = (result.best.provenance.compared or {}).get("max_batch_tuned")
         at_rule = result.baseline or KnobPoint()
-        if knobs and not compared.get("is_winner") and not runs_point(knobs, at_rule):
-            tuned = knobs
+        if compared and not compared.is_winner and not runs_point(compared.knobs, at_rule):
+            tuned = compared.knobs
     points: list[tuple[str, KnobPoint | None]] = [
         ("max batch, best LR", tuned),
         ("max batch", result.baseline),
@@ -199,11 +199,12 @@ def _matching(rows: list[TrialRow], knobs: KnobPoint | None) -> list[TrialRow]:
     return confirmed or [r for r in same if r.phase == keys.PHASE_SEARCH]
 
 
-def _is_point(knobs: dict[str, Any], point: KnobPoint) -> bool:
+def _is_point(knobs: KnobPoint, point: KnobPoint) -> bool:
     """A seeded point (integer knobs at the rule's LR), or a whole recipe's raw knobs."""
     if keys.LR_MULTIPLIER not in point:
         return runs_point(knobs, point)
-    return all(math.isclose(float(knobs[k]), v, rel_tol=1e-9) for k, v in knob_items(point))
+    mine = dict(knob_items(knobs))
+    return all(math.isclose(mine[k], v, rel_tol=1e-9) for k, v in knob_items(point))
 
 
 def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
@@ -277,17 +278,17 @@ _COMPARED = (
 )
 
 
-def _ratio_text(compared: dict[str, Any]) -> str:
-    ratio, bound = compared.get("ratio"), compared.get("bound")
-    if compared.get("is_winner"):
+def _ratio_text(compared: Comparison) -> str:
+    ratio, bound = compared.ratio, compared.bound
+    if compared.is_winner:
         return "is the winner itself"
     if ratio is None:
-        return f"ended {compared.get('status')} in the search"
+        return f"ended {compared.status} in the search"
     if bound == "at_least":
         return f"at least {ratio:.2f}x slower (stopped before the target)"
     if bound == "paired":
-        pairs = f"{compared['wins']} of {compared['pairs']} pairs won by the winner"
-        if compared.get("within_noise"):
+        pairs = f"{compared.wins} of {compared.pairs} pairs won by the winner"
+        if compared.within_noise:
             return f"within noise (paired ratio {ratio:.2f}; {pairs})"
         return f"{ratio:.2f}x slower seed by seed ({pairs})"
     if ratio >= 1:
@@ -316,19 +317,20 @@ def verdict(result: SearchResult, target: Target) -> str:
     ]
     runner = p.runner_up
     if runner:
-        name = (f"{runner['micro_batch_size']} x {runner['accumulation_steps']} at"
-                f" {runner['lr_multiplier']:.3g}x")  # fmt: skip
-        if runner.get("within_noise"):
-            how = (f"within noise of it (paired ratio {runner['paired_ratio']:.2f}, inside the"
-                   f" {runner.get('indifference', 0.1):.0%} indifference zone)")  # fmt: skip
+        knobs = runner.knobs
+        name = (f"{knobs.get('micro_batch_size')} x {knobs.get('accumulation_steps', 1)} at"
+                f" {knobs.get('lr_multiplier', 1.0):.3g}x")  # fmt: skip
+        if runner.within_noise:
+            how = (f"within noise of it (paired ratio {runner.paired_ratio:.2f}, inside the"
+                   f" {runner.indifference:.0%} indifference zone)")  # fmt: skip
         else:
-            how = f"{runner['paired_ratio']:.2f}x faster than it seed by seed"
-        lines.append(f"Runner-up {name}: the winner is {how}, {runner['wins']} of"
-                     f" {runner['pairs']} pairs won.")  # fmt: skip
+            how = f"{runner.paired_ratio:.2f}x faster than it seed by seed"
+        lines.append(f"Runner-up {name}: the winner is {how}, {runner.wins} of"
+                     f" {runner.pairs} pairs won.")  # fmt: skip
     for key, name in _COMPARED:
         compared = (p.compared or {}).get(key)
         if compared is not None:
-            lines.append(f"Against {name}, {compared['recipe']}: {_ratio_text(compared)}.")
+            lines.append(f"Against {name}, {compared.recipe}: {_ratio_text(compared)}.")
     if p.search_cost is not None:
         said = p.search_cost.sentence()
         lines.append(f"{said[0].upper()}{said[1:]}.")

@@ -169,7 +169,8 @@ def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None
     rounds = _play(race, {A: {1: 1.6}, B: {1: 1.1}})
     assert len(rounds) == 1
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
-    assert best is not None and (best.provenance.runner_up or {})["within_noise"] is True
+    runner_up = best.provenance.runner_up if best is not None else None
+    assert runner_up is not None and runner_up.within_noise is True
 
 
 def test_a_split_outside_the_indifference_zone_runs_one_more_seed() -> None:
@@ -226,10 +227,10 @@ def test_the_verdict_compares_with_the_largest_batch_as_a_bound_when_it_was_capp
                          measured_on=Provenance(baseline_point=baseline))  # fmt: skip
     assert best is not None
     compared = best.provenance.compared or {}
-    assert compared["max_batch"]["bound"] == "at_least"
-    assert compared["max_batch"]["ratio"] == pytest.approx(2.5)
-    assert compared["max_batch_tuned"]["bound"] == "measured"
-    assert compared["max_batch_tuned"]["ratio"] == pytest.approx(1.6)
+    assert compared["max_batch"].bound == "at_least"
+    assert compared["max_batch"].ratio == pytest.approx(2.5)
+    assert compared["max_batch_tuned"].bound == "measured"
+    assert compared["max_batch_tuned"].ratio == pytest.approx(1.6)
 
 
 def test_the_cost_counts_every_device_second_in_trainings_of_the_winner() -> None:
@@ -306,7 +307,7 @@ def test_a_rival_capped_in_the_race_is_compared_from_its_search_run_not_a_stand_
                          measured_on=Provenance(baseline_point=baseline))  # fmt: skip
     assert best is not None
     compared = (best.provenance.compared or {})["max_batch_tuned"]
-    assert compared["bound"] == "measured" and compared["ratio"] == pytest.approx(1.5)
+    assert compared.bound == "measured" and compared.ratio == pytest.approx(1.5)
 
 
 def test_data_parallel_and_packed_trials_are_charged_for_the_devices_they_held() -> None:

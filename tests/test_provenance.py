@@ -10,8 +10,12 @@ import yaml
 
 from raybatch.errors import ConfigError, RunDirError
 from raybatch.export import BEST_YAML, BestConfig, load_best, write_best
-from raybatch.provenance import Provenance, Retargeted, SearchCost
+from raybatch.keys import KnobPoint
+from raybatch.provenance import Comparison, Provenance, Retargeted, RunnerUp, SearchCost
 from raybatch.space.presets import load_space
+
+KNOBS = KnobPoint(micro_batch_size=64, accumulation_steps=1, world_size=1, lr_multiplier=1.0,
+                  weight_decay_multiplier=1.0)  # fmt: skip
 
 
 def _best(provenance: Provenance) -> BestConfig:
@@ -21,11 +25,24 @@ def _best(provenance: Provenance) -> BestConfig:
 def test_a_provenance_written_to_best_config_reads_back_equal(tmp_path: Path) -> None:
     written = Provenance(
         median_time_to_target_s=1.5, time_to_target_s_runs=[1.4, 1.6], device="CPU (test)",
-        amp_dtype="bf16", amp_recorded=True, trial_id="t1", compared={"reference": {"ratio": 2.0}},
+        amp_dtype="bf16", amp_recorded=True, trial_id="t1",
+        compared={"reference": Comparison("64 x 1", KNOBS, "capped", 2.0, "at_least", train_s=3.0),
+                  "max_batch": Comparison("256 x 1", KNOBS, "failed", reason="crashed")},
+        runner_up=RunnerUp(KNOBS, 1.3, 2, 3, False),
         retargeted=Retargeted(4, False, "moved", {"effective_batch_size": 64}),
         search_cost=SearchCost(30.0, 12.0, 1.5, 7),
     )  # fmt: skip
     write_best(tmp_path, _best(written))
+    file = yaml.safe_load((tmp_path / BEST_YAML).read_text())["provenance"]
+    assert file["runner_up"]["micro_batch_size"] == 64  # flat: its knobs beside its verdict
+    assert file["compared"]["max_batch"] == {
+        "recipe": "256 x 1",
+        **KNOBS,
+        "status": "failed",
+        "ratio": None,
+        "bound": None,
+        "reason": "crashed",
+    }
     read = load_best(tmp_path).provenance
     assert read == written and read.amp_recorded
     assert read.retargeted is not None and read.retargeted.note == "moved"
@@ -65,3 +82,23 @@ def test_a_mapping_given_as_provenance_is_read_as_the_record() -> None:
         BestConfig(best.config, {"nope": 1})
     with pytest.raises(ConfigError, match=r"provenance\.retargeted: not a retarget's record"):
         BestConfig(best.config, {"retargeted": {"measured": False, "nott": "x"}})
+
+
+def test_a_malformed_comparison_in_a_file_is_refused_naming_the_comparison(
+    tmp_path: Path,
+) -> None:
+    compared = {"reference": Comparison("64 x 1", KNOBS, "reached", 1.2, "measured")}
+    write_best(
+        tmp_path, _best(Provenance(compared=compared, runner_up=RunnerUp(KNOBS, 1, 1, 1, True)))
+    )
+    path = tmp_path / BEST_YAML
+    data = yaml.safe_load(path.read_text())
+    data["provenance"]["compared"]["reference"]["bound"] = "roughly"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(RunDirError, match=r"provenance\.compared\.reference: bound must be one"):
+        load_best(tmp_path)
+    data["provenance"]["compared"]["reference"]["bound"] = "measured"
+    del data["provenance"]["runner_up"]["pairs"]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(RunDirError, match=r"provenance\.runner_up: a runner-up's verdict needs"):
+        load_best(tmp_path)

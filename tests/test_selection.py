@@ -148,10 +148,10 @@ def test_the_two_best_are_ordered_seed_by_seed_not_by_independent_medians() -> N
     assert best is not None
     runner_up = best.provenance.runner_up
     assert runner_up is not None
-    assert runner_up["micro_batch_size"] == 256
-    assert (runner_up["wins"], runner_up["pairs"]) == (2, 3)
-    assert runner_up["paired_ratio"] == pytest.approx(1.4 / 1.31)  # the median pair
-    assert runner_up["within_noise"] is True  # 7 % apart: inside the 10 % zone
+    assert runner_up.knobs["micro_batch_size"] == 256
+    assert (runner_up.wins, runner_up.pairs) == (2, 3)
+    assert runner_up.paired_ratio == pytest.approx(1.4 / 1.31)  # the median pair
+    assert runner_up.within_noise is True  # 7 % apart: inside the 10 % zone
 
 
 def test_pairs_follow_seeds_not_row_order() -> None:

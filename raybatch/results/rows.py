@@ -17,10 +17,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
 from raybatch.errors import Issue, RunDirError
+from raybatch.keys import KnobPoint
 from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 
@@ -168,9 +169,9 @@ class TrialRow:
             c.lr_multiplier, c.weight_decay_multiplier,
         )  # fmt: skip
 
-    def knob_dict(self) -> dict[str, Any]:
+    def knob_dict(self) -> KnobPoint:
         """The raw knobs by name (a Tune config's, for :meth:`SearchSpace.derive_from`)."""
-        return dict(zip(keys.RAW_KNOBS, self.knobs, strict=True))
+        return cast(KnobPoint, dict(zip(keys.RAW_KNOBS, self.knobs, strict=True)))
 
     @property
     def reached(self) -> bool:

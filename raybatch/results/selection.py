@@ -9,13 +9,14 @@ import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.keys import KnobPoint, knob_items
 from raybatch.metric import Target
-from raybatch.provenance import Provenance
+from raybatch.provenance import Comparison, Provenance, RunnerUp
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
 from raybatch.status import TrialStatus
@@ -85,7 +86,7 @@ def _label(row: TrialRow) -> str:
 
 
 def _against(row: TrialRow | None, winner_s: float, winner: Measured,
-             raced: list[Measured]) -> dict[str, Any] | None:  # fmt: skip
+             raced: list[Measured]) -> Comparison | None:  # fmt: skip
     """One comparison: paired over the race's seeds where the alternative raced the winner,
     else from the search run alone (same seed as the winner's search run).
 
@@ -95,24 +96,22 @@ def _against(row: TrialRow | None, winner_s: float, winner: Measured,
     would prove nothing more at full price."""
     if row is None:
         return None
-    out: dict[str, Any] = {"recipe": _label(row), **row.knob_dict(),
-                           "status": row.status.value}  # fmt: skip
+    out = partial(Comparison, _label(row), row.knob_dict(), row.status.value)
     if same_knobs(row, winner.runs[:1]):
-        return {**out, "is_winner": True, "ratio": 1.0, "bound": "measured"}
+        return out(1.0, "measured", is_winner=True)
     rival = next((m for m in raced if same_knobs(row, m.runs[:1])), None)
     # Paired only where every run of the rival reached: a capped run has no time, and its
     # stand-in in the ratio (100x) is no figure to print; the search run says it then.
     paired = compare_paired(winner, rival) if rival is not None and rival.always_reached else None
     if paired is not None and paired.pairs >= 2:
-        return {**out, "ratio": paired.ratio, "bound": "paired", "pairs": paired.pairs,
-                "wins": paired.wins, "within_noise": paired.within_noise()}  # fmt: skip
+        return out(paired.ratio, "paired", pairs=paired.pairs, wins=paired.wins,
+                   within_noise=paired.within_noise())  # fmt: skip
     if row.reached and row.time_to_target_s is not None:
-        return {**out, "ratio": row.time_to_target_s / winner_s, "bound": "measured",
-                "time_to_target_s": row.time_to_target_s}  # fmt: skip
+        ratio = row.time_to_target_s / winner_s
+        return out(ratio, "measured", time_to_target_s=row.time_to_target_s)
     if row.status in (TrialStatus.CAPPED, TrialStatus.CENSORED) and row.train_s:
-        return {**out, "ratio": row.train_s / winner_s, "bound": "at_least",
-                "train_s": row.train_s}  # fmt: skip
-    return {**out, "ratio": None, "bound": None, "reason": row.reason}
+        return out(row.train_s / winner_s, "at_least", train_s=row.train_s)
+    return out(None, None, reason=row.reason)
 
 
 def _first(rows: list[TrialRow]) -> TrialRow | None:
@@ -125,7 +124,7 @@ def comparisons(
     baseline: KnobPoint | None,
     reference: KnobPoint | None,
     raced: list[Measured] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Comparison]:
     """The winner against the simple alternatives, each from its search run: the largest batch
     that fits at the rule's LR (``max_batch``), the same batch at its best LR of the plan's
     sweep (``max_batch_tuned``) and the reference recipe (``reference``). Ratios > 1: the
@@ -134,11 +133,11 @@ def comparisons(
     searched = [r for r in rows if r.phase == keys.PHASE_SEARCH]
     mine = [r for r in searched if same_knobs(r, winner.runs[:1]) and r.reached]
     winner_s = _time(mine[0]) if mine else winner.median
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Comparison] = {}
     tuned: TrialRow | None = None
     if baseline is not None:
-        knobs = knob_items(baseline)
-        at_batch = [r for r in searched if all(int(r.knob_dict()[k]) == int(v) for k, v in knobs)]
+        batch = knob_items(baseline)
+        at_batch = [r for r in searched if all(int(getattr(r.config, k)) == v for k, v in batch)]
         reached = sorted((r for r in at_batch if r.reached), key=_time)
         stopped = sorted(at_batch, key=lambda r: -(r.train_s or 0.0))
         tuned = reached[0] if reached else (stopped[0] if stopped else None)
@@ -394,14 +393,9 @@ def choose_winner(
     if len(order) > 1:
         paired = compare_paired(winner, order[1])
         if paired is not None:
-            runner_up = {
-                **order[1].runs[0].knob_dict(),
-                "paired_ratio": paired.ratio,
-                "wins": paired.wins,
-                "pairs": paired.pairs,
-                "within_noise": paired.within_noise(),
-                "indifference": INDIFFERENCE - 1,
-            }
+            second = order[1].runs[0].knob_dict()
+            runner_up = RunnerUp(second, paired.ratio, paired.wins, paired.pairs,
+                                 paired.within_noise(), INDIFFERENCE - 1)  # fmt: skip
     provenance = replace(
         given,
         median_time_to_target_s=winner.median,
