@@ -22,7 +22,7 @@ from raybatch.results.rows import read_trials_csv
 from raybatch.run.options import SearchOptions
 from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.study import STATUS_ATTR
-from raybatch.status import TrialStatus
+from raybatch.status import TrialStatus, penalty
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
 
@@ -231,7 +231,7 @@ def test_an_oom_in_one_of_four_concurrent_trials_leaves_the_others_running(
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
     told = [t for t in study.trials if t.user_attrs.get(STATUS_ATTR) == "infeasible_memory"]
     assert len(told) == len(oom) and all(t.constraints["memory"] > 0 for t in told)
-    assert all(t.value == options.penalty for t in told)
+    assert all(t.value == penalty(options.max_time_s) for t in told)
     oom_ids = {r["trial_id"] for r in oom}
     learned = [r for r in rows if r["phase"] == "prescreen"]
     assert all(int(r["micro_batch_size"]) == 256 and any(i in r["reason"] for i in oom_ids)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from raybatch.run.study import SearchStudy
 from raybatch.run.untold import TellUntold
 from raybatch.space.config import carried_recipe
 from raybatch.status import evaluation_of, final_status
+from raybatch.trial.settings import parts_of
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ class RaceSearcher(Searcher):
 
 def run_race(
     path: Path,
+    trainable: Callable[..., Any],
     resourced: Any,
     rows: list[TrialRow],
     options: SearchOptions,
@@ -237,7 +240,9 @@ def run_race(
     record: SearchStudy | None = None,
 ) -> list[TrialRow]:
     """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
-    by :class:`RaceSearcher` in one Ray Tune experiment; the new rows.
+    by :class:`RaceSearcher` in one Ray Tune experiment; the new rows. ``trainable``: the
+    search's :func:`raybatch.trainable` (its settings give the time cap, the penalty and the
+    target's direction), ``resourced``: the same with its resources, as Tune runs it.
 
     Each run's config carries its recipe (:attr:`TrialRow.config`, the one the search
     measured), and its row carries it back: nothing is derived again here.
@@ -251,15 +256,17 @@ def run_race(
         return []
     names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
     log.info(f"confirming: {names} on up to {len(seeds)} fresh seed(s), one run at a time")
-    scheduler = CappingScheduler(
-        options.slack,
+    scheduler = CappingScheduler.for_trainable(
+        trainable,
+        options.hang_grace_s,
+        slack=options.slack,
         enabled=options.capping,
-        hang_after_s=options.max_time_s + options.hang_grace_s,
         level_slack=None,  # a confirmation run is judged at the target, not along the way
     )
     if record is not None:
         record.start_confirmation()
-    searcher = RaceSearcher(race, scheduler, options.penalty, whole_gpus, record)
+    penalty = parts_of(trainable).settings.penalty
+    searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, record)
     tuner = tune.Tuner(
         resourced,
         tune_config=tune.TuneConfig(

@@ -397,7 +397,7 @@ def _execute(
             f" continue with `raybatch resume {path}`"
         )
     # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
-    rows = _search_rows(results, options, scheduler.capped_at_level)
+    rows = _search_rows(results, plan.searcher.penalty, options.seed, scheduler.capped_at_level)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
@@ -407,7 +407,7 @@ def _execute(
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
         spent = search_cost(rows, 1.0).device_s
-        rows += run_race(path, plan.resourced, rows, options, verbose, plan.cuda,
+        rows += run_race(path, plan.trainable, plan.resourced, rows, options, verbose, plan.cuda,
                          Progress("race run", None, spent), plan.searcher.record)  # fmt: skip
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
@@ -430,12 +430,11 @@ def _execute(
     return result
 
 
-def _search_rows(results: Any, options: SearchOptions, at_level: dict[str, float]
+def _search_rows(results: Any, penalty: float, seed: int, at_level: dict[str, float]
                  ) -> list[TrialRow]:  # fmt: skip
     """The search trials' rows, each with the recipe its config carries: the searcher's,
     derived once where the knobs were chosen (and checked against them at the trial's door),
     and the seed every search trial trains on (the confirmation's first pair)."""
-    penalty = options.penalty
     rows = []
     for result in results:
         metrics = dict(result.metrics or {})
@@ -455,7 +454,7 @@ def _search_rows(results: Any, options: SearchOptions, at_level: dict[str, float
         recipe = carried_recipe(result.config, "a search trial's Tune config")
         trial_id = str(metrics.get(keys.TRIAL_ID, ""))
         rows.append(TrialRow.from_result(
-            recipe, keys.PHASE_SEARCH, trial_id, status, metrics, seed=options.seed
+            recipe, keys.PHASE_SEARCH, trial_id, status, metrics, seed=seed
         ))  # fmt: skip
     return rows
 

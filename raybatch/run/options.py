@@ -7,7 +7,7 @@ from typing import Any
 
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.sizes import parse_size
-from raybatch.status import HANG_GRACE_S, penalty
+from raybatch.status import HANG_GRACE_S
 
 GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
 
@@ -25,7 +25,8 @@ class SearchOptions:
     Attributes:
         trials: Trials to launch (pre-screened configs are extra and cost nothing).
         max_time_s: Cap on each trial's training time (evaluation excluded); censored and
-            capped trials score 10x this.
+            capped trials score 10x this (:attr:`TrialSettings.penalty
+            <raybatch.trial.settings.TrialSettings.penalty>`, as the trials' settings hold it).
         memory_budget: Per-GPU budget for the pre-screen (default: NVML on a GPU machine;
             none on a CPU machine, where trials run on CPUs).
         gpus_per_trial: ``"auto"`` (a fraction from the estimate), a number, or 0.
@@ -91,10 +92,6 @@ class SearchOptions:
         issues = [Issue(name, message) for name, message in _problems(self)]
         if issues:
             raise OptionError(issues)
-
-    @property
-    def penalty(self) -> float:
-        return penalty(self.max_time_s)
 
     @property
     def confirms(self) -> bool:
