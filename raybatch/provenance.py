@@ -98,15 +98,37 @@ def _split(data: Any, kind: type, field: str, source: str) -> tuple[KnobPoint, d
     """A flat mapping as the YAML holds it, split into its knobs and ``kind``'s other fields.
 
     Raises:
-        ConfigError: Not a mapping, or a key that is neither a knob nor a field (``field``
-            named, with ``source``).
+        ConfigError: Not a mapping, a key that is neither a knob nor a field, a knob missing,
+            or a value not of its field's type (``field`` named, with ``source``).
     """
-    names = {f.name for f in fields(kind)} - {"knobs"}
-    if not isinstance(data, Mapping) or set(data) - names - set(RAW_KNOBS):
-        why = f"not a {kind.__name__} record (the knobs and {', '.join(sorted(names))})"
+    types = {f.name: str(f.type) for f in fields(kind)}
+    types.pop("knobs")
+    if not isinstance(data, Mapping) or set(data) - set(types) - set(RAW_KNOBS):
+        why = f"not a {kind.__name__} record (the knobs and {', '.join(sorted(types))})"
         raise ConfigError([Issue(field, why)], source)
-    knobs = cast(KnobPoint, {k: data[k] for k in RAW_KNOBS if k in data})
-    return knobs, {k: v for k, v in data.items() if k in names}
+    issues = [
+        Issue(f"{field}.{k}", "must be a number (every knob is written)")
+        for k in RAW_KNOBS
+        if not isinstance(data.get(k), int | float) or isinstance(data.get(k), bool)
+    ]
+    issues += [Issue(f"{field}.{k}", f"must be {types[k]}, got {v!r}")
+               for k, v in data.items() if k in types and not _is(v, types[k])]  # fmt: skip
+    if issues:
+        raise ConfigError(issues, source)
+    knobs = cast(KnobPoint, {k: data[k] for k in RAW_KNOBS})
+    return knobs, {k: v for k, v in data.items() if k in types}
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"float": (int, float), "int": (int,), "bool": (bool,),
+                                       "str": (str,), "None": (type(None),)}  # fmt: skip
+
+
+def _is(value: Any, annotation: str) -> bool:
+    """Whether ``value`` is of a field's ``annotation`` (``"float | None"``: a number or None;
+    a bool is no number)."""
+    allowed = tuple(t for part in annotation.split("|") for t in _TYPES[part.strip()])
+    number = bool not in allowed and isinstance(value, bool)
+    return isinstance(value, allowed) and not number
 
 
 @dataclass(frozen=True)

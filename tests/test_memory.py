@@ -291,3 +291,20 @@ def test_a_new_probe_never_lowers_a_prediction() -> None:
     after = {b: estimator.predict(space.derive(b)) for b in (16, 32, 64, 128, 256)}
     assert all(after[b] >= before[b] for b in before)
     assert after[256] == before[256] and after[32] == before[32]
+
+
+def test_what_ran_out_refuses_every_recipe_needing_no_less_memory_naming_the_trial() -> None:
+    """A larger micro batch, more workers or accumulation (one more gradient buffer, the same
+    for 2 steps as for 16) needs no less than the recipe that ran out: refused; a smaller
+    micro batch or fewer workers may fit: let through."""
+    from raybatch.memory.prescreen import RanOut, learned_oom, needs_at_least
+
+    space = load_space("digits_cnn_sgd")
+    ran_out = [RanOut("t7", space.derive(128, 2, 2))]
+    assert learned_oom(space.derive(256, 2, 2), ran_out) == (
+        "needs at least the memory of trial t7 (micro batch 128 x 2), which ran out of memory"
+    )
+    assert needs_at_least(space.derive(128, 4, 2), space.derive(128, 2, 2))  # 4 steps as 2
+    for fits in (space.derive(64, 2, 2), space.derive(128, 1, 2), space.derive(128, 2, 1)):
+        assert learned_oom(fits, ran_out) is None
+    assert learned_oom(space.derive(256, 2, 2), []) is None

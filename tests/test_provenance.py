@@ -98,7 +98,44 @@ def test_a_malformed_comparison_in_a_file_is_refused_naming_the_comparison(
     with pytest.raises(RunDirError, match=r"provenance\.compared\.reference: bound must be one"):
         load_best(tmp_path)
     data["provenance"]["compared"]["reference"]["bound"] = "measured"
+    data["provenance"]["compared"]["reference"]["ratio"] = "fast"
+    del data["provenance"]["compared"]["reference"]["lr_multiplier"]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(RunDirError) as caught:
+        load_best(tmp_path)
+    assert "compared.reference.lr_multiplier: must be a number" in str(caught.value)
+    assert "compared.reference.ratio: must be float | None, got 'fast'" in str(caught.value)
+    data["provenance"]["compared"]["reference"].update(ratio=1.2, lr_multiplier=1.0)
     del data["provenance"]["runner_up"]["pairs"]
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(RunDirError, match=r"provenance\.runner_up: a runner-up's verdict needs"):
         load_best(tmp_path)
+
+
+OLD_COMPARISONS = """
+runner_up: {micro_batch_size: 256, accumulation_steps: 1, world_size: 1, lr_multiplier: 1.0,
+  weight_decay_multiplier: 1.0, paired_ratio: 1.07, wins: 2, pairs: 3, within_noise: true,
+  indifference: 0.1}
+compared:
+  max_batch: {recipe: 256 x 1 at 1x, micro_batch_size: 256, accumulation_steps: 1,
+    world_size: 1, lr_multiplier: 1.0, weight_decay_multiplier: 1.0, status: capped,
+    ratio: 2.5, bound: at_least, train_s: 5.0}
+  reference: {recipe: 64 x 1 at 1x, micro_batch_size: 64, accumulation_steps: 1, world_size: 1,
+    lr_multiplier: 1.0, weight_decay_multiplier: 1.0, status: reached, is_winner: true,
+    ratio: 1.0, bound: measured}
+"""
+"""The comparisons as raybatch wrote them before they were typed (format 1 and 2)."""
+
+
+def test_comparisons_written_before_they_were_typed_read_and_write_back_unchanged() -> None:
+    data = yaml.safe_load(OLD_COMPARISONS)
+    read = Provenance.from_dict(data)
+    assert read.runner_up is not None and read.runner_up.wins == 2
+    assert read.compared is not None and read.compared["reference"].is_winner
+    assert read.compared["max_batch"].knobs["micro_batch_size"] == 256
+    written = read.to_dict()
+    assert written == data
+    for name in ("runner_up",):
+        assert list(written[name]) == list(data[name])  # the same keys, in the same order
+    for name, comparison in data["compared"].items():
+        assert list(written["compared"][name]) == list(comparison)

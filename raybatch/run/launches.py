@@ -122,28 +122,31 @@ class Launches:
         self, trial_id: str, number: int, status: TrialStatus, value: float, result: dict[str, Any]
     ) -> bool:
         """Tell the study how Tune trial ``trial_id`` (Optuna trial ``number``) ended, and the
-        plan whether an opening point reached; whether that end is its recipe's verdict.
+        plan whether an opening point reached; whether it ran out of memory as its recipe's
+        verdict (the gates learn it).
 
         ``False`` for a packed trial out of memory (a neighbour's doing, perhaps): it is queued
-        to run once more alone on a whole GPU instead, and told then. A trial is marked told
-        once the study has it, so an end whose telling failed half-way is told again when Tune
-        reports it again.
+        to run once more alone on a whole GPU instead, and told then. The caller marks the
+        trial :meth:`told` once everything has learned from it, so an end whose telling failed
+        half-way is told again when Tune reports it again.
         """
         oom = status is TrialStatus.INFEASIBLE_MEMORY
         if oom and is_packed(result.get(keys.GPU_SHARE)) and number not in self._retried:
             self._alone.append(number)
             self._retried.add(number)
-            self._told.add(trial_id)
             return False
         time_to_target = result.get(keys.TIME_TO_TARGET_S)
         violation = OOM_VIOLATION if oom else 0.0
         told = self.record.finish(number, status, value, violation, time_to_target)
-        self._told.add(trial_id)
         reached = time_to_target if status is TrialStatus.REACHED else None
         self.plan.opening_done(number, reached, oom)
         if told is not None:  # None: told before an interruption Tune's saved state predates
             self.numbers[trial_id] = told
-        return True
+        return oom
+
+    def told(self, trial_id: str) -> None:
+        """``trial_id``'s end is told (:meth:`to_tell` answers ``None`` from now on)."""
+        self._told.add(trial_id)
 
     def state(self) -> dict[str, Any]:
         """What the searcher's checkpoint keeps (all but a held recipe, which is asked again)."""

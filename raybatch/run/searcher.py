@@ -15,11 +15,13 @@ A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
   needs at least as much memory (micro batch, accumulation and world size all no smaller) is
   rejected before launch — the estimate was wrong once, the same mistake is not paid twice;
 - **a recipe the cluster cannot place is never launched** (``world_size`` above the GPUs or
-  CPUs the cluster has now, read at each suggestion), and **a data-parallel recipe waits
-  here**, held until its workers fit, instead of starting to wait inside ``fit()``;
-- **packing is decided here**: probes calibrate the estimator (:meth:`MemoryEstimator.observe`)
-  and later suggestions' ``gpu_share`` comes from the calibrated prediction; a trial out of
-  memory while packed runs once more *alone* before its recipe is taught infeasible;
+  CPUs the cluster has now, read at each suggestion), and **a data-parallel recipe waits in
+  the searcher** (:mod:`raybatch.run.launches`), held until its workers fit, instead of
+  starting to wait inside ``fit()``;
+- **packing is decided in the searcher**: probes calibrate the estimator
+  (:meth:`MemoryEstimator.observe`) and later suggestions' ``gpu_share`` comes from the
+  calibrated prediction; a trial out of memory while packed runs once more *alone* before its
+  recipe is taught infeasible;
 - **one study is the record**: every Tune trial is one Optuna trial whose number is kept in
   the searcher's checkpoint, so after a resume the study and the Ray experiment agree. A trial
   that reached is COMPLETE with its time to target; one the scheduler capped is PRUNED, with
@@ -59,7 +61,7 @@ from raybatch.run.screen import Screen
 from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
 from raybatch.space.config import carried_recipe
 from raybatch.space.search_space import SearchSpace
-from raybatch.status import TrialStatus, evaluation_of, final_status
+from raybatch.status import evaluation_of, final_status
 from raybatch.trial.settings import parts_of
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 
@@ -73,8 +75,7 @@ class RaybatchSearcher(Searcher):
     Composed of parts, each with one job and its own saved state, as Ray composes a
     ``ConcurrencyLimiter`` around a searcher: the study (Optuna's record and sampler), the plan
     (what runs before TPE), the screen and its gates (why a recipe must not launch), the
-    launches (which trial runs what, on which devices). :meth:`for_trainable` builds them from
-    a :func:`raybatch.trainable`; ``raybatch search`` from what it measured.
+    launches (which trial runs what, on which devices). Built by :meth:`for_trainable`.
 
     Args:
         space: The coupled space (raw knobs are searched, the rest derived).
@@ -198,9 +199,9 @@ class RaybatchSearcher(Searcher):
         self.on_trial_result(trial_id, result)  # the last evaluation, if Tune sent it here
         status, value = final_status(result, error, self.penalty)
         recipe = carried_recipe(self.record.config_of(number))  # read while the trial is open
-        verdict = self.launches.end(trial_id, number, status, value, result)
-        oom = verdict and status is TrialStatus.INFEASIBLE_MEMORY  # the recipe's verdict
-        self.screen.learn(trial_id, recipe, result, oom)
+        out_of_memory = self.launches.end(trial_id, number, status, value, result)
+        self.screen.learn(trial_id, recipe, result, out_of_memory)
+        self.launches.told(trial_id)  # once the study and the gates have it
 
     def save(self, checkpoint_path: str) -> None:
         state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **self.screen.state()}
