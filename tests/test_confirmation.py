@@ -18,6 +18,7 @@ from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
 from raybatch.run.confirmation import Race, RaceSearcher
+from raybatch.run.race_record import RaceRecord
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus
@@ -89,7 +90,7 @@ Rounds = list[tuple[int, list[tuple[int, int, float]]]]
 
 
 def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None]],
-          record: SearchStudy | None = None) -> Rounds:  # fmt: skip
+          record: RaceRecord | None = None) -> Rounds:  # fmt: skip
     """Run the race as the driver does: the shipped :class:`RaceSearcher` suggests each run in
     order and the shipped :class:`CappingScheduler` caps it; the rounds, as (seed, recipes)."""
     scheduler = CappingScheduler(SLACK, level_slack=None)
@@ -144,7 +145,9 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
         record.launched(trial, row.config.to_dict(), row.trial_id)
         record.finish(trial.number, TrialStatus.REACHED, row.time_to_target_s or 0, 0.0, None)
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
-    assert _play(race, {A: {1: 1.0}, B: {1: 1.6}}, record) == [(1, [A, B])]
+    race_record = RaceRecord(record)  # as run_race builds it
+    race_record.start()
+    assert _play(race, {A: {1: 1.0}, B: {1: 1.6}}, race_record) == [(1, [A, B])]
     runs = optuna.load_study(study_name="raybatch-confirmation", storage=url).trials
     searched = {t.user_attrs["tune_trial_id"]: t.params for t in record.study.trials}
     assert [r.state.name for r in runs] == ["COMPLETE", "PRUNED"]
@@ -155,8 +158,9 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
     assert max(runs[0].intermediate_values) == 1000 and runs[0].intermediate_values[1000] == 0.97
     assert 1200 <= max(runs[1].intermediate_values) <= 1250  # stopped past 1.2x A's time
     # A resumed search runs its race again: the study beside holds that race, not both.
-    record.start_confirmation()
-    _play(Race(rows, top=2, seeds=[1, 2], slack=SLACK), {A: {1: 1.0}, B: {1: 1.6}}, record)
+    race_record = RaceRecord(record)
+    race_record.start()
+    _play(Race(rows, top=2, seeds=[1, 2], slack=SLACK), {A: {1: 1.0}, B: {1: 1.6}}, race_record)
     again = optuna.load_study(study_name="raybatch-confirmation", storage=url).trials
     assert len(again) == 2
 

@@ -13,6 +13,7 @@
   a repeated failure; ``cluster``: connecting to Ray;
 - ``driver``: :func:`search`, :func:`resume` and re-analysis of a finished run;
 - ``confirmation``: the re-runs on paired fresh seeds and the race of the two best;
+  ``race_record``: its runs, in an Optuna study beside the search's;
 - ``rundir``: the run directory's files (its rows and the winner's selection live below, in
   :mod:`raybatch.results`, which the report reads too).
 """

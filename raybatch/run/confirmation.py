@@ -50,6 +50,7 @@ from raybatch.results.selection import (
 )
 from raybatch.run.options import SearchOptions
 from raybatch.run.progress import log, recipe
+from raybatch.run.race_record import RaceRecord
 from raybatch.run.resources import REUSE_ACTORS
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.study import SearchStudy
@@ -140,12 +141,12 @@ class RaceSearcher(Searcher):
         scheduler: The race's capping scheduler (final level only).
         penalty: The objective of a run that did not reach the target.
         whole_gpus: Each run holds a whole GPU (``alone``): a measurement.
-        record: The search's study, beside which each run is recorded as it ends
-            (:meth:`SearchStudy.confirmation_run`: optuna-dashboard shows the race too).
+        record: Where each run is recorded as it ends, beside the search's study
+            (:class:`~raybatch.run.race_record.RaceRecord`: optuna-dashboard shows the race).
     """
 
     def __init__(self, race: Race, scheduler: CappingScheduler, penalty: float,
-                 whole_gpus: bool = False, record: SearchStudy | None = None) -> None:  # fmt: skip
+                 whole_gpus: bool = False, record: RaceRecord | None = None) -> None:  # fmt: skip
         super().__init__(metric=keys.OBJECTIVE, mode="min")
         self.race = race
         self.scheduler = scheduler
@@ -225,7 +226,7 @@ class RaceSearcher(Searcher):
         self.rows.append(row)
         if self.record is not None:
             entrant = self._entrants.pop(trial_id, None)
-            self.record.confirmation_run(row, entrant, self._curves.pop(trial_id, {}))
+            self.record.add(row, entrant, self._curves.pop(trial_id, {}))
 
 
 def run_race(
@@ -263,10 +264,11 @@ def run_race(
         enabled=options.capping,
         level_slack=None,  # a confirmation run is judged at the target, not along the way
     )
-    if record is not None:
-        record.start_confirmation()
+    race_record = None if record is None else RaceRecord(record)
+    if race_record is not None:
+        race_record.start()
     penalty = parts_of(trainable).settings.penalty
-    searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, record)
+    searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, race_record)
     tuner = tune.Tuner(
         resourced,
         tune_config=tune.TuneConfig(

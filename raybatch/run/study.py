@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, cast
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
 from raybatch.keys import KnobPoint
-from raybatch.results.rows import TrialRow
 from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
@@ -52,14 +51,6 @@ LADDER_ATTR = "ladder_queued"
 BASELINE_ATTR = "baseline"
 """Study attribute: the largest batch that fits, when the opening had to go below the one the
 estimate chose (that one ran out of memory)."""
-
-CONFIRMATION_STUDY = "{}-confirmation"
-"""The name of the study beside the search's (``{}``: the search study's) holding the
-confirmation's race runs: one Optuna trial per run, so optuna-dashboard lists them too."""
-SEED_ATTR = keys.SEED
-"""A confirmation run's seed."""
-SEARCH_TRIAL_ATTR = "search_trial_id"
-"""A confirmation run's recipe: the Ray Tune trial of the search that measured it first."""
 
 GAVE_UP_ATTR = "gave_up"
 """Study attribute: why the searcher stopped suggesting (every suggestion was pre-screened out)."""
@@ -148,7 +139,6 @@ class SearchStudy:
         # below writes it (a copy made by pickling reads storage afresh).
         self._gave_up: str | None = None
         self._gave_up_read = False
-        self._confirmation: optuna.Study | None = None
 
     def relocate(self, storage_url: str) -> None:
         """Use ``storage_url`` from now on: a searcher unpickled from a run directory that was
@@ -156,13 +146,12 @@ class SearchStudy:
         if self.storage_url is None:
             return  # in memory: the study travels in the searcher's checkpoint
         self.storage_url = storage_url
-        self._study = self._confirmation = None
+        self._study = None
         self._live = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The study holds a database engine; it is reopened from the URL after unpickling.
-        return {**self.__dict__, "_study": None, "_confirmation": None, "_live": {},
-                "_gave_up_read": False}  # fmt: skip
+        return {**self.__dict__, "_study": None, "_live": {}, "_gave_up_read": False}
 
     @property
     def study(self) -> optuna.Study:
@@ -358,70 +347,6 @@ class SearchStudy:
         """The largest batch that fits, as the search found it (``None``: as planned)."""
         stored = self.study.user_attrs.get(BASELINE_ATTR)
         return cast(KnobPoint, dict(stored)) if stored is not None else None
-
-    def start_confirmation(self) -> None:
-        """A race starts: the study beside this one holds its runs only. A race interrupted
-        and run again on resume leaves none of its runs there (they are not in the record:
-        ``trials.csv`` has the race that finished)."""
-        import optuna
-
-        self._confirmation = None
-        storage = self.storage_url or self.memory_storage
-        if storage is None:  # an in-memory study never opened: nothing ran
-            return
-        with contextlib.suppress(KeyError):  # no race ran before
-            optuna.delete_study(study_name=CONFIRMATION_STUDY.format(self.study_name),
-                                storage=storage)  # fmt: skip
-
-    def confirmation_run(
-        self,
-        row: TrialRow,
-        search_trial_id: str | None,
-        curve: dict[int, float],
-    ) -> None:
-        """Record one run of the confirmation's race in the study beside this one
-        (:data:`CONFIRMATION_STUDY`): COMPLETE with its time to target where it reached,
-        PRUNED where it was stopped before (capped at the slack of the leader's time on its
-        seed, or at the time cap), FAIL otherwise; its recipe's parameters are those of the
-        search trial that measured it first, its evaluations (``curve``: samples seen ->
-        target metric) its intermediate values, its seed and status user attributes."""
-        import optuna
-
-        if self._confirmation is None:
-            self._confirmation = optuna.create_study(
-                storage=self.storage_url or self.memory_storage,
-                study_name=CONFIRMATION_STUDY.format(self.study_name),
-                direction="minimize",
-                load_if_exists=True,
-            )
-        searched = [
-            t
-            for t in self.study.get_trials(deepcopy=False)
-            if search_trial_id is not None
-            and t.user_attrs.get(TUNE_TRIAL_ID_ATTR) == search_trial_id
-        ]
-        reached = row.status is TrialStatus.REACHED and row.time_to_target_s is not None
-        stopped = row.status in (TrialStatus.CAPPED, TrialStatus.CENSORED)
-        state = "COMPLETE" if reached else "PRUNED" if stopped else "FAIL"
-        attrs = {
-            STATUS_ATTR: row.status.value,
-            REASON_ATTR: row.reason,
-            SEED_ATTR: row.seed,
-            SEARCH_TRIAL_ATTR: search_trial_id,
-            TUNE_TRIAL_ID_ATTR: row.trial_id,
-            TIME_TO_TARGET_ATTR: row.time_to_target_s,
-            CONFIG_ATTR: row.config.to_dict(),
-        }
-        self._confirmation.add_trial(
-            optuna.trial.create_trial(
-                state=_state(state),
-                value=row.time_to_target_s if reached else None,
-                params=dict(searched[-1].params) if searched else {},
-                distributions=dict(searched[-1].distributions) if searched else {},
-                user_attrs={k: v for k, v in attrs.items() if v is not None},
-                intermediate_values={int(k): float(v) for k, v in curve.items()},
-            )
-        )
 
     # ------------------------------------------------------------------ the driver's side
 
