@@ -66,9 +66,11 @@ def test_a_resumed_scheduler_times_running_trials_afresh() -> None:
     import pickle
 
     s = CappingScheduler(hang_after_s=10.0)
-    s._running_since["a"] = -1e9  # long ago, in another process
+    assert s.guard is not None
+    s.guard._since["a"] = -1e9  # long ago, in another process
     restored = pickle.loads(pickle.dumps(s))
-    assert restored._running_since == {} and restored.hang_after_s == 10.0
+    assert restored.guard is not None and restored.guard._since == {}
+    assert restored.hang_after_s == restored.guard.after_s == 10.0
 
 
 def test_capping_counts_training_time_not_evaluation() -> None:
@@ -104,10 +106,10 @@ def test_a_trial_that_keeps_reporting_is_not_hung_however_long_it_runs(
 ) -> None:
     """Evaluations are outside the time cap, so a healthy trial may outlive it; silence, not
     age, is what marks a trial as stuck in a step."""
-    import raybatch.run.scheduler as scheduler
+    import raybatch.run.hang as hang
 
     now = [0.0]
-    monkeypatch.setattr(scheduler.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(hang.time, "monotonic", lambda: now[0])
     s = CappingScheduler(hang_after_s=10.0)
     talking, silent = _running("talking"), _running("silent")
     controller = _Controller(talking, silent)

@@ -693,7 +693,7 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
 def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window() -> None:
     from types import SimpleNamespace
 
-    from raybatch.run.scheduler import placement_allowance
+    from raybatch.run.hang import placement_allowance
 
     tune_fields = {"trial_id": "a", "pid": 1234, "hostname": "n"}  # Tune's, from the start
     waiting = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result=tune_fields)
@@ -716,7 +716,7 @@ def _driver_searcher(tmp_path: Path, prior: bool = False) -> RaybatchSearcher:
 
     target = resolve_target("accuracy>=0.9", workload.metrics)
     plan = _plan(tmp_path, workload, SPACE, target, SearchOptions(trials=12, prior=prior))
-    opening = plan.searcher.plan.opening
+    opening = plan.searcher.plan.opening.points
     assert plan.baseline[keys.WORLD_SIZE] == 1 and keys.WORLD_SIZE not in opening[0]
     return plan.searcher
 
@@ -729,12 +729,12 @@ def test_the_driver_built_searcher_carries_the_largest_batchs_best_lr_to_the_lad
     carry) and at the largest batch's own LR (the constant carry), not at 1x."""
     searcher = _driver_searcher(tmp_path)
     times = {1.0: 3.0, 2.0: 1.5, 4.0: 2.0, 0.5: 4.0}
-    for i in range(len(searcher.plan.opening)):
+    for i in range(len(searcher.plan.opening.points)):
         config = searcher.suggest(f"o{i}")
         assert isinstance(config, dict)
         t = times[config["lr_multiplier"]] if config["micro_batch_size"] == 256 else 2.5
         searcher.on_trial_complete(f"o{i}", _result("reached", t))
-    assert searcher.plan.best_multiplier() == 2.0
+    assert searcher.plan.opening.best_multiplier() == 2.0
     ladder = []
     for i in range(4):
         config = searcher.suggest(f"l{i}")
@@ -774,7 +774,7 @@ def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_mode
     restored = _driver_searcher(tmp_path, prior=True)
     restored.restore(str(tmp_path / "searcher.pkl"))
     assert restored.plan.time_model == searcher.plan.time_model
-    launched = _run_reaching(restored, range(3, 3 + len(restored.plan.opening) - 3 + 4))
+    launched = _run_reaching(restored, range(3, 3 + len(restored.plan.opening.points) - 3 + 4))
     ladder = launched[-4:]
     assert {m for m, _, _ in ladder} == {16, 32}
 
@@ -790,7 +790,7 @@ def test_the_driver_built_searcher_steps_the_sweep_down_when_the_largest_batch_r
     searcher.on_trial_complete("o0", _result("infeasible_memory"))
     launched = _run_reaching(searcher, range(1, 6))
     assert {(128, 1, 1.0), (128, 1, 2.0), (128, 1, 4.0), (128, 1, 0.5)} <= set(launched)
-    assert searcher.plan.baseline[keys.MICRO_BATCH_SIZE] == 128
+    assert searcher.plan.opening.baseline[keys.MICRO_BATCH_SIZE] == 128
 
 
 @pytest.mark.usefixtures("ray_session")

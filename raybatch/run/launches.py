@@ -139,7 +139,7 @@ class Launches:
         violation = OOM_VIOLATION if oom else 0.0
         told = self.record.finish(number, status, value, violation, time_to_target)
         reached = time_to_target if status is TrialStatus.REACHED else None
-        self.plan.opening_done(number, reached, oom)
+        self.plan.opening.done(number, reached, oom)
         if told is not None:  # None: told before an interruption Tune's saved state predates
             self.numbers[trial_id] = told
         return oom

@@ -7,14 +7,10 @@ the objective: evaluations excluded) passes ``slack x T*`` cannot win, so it is 
 default slack of 1.2 leaves room for timing noise, as SMAC's does. A capped trial is censored
 data at its cap; the searcher records it as ``capped`` with the PAR-10 penalty.
 
-It also guards against **hung** trials. A trial reports at every evaluation mark and checks its
-own time cap as it trains, so one that has not reported for longer than the cap (plus a grace
-for start-up and one evaluation) is stuck inside a step (a collective that never completes, a
-data loader that deadlocked, a blocking call) and will never report again: no result-driven
-rule can stop it. Ray Tune asks the scheduler which trial to run at every step of its loop, so
-there the scheduler stops any trial silent for longer than ``hang_after_s``, recording it as
-``censored`` with the reason, and the search goes on. (Silence, not age: evaluation time is
-outside the cap, so a healthy trial's total age may exceed it.)
+It also guards against **hung** trials (:class:`~raybatch.run.hang.HangGuard`): one silent
+for longer than ``hang_after_s`` is stuck inside a step and will never report again, so no
+result-driven rule can stop it; Ray Tune asks the scheduler which trial to run at every step of
+its loop, and there the guard stops it, as ``censored`` with the reason.
 
 **Capping at every level** (the search's cheaper fidelity). Every trial reports the metric at
 the same sample marks, so the incumbent's trajectory says how soon each intermediate level of
@@ -30,7 +26,6 @@ measures the regret with and without it, same seeds.
 from __future__ import annotations
 
 import bisect
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +34,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.results.selection import is_packed
+from raybatch.run.hang import HangGuard
 from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
 
@@ -116,6 +112,19 @@ def behind(incumbent: Trajectory, trial: Trajectory, train_s: float, level_slack
     return level is not None and (reached is None or reached < level)
 
 
+def behind_any(incumbent: Trajectory | None, others: list[Trajectory], trajectory: Trajectory,
+               trained: float, level_slack: float) -> bool:  # fmt: skip
+    """Behind the ``incumbent`` at some level; before any trial has reached the target, behind
+    another trial running beside it (``others``: the trials started together are compared with
+    each other at equal training time: no trial runs uncapped for want of an incumbent)."""
+    if incumbent is not None:
+        return behind(incumbent, trajectory, trained, level_slack)
+    # A neighbour's time to target is unknown (it may still diverge), and the first marks are
+    # start-up and warmup: only a trial grossly behind it is stopped.
+    slack = max(level_slack, EARLY_LEVEL_SLACK)
+    return any(behind(other, trajectory, trained, slack) for other in others)
+
+
 class CappingScheduler(FIFOScheduler):
     """A FIFO scheduler that stops trials slower than ``slack`` x the incumbent's time.
 
@@ -149,13 +158,12 @@ class CappingScheduler(FIFOScheduler):
         self.slack = slack
         self.enabled = enabled
         self.hang_after_s = hang_after_s
+        self.guard = HangGuard(hang_after_s) if hang_after_s is not None else None
         self.level_slack = level_slack
         self.mode = mode
         self.best_time_to_target_s: float | None = None
         self.capped: dict[str, float] = {}
         self.capped_at_level: dict[str, float] = {}
-        self.hung: dict[str, float] = {}
-        self._running_since: dict[str, float] = {}
         self._trajectories: dict[str, Trajectory] = {}
         self._incumbent: Trajectory | None = None
 
@@ -170,12 +178,6 @@ class CappingScheduler(FIFOScheduler):
         kwargs.setdefault("hang_after_s", settings.max_time_s + hang_grace_s)
         kwargs.setdefault("mode", settings.target.mode)
         return cls(**kwargs)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Monotonic times mean nothing in another process: a resumed search times afresh.
-        state = self.__dict__.copy()
-        state["_running_since"] = {}
-        return state
 
     def forget_incumbent(self) -> None:
         """Start afresh: no best time, no incumbent. The confirmation's race caps each round's
@@ -192,8 +194,8 @@ class CappingScheduler(FIFOScheduler):
         return self.slack * self.best_time_to_target_s
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
-        if self.hang_after_s is not None:
-            self._running_since[trial.trial_id] = time.monotonic()  # it is alive: re-arm
+        if self.guard is not None:
+            self.guard.alive(trial.trial_id)
         if is_packed(result.get(keys.GPU_SHARE)):
             # Its clock runs at the pace its neighbours leave it: neither capped nor an
             # incumbent (only times measured alone are compared; its own time cap still holds).
@@ -214,26 +216,14 @@ class CappingScheduler(FIFOScheduler):
             # No new evaluation: not having *shown* a level is not being behind it (a small
             # batch's next mark may be far off); the levels are judged at evaluations.
             return TrialScheduler.CONTINUE
-        if self.level_slack is not None and self._behind_any(
-            trial.trial_id, trajectory, float(trained)
+        others = [t for other, t in self._trajectories.items() if other != trial.trial_id]
+        if self.level_slack is not None and behind_any(
+            self._incumbent, others, trajectory, float(trained), self.level_slack
         ):
             self.capped[trial.trial_id] = float(trained)
             self.capped_at_level[trial.trial_id] = float(trained)
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
-
-    def _behind_any(self, trial_id: str, trajectory: Trajectory, trained: float) -> bool:
-        """Behind the incumbent at some level; before any trial has reached the target, behind
-        another trial running beside it (the trials started together are compared with each
-        other at equal training time: no trial runs uncapped for want of an incumbent)."""
-        assert self.level_slack is not None
-        if self._incumbent is not None:
-            return behind(self._incumbent, trajectory, trained, self.level_slack)
-        # A neighbour's time to target is unknown (it may still diverge), and the first marks
-        # are start-up and warmup: only a trial grossly behind it is stopped.
-        slack = max(self.level_slack, EARLY_LEVEL_SLACK)
-        others = (t for other_id, t in self._trajectories.items() if other_id != trial_id)
-        return any(behind(other, trajectory, trained, slack) for other in others)
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
         """The trial's trajectory, with this result's mark added (if it carries one)."""
@@ -245,31 +235,14 @@ class CappingScheduler(FIFOScheduler):
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
         """Ray Tune's per-step hook: stop hung trials, then choose as FIFO does."""
-        if self.hang_after_s is not None:
-            self._stop_hung(tune_controller)
+        if self.guard is not None:
+            self.guard.stop_hung(tune_controller)
         return super().choose_trial_to_run(tune_controller)
 
-    def _stop_hung(self, tune_controller: Any) -> None:
-        assert self.hang_after_s is not None
-        now = time.monotonic()
-        for trial in tune_controller.get_trials():
-            if trial.status != "RUNNING":
-                self._running_since.pop(trial.trial_id, None)
-                continue
-            since = self._running_since.setdefault(trial.trial_id, now)
-            if now - since <= self.hang_after_s * placement_allowance(trial):
-                continue
-            waited = now - since
-            self.hung[trial.trial_id] = waited
-            # The searcher and the result grid read the trial's last result: make it say why.
-            trial.run_metadata.last_result = {
-                **trial.last_result,
-                keys.STATUS: TrialStatus.CENSORED.value,
-                keys.REASON: f"hung: no report for {waited:.0f} s with no end in sight"
-                " (the trial checks its time cap as it trains, so a step never returned);"
-                " stopped by the driver",
-            }
-            tune_controller.stop_trial(trial)
+    @property
+    def hung(self) -> dict[str, float]:
+        """Tune trial -> the seconds it had been silent when the guard stopped it."""
+        return self.guard.hung if self.guard is not None else {}
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
         self._trajectories.pop(trial.trial_id, None)
@@ -297,17 +270,3 @@ class CappingScheduler(FIFOScheduler):
             f"CappingScheduler: cap {cap}, {len(self.capped)} trials capped"
             f" ({len(self.capped_at_level)} at an intermediate level), {len(self.hung)} hung"
         )
-
-
-def placement_allowance(trial: Any) -> float:
-    """How many hang windows a trial may stay silent: two for a data-parallel trial that has
-    not reported yet, which may first wait for its workers' GPUs (the searcher launches it only
-    when they fit beside the other data-parallel trials, but packed single trials may still
-    hold them until they end, within one trial's time cap); one otherwise. A data-parallel
-    trial reports as soon as its workers are placed (:data:`~raybatch.keys.WORKERS_PLACED`),
-    so from then on its clock is a single trial's."""
-    config = getattr(trial, "config", None) or {}
-    # Tune fills a trial's last result with its own fields (trial id, pid, host) as soon as
-    # the actor starts: the trial has reported only once raybatch's status is there.
-    reported = keys.STATUS in (getattr(trial, "last_result", None) or {})
-    return 2.0 if not reported and config.get(keys.WORLD_SIZE, 1) > 1 else 1.0

@@ -79,10 +79,10 @@ class Screen:
             try:  # the recipe, derived once, here, where the knobs are chosen
                 constants = self._define(ot_trial)
             except ConfigError as exc:  # a combination the space's limits refuse: never run
-                self.plan.note_opening(ot_trial)
+                self.plan.opening.note(ot_trial)
                 self.refuse(ot_trial, dict(ot_trial.params), Rejection(str(exc), memory=False))
                 continue
-            self.plan.note_opening(ot_trial)
+            self.plan.opening.note(ot_trial)
             config = {**ot_trial.params, **constants}
             recipe = carried_recipe(config)  # the define-by-run's, derived once
             rejection = self.check(recipe)
@@ -125,7 +125,7 @@ class Screen:
         self.record.reject(
             ot_trial, why.violation, self.penalty, why.reason, why.predicted_bytes, config
         )
-        self.plan.opening_done(ot_trial.number, None, memory=why.memory)
+        self.plan.opening.done(ot_trial.number, None, memory=why.memory)
         self.refused.append(
             Prescreened.of(ot_trial.number, config, why.reason, why.predicted_bytes)
         )

@@ -1,0 +1,144 @@
+"""The plan's opening: the largest batch that fits at a sweep of LRs, and the reference recipe.
+
+Enqueued in the search's study once, while it is new, so they run before TPE
+(:func:`raybatch.run.seeding.opening_points` chooses them). An opening point that runs out of
+memory for real is replaced by the next smaller micro batch (only the largest batch's sweep
+follows the batch down: the reference is a recipe of its own), so that the largest batch that
+*really* fits is swept; the smaller baseline is kept in the study, where it survives a resume.
+What the opening measured (the fastest LR multiplier at the largest batch) is what the plan's
+ladder carries to other batches (:mod:`raybatch.run.plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from raybatch import keys
+from raybatch.keys import KnobPoint, knob_items
+from raybatch.run.study import SearchStudy
+from raybatch.space.search_space import SearchSpace
+
+if TYPE_CHECKING:
+    import optuna
+
+
+class Opening:
+    """The opening points, which Optuna trial runs which, and how each ended.
+
+    Args:
+        space: The coupled space (its micro batches, to step down after an OOM).
+        points: The opening points' searched knobs, in order.
+        baseline: The largest batch's integer knobs, all of them (a knob with one choice is not
+            among the searched ones); default: read from the first point.
+    """
+
+    def __init__(
+        self, space: SearchSpace, points: Sequence[KnobPoint], baseline: KnobPoint | None
+    ) -> None:
+        self.space = space
+        self.points = [p.copy() for p in points]
+        self._to_queue = [p.copy() for p in points]  # queued in the study once, when it is new
+        self._baseline = baseline.copy() if baseline is not None else None
+        self.sweep: set[int] | None = None
+        self.numbers: dict[int, int] = {}  # Optuna trial number -> opening index
+        self.times: dict[int, float | None] = {}  # opening index -> time to target
+        self.record: SearchStudy | None = None  # the searcher's study, given by its plan
+
+    def _study(self) -> SearchStudy:
+        assert self.record is not None, "an Opening runs inside a Plan, which attaches its study"
+        return self.record
+
+    def queue(self) -> None:
+        """Queue the points in the study, once, while it has no trial."""
+        if self._to_queue:
+            self._study().enqueue_if_new(self._to_queue)
+            self._to_queue = []
+
+    def state(self) -> dict[str, Any]:
+        """What the searcher's checkpoint keeps, under the plan's keys."""
+        return {"opening": self.points, "opening_number": self.numbers,
+                "opening_time": self.times, "sweep": self.sweep_indices()}  # fmt: skip
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.points, self.numbers = state["opening"], state["opening_number"]
+        self.times, self.sweep = state["opening_time"], state["sweep"]
+        self._to_queue = []  # the study has them since the first suggestion
+
+    def note(self, ot_trial: optuna.Trial) -> None:
+        """Remember which point an asked trial runs (enqueued params come back as given)."""
+        for i, point in enumerate(self.points):
+            if i in self.times or i in self.numbers.values():
+                continue
+            if all(ot_trial.params.get(k) == v for k, v in point.items()):
+                self.numbers[ot_trial.number] = i
+                return
+
+    @property
+    def finished(self) -> bool:
+        """Every point has ended."""
+        return len(self.times) >= len(self.points)
+
+    @property
+    def baseline(self) -> KnobPoint:
+        """The largest batch that fits (its integer knobs): the first point, or the smaller one
+        that replaced it after it ran out of memory."""
+        stored = self._study().baseline()
+        if stored is not None:
+            merged: KnobPoint = {**(self._baseline or KnobPoint()), **stored}
+            return merged
+        if self._baseline is not None:
+            return self._baseline.copy()
+        first = self.points[0] if self.points else KnobPoint()
+        return cast(KnobPoint, {k: v for k, v in first.items() if k in keys.RAW_KNOBS[:3]})
+
+    def sweep_indices(self) -> set[int]:
+        """The indices of the largest batch's LR sweep (fixed when first asked, so a point
+        replaced by a smaller batch stays one of them)."""
+        if self.sweep is None:
+            self.sweep = {i for i, p in enumerate(self.points) if self.at_baseline(p)}
+        return self.sweep
+
+    def at_baseline(self, point: KnobPoint) -> bool:
+        """Whether a point runs the largest batch. A knob the point leaves out is one the space
+        does not search (a single choice, e.g. ``world_size`` [1]): it is the baseline's by
+        construction, so only the knobs the point names are compared."""
+        named = dict(knob_items(point))
+        return all(named.get(k, v) == v for k, v in knob_items(self.baseline))
+
+    def best_multiplier(self) -> float:
+        """The LR multiplier that reached the target fastest at the largest batch (1.0 when
+        none did)."""
+        times = [
+            (t, self.points[i].get(keys.LR_MULTIPLIER, 1.0))
+            for i, t in self.times.items()
+            if t is not None and self.at_baseline(self.points[i])
+        ]
+        return min(times)[1] if times else 1.0
+
+    def done(self, number: int, time_to_target: float | None, memory: bool) -> None:
+        """Optuna trial ``number`` ended; a point that did not fit (``memory``) is replaced by
+        a smaller micro batch."""
+        i = self.numbers.pop(number, None)
+        if i is None:
+            return
+        # Only the largest batch's sweep follows the batch down, and only to a point not already
+        # planned or run (Optuna would not queue it twice, and the ladder would wait for it
+        # forever).
+        record = self._study()
+        smaller = self._smaller(self.points[i]) if memory and i in self.sweep_indices() else None
+        if smaller is None or smaller in self.points or record.has_run(smaller):
+            self.times[i] = time_to_target
+            return
+        micro = smaller[keys.MICRO_BATCH_SIZE]
+        record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: micro})
+        self.points = [*self.points[:i], smaller, *self.points[i + 1 :]]
+        record.study.enqueue_trial(dict(smaller))
+
+    def _smaller(self, point: KnobPoint) -> KnobPoint | None:
+        micro = point.get(keys.MICRO_BATCH_SIZE)
+        below = [m for m in self.space.search.micro_batch_size if micro is not None and m < micro]
+        return {**point, keys.MICRO_BATCH_SIZE: max(below)} if below else None
+
+
+__all__ = ["Opening"]
