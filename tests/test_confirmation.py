@@ -133,6 +133,8 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
     """optuna-dashboard shows the race: each run is one trial of ``<study>-confirmation`` in the
     run's database, with its recipe's search parameters, its seed, its curve, and its time to
     target where it reached (COMPLETE), PRUNED where the leader's slack capped it."""
+    import pickle
+
     import optuna
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -158,7 +160,8 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
     assert max(runs[0].intermediate_values) == 1000 and runs[0].intermediate_values[1000] == 0.97
     assert 1200 <= max(runs[1].intermediate_values) <= 1250  # stopped past 1.2x A's time
     # A resumed search runs its race again: the study beside holds that race, not both.
-    race_record = RaceRecord(record)
+    race_record = pickle.loads(pickle.dumps(race_record))  # Tune pickles the race's searcher
+    assert race_record._study is None and race_record.record.storage_url == url  # reopened
     race_record.start()
     _play(Race(rows, top=2, seeds=[1, 2], slack=SLACK), {A: {1: 1.0}, B: {1: 1.6}}, race_record)
     again = optuna.load_study(study_name="raybatch-confirmation", storage=url).trials

@@ -223,3 +223,10 @@ def test_a_heartbeat_is_capped_at_the_final_level_but_not_judged_at_intermediate
     # The same report as an evaluation with nothing shown is behind the incumbent's levels.
     evaluated = {**beat, keys.HEARTBEAT: False, keys.METRIC: 0.1}
     assert s.on_trial_result(None, _trial("other"), evaluated) == TrialScheduler.STOP
+
+
+def test_the_hang_window_is_the_guards_one_and_none_without_it() -> None:
+    """``hang_after_s`` reads the guard's window: no second copy to drift from it."""
+    assert CappingScheduler().hang_after_s is None and CappingScheduler().hung == {}
+    s = CappingScheduler(hang_after_s=12.0)
+    assert s.guard is not None and s.hang_after_s == s.guard.after_s == 12.0

@@ -871,3 +871,11 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
     with pytest.raises(RunDirError, match=r"gates: saved by a searcher with gates \['Learned"):
         other.restore(str(tmp_path / "ckpt.pkl"))
     assert Gate().check(SPACE.derive(64)) is None  # the base objects to nothing
+
+
+def test_the_plans_checkpoint_holds_exactly_its_declared_keys(tmp_path: Path) -> None:
+    """``CHECKPOINTED`` names what the plan's state holds, opening and time model together."""
+    from raybatch.run.plan import CHECKPOINTED
+
+    searcher = _searcher(tmp_path)
+    assert set(searcher.plan.state()) == set(CHECKPOINTED)

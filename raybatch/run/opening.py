@@ -46,7 +46,8 @@ class Opening:
         self.record: SearchStudy | None = None  # the searcher's study, given by its plan
 
     def _study(self) -> SearchStudy:
-        assert self.record is not None, "an Opening runs inside a Plan, which attaches its study"
+        if self.record is None:
+            raise RuntimeError("an Opening runs inside a Plan, which attaches its study")
         return self.record
 
     def queue(self) -> None:

@@ -26,7 +26,7 @@ measures the regret with and without it, same seeds.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -112,7 +112,7 @@ def behind(incumbent: Trajectory, trial: Trajectory, train_s: float, level_slack
     return level is not None and (reached is None or reached < level)
 
 
-def behind_any(incumbent: Trajectory | None, others: list[Trajectory], trajectory: Trajectory,
+def behind_any(incumbent: Trajectory | None, others: Iterable[Trajectory], trajectory: Trajectory,
                trained: float, level_slack: float) -> bool:  # fmt: skip
     """Behind the ``incumbent`` at some level; before any trial has reached the target, behind
     another trial running beside it (``others``: the trials started together are compared with
@@ -157,7 +157,6 @@ class CappingScheduler(FIFOScheduler):
         super().__init__()
         self.slack = slack
         self.enabled = enabled
-        self.hang_after_s = hang_after_s
         self.guard = HangGuard(hang_after_s) if hang_after_s is not None else None
         self.level_slack = level_slack
         self.mode = mode
@@ -216,7 +215,7 @@ class CappingScheduler(FIFOScheduler):
             # No new evaluation: not having *shown* a level is not being behind it (a small
             # batch's next mark may be far off); the levels are judged at evaluations.
             return TrialScheduler.CONTINUE
-        others = [t for other, t in self._trajectories.items() if other != trial.trial_id]
+        others = (t for other, t in self._trajectories.items() if other != trial.trial_id)
         if self.level_slack is not None and behind_any(
             self._incumbent, others, trajectory, float(trained), self.level_slack
         ):
@@ -238,6 +237,11 @@ class CappingScheduler(FIFOScheduler):
         if self.guard is not None:
             self.guard.stop_hung(tune_controller)
         return super().choose_trial_to_run(tune_controller)
+
+    @property
+    def hang_after_s(self) -> float | None:
+        """Wall seconds of silence after which a running trial counts as hung (``None``)."""
+        return self.guard.after_s if self.guard is not None else None
 
     @property
     def hung(self) -> dict[str, float]:
