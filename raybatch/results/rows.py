@@ -180,29 +180,20 @@ class TrialRow:
 
 def recorded_recipe(space: SearchSpace, cells: Mapping[str, Any]) -> TrialConfig:
     """The recipe a row recorded: its knobs and derived values as they ran (``cells``, the
-    :data:`RECIPE_COLUMNS`), with ``space``'s constants (its name, rules, optimizer and
-    reference) and its warmup in samples (not a column: the row's ``warmup_steps`` is what
-    ran). Not derived again, nor checked against the space's limits: the row says what ran, and
-    a space edited since would otherwise change it (its reference may then no longer be the
-    one the row's ``lr_scale`` was taken against).
+    :data:`RECIPE_COLUMNS`), with ``space``'s constants (:meth:`SearchSpace.recipe_constants`:
+    its name, rules, optimizer and reference) and its warmup in samples (not a column: the
+    row's ``warmup_steps`` is what ran). Not derived again, nor checked against the space's
+    limits: the row says what ran, and a space edited since would otherwise change it (its
+    reference may then no longer be the one the row's ``lr_scale`` was taken against).
 
     Raises:
         ConfigError: A recorded value is missing or not of its kind.
     """
-    ref = space.reference
     scale = cells.get(keys.LR_SCALE)
     warmup = None  # a missing or malformed scale: from_dict names the cell
     if isinstance(scale, int | float) and not isinstance(scale, bool):
         warmup = space.warmup_samples(float(scale))
-    values = {
-        **cells,
-        keys.WARMUP_SAMPLES: warmup,
-        "space": space.name, "lr_rule": space.rules.lr.value,
-        "weight_decay_rule": space.rules.weight_decay.value, keys.OPTIMIZER: ref.optimizer.value,
-        "reference_batch_size": ref.batch_size, "reference_lr": ref.lr,
-        "reference_weight_decay": ref.weight_decay,
-        keys.OPTIMIZER_KWARGS: dict(ref.optimizer_kwargs),
-    }  # fmt: skip
+    values = {**cells, keys.WARMUP_SAMPLES: warmup, **space.recipe_constants()}
     return TrialConfig.from_dict(values, "a trial row")
 
 

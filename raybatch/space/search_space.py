@@ -250,7 +250,6 @@ class SearchSpace(_Model):
         lr_scale = self.rules.lr.factor(ratio) * lr_mult
         warmup_samples = self.warmup_samples(lr_scale)
         return TrialConfig(
-            space=self.name,
             micro_batch_size=m,
             accumulation_steps=a,
             world_size=w,
@@ -262,13 +261,7 @@ class SearchSpace(_Model):
             weight_decay_multiplier=wd_mult,
             warmup_samples=warmup_samples,
             warmup_steps=math.ceil(warmup_samples / effective),
-            lr_rule=self.rules.lr,
-            weight_decay_rule=self.rules.weight_decay,
-            optimizer=ref.optimizer,
-            reference_batch_size=ref.batch_size,
-            reference_lr=ref.lr,
-            reference_weight_decay=ref.weight_decay,
-            optimizer_kwargs=dict(ref.optimizer_kwargs),
+            **self.recipe_constants(),
         )
 
     def _limit_issues(self, m: int, a: int, w: int, lr_mult: float) -> list[Issue]:
@@ -276,12 +269,8 @@ class SearchSpace(_Model):
         issues: list[Issue] = []
         limit = self.limits.max_accumulation_steps
         if a > limit:
-            issues.append(
-                Issue(
-                    keys.ACCUMULATION_STEPS,
-                    f"{a} exceeds limits.max_accumulation_steps = {limit}; allowed: 1..{limit}",
-                )
-            )
+            why = f"{a} exceeds limits.max_accumulation_steps = {limit}; allowed: 1..{limit}"
+            issues.append(Issue(keys.ACCUMULATION_STEPS, why))
         effective = m * a * w
         dataset = self.limits.dataset_size
         if dataset is not None and effective > dataset:
@@ -363,6 +352,16 @@ class SearchSpace(_Model):
         return self.derive(self.reference.batch_size, 1, 1)
 
     # ---------------------------------------------------------------- rules
+
+    def recipe_constants(self) -> dict[str, Any]:
+        """What every recipe of this space shares, whatever its knobs: the space's name, its
+        rules, optimizer and reference (the :class:`TrialConfig` fields no knob changes)."""
+        ref = self.reference
+        return {"space": self.name, "lr_rule": self.rules.lr,
+                "weight_decay_rule": self.rules.weight_decay, "optimizer": ref.optimizer,
+                "reference_batch_size": ref.batch_size, "reference_lr": ref.lr,
+                "reference_weight_decay": ref.weight_decay,
+                "optimizer_kwargs": dict(ref.optimizer_kwargs)}  # fmt: skip
 
     def warmup_samples(self, lr_scale: float) -> int:
         """Warmup length in samples at an LR scale (none at or below the rule's ``from_scale``)."""
