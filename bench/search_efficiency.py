@@ -88,7 +88,8 @@ from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.gates import search_gates
 from raybatch.run.options import SearchOptions
 from raybatch.run.plan import Plan
-from raybatch.run.scheduler import DEFAULT_LEVEL_SLACK, CappingScheduler
+from raybatch.run.rungs import DEFAULT_ZONE
+from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
     Ladder,
@@ -114,6 +115,8 @@ CONFIRM_TOP = SearchOptions().confirm_top
 CONFIRM_SEEDS = SearchOptions().confirm_seeds
 SLOTS = 2
 """Trials at once: what a default search runs on this machine's two cores (one CPU each)."""
+SLOT_COUNTS = (1, 2)
+"""The slot counts measured: one GPU (a default GPU search: one trial at a time), and two."""
 SIM_SPACE = sim_space()
 SWEEP = (0.5, 1.0, 2.0, 4.0)
 ETA = 3
@@ -142,11 +145,13 @@ def _finder_cost(member: Member) -> float:
 
 
 class _Capping:
-    """raybatch's capping: the shipped :class:`CappingScheduler`, fed each mark as Tune feeds
-    it (``on_trial_result``, then ``on_trial_complete``)."""
+    """raybatch's capping: the shipped :class:`CappingScheduler`, built as the driver builds it
+    for the member's time cap (:meth:`CappingScheduler.for_time_cap`: rungs tied to the cap /
+    eta until a trial reaches) and fed each mark as Tune feeds it (``on_trial_result``, then
+    ``on_trial_complete``)."""
 
-    def __init__(self, level_slack: float | None) -> None:
-        self.scheduler = CappingScheduler(SLACK, level_slack=level_slack)
+    def __init__(self, zone: float | None, max_time_s: float) -> None:
+        self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone)
 
     def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False) -> bool:
         reached = progress is not None and progress >= 1.0
@@ -300,17 +305,17 @@ def _reports(member: Member, full: Trial) -> list[tuple[float, float | None, boo
             return out
 
 
-def run_max_batch(member: Member, rng: random.Random, n: int, sweep: tuple[float, ...] = (1.0,)
-                  ) -> list[Trial]:  # fmt: skip
+def run_max_batch(member: Member, rng: random.Random, n: int, sweep: tuple[float, ...] = (1.0,),
+                  slots: int = SLOTS) -> list[Trial]:  # fmt: skip
     """Lightning's power finder, then the largest batch that fits at the rule's LR (one trial,
     no capping) or, ``sweep``, at each LR of the sweep, capped and run as raybatch runs its
     trials (two at a time, the same capping scheduler)."""
     largest = member.max_fitting_micro()
     points = [(largest, 1, m) for m in sweep]
-    rule = _Capping(DEFAULT_LEVEL_SLACK) if len(sweep) > 1 else _Capping(None)
+    rule = _Capping(DEFAULT_ZONE if len(sweep) > 1 else None, member.max_time_s)
     trials = simulate_search(member, rng, len(points), lambda i: points[int(i[1:])]
                              if int(i[1:]) < len(points) else None, lambda i, t: None,
-                             rule, slots=SLOTS if len(sweep) > 1 else 1)  # fmt: skip
+                             rule, slots=slots if len(sweep) > 1 else 1)  # fmt: skip
     trials[0]["cost"] += _finder_cost(member)
     return trials
 
@@ -326,14 +331,16 @@ def _tpe_knobs(t: optuna.Trial) -> tuple[int, int, float]:
             t.suggest_float(keys.LR_MULTIPLIER, *LR_MULTIPLIER, log=True))  # fmt: skip
 
 
-def run_random(member: Member, rng: random.Random, n: int, asha: bool = False) -> list[Trial]:
+def run_random(member: Member, rng: random.Random, n: int, asha: bool = False,
+               slots: int = SLOTS) -> list[Trial]:  # fmt: skip
     """Random search, capped as raybatch is, or under ASHA on training time."""
-    rule = _AshaOnTime(member.max_time_s) if asha else _Capping(DEFAULT_LEVEL_SLACK)
-    return simulate_search(member, rng, n, lambda _: _random_knobs(rng), lambda i, t: None, rule)
+    rule = _AshaOnTime(member.max_time_s) if asha else _Capping(DEFAULT_ZONE, member.max_time_s)
+    return simulate_search(member, rng, n, lambda _: _random_knobs(rng), lambda i, t: None, rule,
+                           slots)  # fmt: skip
 
 
-def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | None = None
-            ) -> list[Trial]:  # fmt: skip
+def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | None = None,
+            slots: int = SLOTS) -> list[Trial]:  # fmt: skip
     """TPE as Optuna's defaults give it, capped as raybatch is; ``early``: ``asha`` or
     ``hyperband`` on training time instead."""
     # A heartbeat and a mark within the same whole second report the same step: Optuna keeps
@@ -349,7 +356,7 @@ def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | 
     asked: dict[str, optuna.Trial] = {}
     rule: Any = {"asha": _AshaOnTime(member.max_time_s),
                  "hyperband": _HyperbandOnTime(asked)}.get(early or "")  # fmt: skip
-    rule = rule or _Capping(DEFAULT_LEVEL_SLACK)
+    rule = rule or _Capping(DEFAULT_ZONE, member.max_time_s)
 
     def suggest(trial_id: str) -> tuple[int, int, float]:
         asked[trial_id] = study.ask()
@@ -364,7 +371,7 @@ def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | 
                 trial["time"] if trial["time"] is not None else penalty(member.max_time_s),
             )
 
-    return simulate_search(member, rng, n, suggest, tell, rule)
+    return simulate_search(member, rng, n, suggest, tell, rule, slots)
 
 
 def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: bool
@@ -398,8 +405,8 @@ report says ``running``: the scheduler stopped it)."""
 
 
 def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescreen: bool = True,
-                 plan: bool = True, model: bool = True, fidelity: bool = True
-                 ) -> list[Trial]:  # fmt: skip
+                 plan: bool = True, model: bool = True, fidelity: bool = True,
+                 slots: int = SLOTS) -> list[Trial]:  # fmt: skip
     """The shipped searcher (plan, pre-screen, ladder, TPE) and the shipped capping scheduler,
     two trials at a time as a default search runs on this machine's two slots."""
     searcher = _searcher(member, seed, prescreen, plan, model)
@@ -424,23 +431,24 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
         searcher.on_trial_complete(trial_id, result)
         trial["prescreened"] = len(searcher.prescreened)
 
-    rule = _Capping(DEFAULT_LEVEL_SLACK if fidelity else None)
-    return simulate_search(member, rng, n, suggest, tell, rule)
+    rule = _Capping(DEFAULT_ZONE if fidelity else None, member.max_time_s)
+    return simulate_search(member, rng, n, suggest, tell, rule, slots)
 
 
-def run(strategy: str, member: Member, seed: int, n: int) -> list[Trial]:
+def run(strategy: str, member: Member, seed: int, n: int, slots: int = SLOTS) -> list[Trial]:
     rng = random.Random(seed * 7919 + zlib.crc32(member.name.encode()) % 1000)  # stable
     if strategy.startswith("max_batch"):
-        return run_max_batch(member, rng, n, SWEEP if strategy.endswith("sweep") else (1.0,))
+        return run_max_batch(member, rng, n, SWEEP if strategy.endswith("sweep") else (1.0,),
+                             slots)  # fmt: skip
     if strategy in ("random", "asha"):
-        return run_random(member, rng, n, asha=strategy == "asha")
+        return run_random(member, rng, n, asha=strategy == "asha", slots=slots)
     if strategy in ("optuna_tpe", "asha_tpe", "hyperband"):
         early = {"asha_tpe": "asha", "hyperband": "hyperband"}.get(strategy)
-        return run_tpe(member, rng, n, seed, early)
+        return run_tpe(member, rng, n, seed, early, slots)
     return run_raybatch(member, rng, n, seed, prescreen=strategy != "raybatch_no_prescreen",
                         plan=strategy != "raybatch_no_plan",
                         model=strategy != "raybatch_no_model",
-                        fidelity=strategy != "raybatch_no_fidelity")  # fmt: skip
+                        fidelity=strategy != "raybatch_no_fidelity", slots=slots)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the confirmation, shipped
@@ -469,7 +477,7 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
     pick and what the confirmation runs held their devices for."""
     rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
     race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK)
-    scheduler = CappingScheduler(SLACK, level_slack=None)
+    scheduler = CappingScheduler(SLACK, zone=None)
     searcher = RaceSearcher(race, scheduler, penalty=penalty(member.max_time_s))  # PAR-10
     cost = 0.0
     for n in itertools.count():
@@ -526,7 +534,7 @@ def _to_regret(member: Member, run_: list[Trial], optimum: float, seed: int) -> 
 
 
 def _rows(member: Member, strategy: str, runs: list[list[Trial]], budgets: tuple[int, ...],
-          seeds: int) -> list[dict[str, Any]]:  # fmt: skip
+          seeds: int, slots: int) -> list[dict[str, Any]]:  # fmt: skip
     optimum, where = member.optimum()
     to_regret = statistics.median(_to_regret(member, r, optimum, s) for s, r in enumerate(runs))
     rows = []
@@ -535,7 +543,7 @@ def _rows(member: Member, strategy: str, runs: list[list[Trial]], budgets: tuple
                   for seed, r in enumerate(runs)]  # fmt: skip
         compute = statistics.median(s["compute"] for s in scores)
         rows.append({
-            "workload": member.name, "strategy": strategy,
+            "workload": member.name, "strategy": strategy, "slots": slots,
             "trials": min(budget, len(runs[0])), "budget": budget, "seeds": seeds,
             "median_regret": statistics.median(s["regret"] for s in scores),
             "p90_regret": _p90([s["regret"] for s in scores]),
@@ -556,19 +564,20 @@ def main(
     members: list[Member] | None = None,
     strategies: tuple[str, ...] = STRATEGIES,
     out: Path = RESULTS,
+    slot_counts: tuple[int, ...] = SLOT_COUNTS,
 ) -> list[dict[str, Any]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     rows: list[dict[str, Any]] = []
     at = measured_at()
     start = time.perf_counter()
-    for member in members or MEMBERS:
-        for strategy in strategies:
-            runs = [run(strategy, member, seed, max(budgets)) for seed in range(seeds)]
-            rows += _rows(member, strategy, runs, budgets, seeds)
-            last = next(r for r in reversed(rows) if r["budget"] == 20 or r is rows[-1])
-            print(f"{member.name:>22} {strategy:>22}: median regret {last['median_regret']:.3f}"
-                  f" at {last['budget']} trials, {last['compute_trainings']:.1f} trainings,"
-                  f" to 1.05: {last['compute_to_regret_105']}", flush=True)  # fmt: skip
+    for member, slots, strategy in itertools.product(members or MEMBERS, slot_counts, strategies):
+        runs = [run(strategy, member, seed, max(budgets), slots) for seed in range(seeds)]
+        rows += _rows(member, strategy, runs, budgets, seeds, slots)
+        last = next(r for r in reversed(rows) if r["budget"] == 20 or r is rows[-1])
+        print(f"{member.name:>22} {slots} slot(s) {strategy:>22}: median regret"
+              f" {last['median_regret']:.3f} at {last['budget']} trials,"
+              f" {last['compute_trainings']:.1f} trainings,"
+              f" to 1.05: {last['compute_to_regret_105']}", flush=True)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     members_info = {
         m.name: {"best_lr_multiplier": m.best_multiplier, "estimator_error": m.estimate_error,
@@ -577,6 +586,7 @@ def main(
         for m in members or MEMBERS
     }  # fmt: skip
     write_result(out, {"benchmark": "search_efficiency", "seeds": seeds,
+                       "slot_counts": list(slot_counts),
                                "strategies": list(strategies), "confirmation": "the shipped Race,"
                                " paired seeds, the search run the first pair, every strategy",
                                "confirmation_charged": True, "members": members_info,

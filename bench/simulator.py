@@ -19,7 +19,8 @@ measures is off by a per-member factor of up to 2x either way, and its measureme
 two members do *not* follow McCandlish's model, so a wrong prior is tested: on one the steps
 rise again past a batch, on the other the best LR moves with the batch faster than the rule.
 
-**Trajectories.** Every trial is evaluated at the same sample marks (as raybatch's loop does).
+**Trajectories.** Every trial is evaluated at the same sample marks and training-time marks
+(as raybatch's loop does: :func:`raybatch.trial.reporting.time_marks`).
 Its progress at a mark is the fraction of its samples to target done, read through a curve
 ``p ** shape`` whose shape depends on the recipe (a recipe with a larger LR scale warms up
 longer and starts slower, then catches up), with evaluation noise; the target is met when the
@@ -39,6 +40,7 @@ import raybatch
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.timemodel.model import NoiseScale, TimeModel
+from raybatch.trial.reporting import time_marks
 
 MICRO = [8, 16, 32, 64, 128, 256, 512]
 ACCUMULATION = [1, 2, 4, 8, 16]
@@ -209,13 +211,22 @@ class Member:
         every = self.mark_samples()
         marks: list[tuple[float, float]] = []
         samples = 0.0
+        next_sample_mark = every
+        # The product's training-time marks beside its sample marks, as its reporter has them.
+        timed = [t for t in time_marks(self.max_time_s) if t > startup]
 
         def held(train: float) -> float:
             return self.held_before_training() + train + len(marks) * self.eval_cost()
 
         while True:
-            samples += every
-            t = samples * per_sample + startup
+            at_sample_mark = next_sample_mark * per_sample + startup
+            if timed and timed[0] < at_sample_mark:
+                t = timed.pop(0)
+                samples = (t - startup) / per_sample
+            else:
+                samples, t = next_sample_mark, at_sample_mark
+                next_sample_mark += every
+                timed = [m for m in timed if m > t]
             if t > limit:
                 status = "capped" if cap_s is not None and cap_s < self.max_time_s else "censored"
                 return {"status": status, "time": None, "cost": held(limit), "train": limit,

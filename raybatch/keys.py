@@ -77,6 +77,13 @@ the final cap may act on it, the levels of the metric are judged at evaluations 
 HELD_S: Final = "held_s"
 """Wall seconds the trial has held its device(s) so far, from the moment its function began:
 start-up, data loading, the memory probe, training and evaluation. What a search costs."""
+STARTED_AT: Final = "started_at"
+"""When the trial began holding its device(s), in seconds since the epoch (the wall clock, to
+place every trial and run of a search on one time line: slots x wall clock is what a search
+costs the user)."""
+STARTUP_S: Final = "startup_s"
+"""Seconds of its process's start-up charged to the trial (imports, unpickling the workload):
+the first trial a process runs has them, a later one none."""
 SAMPLES_SEEN: Final = "samples_seen"
 STEPS: Final = "steps"
 EVAL_MARK: Final = "eval_mark"

@@ -38,12 +38,22 @@ class SearchCost:
         unit_s: The time to target the cost is counted in (the winner's median, or the grid's
             best in a benchmark).
         runs: Trials and confirmation runs that held a device.
+        wall_s: Wall clock from the first trial's start to the last run's end (``None``: the
+            rows do not say when they ran).
+        slots: Trials the search ran at once: ``slots x wall_s`` is what the user paid, the
+            gaps and idle slots between trials included.
+        startup_s: One process start-up per slot (the first run of each slot's process): a
+            fixed cost that does not grow with the training, left out of
+            :attr:`trainings_wall_warm`.
     """
 
     device_s: float
     train_s: float
     unit_s: float
     runs: int
+    wall_s: float | None = None
+    slots: int | None = None
+    startup_s: float | None = None
 
     @property
     def trainings(self) -> float:
@@ -55,21 +65,52 @@ class SearchCost:
         """Training seconds alone in trainings of the unit recipe."""
         return self.train_s / self.unit_s
 
+    @property
+    def trainings_wall(self) -> float | None:
+        """Slots x wall clock in trainings of the unit recipe: what the user paid."""
+        if self.wall_s is None or self.slots is None:
+            return None
+        return self.slots * self.wall_s / self.unit_s
+
+    @property
+    def trainings_wall_warm(self) -> float | None:
+        """:attr:`trainings_wall` less one process start per slot."""
+        paid = self.trainings_wall
+        if paid is None:
+            return None
+        return paid - (self.startup_s or 0.0) / self.unit_s
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "trainings": self.trainings,
-                "trainings_train": self.trainings_train}  # fmt: skip
+                "trainings_train": self.trainings_train, "trainings_wall": self.trainings_wall,
+                "trainings_wall_warm": self.trainings_wall_warm}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SearchCost:
-        """The cost :meth:`to_dict` wrote (its trainings are computed again, not read)."""
+        """The cost :meth:`to_dict` wrote (its trainings are computed again, not read; a cost
+        written before the wall clock was measured has none)."""
+
+        def optional(key: str, kind: type) -> Any:
+            value = data.get(key)
+            return None if value is None else kind(value)
+
         return cls(float(data["device_s"]), float(data["train_s"]), float(data["unit_s"]),
-                   int(data["runs"]))  # fmt: skip
+                   int(data["runs"]), optional("wall_s", float), optional("slots", int),
+                   optional("startup_s", float))  # fmt: skip
 
     def sentence(self, unit: str = "the recipe it found") -> str:
+        held = (
+            f"its {self.runs} runs held their devices {self.device_s:.0f} s"
+            f" ({self.trainings:.1f} trainings; {self.trainings_train:.1f} counting training"
+            " seconds alone)"
+        )
+        paid, warm = self.trainings_wall, self.trainings_wall_warm
+        if paid is None or warm is None or self.wall_s is None:
+            return f"this search cost {self.trainings:.1f} trainings of {unit}: {held}"
         return (
-            f"this search cost {self.trainings:.1f} trainings of {unit}"
-            f" ({self.device_s:.0f} device seconds over {self.runs} runs;"
-            f" {self.trainings_train:.1f} counting training seconds alone)"
+            f"this search cost {paid:.1f} trainings of {unit} ({self.slots} slot(s) x"
+            f" {self.wall_s:.0f} s of wall clock; {warm:.1f} less one process start per slot,"
+            f" {self.startup_s or 0.0:.1f} s in all); {held}"
         )
 
 

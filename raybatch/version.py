@@ -16,13 +16,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 from raybatch.errors import Issue, RunDirError
 
-RUN_FORMAT = 3
+RUN_FORMAT = 4
 """The format of the files a search writes and reads back. Bump it when any of them changes in
 a way this reader would misread; older formats of that file are then refused (or migrated
 here). 2: the searcher Tune pickles whole, and its checkpoint, are composed of other parts
 (its screen, its launches); 3: its launches hold the screen and devices, its plan an opening,
 the scheduler Tune also pickles a hang guard, and what ran out of memory is kept as typed
-records. ``run.json`` and ``best_config.yaml`` read as in 1
+records; 4: the scheduler Tune pickles judges trials at rungs (its state changed shape), and
+``run.json``'s options name the rungs' ``zone`` (a format-1 to 3 file's ``level_slack`` is
+ignored). ``run.json`` and ``best_config.yaml`` read as in 1
 (:data:`SAME_SINCE`)."""
 SAME_SINCE = 1
 """The oldest format ``run.json`` and ``best_config.yaml`` are read from: a finished run of

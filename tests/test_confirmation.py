@@ -13,7 +13,7 @@ from ray.tune.search import Searcher
 
 import raybatch
 from raybatch import Target, keys
-from raybatch.provenance import Provenance
+from raybatch.provenance import Provenance, SearchCost
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
@@ -34,14 +34,14 @@ PENALTY = 100.0
 
 def _row(knobs: tuple[int, int, float], phase: str, time_s: float | None, seed: int,
          status: TrialStatus | None = None, train_s: float | None = None,
-         held_s: float | None = None) -> TrialRow:  # fmt: skip
+         held_s: float | None = None, **figures: float) -> TrialRow:  # fmt: skip
     micro, accumulation, multiplier = knobs
     reached = time_s is not None
     status = status or (TrialStatus.REACHED if reached else TrialStatus.CENSORED)
     return TrialRow.of(
         SPACE.derive(micro, accumulation, 1, multiplier), phase, f"{phase}-{knobs}-{seed}", status,
         time_to_target_s=time_s, train_s=train_s if train_s is not None else time_s,
-        held_s=held_s, seed=seed,
+        held_s=held_s, seed=seed, **figures,
     )  # fmt: skip
 
 
@@ -93,7 +93,7 @@ def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None
           record: RaceRecord | None = None) -> Rounds:  # fmt: skip
     """Run the race as the driver does: the shipped :class:`RaceSearcher` suggests each run in
     order and the shipped :class:`CappingScheduler` caps it; the rounds, as (seed, recipes)."""
-    scheduler = CappingScheduler(SLACK, level_slack=None)
+    scheduler = CappingScheduler(SLACK, zone=None)
     searcher = RaceSearcher(race, scheduler, PENALTY, record=record)
     for n in itertools.count():
         config = searcher.suggest(f"t{n}")
@@ -257,6 +257,32 @@ def test_the_cost_counts_every_device_second_in_trainings_of_the_winner() -> Non
         search_cost(rows, unit_s=0.0)
 
 
+def test_what_the_user_paid_is_slots_times_the_wall_clock_less_a_start_per_slot() -> None:
+    """Two slots from the first run's start (t=0) to the last one's end (t=10): 20 s paid, the
+    gaps and the idle slot included, though the runs held 13 s; the first run of each slot's
+    process carries its start-up (2 s and 1.5 s), a fixed cost left out of the warm figure;
+    a later process's start-up (the third) is not."""
+    rows = [
+        _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=4.0, started_at=100.0, startup_s=2.0),
+        _row(B, keys.PHASE_SEARCH, 1.5, 0, held_s=3.0, started_at=100.5, startup_s=1.5),
+        _row(A, keys.PHASE_CONFIRMATION, 1.0, 1, held_s=6.0, started_at=104.0, startup_s=1.0),
+    ]
+    cost = search_cost(rows, unit_s=2.0, slots=2)
+    assert cost.wall_s == pytest.approx(10.0) and cost.slots == 2
+    assert cost.trainings_wall == pytest.approx(10.0)
+    assert cost.startup_s == pytest.approx(3.5)
+    assert cost.trainings_wall_warm == pytest.approx(8.25)
+    assert cost.trainings == pytest.approx(6.5)  # the held seconds, beside it
+    said = cost.sentence()
+    assert said.startswith("this search cost 10.0 trainings") and "2 slot(s) x 10 s" in said
+    assert "8.2 less one process start per slot" in said
+    # Rows that do not say when they ran (written before it was recorded): no wall figure.
+    old = search_cost([_row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=4.0)], unit_s=2.0, slots=2)
+    assert old.wall_s is None and old.trainings_wall is None
+    assert old.sentence().startswith("this search cost 2.0 trainings")
+    assert SearchCost.from_dict(cost.to_dict()) == cost
+
+
 def test_a_packed_search_run_is_no_pair_of_the_race() -> None:
     """A search run packed beside neighbours ran at their pace: it does not judge its recipe
     (the confirmation's lone runs do), so a fast packed run cannot carry a recipe through."""
@@ -333,7 +359,7 @@ def test_a_run_tune_errors_without_telling_the_searcher_does_not_stall_the_race(
     from raybatch.run.untold import TellUntold
 
     race = Race(_search((A, 1.0), (B, 1.5)), top=2, seeds=[1, 2], slack=SLACK)
-    scheduler = CappingScheduler(SLACK, level_slack=None)
+    scheduler = CappingScheduler(SLACK, zone=None)
     searcher = RaceSearcher(race, scheduler, PENALTY)
     assert isinstance(searcher.suggest("t0"), dict)
     assert searcher.suggest("t1") is None  # waiting on t0, which Tune errored silently

@@ -91,6 +91,11 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     assert run["format"] == RUN_FORMAT
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": SAME_SINCE}))
     assert read_run(tmp_path).workload == "wl.py:w"  # a finished run of format 1 reads as is
+    # Formats 1-3 capped at levels of the metric: their level_slack means nothing now.
+    older = {**run, "format": 3, "options": {**run["options"], "level_slack": 1.5}}
+    older["options"].pop("zone")
+    (tmp_path / "run.json").write_text(json.dumps(older))
+    assert read_run(tmp_path).options.zone == SearchOptions().zone
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": RUN_FORMAT + 1}))
     with pytest.raises(
         RunDirError, match=rf"run\.json: format: {RUN_FORMAT + 1}: written by another raybatch"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -125,6 +126,35 @@ def test_between_far_apart_marks_a_heartbeat_reports_the_training_time() -> None
     assert [round(r[keys.TRAIN_S], 2) for r in reports] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert {r[keys.STATUS] for r in reports} == {"running"} and reports[-1][keys.METRIC] is None
     assert all(r[keys.HEARTBEAT] for r in reports)
+
+
+def test_an_evaluation_is_due_at_each_training_time_mark_between_sample_marks() -> None:
+    """The rungs need an evaluation near each training time, whatever the batch: past a time
+    mark (read on the host clock) an evaluation is due though no sample mark has come; marks
+    passed during the evaluation are skipped, not owed."""
+    from raybatch.trial.reporting import time_marks
+
+    run, reports, clock = make(eval_every_samples=10_000, eval_at_s=(0.5, 1.0, 2.0, 4.0))
+    clock.now += 0.4
+    run.add(samples=8, steps=1)
+    assert not run.eval_due
+    clock.now += 0.2
+    run.add(samples=8, steps=1)
+    assert run.eval_due  # 0.6 s of training: past the 0.5 s mark
+    with run.evaluating():
+        clock.now += 5.0  # a long evaluation is off the training clock
+    run.report(0.3)
+    assert reports[-1][keys.TRAIN_S] == pytest.approx(0.6) and not run.eval_due
+    clock.now += 0.5
+    run.add(samples=8, steps=1)
+    assert run.eval_due  # 1.1 s: the 1 s mark
+    clock.now += 3.0
+    run.report(0.4)  # at 4.1 s: the 2 s and 4 s marks have passed, none is owed
+    run.add(samples=8, steps=1)
+    assert not run.eval_due
+    marks = time_marks(60.0)
+    assert marks[0] == pytest.approx(60 / 243) and marks[-1] == pytest.approx(60 / 3**0.5)
+    assert all(b / a == pytest.approx(3**0.5) for a, b in itertools.pairwise(marks))
 
 
 def test_the_heartbeat_is_a_32nd_of_the_cap_and_never_over_five_seconds() -> None:

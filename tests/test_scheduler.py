@@ -55,8 +55,10 @@ def test_slack_below_one_is_refused_as_the_options_refuse_it() -> None:
 
     with pytest.raises(OptionError, match=r"<python>: slack: must be >= 1, got 0\.9"):
         CappingScheduler(slack=0.9)
-    with pytest.raises(OptionError, match=r"level_slack: must be >= 1, got 0\.5"):
-        CappingScheduler(level_slack=0.5)
+    with pytest.raises(OptionError, match=r"zone: must be >= 0 or None, got -0\.5"):
+        CappingScheduler(zone=-0.5)
+    with pytest.raises(OptionError, match=r"mode: must be 'max' or 'min', got 'up'"):
+        CappingScheduler(mode="up")
     with pytest.raises(OptionError, match="slack"):
         SearchOptions(slack=0.9)
 
@@ -128,61 +130,107 @@ def _report(train_s: float, metric: float) -> dict[str, object]:
 
 
 def _incumbent(s: CappingScheduler) -> None:
-    """A trial that reaches 0.9 at 10 s, through 0.2 at 0.5 s, 0.5 at 2 s and 0.8 at 6 s."""
-    for t, m in ((0.5, 0.2), (2.0, 0.5), (6.0, 0.8)):
+    """A trial that reaches 0.9 at 9 s, through 0.1 at 0.25 s, 0.4 at 1 s and 0.7 at 3 s: the
+    rungs are then at 1/3, 1, 3 and 9 s."""
+    for t, m in ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)):
         s.on_trial_result(None, _trial("inc"), _report(t, m))
-    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 10.0,
-                                              keys.TRAIN_S: 10.0, keys.METRIC: 0.9})  # fmt: skip
+    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0,
+                                              keys.TRAIN_S: 9.0, keys.METRIC: 0.9})  # fmt: skip
 
 
-def test_a_trial_behind_the_incumbent_at_an_intermediate_level_is_stopped_early() -> None:
-    """The incumbent had 0.5 at 2 s: a trial still below 0.5 at 3.4 s (> 1.5 x 2 s) cannot win,
-    and is stopped long before the final cap (12 s) would stop it; one at 0.79 at 8.9 s is
-    ahead of the 0.5 the incumbent had at 8.9 / 1.5 s... and behind its 0.8 at 6 s only
-    from 9 s on."""
-    s = CappingScheduler(slack=1.2, level_slack=1.5)
+def test_the_rungs_are_tied_to_the_fastest_time_to_target() -> None:
+    s = CappingScheduler(horizon_s=30.0)
+    # The guess, before: two rungs further down (it is only a bound).
+    assert s.rungs() == pytest.approx([30 / 81, 30 / 27, 30 / 9, 30 / 3, 30.0])
     _incumbent(s)
-    # Before a third of the incumbent's 10 s, start-up noise rules: only 3x behind is stopped.
-    assert s.on_trial_result(None, _trial("new"), _report(3.2, 0.25)) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("dead"), _report(1.6, 0.01)) == TrialScheduler.STOP
-    assert s.on_trial_result(None, _trial("ok"), _report(8.9, 0.79)) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("slow"), _report(3.4, 0.4)) == TrialScheduler.STOP
-    assert s.capped_at_level == {"dead": 1.6, "slow": 3.4}
-    # Ahead of the incumbent's level at t / slack: goes on, however slowly it started.
-    assert s.on_trial_result(None, _trial("ok"), _report(9.5, 0.81)) == TrialScheduler.CONTINUE
+    assert s.rungs() == pytest.approx([1 / 3, 1.0, 3.0, 9.0])
+    assert CappingScheduler(zone=None, horizon_s=30.0).rungs() == []
 
 
-def test_without_level_slack_only_the_final_time_caps() -> None:
-    s = CappingScheduler(slack=1.2, level_slack=None)
+def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung() -> None:
+    """At the 1 s rung the incumbent had 0.4, and 0.36 at 1/1.1 s: a trial showing 0.2 there is
+    more than 10 % slower to its level and ranks below the top third: stopped at that rung,
+    long before the final cap (10.8 s) would have stopped it."""
+    s = CappingScheduler(slack=1.2, zone=0.1)
     _incumbent(s)
-    assert s.on_trial_result(None, _trial("slow"), _report(11.0, 0.1)) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("slow"), _report(12.5, 0.1)) == TrialScheduler.STOP
-    assert s.capped_at_level == {}
+    assert s.on_trial_result(None, _trial("slow"), _report(1.2, 0.2)) == TrialScheduler.STOP
+    assert s.capped_at_rung == {"slow": 1.0} and s.capped == {"slow": 1.2}
 
 
-def test_level_capping_reads_a_loss_target_as_lower_is_better() -> None:
-    s = CappingScheduler(level_slack=1.5, mode="min")
-    for t, m in ((2.0, 1.0), (6.0, 0.6)):
+def test_a_trial_within_the_zone_goes_on_whatever_its_rank() -> None:
+    """0.38 at the 1 s rung: below the incumbent's 0.4 (last of two), but above the 0.36 the
+    incumbent had at 1/1.1 s: within 10 %, so it goes on (the hedge against early ranks)."""
+    s = CappingScheduler(slack=1.2, zone=0.1)
+    _incumbent(s)
+    assert s.on_trial_result(None, _trial("close"), _report(1.05, 0.38)) == TrialScheduler.CONTINUE
+    # The same trial with no zone at all is judged by its rank alone: stopped.
+    strict = CappingScheduler(slack=1.2, zone=0.0)
+    _incumbent(strict)
+    assert strict.on_trial_result(None, _trial("close"), _report(1.05, 0.38)) == (
+        TrialScheduler.STOP
+    )
+
+
+def test_a_trial_in_the_top_third_goes_on_outside_the_zone() -> None:
+    """ASHA's rule: 0.45 at 1 s is more than 10 % behind the best curve (0.464 at 1/1.1 s),
+    but in the top third of the four trials that got to the rung (0.1, 0.3, 0.45, 0.5)."""
+    s = CappingScheduler(zone=0.1, horizon_s=9.0)
+    for name, value in (("x", 0.5), ("y", 0.3), ("z", 0.1)):
+        s.on_trial_result(None, _trial(name), _report(0.5, 0.6 * value))
+        s.on_trial_result(None, _trial(name), _report(1.0, value))
+    assert s.on_trial_result(None, _trial("w"), _report(1.0, 0.45)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("v"), _report(1.0, 0.2)) == TrialScheduler.STOP
+
+
+def test_a_lone_trial_goes_on_as_the_first_at_every_rung() -> None:
+    """No other curve reached the rung: the first trial there always goes on (only its own
+    time cap, or a later incumbent's, stops it)."""
+    s = CappingScheduler(zone=0.1, horizon_s=9.0)
+    for t in (0.5, 1.5, 4.0, 8.5):
+        assert s.on_trial_result(None, _trial("alone"), _report(t, 0.01)) == (
+            TrialScheduler.CONTINUE
+        )
+    assert s.capped == {}
+
+
+def test_trials_started_together_are_judged_against_each_other_before_any_reaches() -> None:
+    """No incumbent yet (the opening's trials start together): the rungs are tied to the
+    guess (9 s: rungs at 1/9, 1/3, 1, 3 s), and a trial is judged against its neighbour's curve
+    at the same training time, from the neighbour's first evaluation on (0.4 s: nothing to
+    compare with at the first two rungs); the leader is never stopped by those behind it."""
+    s = CappingScheduler(slack=1.2, zone=0.1, horizon_s=9.0)
+    assert s.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("a"), _report(1.2, 0.6)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("b"), _report(1.2, 0.2)) == TrialScheduler.STOP
+    assert s.capped_at_rung == {"b": pytest.approx(1.0)} and s.cap_s is None
+    assert s.on_trial_result(None, _trial("a"), _report(3.5, 0.75)) == TrialScheduler.CONTINUE
+
+
+def test_without_a_zone_only_the_final_time_caps() -> None:
+    s = CappingScheduler(slack=1.2, zone=None)
+    _incumbent(s)
+    assert s.on_trial_result(None, _trial("slow"), _report(10.0, 0.1)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("slow"), _report(11.0, 0.1)) == TrialScheduler.STOP
+    assert s.capped_at_rung == {}
+
+
+def test_rungs_read_a_loss_target_as_lower_is_better() -> None:
+    s = CappingScheduler(zone=0.1, mode="min")
+    for t, m in ((1.0, 1.0), (3.0, 0.6)):
         s.on_trial_result(None, _trial("inc"), _report(t, m))
-    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 8.0})
-    assert s.on_trial_result(None, _trial("a"), _report(3.5, 0.9)) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("b"), _report(3.5, 1.2)) == TrialScheduler.STOP
-    assert s.on_trial_result(None, _trial("c"), _report(2.5, 1.2)) == TrialScheduler.CONTINUE
+    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0})
+    assert s.on_trial_result(None, _trial("a"), _report(3.2, 0.58)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("b"), _report(3.2, 1.2)) == TrialScheduler.STOP
 
 
-def test_trials_started_together_are_capped_against_each_other_before_any_reaches() -> None:
-    """No incumbent yet (the opening's first trials start together): a neighbour's time to
-    target is unknown, so only a trial grossly behind it is stopped (3x, as before a third of
-    an incumbent's time): 4.6 s into training, still below the 0.2 the neighbour had at 1 s
-    (< 4.6 / 3); one behind by less than that goes on."""
-    s = CappingScheduler(slack=1.2, level_slack=1.5)
-    for t, m in ((1.0, 0.2), (2.0, 0.4), (3.0, 0.6), (4.0, 0.7)):
-        assert s.on_trial_result(None, _trial("a"), _report(t, m)) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("close"), _report(4.0, 0.3)) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("b"), _report(4.6, 0.1)) == TrialScheduler.STOP
-    assert s.capped_at_level == {"b": 4.6} and s.cap_s is None
-    # The leader itself is never stopped by those behind it.
-    assert s.on_trial_result(None, _trial("a"), _report(5.0, 0.75)) == TrialScheduler.CONTINUE
+def test_a_faster_incumbent_moves_the_rungs_earlier() -> None:
+    """A trial alone at the rungs of a 27 s guess goes on (nothing to compare with); once a
+    9 s incumbent has reached, the rungs it had got to first are judged against that curve."""
+    s = CappingScheduler(zone=0.1, horizon_s=27.0)
+    assert s.on_trial_result(None, _trial("late"), _report(3.5, 0.3)) == TrialScheduler.CONTINUE
+    _incumbent(s)
+    assert s.on_trial_result(None, _trial("late"), _report(3.6, 0.31)) == TrialScheduler.STOP
+    assert s.capped_at_rung == {"late": 1.0}
 
 
 def test_on_an_emulated_packed_gpu_no_trial_is_capped_because_of_a_neighbour() -> None:
@@ -190,7 +238,7 @@ def test_on_an_emulated_packed_gpu_no_trial_is_capped_because_of_a_neighbour() -
     recipe takes 10 s alone, 20 s beside one neighbour, 30 s beside two. A lone trial reaches in
     10 s and becomes the incumbent; the packed trials, slowed by their neighbours past 1.2 x
     that, are never capped for it, and a packed time never becomes the incumbent either."""
-    s = CappingScheduler(slack=1.2, level_slack=1.5)
+    s = CappingScheduler(slack=1.2)
     alone = {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 10.0, keys.TRAIN_S: 10.0}
     s.on_trial_result(None, _trial("alone"), alone)
     s.on_trial_complete(None, _trial("alone"), alone)
@@ -208,20 +256,20 @@ def test_on_an_emulated_packed_gpu_no_trial_is_capped_because_of_a_neighbour() -
     assert s.on_trial_result(None, _trial("slow"), late) == TrialScheduler.STOP
 
 
-def test_a_heartbeat_is_capped_at_the_final_level_but_not_judged_at_intermediate_ones() -> None:
+def test_a_heartbeat_is_capped_at_the_final_time_but_not_judged_at_rungs() -> None:
     """A small batch's first evaluation may be far off: a heartbeat (training time, no new
-    evaluation) that shows no level yet is not "behind" one; past slack x the incumbent's time
-    to target it is stopped all the same."""
-    s = CappingScheduler(slack=1.2, level_slack=1.5)
+    evaluation) that shows no level yet is not behind at a rung; past slack x the incumbent's
+    time to target it is stopped all the same."""
+    s = CappingScheduler(slack=1.2)
     _incumbent(s)
     beat = {keys.STATUS: "running", keys.TRAIN_S: 4.0, keys.METRIC: None, keys.HEARTBEAT: True}
     assert s.on_trial_result(None, _trial("small"), beat) == TrialScheduler.CONTINUE
-    assert s.on_trial_result(None, _trial("small"), {**beat, keys.TRAIN_S: 12.5}) == (
+    assert s.on_trial_result(None, _trial("small"), {**beat, keys.TRAIN_S: 11.0}) == (
         TrialScheduler.STOP
     )
-    assert s.capped_at_level == {}
-    # The same report as an evaluation with nothing shown is behind the incumbent's levels.
-    evaluated = {**beat, keys.HEARTBEAT: False, keys.METRIC: 0.1}
+    assert s.capped_at_rung == {}
+    # The same report as an evaluation with next to nothing shown is behind at the rungs.
+    evaluated = {**beat, keys.HEARTBEAT: False, keys.METRIC: 0.01}
     assert s.on_trial_result(None, _trial("other"), evaluated) == TrialScheduler.STOP
 
 

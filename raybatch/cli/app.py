@@ -31,7 +31,6 @@ from raybatch.cli.args import (
     GpuModelOpt,
     GpusOpt,
     JsonOpt,
-    LevelSlackOpt,
     NoPriorOpt,
     SpaceArg,
     SpaceOpt,
@@ -245,7 +244,7 @@ def search_command(
     confirm_top: ConfirmTopOpt = 2,
     confirm_seeds: ConfirmSeedsOpt = 2,
     no_prior: NoPriorOpt = False,
-    level_slack: LevelSlackOpt = 1.5,
+    zone: cli_args.ZoneOpt = 0.1,
     hang_grace: Annotated[
         float,
         typer.Option(
@@ -276,7 +275,7 @@ def search_command(
                 confirm_top=confirm_top,
                 confirm_seeds=confirm_seeds,
                 prior=not no_prior,
-                level_slack=level_slack or None,
+                zone=zone if zone >= 0 else None,
                 hang_grace_s=hang_grace,
                 eval_every_samples=eval_every,
                 gpu_model=gpu_model,

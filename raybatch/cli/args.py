@@ -50,10 +50,12 @@ NoPriorOpt = Annotated[
         " the ladder is then geometric.",
     ),
 ]
-LevelSlackOpt = Annotated[
+ZoneOpt = Annotated[
     float,
     typer.Option(
-        "--level-slack", help="Capping slack at intermediate levels of the metric (0: off)."
+        "--zone",
+        help="Indifference zone at the rungs: a trial at most 1 + zone times slower than the"
+        " best curve goes on (negative: no rungs, only the final time caps).",
     ),
 ]
 
@@ -76,7 +78,7 @@ SEARCH_FLAGS = {
     "max_concurrent": "--max-concurrent",
     "confirm_top": "--confirm-top",
     "confirm_seeds": "--confirm-seeds",
-    "level_slack": "--level-slack",
+    "zone": "--zone",
     "hang_grace_s": "--hang-grace",
     "eval_every_samples": "--eval-every",
 }

@@ -35,9 +35,11 @@ def device_seconds(seconds: float, world_size: int, gpu_share: float | None) -> 
     return seconds
 
 
-def search_cost(rows: list[TrialRow], unit_s: float) -> SearchCost:
+def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None) -> SearchCost:
     """The cost of the search whose rows are ``rows`` (pre-screened configs cost nothing: they
     never ran). Every device second is in them: the time model is measured inside a trial.
+    With ``slots`` (the trials it ran at once), also what the user paid: slots x the wall clock
+    from the first run's start to the last one's end (:func:`wall_clock`).
 
     Raises:
         ValueError: ``unit_s`` is not a positive time.
@@ -47,7 +49,26 @@ def search_cost(rows: list[TrialRow], unit_s: float) -> SearchCost:
     ran = [r for r in rows if r.phase != keys.PHASE_PRESCREEN]
     device = sum(held_seconds(r) for r in ran)
     train = sum(float(r.train_s or 0.0) for r in ran)
-    return SearchCost(device, train, unit_s, len(ran))
+    wall = wall_clock(ran) if slots is not None else None
+    startup = slot_startups(ran, slots) if wall is not None and slots is not None else None
+    return SearchCost(device, train, unit_s, len(ran), wall, slots if wall else None, startup)
+
+
+def wall_clock(rows: list[TrialRow]) -> float | None:
+    """Seconds from the first run's start to the last one's end (``None`` where a run does not
+    say when it started: rows written before that was recorded)."""
+    spans = [(r.started_at, r.started_at + (r.held_s or 0.0)) for r in rows
+             if r.started_at is not None]  # fmt: skip
+    if not spans or len(spans) < len(rows):
+        return None
+    return max(end for _, end in spans) - min(start for start, _ in spans)
+
+
+def slot_startups(rows: list[TrialRow], slots: int) -> float:
+    """One process start-up per slot: the start-up charged to the first ``slots`` processes to
+    start (their first runs'), a fixed cost of the search that does not grow with training."""
+    firsts = sorted((r.started_at or 0.0, r.startup_s) for r in rows if r.startup_s)
+    return sum(s for _, s in firsts[:slots])
 
 
 __all__ = ["device_seconds", "held_seconds", "search_cost"]

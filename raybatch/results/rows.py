@@ -59,6 +59,8 @@ class TrialRow:
     eval_s: float | None = None
     elapsed_s: float | None = None
     held_s: float | None = None
+    started_at: float | None = None
+    startup_s: float | None = None
     gpu_share: float | None = None
     metric: float | None = None
     peak_memory_bytes: int | None = None
@@ -215,7 +217,8 @@ COLUMNS: tuple[str, ...] = (keys.PHASE, keys.TRIAL_ID, keys.STATUS, *RECIPE_COLU
 
 REPORTED = (
     keys.TIME_TO_TARGET_S, keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S,
-    keys.EVAL_S, keys.ELAPSED_S, keys.HELD_S, keys.GPU_SHARE, keys.METRIC,
+    keys.EVAL_S, keys.ELAPSED_S, keys.HELD_S, keys.STARTED_AT, keys.STARTUP_S, keys.GPU_SHARE,
+    keys.METRIC,
     keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT, keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, keys.REASON,
 )  # fmt: skip
 """The columns a trial's own reports fill (:mod:`raybatch.trial.reporting`), and the driver's

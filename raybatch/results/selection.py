@@ -365,8 +365,12 @@ def choose_winner(
     rows: list[TrialRow],
     confirmed: bool,
     measured_on: Provenance | None = None,
+    slots: int | None = None,
 ) -> BestConfig | None:
     """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
+
+    ``slots``: the trials the search ran at once, for what it cost the user (slots x wall
+    clock, :func:`~raybatch.results.cost.search_cost`).
 
     ``confirmed``: whether the search ran a confirmation (then its runs alone judge).
     ``measured_on`` holds what the rows cannot say (:meth:`Provenance.measured_on`): ``device``
@@ -412,6 +416,6 @@ def choose_winner(
         runner_up=runner_up,
         compared=comparisons(rows, winner, given.baseline_point, given.reference_point,
                              measured_recipes(rows, confirmed)),
-        search_cost=search_cost(rows, winner.median),
+        search_cost=search_cost(rows, winner.median, slots),
     )  # fmt: skip
     return BestConfig(recipe, provenance)

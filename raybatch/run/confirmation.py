@@ -262,7 +262,7 @@ def run_race(
         options.hang_grace_s,
         slack=options.slack,
         enabled=options.capping,
-        level_slack=None,  # a confirmation run is judged at the target, not along the way
+        zone=None,  # a confirmation run is judged at the target, not along the way
     )
     race_record = None if record is None else RaceRecord(record)
     if race_record is not None:

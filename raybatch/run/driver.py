@@ -371,7 +371,7 @@ def _execute(
 
     scheduler = CappingScheduler.for_trainable(
         plan.trainable, options.hang_grace_s, slack=options.slack, enabled=options.capping,
-        level_slack=options.level_slack,
+        zone=options.zone,
     )  # fmt: skip
     tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
     progress.info(f"searching: {options.trials} trials, {plan.in_flight} at a time: the largest"
@@ -397,7 +397,8 @@ def _execute(
             f" continue with `raybatch resume {path}`"
         )
     # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
-    rows = _search_rows(results, plan.searcher.penalty, options.seed, scheduler.capped_at_level)
+    rows = _search_rows(results, plan.searcher.penalty, options.seed, scheduler.capped_at_rung,
+                        options.zone)  # fmt: skip
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
@@ -420,7 +421,8 @@ def _execute(
         device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
         baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
     )  # fmt: skip
-    best = choose_winner(target, rows, options.confirms, measured_on)
+    slots = options.max_concurrent or plan.in_flight
+    best = choose_winner(target, rows, options.confirms, measured_on, slots)
     if best is not None:
         write_best(path, best)
     # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
@@ -430,8 +432,8 @@ def _execute(
     return result
 
 
-def _search_rows(results: Any, penalty: float, seed: int, at_level: dict[str, float]
-                 ) -> list[TrialRow]:  # fmt: skip
+def _search_rows(results: Any, penalty: float, seed: int, at_rung: dict[str, float],
+                 zone: float | None) -> list[TrialRow]:  # fmt: skip
     """The search trials' rows, each with the recipe its config carries: the searcher's,
     derived once where the knobs were chosen (and checked against them at the trial's door),
     and the seed every search trial trains on (the confirmation's first pair)."""
@@ -440,9 +442,11 @@ def _search_rows(results: Any, penalty: float, seed: int, at_level: dict[str, fl
         metrics = dict(result.metrics or {})
         status, value = final_status(metrics, result.error is not None, penalty)
         if status is TrialStatus.CAPPED:
+            rung = at_rung.get(str(metrics.get(keys.TRIAL_ID)))
             why = (
-                "behind the incumbent at an intermediate level of the metric (level slack)"
-                if metrics.get(keys.TRIAL_ID) in at_level
+                f"at the rung of {rung:.3f} s, more than {1 + (zone or 0):g}x slower than the"
+                " best curve and outside the top third"
+                if rung is not None
                 else "slower than the best time to target x slack"
             )
             metrics[keys.REASON] = (

@@ -37,9 +37,10 @@ class SearchOptions:
         prescreen: Screen suggestions for memory before launching them.
         capping: Stop trials that cannot beat the incumbent (slack x best time).
         slack: The capping slack.
-        level_slack: The capping slack at every intermediate level of the metric (a trial
-            that has not reached, by ``level_slack x t``, the level the incumbent had at
-            ``t`` is stopped); ``None``: cap on the final time only.
+        zone: The indifference zone at the rungs (:mod:`raybatch.run.rungs`): at each rung
+            a trial goes on while it is at most ``1 + zone`` times slower than the best curve
+            to its level, or in the top 1/3 there; ``None``: no rungs, only the final time
+            caps. It is the regret the search accepts, and the verdict names it.
         prior: Measure the time model (gradient noise scale, step times) inside the first
             trial that reaches the target, and let it choose the batches the plan tries after
             the largest batch's LR sweep.
@@ -73,7 +74,7 @@ class SearchOptions:
     prescreen: bool = True
     capping: bool = True
     slack: float = 1.2
-    level_slack: float | None = 1.5
+    zone: float | None = 0.1
     prior: bool = True
     probe_margin: float = 0.2
     confirm_top: int = 2
@@ -123,8 +124,8 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
     need("cpus_per_trial", _is_number(o.cpus_per_trial) and o.cpus_per_trial > 0, "> 0")
     need("max_concurrent", _none_or(o.max_concurrent, 1), "an integer >= 1 or None")
     need("slack", _is_number(o.slack) and o.slack >= 1, "a number >= 1")
-    level = o.level_slack
-    need("level_slack", level is None or (_is_number(level) and level >= 1), "None or >= 1")
+    zone = o.zone
+    need("zone", zone is None or (_is_number(zone) and zone >= 0), "None or >= 0")
     margin = o.probe_margin
     need("probe_margin", _is_number(margin) and 0 <= margin <= 1, "a number in [0, 1]")
     need("confirm_top", _is_int(o.confirm_top) and o.confirm_top >= 0, "an integer >= 0")

@@ -125,7 +125,10 @@ def read_run(run_dir: str | Path) -> RunRecord:
         raise RunDirError([Issue(RUN_FILE, _damaged_run(exc))], str(path)) from None
     check_format(run.get(FORMAT_KEY), str(path / RUN_FILE), SAME_SINCE)  # another's: said so
     try:
-        options = SearchOptions(**run["options"])
+        stored = dict(run["options"])
+        # Format 3 and older capped at levels of the metric; its slack has no meaning now.
+        stored.pop("level_slack", None)
+        options = SearchOptions(**stored)
         return RunRecord(path, str(run["workload"]), space, Target(**run["target"]), options)
     except OptionError as exc:
         names = {name: f"options.{name}" for name in SearchOptions.field_names()}

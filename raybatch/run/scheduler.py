@@ -1,32 +1,33 @@
-"""Adaptive capping: stop a trial that can no longer beat the best time to target.
+"""Adaptive capping on equal-time rungs: stop a trial the moment it cannot win.
 
-The analogue of adaptive capping in algorithm configuration (ParamILS, Hutter et al. 2009;
-SMAC; irace reports 20-45% of the effort saved): once some trial has reached the target in
-``T*`` seconds of training, any running trial whose training time (``train_s``, the clock of
-the objective: evaluations excluded) passes ``slack x T*`` cannot win, so it is stopped. The
-default slack of 1.2 leaves room for timing noise, as SMAC's does. A capped trial is censored
-data at its cap; the searcher records it as ``capped`` with the PAR-10 penalty.
+Every trial, the first one included, is judged at rungs of its own training time (``train_s``,
+the clock of the objective: evaluations excluded) tied to the target -- ``B/27, B/9, B/3, B``
+with ``B`` the fastest time to target seen (before any trial has reached it, a guess: the
+trainable's time cap / eta) -- and goes on only while it is within the indifference zone of the
+best curve seen at that time, or in the top 1/eta of the trials that got there
+(:mod:`raybatch.run.rungs`: ASHA's rule on training time, tied to a target). Once some trial
+has reached the target in ``T*`` seconds, any trial whose training time passes ``slack x T*``
+cannot win either (adaptive capping, as in ParamILS and SMAC), and is stopped. A stopped trial
+is censored data; the searcher records it as ``capped`` with the PAR-10 penalty.
 
 It also guards against **hung** trials (:class:`~raybatch.run.hang.HangGuard`): one silent
 for longer than ``hang_after_s`` is stuck inside a step and will never report again, so no
 result-driven rule can stop it; Ray Tune asks the scheduler which trial to run at every step of
 its loop, and there the guard stops it, as ``censored`` with the reason.
 
-**Capping at every level** (the search's cheaper fidelity). Every trial reports the metric at
-the same sample marks, so the incumbent's trajectory says how soon each intermediate level of
-the metric can be reached. A running trial that, ``level_slack x t`` seconds into training, has
-not yet reached the level the incumbent had reached at ``t`` is behind at that level too: the
-final cap above is this rule's last level. Trajectories are noisy and a recipe with a long
-warmup starts slowly, so the intermediate levels get a wider slack (1.5 by default) than the
-final one, and before a third of the incumbent's time only a trial three times behind is
-stopped (start-up and warmup make the first marks noise); ``bench/search_efficiency.py``
-measures the regret with and without it, same seeds.
+Example::
+
+    from ray import tune
+    import raybatch
+
+    fn = raybatch.trainable(workload, space, "accuracy>=0.9", max_time_s=60)
+    tuner = tune.Tuner(fn, tune_config=tune.TuneConfig(
+        search_alg=..., scheduler=raybatch.CappingScheduler.for_trainable(fn), num_samples=20))
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -35,98 +36,24 @@ from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.results.selection import is_packed
 from raybatch.run.hang import HangGuard
+from raybatch.run.rungs import (
+    DEFAULT_ETA,
+    DEFAULT_ZONE,
+    GUESS_RUNG_COUNT,
+    Trajectory,
+    judged_near,
+    passes,
+    rung_times,
+)
 from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
 
 DEFAULT_SLACK = 1.2
-DEFAULT_LEVEL_SLACK = 1.5
-LEVEL_FROM = 1 / 3
-"""Intermediate levels are judged at ``level_slack`` only once a trial has trained this
-fraction of the incumbent's time to target, before it at :data:`EARLY_LEVEL_SLACK` (see
-:func:`behind`)."""
-EARLY_LEVEL_SLACK = 3.0
-
-
-class Trajectory:
-    """A trial's best metric so far against its training time, in the target's direction.
-
-    Values are stored as "progress" (the metric, negated for a ``min`` target), so higher is
-    always better and the best-so-far curve is monotone, which makes the incumbent's level at a
-    time a binary search.
-
-    Args:
-        mode: The target's direction (``max``: accuracy; ``min``: loss).
-    """
-
-    def __init__(self, mode: str = "max") -> None:
-        self.sign = 1.0 if mode == "max" else -1.0
-        self.times: list[float] = []
-        self.best: list[float] = []
-        self.reached_s: float | None = None  # the time to target, once reached
-
-    def add(self, train_s: float, metric: float) -> None:
-        """One report: the metric at ``train_s`` seconds of training (marks come in order)."""
-        value = self.sign * float(metric)
-        if value != value:  # NaN: no progress
-            return
-        if self.times and train_s < self.times[-1]:  # a retried trial starts its clock again
-            self.times, self.best = [], []
-        if self.best and value < self.best[-1]:
-            value = self.best[-1]
-        self.times.append(float(train_s))
-        self.best.append(value)
-
-    @property
-    def progress(self) -> float | None:
-        """The best level reached so far."""
-        return self.best[-1] if self.best else None
-
-    def level_at(self, train_s: float) -> float | None:
-        """The best level reached within ``train_s`` seconds of training (``None``: no mark yet)."""
-        i = bisect.bisect_right(self.times, train_s)
-        return self.best[i - 1] if i else None
-
-
-def behind(incumbent: Trajectory, trial: Trajectory, train_s: float, level_slack: float) -> bool:
-    """Whether ``trial``, at ``train_s``, is slower than ``level_slack`` x the incumbent to some
-    level: the incumbent reached a level by ``train_s / level_slack`` that ``trial`` has not.
-
-    Before :data:`LEVEL_FROM` of the incumbent's time to target only a trial grossly behind
-    (:data:`EARLY_LEVEL_SLACK`) is stopped: the first marks are dominated by start-up
-    (first-step allocation, kernel selection, a neighbour's burst) and by warmup, whose first
-    steps have the same small LR at every multiplier, so recipes that part ways later look
-    alike there, and a hiccup of a tenth of a second would read as "behind"; a diverging or
-    stalled recipe is still stopped early.
-
-    ``incumbent`` need not have reached the target yet: a trial running beside ``trial`` is
-    judged up to its latest mark (the trials of a search's opening start together, with no
-    incumbent to cap against).
-    """
-    end = incumbent.reached_s or (incumbent.times[-1] if incumbent.times else None)
-    if end is None:
-        return False
-    if train_s < LEVEL_FROM * end:
-        level_slack = max(level_slack, EARLY_LEVEL_SLACK)
-    level = incumbent.level_at(train_s / level_slack)
-    reached = trial.progress
-    return level is not None and (reached is None or reached < level)
-
-
-def behind_any(incumbent: Trajectory | None, others: Iterable[Trajectory], trajectory: Trajectory,
-               trained: float, level_slack: float) -> bool:  # fmt: skip
-    """Behind the ``incumbent`` at some level; before any trial has reached the target, behind
-    another trial running beside it (``others``: the trials started together are compared with
-    each other at equal training time: no trial runs uncapped for want of an incumbent)."""
-    if incumbent is not None:
-        return behind(incumbent, trajectory, trained, level_slack)
-    # A neighbour's time to target is unknown (it may still diverge), and the first marks are
-    # start-up and warmup: only a trial grossly behind it is stopped.
-    slack = max(level_slack, EARLY_LEVEL_SLACK)
-    return any(behind(other, trajectory, trained, slack) for other in others)
 
 
 class CappingScheduler(FIFOScheduler):
-    """A FIFO scheduler that stops trials slower than ``slack`` x the incumbent's time.
+    """A FIFO scheduler that judges every trial at equal-time rungs and caps it at ``slack`` x
+    the incumbent's time.
 
     Args:
         slack: Multiple of the best time to target past which a trial is stopped.
@@ -135,9 +62,12 @@ class CappingScheduler(FIFOScheduler):
             started) after which a running trial counts as hung and is stopped (``None``:
             never). Set it well past the trial's own time cap plus its start-up (model build,
             probe, data loading), which the trial clock excludes.
-        level_slack: Multiple of the incumbent's time to each intermediate level of the
-            metric past which a trial that has not reached that level is stopped (``None``:
-            only the final level, the target, is capped).
+        zone: The indifference zone at the rungs: a trial at most ``1 + zone`` times slower
+            than the best curve to its level goes on (``None``: no rungs; only the final time
+            to target caps).
+        eta: A trial outside the zone goes on while it is in the top ``1/eta`` at its rung.
+        horizon_s: The guess of the optimum's time to target the rungs are tied to until a
+            trial has reached the target (``None``: no rungs before then).
         mode: The target's direction (``max`` or ``min``), to read the reported metric.
     """
 
@@ -146,43 +76,62 @@ class CappingScheduler(FIFOScheduler):
         slack: float = DEFAULT_SLACK,
         enabled: bool = True,
         hang_after_s: float | None = None,
-        level_slack: float | None = DEFAULT_LEVEL_SLACK,
+        zone: float | None = DEFAULT_ZONE,
+        eta: float = DEFAULT_ETA,
+        horizon_s: float | None = None,
         mode: str = "max",
     ) -> None:
-        issues = [Issue(name, f"must be >= 1, got {value}")
-                  for name, value in (("slack", slack), ("level_slack", level_slack))
-                  if value is not None and value < 1.0]  # fmt: skip
+        issues = [Issue(name, f"must be {allowed}, got {value!r}")
+                  for name, value, allowed, ok in (
+                      ("slack", slack, ">= 1", slack >= 1.0),
+                      ("zone", zone, ">= 0 or None", zone is None or zone >= 0),
+                      ("eta", eta, "> 1", eta > 1.0),
+                      ("mode", mode, "'max' or 'min'", mode in ("max", "min")))
+                  if not ok]  # fmt: skip
         if issues:
             raise OptionError(issues)
         super().__init__()
         self.slack = slack
         self.enabled = enabled
         self.guard = HangGuard(hang_after_s) if hang_after_s is not None else None
-        self.level_slack = level_slack
+        self.zone = zone
+        self.eta = eta
+        self.horizon_s = horizon_s
         self.mode = mode
         self.best_time_to_target_s: float | None = None
         self.capped: dict[str, float] = {}
-        self.capped_at_level: dict[str, float] = {}
+        self.capped_at_rung: dict[str, float] = {}
+        """Tune trial -> the rung (seconds of training) it was stopped at."""
         self._trajectories: dict[str, Trajectory] = {}
-        self._incumbent: Trajectory | None = None
 
     @classmethod
     def for_trainable(
         cls, trainable: Callable[..., Any], hang_grace_s: float = HANG_GRACE_S, **kwargs: Any
     ) -> CappingScheduler:
-        """The scheduler for a :func:`raybatch.trainable`: its target's direction, and a trial
-        silent for the trainable's ``max_time_s`` plus ``hang_grace_s`` counts as hung.
-        ``kwargs`` are this class's other arguments (``slack``, ...)."""
+        """The scheduler for a :func:`raybatch.trainable`: :meth:`for_time_cap` with the
+        trainable's time cap and target's direction. ``kwargs`` are this class's other
+        arguments (``slack``, ``zone``, ...)."""
         settings = parts_of(trainable).settings
-        kwargs.setdefault("hang_after_s", settings.max_time_s + hang_grace_s)
         kwargs.setdefault("mode", settings.target.mode)
+        return cls.for_time_cap(settings.max_time_s, hang_grace_s, **kwargs)
+
+    @classmethod
+    def for_time_cap(
+        cls, max_time_s: float, hang_grace_s: float | None = HANG_GRACE_S, **kwargs: Any
+    ) -> CappingScheduler:
+        """The scheduler for trials capped at ``max_time_s`` of training: the rungs tied to
+        ``max_time_s / eta`` until a trial reaches the target (ASHA's rungs below the cap), and
+        a trial silent for ``max_time_s`` plus ``hang_grace_s`` counts as hung (``None``: no
+        hang guard)."""
+        if hang_grace_s is not None:
+            kwargs.setdefault("hang_after_s", max_time_s + hang_grace_s)
+        kwargs.setdefault("horizon_s", max_time_s / kwargs.get("eta", DEFAULT_ETA))
         return cls(**kwargs)
 
     def forget_incumbent(self) -> None:
-        """Start afresh: no best time, no incumbent. The confirmation's race caps each round's
+        """Start afresh: no best time, no curves. The confirmation's race caps each round's
         challenger against that round's leader, on the same seed, never an earlier round's."""
         self.best_time_to_target_s = None
-        self._incumbent = None
         self._trajectories.clear()
 
     @property
@@ -213,16 +162,55 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.STOP
         if result.get(keys.HEARTBEAT):
             # No new evaluation: not having *shown* a level is not being behind it (a small
-            # batch's next mark may be far off); the levels are judged at evaluations.
+            # batch's next mark may be far off); the rungs are judged at evaluations.
             return TrialScheduler.CONTINUE
-        others = (t for other, t in self._trajectories.items() if other != trial.trial_id)
-        if self.level_slack is not None and behind_any(
-            self._incumbent, others, trajectory, float(trained), self.level_slack
-        ):
+        rung = self._failed_rung(trial.trial_id, trajectory, float(trained))
+        if rung is not None:
             self.capped[trial.trial_id] = float(trained)
-            self.capped_at_level[trial.trial_id] = float(trained)
+            self.capped_at_rung[trial.trial_id] = rung
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
+
+    @property
+    def horizon(self) -> float | None:
+        """``B``: the best estimate of the optimum's time to target, which the rungs are tied
+        to (the fastest time a trial reached the target in; before, :attr:`horizon_s`)."""
+        return self.best_time_to_target_s or self.horizon_s
+
+    def rungs(self) -> list[float]:
+        """The rungs' training times now (none without a horizon or a zone): ``B/eta^3 .. B``
+        once a trial has reached the target; before, the guess is only a bound, so the rungs
+        go further down (:data:`~raybatch.run.rungs.GUESS_RUNG_COUNT`), and trials started
+        together are compared from their first evaluations on."""
+        if self.zone is None:
+            return []
+        if self.best_time_to_target_s is not None:
+            return rung_times(self.best_time_to_target_s, self.eta)
+        if self.horizon_s is None:
+            return []
+        return rung_times(self.horizon_s, self.eta, GUESS_RUNG_COUNT)
+
+    def _failed_rung(self, trial_id: str, trajectory: Trajectory, trained: float) -> float | None:
+        """The first rung up to ``trained`` this trial fails at (``None``: it goes on). A rung
+        judges a trial once, beside other curves; one it got to first is judged again at its
+        next evaluation, and a faster incumbent moves the rungs earlier."""
+        if self.zone is None:
+            return None
+        for rung_s in self.rungs():
+            if rung_s > trained or judged_near(trajectory.judged, rung_s, self.eta):
+                continue
+            verdict = passes(trajectory, rung_s, self._others(trial_id), self.zone, self.eta)
+            if verdict is None:
+                continue
+            trajectory.judged.add(rung_s)
+            if not verdict:
+                return rung_s
+        return None
+
+    def _others(self, trial_id: str) -> list[Trajectory]:
+        """Every other curve seen: running trials' and ended ones' (capped ones included:
+        what they showed up to their stop is evidence at the rungs they got to)."""
+        return [t for other, t in self._trajectories.items() if other != trial_id]
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
         """The trial's trajectory, with this result's mark added (if it carries one)."""
@@ -253,7 +241,7 @@ class CappingScheduler(FIFOScheduler):
         super().on_trial_error(tune_controller, trial)
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
-        trajectory = self._trajectories.pop(trial.trial_id, None)
+        trajectory = self._trajectories.get(trial.trial_id)
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
         if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
@@ -266,11 +254,10 @@ class CappingScheduler(FIFOScheduler):
             self.best_time_to_target_s = float(time_to_target_s)
             if trajectory is not None:
                 trajectory.reached_s = float(time_to_target_s)
-            self._incumbent = trajectory
 
     def debug_string(self) -> str:
         cap = "none yet" if self.cap_s is None else f"{self.cap_s:.3f} s"
         return (
             f"CappingScheduler: cap {cap}, {len(self.capped)} trials capped"
-            f" ({len(self.capped_at_level)} at an intermediate level), {len(self.hung)} hung"
+            f" ({len(self.capped_at_rung)} at a rung), {len(self.hung)} hung"
         )

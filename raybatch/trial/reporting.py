@@ -42,7 +42,7 @@ import gc
 import math
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -68,6 +68,21 @@ stopped within ``max_time_s / 32`` of training past its cap (1.9 s at the CLI's 
 HEARTBEAT_MAX_S = 5.0
 """...and within 5 s whatever the cap: a cap of hours must not let a trial run minutes past a
 cap of seconds. A report every 5 s costs one device sync and one Tune result."""
+
+
+TIME_MARK_RATIO = 3**0.5
+"""Training-time marks are this far apart (a factor): two between rungs a factor 3 apart, so
+each rung is judged within ``sqrt(3)`` x its time (:mod:`raybatch.run.rungs`)."""
+TIME_MARKS_BELOW_CAP = 10
+"""The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below the first rung, B/27,
+wherever B lies under the cap / 9."""
+
+
+def time_marks(max_time_s: float) -> list[float]:
+    """Evaluation marks on training time, geometric up to the time cap: the equal-time rungs
+    (:mod:`raybatch.run.rungs`) need an evaluation near each, whatever the batch size, where a
+    sample mark (a quarter epoch) may come only after the first rungs have passed."""
+    return [max_time_s / TIME_MARK_RATIO**k for k in range(TIME_MARKS_BELOW_CAP, 0, -1)]
 
 
 def heartbeat_for(max_time_s: float) -> float:
@@ -99,6 +114,9 @@ class TrialReporter:
         check_budgets_between_marks: Check the time and sample caps at every :meth:`add`
             (default). Data-parallel workers turn it off: there every decision to stop must be
             agreed by all workers, which costs a collective, so caps are checked at marks only.
+        eval_at_s: Training times at which an evaluation is also due (:func:`time_marks`),
+            besides the sample marks; read on the host clock between marks, so no device sync.
+            Only where budgets are checked between marks.
     """
 
     def __init__(
@@ -115,6 +133,7 @@ class TrialReporter:
         clock: Callable[[], float] = time.perf_counter,
         check_budgets_between_marks: bool = True,
         heartbeat_s: float | None = None,
+        eval_at_s: Sequence[float] = (),
     ) -> None:
         issues = [Issue(name, f"must be positive, got {value}")
                   for name, value in (("eval_every_samples", eval_every_samples),
@@ -133,6 +152,8 @@ class TrialReporter:
         self.check_budgets_between_marks = check_budgets_between_marks
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else heartbeat_for(max_time_s)
         self._reported_train_s = 0.0
+        self._time_marks = sorted(float(t) for t in eval_at_s)
+        self._time_mark_due = False
 
         self.status = TrialStatus.RUNNING
         self.reason = ""
@@ -150,6 +171,9 @@ class TrialReporter:
         self.held_since = time.perf_counter()
         """When the trial began holding its device (the wrapper sets its own entry): the
         origin of ``held_s``, a plain wall clock, never synchronised."""
+        self.startup_s: float | None = None
+        """Its process's start-up charged to this trial (the wrapper sets it: the first trial in
+        a process has it; ``None``: not measured)."""
         self._eval_s = 0.0
         self._data_wait_s = 0.0
         self.reports: int = 0
@@ -224,8 +248,8 @@ class TrialReporter:
 
     @property
     def eval_due(self) -> bool:
-        """A sample mark has been passed since the last evaluation."""
-        return not self.stopped and self.samples_seen >= self.next_mark
+        """A sample mark, or a training-time mark, has been passed since the last evaluation."""
+        return not self.stopped and (self.samples_seen >= self.next_mark or self._time_mark_due)
 
     def add(self, samples: int, steps: int = 0, loss: float | None = None) -> bool:
         """Count training progress; check the loss and the budgets. True once stopped.
@@ -240,6 +264,9 @@ class TrialReporter:
             self.check_loss(loss)
         if not self.stopped and not self.eval_due and self.check_budgets_between_marks:
             train_s = self._check_budgets(synchronize=False)
+            if self._time_marks and train_s >= self._time_marks[0]:
+                self._time_mark_due = not self.stopped
+                return self.stopped
             if not self.stopped and train_s - self._reported_train_s >= self.heartbeat_s:
                 self._emit(heartbeat=True)  # the scheduler can cap between evaluations
         return self.stopped
@@ -310,6 +337,10 @@ class TrialReporter:
         while self.next_mark <= self.samples_seen:
             self.last_mark = self.next_mark
             self.next_mark += self.eval_every_samples
+        self._time_mark_due = False
+        if self._time_marks:
+            trained = self.train_s
+            self._time_marks = [t for t in self._time_marks if t > trained]
         if self.target.reached(self.metric):
             self.elapsed_to_target_s = self.elapsed_s
             self.time_to_target_s = max(self.elapsed_to_target_s - self._eval_s, 0.0)
@@ -376,7 +407,9 @@ class TrialReporter:
             keys.ELAPSED_S: elapsed,
             keys.TRAIN_S: train_s,
             keys.EVAL_S: self._eval_s,
-            keys.HELD_S: time.perf_counter() - self.held_since,
+            keys.HELD_S: (held := time.perf_counter() - self.held_since),
+            keys.STARTED_AT: time.time() - held,
+            keys.STARTUP_S: self.startup_s,
             keys.SAMPLES_SEEN: self.samples_seen,
             keys.STEPS: self.steps,
             keys.EVAL_MARK: self.last_mark,

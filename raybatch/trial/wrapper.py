@@ -50,7 +50,7 @@ from raybatch.trial.placement import (
     running_ray,
     trial_device,
 )
-from raybatch.trial.reporting import ReportFn, TrialReporter
+from raybatch.trial.reporting import ReportFn, TrialReporter, time_marks
 from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialParts, TrialSettings, settings_of
 from raybatch.workload import Workload
 
@@ -124,6 +124,7 @@ def _reporter(
         extra=DeviceFigures(device),
         clock=clock if clock is not None else time.perf_counter,
         check_budgets_between_marks=clock is None,
+        eval_at_s=time_marks(settings.max_time_s) if clock is None else (),
     )
 
 
@@ -146,6 +147,7 @@ def run_trial(
     """
 
     held_since = process_age.start_trial()  # what the trial costs starts here, not at its clock
+    startup_s = time.perf_counter() - held_since  # its process's start-up, if it is the first
     if _broken:
         raise WorkerLostError(f"this trial's process is unusable: {_broken[0]}")
     during = "reading the trial's recipe"
@@ -163,9 +165,11 @@ def run_trial(
     except Exception as exc:  # no recipe, no device or no data: no reporter to use yet
         reporter = _bare_reporter(settings, report_fn)
         reporter.held_since = held_since
+        reporter.startup_s = startup_s
         reporter.fail(exc, during)
         return reporter
     reporter.held_since = held_since
+    reporter.startup_s = startup_s
     _set_threads_to_assigned_cpus()
     share = assigned_gpu_share()
     if share:  # the searcher retries a trial that ran out of memory while sharing its GPU

@@ -1,0 +1,147 @@
+"""Equal-time rungs: every trial judged at the same training times, tied to the target.
+
+ASHA (Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning"; Ray Tune's
+``ASHAScheduler`` on a ``time_attr``) lets a trial past a rung only while it is in the top
+``1/eta`` of the trials recorded there. Here the time is the trial's *training* seconds and the
+rungs are tied to the target: ``B/eta^3, B/eta^2, B/eta, B``, where ``B`` is the best estimate of
+the optimum's time to target (the fastest time a trial reached it in; before any has, a guess).
+A trial goes on at a rung while either holds:
+
+- it is **within the indifference zone** of the best curve seen: by the rung it reached the
+  level the best trial had at ``rung / (1 + zone)`` (so it is at most ``1 + zone`` times slower
+  to that level: the regret the search accepts);
+- it is **in the top 1/eta** of the trials that got to the rung (ASHA's rule, with its
+  quantile), so a rung never stops every trial and the first trial at a rung always goes on.
+
+The zone is the hedge against early ranks that do not hold (a recipe with a long warmup starts
+slowly): a trial close to the best goes on whatever its rank. Values between evaluations are
+interpolated; before a trial's first evaluation its first value stands (a trial is never
+stopped for being evaluated late). A trial that got to a rung first goes on, and is judged there
+again once another curve has got there: the comparison is at equal training time, whatever the
+order the trials ran in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+
+DEFAULT_ETA = 3.0
+DEFAULT_ZONE = 0.10
+RUNG_COUNT = 4
+"""Rungs at ``B/eta^3 .. B``: with eta 3, B/27, B/9, B/3 and B."""
+GUESS_RUNG_COUNT = 5
+"""Before any trial has reached the target, ``B`` is a guess (the time cap / eta), an upper
+bound that may be far above the optimum's time: the rungs then go two further down (the cap /
+243 .. the cap / 3), so that trials started together are compared early."""
+
+
+class Trajectory:
+    """A trial's best metric so far against its training time, in the target's direction.
+
+    Values are stored as "progress" (the metric, negated for a ``min`` target), so higher is
+    always better and the best-so-far curve is monotone.
+
+    Args:
+        mode: The target's direction (``max``: accuracy; ``min``: loss).
+    """
+
+    def __init__(self, mode: str = "max") -> None:
+        self.sign = 1.0 if mode == "max" else -1.0
+        self.times: list[float] = []
+        self.best: list[float] = []
+        self.reached_s: float | None = None  # the time to target, once reached
+        self.judged: set[float] = set()  # the rungs (seconds) it was judged at, beside others
+
+    def add(self, train_s: float, metric: float) -> None:
+        """One evaluation: the metric at ``train_s`` seconds of training (in order)."""
+        value = self.sign * float(metric)
+        if value != value:  # NaN: no progress
+            return
+        if self.times and train_s < self.times[-1]:  # a retried trial starts its clock again
+            self.times, self.best, self.judged = [], [], set()
+        if self.best and value < self.best[-1]:
+            value = self.best[-1]
+        self.times.append(float(train_s))
+        self.best.append(value)
+
+    @property
+    def progress(self) -> float | None:
+        """The best level reached so far."""
+        return self.best[-1] if self.best else None
+
+    @property
+    def trained_s(self) -> float:
+        """How far this trial's curve goes: its last evaluation (its time to target, once
+        reached: it trains no further)."""
+        return self.times[-1] if self.times else 0.0
+
+    def value_at(self, train_s: float, before_first: bool = True) -> float | None:
+        """The best level at ``train_s``, interpolated between evaluations; ``None`` past the
+        curve's end (the trial has not trained that long). Before the first evaluation the
+        first value stands where ``before_first`` (the trial being judged: never stopped for
+        being evaluated late), else ``None`` (a peer's curve shows nothing there yet)."""
+        if not self.times or train_s > self.times[-1]:
+            return None
+        i = bisect.bisect_left(self.times, train_s)
+        if i == 0:
+            return self.best[0] if before_first or train_s == self.times[0] else None
+        t0, t1 = self.times[i - 1], self.times[i]
+        v0, v1 = self.best[i - 1], self.best[i]
+        return v0 if t1 <= t0 else v0 + (v1 - v0) * (train_s - t0) / (t1 - t0)
+
+
+def rung_times(horizon_s: float, eta: float = DEFAULT_ETA, count: int = RUNG_COUNT) -> list[float]:
+    """The rungs' training times for a best estimate ``horizon_s`` of the optimum's time to
+    target, earliest first: ``B/eta^(count-1) .. B``."""
+    return [horizon_s / eta**k for k in range(count - 1, -1, -1)]
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile with linear interpolation (NumPy's default, which ASHA uses)."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def passes(trial: Trajectory, rung_s: float, others: Iterable[Trajectory], zone: float,
+           eta: float) -> bool | None:  # fmt: skip
+    """Whether ``trial`` goes on at the rung at ``rung_s`` seconds of training, against the
+    curves of every other trial seen (running or ended); ``None`` where nothing else got to the
+    rung (the trial goes on, and is judged there again once another curve has)."""
+    mine = trial.value_at(rung_s)
+    if mine is None:  # not there yet
+        return True
+    curves = list(others)
+    at_rung = [v for v in (c.value_at(rung_s, False) for c in curves) if v is not None]
+    if not at_rung:  # the first trial at this rung
+        return None
+    earlier = rung_s / (1.0 + zone)
+    shown = [v for v in (c.value_at(earlier, False) for c in curves) if v is not None]
+    own = trial.value_at(earlier)
+    best = max([*shown, mine if own is None else own])
+    if mine >= best:
+        return True
+    return mine >= quantile([*at_rung, mine], 1.0 - 1.0 / eta)
+
+
+def judged_near(judged: Iterable[float], rung_s: float, eta: float) -> bool:
+    """Whether a rung at ``rung_s`` was judged already: a judged rung within ``sqrt(eta)`` of
+    it (rungs move when a faster trial reaches the target; one judged stays judged)."""
+    return any(abs(math.log(t / rung_s)) < 0.5 * math.log(eta) for t in judged)
+
+
+__all__ = [
+    "DEFAULT_ETA",
+    "DEFAULT_ZONE",
+    "GUESS_RUNG_COUNT",
+    "RUNG_COUNT",
+    "Trajectory",
+    "judged_near",
+    "passes",
+    "quantile",
+    "rung_times",
+]

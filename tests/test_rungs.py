@@ -1,0 +1,53 @@
+"""The rungs' rule alone: curves, ASHA's quantile, and when a rung has judged a trial."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybatch.run.rungs import Trajectory, judged_near, passes, quantile, rung_times
+
+
+def _curve(*points: tuple[float, float], mode: str = "max") -> Trajectory:
+    t = Trajectory(mode)
+    for train_s, metric in points:
+        t.add(train_s, metric)
+    return t
+
+
+def test_a_curve_is_interpolated_between_evaluations_and_ends_where_the_trial_did() -> None:
+    c = _curve((1.0, 0.2), (3.0, 0.6))
+    assert c.value_at(2.0) == pytest.approx(0.4)
+    assert c.value_at(3.5) is None  # it has not trained that long
+    assert c.value_at(0.5) == 0.2  # before its first evaluation, its own first value stands...
+    assert c.value_at(0.5, before_first=False) is None  # ...but never as a peer's evidence
+
+
+def test_a_curve_keeps_the_best_so_far_and_reads_a_loss_as_lower_is_better() -> None:
+    assert _curve((1.0, 0.5), (2.0, 0.3)).progress == 0.5
+    loss = _curve((1.0, 2.0), (2.0, 1.0), mode="min")
+    assert loss.value_at(2.0) == -1.0 and loss.value_at(1.5) == pytest.approx(-1.5)
+
+
+def test_the_quantile_is_numpys_linear_one() -> None:
+    assert quantile([0.1, 0.3, 0.45, 0.5], 2 / 3) == pytest.approx(0.45)
+    assert quantile([0.2, 0.4], 2 / 3) == pytest.approx(0.2 + 0.2 * 2 / 3)
+    assert quantile([7.0], 0.5) == 7.0
+
+
+def test_rungs_are_tied_to_the_horizon() -> None:
+    assert rung_times(27.0) == pytest.approx([1.0, 3.0, 9.0, 27.0])
+    assert rung_times(81.0, count=5) == pytest.approx([1.0, 3.0, 9.0, 27.0, 81.0])
+
+
+def test_a_rung_nobody_else_got_to_gives_no_verdict() -> None:
+    """The first trial at a rung goes on, to be judged there again once another curve is."""
+    alone = _curve((1.0, 0.01))
+    early = _curve((0.2, 0.5))  # ended before the rung
+    assert passes(alone, 1.0, [early], zone=0.1, eta=3) is None
+    assert passes(alone, 1.0, [early, _curve((0.5, 0.3), (1.2, 0.8))], 0.1, 3) is False
+
+
+def test_a_rung_judged_stays_judged_when_the_rungs_move_a_little() -> None:
+    assert judged_near({1.0}, 1.5, eta=3)  # within sqrt(3)
+    assert not judged_near({1.0}, 3.0, eta=3)
+    assert not judged_near(set(), 1.0, eta=3)
