@@ -93,10 +93,12 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
     wall = time.perf_counter() - start
     points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
     spent = search_cost(result.rows, 1.0)  # seconds; in trainings once the grid ran
+    curves = _search_curves(run_dir)
     if result.best is None:  # said in the record, not raised: the other searches still count
         print(f"{name}: search {seed} found no recipe that reached {target} every time")
         return None, points, {"seed": seed, "search_wall_s": wall, "winner": None,
-                              "device_s": spent.device_s, "train_s": spent.train_s}  # fmt: skip
+                              "device_s": spent.device_s, "train_s": spent.train_s,
+                              **_paid(spent), "curves": curves}  # fmt: skip
     best = result.best.config
     median = result.best.provenance.median_time_to_target_s
     prior = result.best.provenance.prior or {}
@@ -115,6 +117,8 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
         "within_noise_of_runner_up": runner_up.within_noise if runner_up else None,
         "device_s": spent.device_s,
         "train_s": spent.train_s,
+        **_paid(spent),
+        "curves": curves,
         "cost_trainings_winner": spent.device_s / median,
         "runs": sum(1 for r in result.rows if r.phase != keys.PHASE_PRESCREEN),
         "noise_scale": prior.get("noise_scale"),
@@ -123,6 +127,51 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
                              [r.time_to_target_s or 0.0 for r in reached]),
     }  # fmt: skip
     return summary["winner"], points, summary
+
+
+def _paid(spent: Any) -> dict[str, Any]:
+    """What the user paid for a search, in seconds (in trainings once the grid ran): slots x
+    the wall clock from its first trial's start to its last run's end, the same less one
+    process start per slot, and those start-ups."""
+    return {"slots": spent.slots, "wall_s": spent.wall_s, "startup_s": spent.startup_s}
+
+
+def _search_curves(run_dir: Path) -> list[dict[str, Any]]:
+    """Every search trial's learning curve (its metric against training time, at each
+    evaluation) and how it ended, read back from Ray Tune's record of its reports."""
+    import json
+
+    curves = []
+    for path in sorted((run_dir / "tune" / "search").glob("*/result.json")):
+        reports = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        points = [[r[keys.TRAIN_S], r[keys.METRIC]] for r in reports
+                  if not r.get(keys.HEARTBEAT) and r.get(keys.METRIC) is not None]  # fmt: skip
+        last = reports[-1] if reports else {}
+        curves.append({"status": last.get(keys.STATUS), "curve": points,
+                       "time_to_target_s": last.get(keys.TIME_TO_TARGET_S)})  # fmt: skip
+    return curves
+
+
+def _value_at(curve: list[list[float]], train_s: float) -> float | None:
+    """A curve's best value by ``train_s`` (``None`` before its first evaluation)."""
+    seen = [v for t, v in curve if t <= train_s]
+    return max(seen) if seen else None
+
+
+def rung_rank_agreement(runs: list[dict[str, Any]], unit_s: float, sign: float,
+                        max_time_s: float) -> dict[str, float | None]:  # fmt: skip
+    """How well the rank at each rung (B/27, B/9, B/3, B; B = ``unit_s``, the grid best's time)
+    agrees with the final rank: Spearman's rho between the runs' values at the rung (in the
+    target's direction, ``sign``) and their times to target (a miss: PAR-10). Runs with no
+    evaluation by a rung are left out of it; ``None`` where fewer than three remain."""
+    out: dict[str, float | None] = {}
+    for label, k in (("B/27", 27), ("B/9", 9), ("B/3", 3), ("B", 1)):
+        rung = unit_s / k
+        pairs = [(sign * v, _scored(r["time_to_target_s"], max_time_s))
+                 for r in runs if (v := _value_at(r["curve"], rung)) is not None]  # fmt: skip
+        rho = spearman([-a for a, _ in pairs], [b for _, b in pairs]) if len(pairs) >= 3 else None
+        out[label] = rho
+    return out
 
 
 def _spread(runs: list[dict[str, Any]]) -> float | None:
@@ -154,12 +203,18 @@ def _rerun(
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order:
             config = {**recipes[name], keys.SEED: first_seed + round_}
-            reporter = run_trial(workload, space, settings, config, report_fn=lambda m: None)
+            reports: list[dict[str, Any]] = []
+            reporter = run_trial(workload, space, settings, config, report_fn=reports.append)
             runs[name].append(
                 {
                     "seed": first_seed + round_,
                     "status": reporter.status.value,
                     "time_to_target_s": reporter.time_to_target_s,
+                    "curve": [
+                        [r[keys.TRAIN_S], r[keys.METRIC]]
+                        for r in reports
+                        if not r.get(keys.HEARTBEAT) and r.get(keys.METRIC) is not None
+                    ],
                 }
             )
     return runs
@@ -167,12 +222,15 @@ def _rerun(
 
 def _tuned_max_batch(workload: Workload, space: SearchSpace, target: float | str,
                      max_batch: dict[str, Any], sweep_runs: int, max_time_s: float
-                     ) -> tuple[float, dict[str, Any]]:  # fmt: skip
-    """The max batch's best LR multiplier among :data:`SWEEP`, by median over a few runs."""
+                     ) -> tuple[float | None, dict[str, Any]]:  # fmt: skip
+    """The max batch's best LR multiplier among :data:`SWEEP`, by median over a few runs
+    (``None`` where no LR of the sweep reached the target)."""
     recipes = {str(m): {**max_batch, keys.LR_MULTIPLIER: m} for m in SWEEP}
     runs = _rerun(workload, space, target, recipes, sweep_runs, max_time_s, first_seed=500)
     medians = {m: _median([r["time_to_target_s"] for r in runs[str(m)]]) for m in SWEEP}
-    best = min(SWEEP, key=lambda m: math.inf if medians[m] is None else medians[m])
+    reached = [m for m in SWEEP if medians[m] is not None]
+    # No LR reached: there is no tuned baseline to compare with (not a PAR-10 stand-in).
+    best = min(reached, key=lambda m: medians[m] or math.inf) if reached else None
     return best, {str(m): medians[m] for m in SWEEP}
 
 
@@ -186,7 +244,8 @@ def _grid(workload: Workload, space: SearchSpace, target: float | str, runs: int
     medians = {name: _median([r["time_to_target_s"] for r in measured[name]]) for name in recipes}
     best = min(medians, key=lambda n: math.inf if medians[n] is None else medians[n])
     return {"medians": medians, "best": best, "best_recipe": recipes[best],
-            "best_effective_batch": recipes[best][keys.MICRO_BATCH_SIZE]}  # fmt: skip
+            "best_effective_batch": recipes[best][keys.MICRO_BATCH_SIZE],
+            "runs": [r for name in recipes for r in measured[name]]}  # fmt: skip
 
 
 def _scored(t: float | None, max_time_s: float) -> float:
@@ -227,7 +286,8 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
     grid = _grid(workload, space, target, grid_runs, max_time_s, grid_lrs)
     recipes = {f"raybatch_seed{s['seed']}": knobs for knobs, _, s in found if knobs is not None}
     recipes["max_batch"] = max_batch
-    recipes["max_batch_tuned"] = {**max_batch, keys.LR_MULTIPLIER: best_multiplier}
+    if best_multiplier is not None:
+        recipes["max_batch_tuned"] = {**max_batch, keys.LR_MULTIPLIER: best_multiplier}
     recipes["reference"] = {**points["reference"], keys.LR_MULTIPLIER: 1.0}
     recipes["grid_best"] = grid["best_recipe"]
     runs = _rerun(workload, space, target, recipes, reruns, max_time_s)
@@ -235,9 +295,23 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
     # The unit of cost: the grid's best recipe's time to target (what a user could have had),
     # from its interleaved reruns; the searches' device and training seconds in that unit.
     unit = _median([r["time_to_target_s"] for r in runs["grid_best"]])
+    sign = 1.0 if _target(workload, target).mode == "max" else -1.0
     for _, _, summary in found:
         summary["cost_trainings_device"] = summary["device_s"] / unit if unit else None
         summary["cost_trainings_train"] = summary["train_s"] / unit if unit else None
+        wall, slots = summary.get("wall_s"), summary.get("slots")
+        paid = slots * wall / unit if unit and wall is not None and slots else None
+        summary["cost_trainings_wall"] = paid
+        summary["cost_trainings_wall_warm"] = (
+            paid - (summary.get("startup_s") or 0.0) / unit if paid is not None and unit else None
+        )
+        summary["rung_rank_agreement"] = (
+            rung_rank_agreement(
+                [c for c in summary["curves"] if c["curve"]], unit, sign, max_time_s
+            )
+            if unit
+            else None
+        )
     out_recipes = {}
     for recipe, knobs in recipes.items():
         derived = space.derive_from(knobs)
@@ -260,9 +334,15 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
         "space": space.name,
         "searches": [s for _, _, s in found],
         "max_batch_lr_sweep": {"medians": sweep, "best_multiplier": best_multiplier},
-        "grid": {k: v for k, v in grid.items() if k != "best_recipe"},
+        "grid": {k: v for k, v in grid.items() if k not in ("best_recipe", "runs")},
         "recipes": out_recipes,
         "compared": _compare(runs, winners, max_time_s) if winners else {},
+        "grid_rung_rank_agreement": rung_rank_agreement(grid["runs"], unit, sign, max_time_s)
+        if unit
+        else None,
+        "can_tell_10_percent": bool(
+            unit and unit >= 3.0 and (_spread(runs["grid_best"]) or 1) <= 0.10
+        ),
         "rerun_spread": _spread(runs["grid_best"]),
         "rerun_spread_by_recipe": {n: _spread(r) for n, r in runs.items()},
         "cost_unit_s": unit,
@@ -293,16 +373,17 @@ def main(
     cases: list[Case] = CASES,
     searches: int = 3,
     trials: int = 12,
-    reruns: int = 5,
+    reruns: int = 3,
     sweep_runs: int = 2,
-    max_time_s: float = 20.0,
+    max_time_s: float = 15.0,
     out: Path = RESULTS,
-    confirm_seeds: int = 3,
-    grid_runs: int = 2,
+    confirm_seeds: int = SearchOptions().confirm_seeds,
+    grid_runs: int = 1,
     noise_out: Path = NOISE_RESULTS,
     grid_lrs: tuple[float, ...] = GRID_LRS,
 ) -> dict[str, Any]:
     at = measured_at()
+    started = time.perf_counter()
     workloads = {case[0]: _case(case, searches, trials, reruns, sweep_runs, max_time_s,
                                 confirm_seeds, grid_runs, grid_lrs) for case in cases}  # fmt: skip
     data = {
@@ -312,6 +393,21 @@ def main(
         "searches": searches,
         "reruns": reruns,
         "max_time_s": max_time_s,
+        "settings": {
+            "searches": searches,
+            "trials": trials,
+            "reruns": reruns,
+            "sweep_runs": sweep_runs,
+            "max_time_s": max_time_s,
+            "confirm_seeds": confirm_seeds,
+            "grid_runs": grid_runs,
+            "grid_lrs": list(grid_lrs),
+            "sweep": list(SWEEP),
+            "search_torch_threads": 2,
+            "rerun_torch_threads": 1,
+            "search_options": "SearchOptions defaults otherwise (zone, slack, eta)",
+        },
+        "elapsed_s": time.perf_counter() - started,
         "workloads": workloads,
     }
     write_result(out, data, at)

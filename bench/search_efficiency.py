@@ -104,7 +104,7 @@ from raybatch.status import TrialStatus, penalty
 from raybatch.trial.reporting import heartbeat_for
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
-BUDGETS = (5, 10, 20, 40, 80)
+BUDGETS = (5, 10, 12, 20, 40, 80)
 PREFIXES = (5, 8, 10, 12, 15, 20, 25, 30, 40, 60, 80)
 STRATEGIES = ("max_batch", "max_batch_lr_sweep", "random", "optuna_tpe", "asha", "asha_tpe",
               "hyperband", "raybatch", "raybatch_no_model", "raybatch_no_fidelity",

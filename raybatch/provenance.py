@@ -40,8 +40,8 @@ class SearchCost:
         runs: Trials and confirmation runs that held a device.
         wall_s: Wall clock from the first trial's start to the last run's end (``None``: the
             rows do not say when they ran).
-        slots: Trials the search ran at once: ``slots x wall_s`` is what the user paid, the
-            gaps and idle slots between trials included.
+        slots: The most runs that held their devices at once: ``slots x wall_s`` is what the
+            user paid, the gaps and idle slots between trials included.
         startup_s: One process start-up per slot (the first run of each slot's process): a
             fixed cost that does not grow with the training, left out of
             :attr:`trainings_wall_warm`.

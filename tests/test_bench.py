@@ -134,8 +134,9 @@ def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Pat
     assert {r["strategy"] for r in rows} == set(module.STRATEGIES)
     required = {"workload", "strategy", "trials", "median_regret", "p90_regret",
                 "compute_median", "compute_trainings", "compute_to_regret_105", "oom_median",
-                "oom_p90", "estimator_error"}  # fmt: skip
+                "oom_p90", "estimator_error", "slots"}  # fmt: skip
     assert all(required <= set(r) for r in rows)
+    assert {r["slots"] for r in rows} == {1, 2}  # one GPU's search and two slots
     assert all(r["median_regret"] >= 1.0 - 1e-9 for r in rows)  # nothing beats the optimum
     data = json.loads((tmp_path / "s.json").read_text())
     assert data["confirmation_charged"] is True
@@ -158,21 +159,23 @@ def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Pat
     assert cell("raybatch")["oom_median"] < cell("raybatch_no_prescreen")["oom_median"]
 
 
-def test_level_capping_stops_trials_early_without_losing_the_optimum() -> None:
-    """Same seeds with and without the intermediate levels: the levels stop trials earlier
-    (less compute), and the pick is as good."""
+def test_rungs_stop_trials_early_without_losing_the_optimum() -> None:
+    """Same seeds with and without the rungs, at one slot and at two: the rungs stop trials
+    earlier (less compute), and the pick is as good."""
     module = _load("search_efficiency")
     simulator = _load("simulator")
     member = simulator.MEMBERS[0]
     optimum = member.optimum()[0]
-    with_levels, without = [], []
-    for seed in range(3):
-        for fidelity, out in ((True, with_levels), (False, without)):
-            rng = module.random.Random(seed)
-            trials = module.run_raybatch(member, rng, 12, seed, fidelity=fidelity)
-            out.append(module.score(member, trials, optimum, module.random.Random(seed)))
-    assert sum(s["compute"] for s in with_levels) < 0.9 * sum(s["compute"] for s in without)
-    assert max(s["regret"] for s in with_levels) <= 1.05
+    for slots in (1, 2):
+        with_rungs, without = [], []
+        for seed in range(3):
+            for fidelity, out in ((True, with_rungs), (False, without)):
+                rng = module.random.Random(seed)
+                trials = module.run_raybatch(member, rng, 12, seed, fidelity=fidelity,
+                                             slots=slots)  # fmt: skip
+                out.append(module.score(member, trials, optimum, module.random.Random(seed)))
+        assert sum(s["compute"] for s in with_rungs) < 0.9 * sum(s["compute"] for s in without)
+        assert max(s["regret"] for s in with_rungs) <= 1.05
 
 
 def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:
@@ -345,11 +348,25 @@ def test_real_training_benchmark_searches_then_compares(
     assert list(w["recipes"]) == ["raybatch_seed0", "max_batch", "max_batch_tuned", "reference",
                                   "grid_best"]  # fmt: skip
     assert w["recipes"]["max_batch"]["micro_batch_size"] == 256  # nothing limits it on a CPU
-    assert w["max_batch_lr_sweep"]["best_multiplier"] in module.SWEEP
+    sweep = w["max_batch_lr_sweep"]
+    reached = {m: t for m, t in sweep["medians"].items() if t is not None}
+    assert sweep["best_multiplier"] is not None  # the tuned baseline is the sweep's fastest
+    assert reached[str(sweep["best_multiplier"])] == min(reached.values())
     assert set(w["compared"]) == {"max_batch", "max_batch_tuned", "reference", "grid_best"}
     assert all(len(c["ratio_ci95"]) == 2 for c in w["compared"].values())
     search = w["searches"][0]
     assert search["cost_trainings_device"] > search["cost_trainings_train"] > 0
+    # What the user paid: slots x wall clock, the gaps included, is at least what the trials
+    # held; less one process start per slot, less again.
+    assert search["slots"] == 2 and search["wall_s"] > 0 and search["startup_s"] > 0
+    assert search["cost_trainings_wall"] > search["cost_trainings_wall_warm"] > 0
+    assert search["cost_trainings_wall"] >= search["cost_trainings_device"] * 0.99
+    assert set(search["rung_rank_agreement"]) == {"B/27", "B/9", "B/3", "B"}
+    assert all(c["curve"] for c in search["curves"] if c["status"] == "reached")
+    assert set(w["grid_rung_rank_agreement"]) == {"B/27", "B/9", "B/3", "B"}
+    settings = data["settings"]
+    assert (settings["searches"], settings["trials"], settings["reruns"]) == (1, 2, 2)
+    assert settings["max_time_s"] == 30.0 and settings["grid_runs"] == 1
     # The time model is measured in the first trial asked that reaches the target: of two
     # trials maybe none (the search says so and goes on); where one did, its figure is a scale.
     assert search["noise_scale"] is None or search["noise_scale"]["b_simple"] > 0

@@ -114,10 +114,21 @@ def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None
     return list(rounds.items())
 
 
-def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped() -> None:
-    """The search's run is the first pair (A 1.0 against B 1.5); on seed 1 A again reaches
-    first and B cannot reach by 1.2x A's time: one round, one training and 1.2 of a cap."""
+def test_a_lead_beyond_the_noise_in_the_search_runs_no_race() -> None:
+    """The search's runs are the first evidence: A 1.0 against B 1.5 (B 1.5x slower, past the
+    10 % zone) is decided there, and A wins on its search run with no confirmation run."""
     rows = _search((A, 1.0), (B, 1.5), (C, 2.0))
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
+    assert race.next_round() is None and _play(race, {}) == []
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == 64
+
+
+def test_two_agreeing_pairs_end_the_race_after_one_round_the_challenger_capped() -> None:
+    """The search's run is the first pair (A 1.0 against B 1.05: within noise, so a race); on
+    seed 1 A again reaches first and B cannot reach by 1.2x A's time: one round, one training
+    and 1.2 of a cap."""
+    rows = _search((A, 1.0), (B, 1.05), (C, 2.0))
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
     rounds = _play(race, {A: {1: 1.0}, B: {1: 1.6}})
     assert rounds == [(1, [A, B])]
@@ -139,7 +150,7 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     record = SearchStudy(url, "raybatch")
-    rows = _search((A, 1.0), (B, 1.5), (C, 2.0))
+    rows = _search((A, 1.0), (B, 1.05), (C, 2.0))
     for row in rows:  # the search's trials, as the searcher records them
         trial = record.ask()
         trial.suggest_int(keys.MICRO_BATCH_SIZE, 16, 256, log=True)
@@ -169,11 +180,11 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
 
 
 def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None:
-    """Search: A 1.0, B 1.5; seed 1: A 1.6, B 1.1 (B reaches within its cap): the pairs
-    disagree and their median ratio (1.5 and 0.69: 1.02) is within noise: it ends there."""
-    rows = _search((A, 1.0), (B, 1.5))
+    """Search: A 1.0, B 1.05; seed 1: A 1.1, B 1.0 (B reaches within its cap): the pairs
+    disagree and their median ratio (1.05 and 0.91: 0.98) is within noise: it ends there."""
+    rows = _search((A, 1.0), (B, 1.05))
     race = Race(rows, top=2, seeds=[1, 2, 3], slack=SLACK)
-    rounds = _play(race, {A: {1: 1.6}, B: {1: 1.1}})
+    rounds = _play(race, {A: {1: 1.1}, B: {1: 1.0}})
     assert len(rounds) == 1
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     runner_up = best.provenance.runner_up if best is not None else None
@@ -181,11 +192,11 @@ def test_pairs_that_disagree_within_the_zone_end_the_race_within_noise() -> None
 
 
 def test_a_split_outside_the_indifference_zone_runs_one_more_seed() -> None:
-    """Search: A 1.0, B 2.0 (ratio 2.0); seed 1: B 1.0, A 1.15 (ratio 0.87): median 1.32,
-    outside the zone and the pairs disagree: seed 2 decides (A 1.0, B capped)."""
-    rows = _search((A, 1.0), (B, 2.0))
+    """Search: A 1.0, B 1.08 (within the zone: a race); seed 1: B 1.0, A 1.4 (ratio 0.71):
+    median 0.88, outside the zone and the pairs disagree: seed 2 decides (A 1.0, B 2.0)."""
+    rows = _search((A, 1.0), (B, 1.08))
     race = Race(rows, top=2, seeds=[1, 2, 3], slack=SLACK)
-    rounds = _play(race, {A: {1: 1.15, 2: 1.0}, B: {1: 1.0, 2: 2.0}})
+    rounds = _play(race, {A: {1: 1.4, 2: 1.0}, B: {1: 1.0, 2: 2.0}})
     assert [seed for seed, _ in rounds] == [1, 2]
     best = choose_winner(Target(0.97), race.rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == 64
@@ -193,20 +204,20 @@ def test_a_split_outside_the_indifference_zone_runs_one_more_seed() -> None:
 
 def test_each_round_is_capped_against_its_own_leader_not_an_earlier_seed() -> None:
     """Seed 2 is a slow seed for both (A 3.0, B 3.3): the race's scheduler forgets seed 1's
-    times (1.0 and 1.15), so neither run is capped at 1.2x an earlier seed's time; B reaches
-    within 1.2x A's time on its own seed."""
-    rows = _search((A, 1.0), (B, 2.0))
+    times (1.5 and 1.0), so neither run is capped at 1.2x an earlier seed's time; A reaches
+    within 1.2x B's time on its own seed."""
+    rows = _search((A, 1.0), (B, 1.05))
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
-    _play(race, {A: {1: 1.15, 2: 3.0}, B: {1: 1.0, 2: 3.3}})
+    _play(race, {A: {1: 1.5, 2: 3.0}, B: {1: 1.0, 2: 3.3}})
     second = [r for r in race.rows if r.seed == 2]
-    assert [(r.status, r.time_to_target_s) for r in second] == [
-        (TrialStatus.REACHED, 3.0), (TrialStatus.REACHED, 3.3)]  # fmt: skip
+    assert sorted((r.time_to_target_s or 0, r.status.value) for r in second) == [
+        (3.0, "reached"), (3.3, "reached")]  # fmt: skip
 
 
 def test_a_leader_that_misses_drops_out_and_the_next_candidate_enters() -> None:
     """A misses the target on seed 1 (censored at its cap): it is out; with three candidates
     allowed, C races B from the next seed on."""
-    rows = _search((A, 1.0), (B, 1.5), (C, 1.8))
+    rows = _search((A, 1.0), (B, 1.05), (C, 1.08))
     race = Race(rows, top=3, seeds=[1, 2, 3], slack=SLACK)
     rounds = _play(race, {A: {1: None}, B: {1: 1.5, 2: 1.5}, C: {2: 1.7}})
     assert rounds == [(1, [A, B]), (2, [B, C])]
@@ -281,6 +292,8 @@ def test_what_the_user_paid_is_slots_times_the_wall_clock_less_a_start_per_slot(
     assert old.wall_s is None and old.trainings_wall is None
     assert old.sentence().startswith("this search cost 2.0 trainings")
     assert SearchCost.from_dict(cost.to_dict()) == cost
+    # Without saying the slots, they are the most runs that held their devices at once.
+    assert search_cost(rows, unit_s=2.0).slots == 2
 
 
 def test_a_packed_search_run_is_no_pair_of_the_race() -> None:
@@ -320,7 +333,7 @@ def test_recipes_whose_search_runs_were_packed_still_race() -> None:
 def test_a_recipe_run_twice_on_the_search_seed_is_one_pair() -> None:
     """Two search rows of A on the search's seed pair once with B's (at their median): one
     pair is no decision, so the race still runs a round."""
-    rows = _search((A, 1.0), (A, 1.1), (B, 1.5))
+    rows = _search((A, 1.0), (A, 1.1), (B, 1.08))
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
     from raybatch.results.selection import compare_paired
 
@@ -358,7 +371,7 @@ def test_a_run_tune_errors_without_telling_the_searcher_does_not_stall_the_race(
 
     from raybatch.run.untold import TellUntold
 
-    race = Race(_search((A, 1.0), (B, 1.5)), top=2, seeds=[1, 2], slack=SLACK)
+    race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2], slack=SLACK)
     scheduler = CappingScheduler(SLACK, zone=None)
     searcher = RaceSearcher(race, scheduler, PENALTY)
     assert isinstance(searcher.suggest("t0"), dict)
@@ -368,3 +381,39 @@ def test_a_run_tune_errors_without_telling_the_searcher_does_not_stall_the_race(
         watch.on_step_end(0, [SimpleNamespace(trial_id="t0", status="ERROR")])
     assert [r.status for r in searcher.rows] == [TrialStatus.ERROR]
     assert isinstance(searcher.suggest("t1"), dict)  # the race goes on
+
+
+def test_on_two_slots_a_round_runs_side_by_side_the_later_capped_at_the_first_to_reach() -> None:
+    """Two slots: both runs of the round are suggested at once (each on a slot of its own);
+    the first to reach (B, 1.0 s) sets the cap, and A, still short of the target at 1.2 s, is
+    stopped there; the next round waits for both runs of this one."""
+    race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2, 3], slack=SLACK)
+    scheduler = CappingScheduler(SLACK, zone=None)
+    searcher = RaceSearcher(race, scheduler, PENALTY, at_once=2)
+    first, second = searcher.suggest("a"), searcher.suggest("b")
+    assert isinstance(first, dict) and isinstance(second, dict)
+    assert {first[keys.SEED], second[keys.SEED]} == {1} and searcher.suggest("c") is None
+    knobs = {"a": (first[keys.MICRO_BATCH_SIZE], first[keys.LR_MULTIPLIER]),
+             "b": (second[keys.MICRO_BATCH_SIZE], second[keys.LR_MULTIPLIER])}  # fmt: skip
+    times = {(A[0], A[2]): None, (B[0], B[2]): 1.0}  # A never reaches on this seed
+    ended: dict[str, dict[str, Any]] = {}
+    trained = 0.0
+    while len(ended) < 2:  # the two runs' reports interleaved, as Tune delivers them
+        trained = round(trained + 0.05, 2)
+        for name in ("a", "b"):
+            if name in ended:
+                continue
+            time_s = times[knobs[name]]
+            reached = time_s is not None and trained >= time_s
+            result = {keys.TRIAL_ID: name, keys.TRAIN_S: trained, keys.HELD_S: trained,
+                      keys.STATUS: "reached" if reached else "running",
+                      keys.TIME_TO_TARGET_S: time_s if reached else None,
+                      keys.OBJECTIVE: time_s if reached else None}  # fmt: skip
+            stop = scheduler.on_trial_result(None, _Trial(name), result) == TrialScheduler.STOP
+            if reached or stop:
+                result = {**result, keys.OBJECTIVE: result[keys.OBJECTIVE] or PENALTY}
+                ended[name] = result
+                scheduler.on_trial_complete(None, _Trial(name), result)
+                searcher.on_trial_complete(name, result)
+    a_row = next(r for r in searcher.rows if r.micro_batch_size == A[0])
+    assert a_row.status is TrialStatus.CAPPED and 1.2 < (a_row.train_s or 0) <= 1.25

@@ -136,6 +136,7 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
         "search", "raybatch.examples.digits:workload", "--target", "0.97",
         "--trials", str(trials), "--run-dir", str(run_dir), "--max-time-per-trial", "6",
         "--max-concurrent", "1", "--confirm-top", "2", "--confirm-seeds", "1", "--quiet",
+        "--zone", "100",  # every pair within the zone: the race runs whatever the times
     )  # fmt: skip
     finished_before_kills: set[str] = set()
     points = [

@@ -151,7 +151,7 @@ def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung()
     """At the 1 s rung the incumbent had 0.4, and 0.36 at 1/1.1 s: a trial showing 0.2 there is
     more than 10 % slower to its level and ranks below the top third: stopped at that rung,
     long before the final cap (10.8 s) would have stopped it."""
-    s = CappingScheduler(slack=1.2, zone=0.1)
+    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0)
     _incumbent(s)
     assert s.on_trial_result(None, _trial("slow"), _report(1.2, 0.2)) == TrialScheduler.STOP
     assert s.capped_at_rung == {"slow": 1.0} and s.capped == {"slow": 1.2}
@@ -160,11 +160,11 @@ def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung()
 def test_a_trial_within_the_zone_goes_on_whatever_its_rank() -> None:
     """0.38 at the 1 s rung: below the incumbent's 0.4 (last of two), but above the 0.36 the
     incumbent had at 1/1.1 s: within 10 %, so it goes on (the hedge against early ranks)."""
-    s = CappingScheduler(slack=1.2, zone=0.1)
+    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0)
     _incumbent(s)
     assert s.on_trial_result(None, _trial("close"), _report(1.05, 0.38)) == TrialScheduler.CONTINUE
     # The same trial with no zone at all is judged by its rank alone: stopped.
-    strict = CappingScheduler(slack=1.2, zone=0.0)
+    strict = CappingScheduler(slack=1.2, zone=0.0, hedge=0.0)
     _incumbent(strict)
     assert strict.on_trial_result(None, _trial("close"), _report(1.05, 0.38)) == (
         TrialScheduler.STOP
@@ -174,7 +174,7 @@ def test_a_trial_within_the_zone_goes_on_whatever_its_rank() -> None:
 def test_a_trial_in_the_top_third_goes_on_outside_the_zone() -> None:
     """ASHA's rule: 0.45 at 1 s is more than 10 % behind the best curve (0.464 at 1/1.1 s),
     but in the top third of the four trials that got to the rung (0.1, 0.3, 0.45, 0.5)."""
-    s = CappingScheduler(zone=0.1, horizon_s=9.0)
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
     for name, value in (("x", 0.5), ("y", 0.3), ("z", 0.1)):
         s.on_trial_result(None, _trial(name), _report(0.5, 0.6 * value))
         s.on_trial_result(None, _trial(name), _report(1.0, value))
@@ -182,10 +182,28 @@ def test_a_trial_in_the_top_third_goes_on_outside_the_zone() -> None:
     assert s.on_trial_result(None, _trial("v"), _report(1.0, 0.2)) == TrialScheduler.STOP
 
 
+def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
+    """A large-LR recipe starts slowly and catches up: at the 1/3 s rung (B/27) it shows 0.08,
+    the level the incumbent had at about 0.15 s (0.04 at 0.1 s, 0.1 at 0.25 s): 2.3x slower to
+    it, inside the hedged zone there (1.1 x 3^0.75 = 2.5x), so it goes on; without the hedge
+    (1.1x at every rung) the same curve is stopped there."""
+    from raybatch.run.rungs import hedged_zone
+
+    assert hedged_zone(0.1, 3.0, 3, 0.25) == pytest.approx(1.1 * 3**0.75 - 1)
+    assert hedged_zone(0.1, 3.0, 0, 0.25) == pytest.approx(0.1)
+    hedged, flat = CappingScheduler(zone=0.1, hedge=0.25), CappingScheduler(zone=0.1, hedge=0.0)
+    for s in (hedged, flat):
+        s.on_trial_result(None, _trial("inc"), _report(0.1, 0.04))
+        _incumbent(s)
+    slow = _report(0.34, 0.08)
+    assert hedged.on_trial_result(None, _trial("slow"), slow) == TrialScheduler.CONTINUE
+    assert flat.on_trial_result(None, _trial("slow"), slow) == TrialScheduler.STOP
+
+
 def test_a_lone_trial_goes_on_as_the_first_at_every_rung() -> None:
     """No other curve reached the rung: the first trial there always goes on (only its own
     time cap, or a later incumbent's, stops it)."""
-    s = CappingScheduler(zone=0.1, horizon_s=9.0)
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
     for t in (0.5, 1.5, 4.0, 8.5):
         assert s.on_trial_result(None, _trial("alone"), _report(t, 0.01)) == (
             TrialScheduler.CONTINUE
@@ -198,7 +216,7 @@ def test_trials_started_together_are_judged_against_each_other_before_any_reache
     guess (9 s: rungs at 1/9, 1/3, 1, 3 s), and a trial is judged against its neighbour's curve
     at the same training time, from the neighbour's first evaluation on (0.4 s: nothing to
     compare with at the first two rungs); the leader is never stopped by those behind it."""
-    s = CappingScheduler(slack=1.2, zone=0.1, horizon_s=9.0)
+    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
     assert s.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("a"), _report(1.2, 0.6)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("b"), _report(1.2, 0.2)) == TrialScheduler.STOP
@@ -215,7 +233,7 @@ def test_without_a_zone_only_the_final_time_caps() -> None:
 
 
 def test_rungs_read_a_loss_target_as_lower_is_better() -> None:
-    s = CappingScheduler(zone=0.1, mode="min")
+    s = CappingScheduler(zone=0.1, hedge=0.0, mode="min")
     for t, m in ((1.0, 1.0), (3.0, 0.6)):
         s.on_trial_result(None, _trial("inc"), _report(t, m))
     s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0})
@@ -226,7 +244,7 @@ def test_rungs_read_a_loss_target_as_lower_is_better() -> None:
 def test_a_faster_incumbent_moves_the_rungs_earlier() -> None:
     """A trial alone at the rungs of a 27 s guess goes on (nothing to compare with); once a
     9 s incumbent has reached, the rungs it had got to first are judged against that curve."""
-    s = CappingScheduler(zone=0.1, horizon_s=27.0)
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=27.0)
     assert s.on_trial_result(None, _trial("late"), _report(3.5, 0.3)) == TrialScheduler.CONTINUE
     _incumbent(s)
     assert s.on_trial_result(None, _trial("late"), _report(3.6, 0.31)) == TrialScheduler.STOP

@@ -242,7 +242,7 @@ def search_command(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     no_capping: Annotated[bool, typer.Option("--no-capping")] = False,
     confirm_top: ConfirmTopOpt = 2,
-    confirm_seeds: ConfirmSeedsOpt = 2,
+    confirm_seeds: ConfirmSeedsOpt = 1,
     no_prior: NoPriorOpt = False,
     zone: cli_args.ZoneOpt = 0.1,
     hang_grace: Annotated[

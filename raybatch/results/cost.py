@@ -38,8 +38,9 @@ def device_seconds(seconds: float, world_size: int, gpu_share: float | None) -> 
 def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None) -> SearchCost:
     """The cost of the search whose rows are ``rows`` (pre-screened configs cost nothing: they
     never ran). Every device second is in them: the time model is measured inside a trial.
-    With ``slots`` (the trials it ran at once), also what the user paid: slots x the wall clock
-    from the first run's start to the last one's end (:func:`wall_clock`).
+    Also what the user paid: ``slots`` (default: the most runs that held their devices at once,
+    :func:`slots_used`) x the wall clock from the first run's start to the last one's end
+    (:func:`wall_clock`), where the rows say when they ran.
 
     Raises:
         ValueError: ``unit_s`` is not a positive time.
@@ -49,9 +50,27 @@ def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None) -
     ran = [r for r in rows if r.phase != keys.PHASE_PRESCREEN]
     device = sum(held_seconds(r) for r in ran)
     train = sum(float(r.train_s or 0.0) for r in ran)
-    wall = wall_clock(ran) if slots is not None else None
-    startup = slot_startups(ran, slots) if wall is not None and slots is not None else None
-    return SearchCost(device, train, unit_s, len(ran), wall, slots if wall else None, startup)
+    wall = wall_clock(ran)
+    if wall is None:
+        return SearchCost(device, train, unit_s, len(ran))
+    slots = slots if slots is not None else slots_used(ran)
+    return SearchCost(device, train, unit_s, len(ran), wall, slots, slot_startups(ran, slots))
+
+
+def slots_used(rows: list[TrialRow]) -> int:
+    """The most runs that held their devices at the same time (a data-parallel run is one):
+    the slots the search kept busy, read from when each run started and how long it held."""
+    events = sorted(
+        (t, step)
+        for r in rows
+        if r.started_at is not None
+        for t, step in ((r.started_at, 1), (r.started_at + (r.held_s or 0.0), -1))
+    )  # an end and a start at the same moment: the end first (sorted: -1 before 1)
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return max(most, 1)
 
 
 def wall_clock(rows: list[TrialRow]) -> float | None:
@@ -71,4 +90,11 @@ def slot_startups(rows: list[TrialRow], slots: int) -> float:
     return sum(s for _, s in firsts[:slots])
 
 
-__all__ = ["device_seconds", "held_seconds", "search_cost"]
+__all__ = [
+    "device_seconds",
+    "held_seconds",
+    "search_cost",
+    "slot_startups",
+    "slots_used",
+    "wall_clock",
+]

@@ -204,13 +204,16 @@ def measured_recipes(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
     search runs: every search trial runs on the search's seed, so the search's run of two
     recipes is their first pair (the confirmation adds fresh seeds). A search run the capping
     scheduler stopped is left out: it was stopped to save time for another, not measured. A
-    recipe the confirmation did not run is not judged. Without a confirmation, a recipe is
+    recipe the confirmation did not run is not judged, unless it ran none (the search's runs
+    decided the race: one led by more than the noise). Without a confirmation, a recipe is
     judged by its search rows.
     """
     judged: set[tuple[float, ...]] | None = None
     phases: tuple[str, ...] = (keys.PHASE_SEARCH,)
     if confirmed:
-        judged = {_knobs(r) for r in rows if r.phase == keys.PHASE_CONFIRMATION}
+        # A race the search's runs decided (one led by more than the noise) ran nothing: then
+        # those runs judge, as the race's first pair would have.
+        judged = {_knobs(r) for r in rows if r.phase == keys.PHASE_CONFIRMATION} or None
         phases = (keys.PHASE_CONFIRMATION, keys.PHASE_SEARCH)
     groups: dict[tuple[float, ...], list[TrialRow]] = {}
     for row in rows:
@@ -365,12 +368,8 @@ def choose_winner(
     rows: list[TrialRow],
     confirmed: bool,
     measured_on: Provenance | None = None,
-    slots: int | None = None,
 ) -> BestConfig | None:
     """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
-
-    ``slots``: the trials the search ran at once, for what it cost the user (slots x wall
-    clock, :func:`~raybatch.results.cost.search_cost`).
 
     ``confirmed``: whether the search ran a confirmation (then its runs alone judge).
     ``measured_on`` holds what the rows cannot say (:meth:`Provenance.measured_on`): ``device``
@@ -416,6 +415,6 @@ def choose_winner(
         runner_up=runner_up,
         compared=comparisons(rows, winner, given.baseline_point, given.reference_point,
                              measured_recipes(rows, confirmed)),
-        search_cost=search_cost(rows, winner.median, slots),
+        search_cost=search_cost(rows, winner.median),
     )  # fmt: skip
     return BestConfig(recipe, provenance)

@@ -5,18 +5,22 @@ matter before a recipe is exported, and spends as little as it can doing so:
 
 - **the search's run is the first pair**: every search trial ran on the search's seed, so the
   two best already have one paired comparison;
-- **each round is one fresh seed, run in order**: the leader first, then the challenger,
-  *capped* at ``slack`` x the leader's time on that seed (the search's own capping rule): a
-  challenger that cannot reach by then is slower on that seed, and running it on to the target
-  would prove nothing more at full price;
+- **no race when one leads by more than the noise**: the search's runs already say so;
+- **each round is one fresh seed**: the two side by side where the search had two slots (each
+  on a slot of its own, as the search's trials ran), the later *capped* at ``slack`` x the first
+  to reach on that seed (the search's own capping rule); on one slot the leader first, then the
+  challenger capped likewise: a challenger that cannot reach by then is slower on that seed,
+  and running it on to the target would prove nothing more at full price;
 - **a recipe that misses the target in any run is out**
   (:func:`~raybatch.results.selection.ranked`); when one of the two drops out, the next
   candidate (up to ``confirm_top``) takes its place;
 - **an indifference zone** (:data:`~raybatch.results.selection.INDIFFERENCE`): once two pairs
   agree, or their median paired ratio is within 10 % of 1 ("within noise", said in the
-  verdict), the race ends; otherwise it goes on for at most ``confirm_seeds`` fresh seeds.
+  verdict), the race ends; otherwise it goes on for at most ``confirm_seeds`` fresh seeds (one
+  by default).
 
-Two agreeing pairs cost one training of the leader and at most ``slack`` of the challenger.
+A round costs one training of the leader and at most ``slack`` of the challenger, side by side:
+about ``slack`` trainings of wall clock on two slots.
 The baseline and the reference are not re-run: the verdict compares the winner with them from
 their search runs, as bounds where they were stopped before the target
 (:func:`~raybatch.results.selection.comparisons`).
@@ -41,6 +45,7 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import (
+    INDIFFERENCE,
     Measured,
     candidates,
     compare_paired,
@@ -77,13 +82,17 @@ class Race:
         top: Candidates that may enter (the two best race; the next enters when one drops out).
         seeds: The fresh seeds, in order: at most one round each.
         slack: The challenger's cap, as a multiple of the leader's time on the same seed.
+        zone: The search's indifference zone: where its runs show one recipe ahead of the other
+            by more than ``1 + zone``, the race is decided without a round.
     """
 
-    def __init__(self, rows: list[TrialRow], top: int, seeds: list[int], slack: float) -> None:
+    def __init__(self, rows: list[TrialRow], top: int, seeds: list[int], slack: float,
+                 zone: float = INDIFFERENCE - 1) -> None:  # fmt: skip
         self.rows = list(rows)
         self.entrants = candidates(rows, top)
         self.seeds = list(seeds)
         self.slack = slack
+        self.zone = zone
         self.rounds = 0
 
     def add(self, rows: list[TrialRow]) -> None:
@@ -121,6 +130,8 @@ class Race:
             confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in runs.runs)
             return None if confirmed else Round([lone], seed)
         paired = compare_paired(alive[0][1], alive[1][1])
+        if paired is not None and paired.pairs == 1 and paired.ratio > 1 + self.zone:
+            return None  # the search's runs: one leads by more than the noise, no race
         if paired is not None and paired.pairs >= 2 and (paired.decisive or paired.within_noise()):
             return None
         return Round([alive[0][0], alive[1][0]], seed)
@@ -143,10 +154,15 @@ class RaceSearcher(Searcher):
         whole_gpus: Each run holds a whole GPU (``alone``): a measurement.
         record: Where each run is recorded as it ends, beside the search's study
             (:class:`~raybatch.run.race_record.RaceRecord`: optuna-dashboard shows the race).
+        at_once: A round's runs at once: with two slots the leader and the challenger run side
+            by side on the same seed, and the scheduler caps the later at ``slack`` x the
+            first to reach (each on a slot of its own: a lone measurement, half the wall
+            clock); with one, the leader first.
     """
 
     def __init__(self, race: Race, scheduler: CappingScheduler, penalty: float,
-                 whole_gpus: bool = False, record: RaceRecord | None = None) -> None:  # fmt: skip
+                 whole_gpus: bool = False, record: RaceRecord | None = None,
+                 at_once: int = 1) -> None:  # fmt: skip
         super().__init__(metric=keys.OBJECTIVE, mode="min")
         self.race = race
         self.scheduler = scheduler
@@ -160,11 +176,14 @@ class RaceSearcher(Searcher):
         self._configs: dict[str, dict[str, Any]] = {}
         self._entrants: dict[str, str] = {}  # run -> the search trial of its recipe
         self._curves: dict[str, dict[int, float]] = {}  # run -> samples seen -> metric
-        self._running: str | None = None
+        self._running: set[str] = set()
         self._in_round = False
+        self.at_once = max(1, at_once)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
-        if self._running is not None:  # one run at a time: the cap needs the leader's time
+        if len(self._running) >= self.at_once:  # the cap needs a run of the round to end
+            return None
+        if not self._queue and self._running:  # the next round waits for this one's runs
             return None
         if not self._queue:
             if self._in_round:
@@ -183,7 +202,7 @@ class RaceSearcher(Searcher):
         if self.whole_gpus:
             config[keys.ALONE] = True
         self._configs[trial_id] = config
-        self._running = trial_id
+        self._running.add(trial_id)
         return config
 
     def save(self, checkpoint_path: str) -> None:
@@ -204,8 +223,7 @@ class RaceSearcher(Searcher):
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
         config = self._configs.pop(trial_id, None)  # told once (TellUntold may tell again)
-        if trial_id == self._running:
-            self._running = None
+        self._running.discard(trial_id)
         if config is None:
             return
         if result:
@@ -239,6 +257,7 @@ def run_race(
     whole_gpus: bool = False,
     progress: Any = None,
     record: SearchStudy | None = None,
+    slots: int = 1,
 ) -> list[TrialRow]:
     """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
     by :class:`RaceSearcher` in one Ray Tune experiment; the new rows. ``trainable``: the
@@ -251,12 +270,14 @@ def run_race(
     from ray import tune
 
     seeds = confirmation_seeds(options)
-    race = Race(rows, options.confirm_top, seeds, options.slack)
+    zone = INDIFFERENCE - 1 if options.zone is None else options.zone
+    race = Race(rows, options.confirm_top, seeds, options.slack, zone)
     first = race.next_round()
     if first is None:  # decided already (or no seeds): no experiment at all
         return []
     names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
-    log.info(f"confirming: {names} on up to {len(seeds)} fresh seed(s), one run at a time")
+    how = "side by side" if slots > 1 else "one run at a time"
+    log.info(f"confirming: {names} on up to {len(seeds)} fresh seed(s), {how}")
     scheduler = CappingScheduler.for_trainable(
         trainable,
         options.hang_grace_s,
@@ -268,14 +289,15 @@ def run_race(
     if race_record is not None:
         race_record.start()
     penalty = parts_of(trainable).settings.penalty
-    searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, race_record)
+    at_once = min(2, options.max_concurrent or 2) if slots > 1 else 1
+    searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, race_record, at_once)
     tuner = tune.Tuner(
         resourced,
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=2 * len(seeds),  # at most two runs a round; the searcher ends sooner
-            max_concurrent_trials=1,
+            max_concurrent_trials=at_once,
             reuse_actors=REUSE_ACTORS,
         ),
         run_config=tune.RunConfig(

@@ -406,10 +406,12 @@ def _execute(
         )
     rows += _prescreened_rows(plan.searcher.record)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-    if options.confirms:  # one run at a time, whole GPUs: a measurement, and the cap needs order
+    slots = options.max_concurrent or plan.in_flight
+    if options.confirms:  # whole GPUs: a measurement; side by side where the search had slots
         spent = search_cost(rows, 1.0).device_s
         rows += run_race(path, plan.trainable, plan.resourced, rows, options, verbose, plan.cuda,
-                         Progress("race run", None, spent), plan.searcher.record)  # fmt: skip
+                         Progress("race run", None, spent), plan.searcher.record,
+                         slots)  # fmt: skip
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
     # points the verdict compares with.
@@ -421,8 +423,7 @@ def _execute(
         device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
         baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
     )  # fmt: skip
-    slots = options.max_concurrent or plan.in_flight
-    best = choose_winner(target, rows, options.confirms, measured_on, slots)
+    best = choose_winner(target, rows, options.confirms, measured_on)
     if best is not None:
         write_best(path, best)
     # Written last but the report: a run with trials.csv has finished (resume leaves it alone).

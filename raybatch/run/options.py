@@ -49,9 +49,11 @@ class SearchOptions:
         confirm_top: The search's best recipes that may enter the confirmation's race: the
             two best race on paired seeds; the next enters when one misses the target (0: no
             confirmation). See :mod:`raybatch.run.confirmation`.
-        confirm_seeds: At most this many fresh seeds (race rounds, each run one at a time,
-            the challenger capped at ``slack`` x the leader); two agreeing pairs (the search's
-            run and one round) or a pair within the indifference zone end it sooner.
+        confirm_seeds: At most this many fresh seeds (race rounds: the two run side by side
+            where the search had two slots, the later capped at ``slack`` x the first to
+            reach; one at a time, the leader first, on one); no round at all where the
+            search's runs show one ahead by more than the indifference zone, and two agreeing
+            pairs (the search's run and one round) or a pair within the zone end it sooner.
         eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
         max_failures: Ray retries of a trial whose worker died.
         gpu_model: On a cluster that mixes GPU models, the one every trial runs on (Ray's
@@ -78,7 +80,7 @@ class SearchOptions:
     prior: bool = True
     probe_margin: float = 0.2
     confirm_top: int = 2
-    confirm_seeds: int = 2
+    confirm_seeds: int = 1
     eval_every_samples: int | None = None
     max_failures: int = 2
     hang_grace_s: float = HANG_GRACE_S

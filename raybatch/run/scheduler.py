@@ -40,7 +40,9 @@ from raybatch.run.rungs import (
     DEFAULT_ETA,
     DEFAULT_ZONE,
     GUESS_RUNG_COUNT,
+    HEDGE,
     Trajectory,
+    hedged_zone,
     judged_near,
     passes,
     rung_times,
@@ -66,6 +68,8 @@ class CappingScheduler(FIFOScheduler):
             than the best curve to its level goes on (``None``: no rungs; only the final time
             to target caps).
         eta: A trial outside the zone goes on while it is in the top ``1/eta`` at its rung.
+        hedge: How much wider the zone is at earlier rungs (:func:`~raybatch.run.rungs.
+            hedged_zone`; 0: the same zone at every rung).
         horizon_s: The guess of the optimum's time to target the rungs are tied to until a
             trial has reached the target (``None``: no rungs before then).
         mode: The target's direction (``max`` or ``min``), to read the reported metric.
@@ -78,6 +82,7 @@ class CappingScheduler(FIFOScheduler):
         hang_after_s: float | None = None,
         zone: float | None = DEFAULT_ZONE,
         eta: float = DEFAULT_ETA,
+        hedge: float = HEDGE,
         horizon_s: float | None = None,
         mode: str = "max",
     ) -> None:
@@ -96,6 +101,7 @@ class CappingScheduler(FIFOScheduler):
         self.guard = HangGuard(hang_after_s) if hang_after_s is not None else None
         self.zone = zone
         self.eta = eta
+        self.hedge = hedge
         self.horizon_s = horizon_s
         self.mode = mode
         self.best_time_to_target_s: float | None = None
@@ -196,10 +202,12 @@ class CappingScheduler(FIFOScheduler):
         next evaluation, and a faster incumbent moves the rungs earlier."""
         if self.zone is None:
             return None
-        for rung_s in self.rungs():
+        rungs = self.rungs()
+        for index, rung_s in enumerate(rungs):
             if rung_s > trained or judged_near(trajectory.judged, rung_s, self.eta):
                 continue
-            verdict = passes(trajectory, rung_s, self._others(trial_id), self.zone, self.eta)
+            zone = hedged_zone(self.zone, self.eta, len(rungs) - 1 - index, self.hedge)
+            verdict = passes(trajectory, rung_s, self._others(trial_id), zone, self.eta)
             if verdict is None:
                 continue
             trajectory.judged.add(rung_s)

@@ -124,7 +124,13 @@ def _reporter(
         extra=DeviceFigures(device),
         clock=clock if clock is not None else time.perf_counter,
         check_budgets_between_marks=clock is None,
-        eval_at_s=time_marks(settings.max_time_s) if clock is None else (),
+        # The rungs' training-time marks beside the default sample marks; a cadence the user
+        # chose (an evaluation may be dear) is kept as given.
+        eval_at_s=(
+            time_marks(settings.max_time_s)
+            if clock is None and settings.eval_every_samples is None
+            else ()
+        ),
     )
 
 
