@@ -2,7 +2,8 @@
 charged alike, the shipped decision code driven on a simulated clock.
 
 One code path: only the training and its clock are simulated (:mod:`simulator`). The search is
-:func:`simulate_search`: two trials at a time (a default search on this machine's two slots),
+:func:`simulate_search`: one trial at a time (a default search on one GPU) and two (on this
+machine's two slots),
 each trial's reports -- its evaluation marks (fixed sample marks, the same for every recipe)
 and its heartbeats between them -- delivered in clock order across the running trials to the
 shipped :class:`~raybatch.run.scheduler.CappingScheduler` (or a peer's early-stopping rule),
@@ -26,10 +27,11 @@ Strategies:
   inside the trial the searcher asks, once it reaches the target, with the member's
   noise-scale error, its passes charged to that trial -- the pre-screen with the member's
   imperfect estimate and the 20% probe margin, then TPE) and the shipped capping scheduler
-  (slack 1.2, level slack 1.5, trials beside each other capped before any incumbent);
+  (slack 1.2, equal-time rungs with the hedged 10 % zone and eta 3, trials beside each other
+  judged before any incumbent);
 - ablations: ``raybatch_no_model`` (the ladder without the time model), ``raybatch_no_fidelity``
-  (capping on the final time only), ``raybatch_no_plan`` (only the reference and the max batch
-  seeded), ``raybatch_no_prescreen``.
+  (no rungs: capping on the final time only), ``raybatch_no_plan`` (only the reference and the
+  max batch seeded), ``raybatch_no_prescreen``.
 
 Every strategy's pick is confirmed alike, by the shipped code (:func:`confirm`): the
 :class:`~raybatch.run.confirmation.Race` of its two best on paired seeds (its search runs the
@@ -408,7 +410,7 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
                  plan: bool = True, model: bool = True, fidelity: bool = True,
                  slots: int = SLOTS) -> list[Trial]:  # fmt: skip
     """The shipped searcher (plan, pre-screen, ladder, TPE) and the shipped capping scheduler,
-    two trials at a time as a default search runs on this machine's two slots."""
+    ``slots`` trials at a time (one GPU: one; this machine's two slots: two)."""
     searcher = _searcher(member, seed, prescreen, plan, model)
     measuring: set[str] = set()
 

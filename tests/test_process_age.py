@@ -17,9 +17,11 @@ def test_the_first_trial_in_a_process_is_charged_from_raybatchs_import(
     monkeypatch.setattr(process_age, "_charged", False)
     monkeypatch.setattr(process_age, "IMPORTED_AT", time.perf_counter() - 7.0)
     before = time.perf_counter()
-    first = process_age.start_trial()
+    first, startup = process_age.start_trial()
     assert before - 8.0 < first <= before - 7.0  # the import and the unpickling: charged
-    assert process_age.start_trial() >= before  # every later trial from its own start
+    assert startup is not None and 7.0 <= startup < 8.0  # said as the process's start-up
+    later, none = process_age.start_trial()
+    assert later >= before and none is None  # every later trial from its own start
 
 
 def test_a_process_that_ran_a_raybatch_task_first_charges_its_trial_from_its_own_start(
@@ -30,7 +32,8 @@ def test_a_process_that_ran_a_raybatch_task_first_charges_its_trial_from_its_own
     monkeypatch.setattr(process_age, "IMPORTED_AT", time.perf_counter() - 7.0)
     assert process_age.charged_to_task(lambda x: x + 1)(1) == 2
     before = time.perf_counter()
-    assert process_age.start_trial() >= before
+    since, startup = process_age.start_trial()
+    assert since >= before and startup is None
 
 
 def test_tune_waits_for_a_stopped_trials_cleanup_before_reusing_its_process(

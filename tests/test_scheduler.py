@@ -131,7 +131,7 @@ def _report(train_s: float, metric: float) -> dict[str, object]:
 
 def _incumbent(s: CappingScheduler) -> None:
     """A trial that reaches 0.9 at 9 s, through 0.1 at 0.25 s, 0.4 at 1 s and 0.7 at 3 s: the
-    rungs are then at 1/3, 1, 3 and 9 s."""
+    rungs are then at 1, 3 and 9 s."""
     for t, m in ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)):
         s.on_trial_result(None, _trial("inc"), _report(t, m))
     s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0,
@@ -140,10 +140,10 @@ def _incumbent(s: CappingScheduler) -> None:
 
 def test_the_rungs_are_tied_to_the_fastest_time_to_target() -> None:
     s = CappingScheduler(horizon_s=30.0)
-    # The guess, before: two rungs further down (it is only a bound).
-    assert s.rungs() == pytest.approx([30 / 81, 30 / 27, 30 / 9, 30 / 3, 30.0])
+    # The guess, before: one rung further down (it is only a bound).
+    assert s.rungs() == pytest.approx([30 / 27, 30 / 9, 30 / 3, 30.0])
     _incumbent(s)
-    assert s.rungs() == pytest.approx([1 / 3, 1.0, 3.0, 9.0])
+    assert s.rungs() == pytest.approx([1.0, 3.0, 9.0])
     assert CappingScheduler(zone=None, horizon_s=30.0).rungs() == []
 
 
@@ -183,19 +183,18 @@ def test_a_trial_in_the_top_third_goes_on_outside_the_zone() -> None:
 
 
 def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
-    """A large-LR recipe starts slowly and catches up: at the 1/3 s rung (B/27) it shows 0.08,
-    the level the incumbent had at about 0.15 s (0.04 at 0.1 s, 0.1 at 0.25 s): 2.3x slower to
-    it, inside the hedged zone there (1.1 x 3^0.75 = 2.5x), so it goes on; without the hedge
-    (1.1x at every rung) the same curve is stopped there."""
+    """A large-LR recipe starts slowly and catches up: at the 1 s rung (B/9) it shows 0.25, the
+    level the incumbent had at about 0.6 s (0.1 at 0.25 s, 0.4 at 1 s): 1.7x slower to it,
+    inside the hedged zone there (1.1 x 3^0.5 = 1.9x), so it goes on; without the hedge (1.1x
+    at every rung) the same curve is stopped there."""
     from raybatch.run.rungs import hedged_zone
 
-    assert hedged_zone(0.1, 3.0, 3, 0.25) == pytest.approx(1.1 * 3**0.75 - 1)
+    assert hedged_zone(0.1, 3.0, 2, 0.25) == pytest.approx(1.1 * 3**0.5 - 1)
     assert hedged_zone(0.1, 3.0, 0, 0.25) == pytest.approx(0.1)
     hedged, flat = CappingScheduler(zone=0.1, hedge=0.25), CappingScheduler(zone=0.1, hedge=0.0)
     for s in (hedged, flat):
-        s.on_trial_result(None, _trial("inc"), _report(0.1, 0.04))
         _incumbent(s)
-    slow = _report(0.34, 0.08)
+    slow = _report(1.05, 0.25)
     assert hedged.on_trial_result(None, _trial("slow"), slow) == TrialScheduler.CONTINUE
     assert flat.on_trial_result(None, _trial("slow"), slow) == TrialScheduler.STOP
 

@@ -74,11 +74,11 @@ def slots_used(rows: list[TrialRow]) -> int:
 
 
 def wall_clock(rows: list[TrialRow]) -> float | None:
-    """Seconds from the first run's start to the last one's end (``None`` where a run does not
-    say when it started: rows written before that was recorded)."""
+    """Seconds from the first run's start to the last one's end, of the runs that say when they
+    started (``None`` where none does: rows written before that was recorded)."""
     spans = [(r.started_at, r.started_at + (r.held_s or 0.0)) for r in rows
              if r.started_at is not None]  # fmt: skip
-    if not spans or len(spans) < len(rows):
+    if not spans:  # a run that failed before its first report says nothing: the others do
         return None
     return max(end for _, end in spans) - min(start for start, _ in spans)
 

@@ -138,14 +138,15 @@ class Race:
 
 
 class RaceSearcher(Searcher):
-    """Ray Tune's view of a :class:`Race`: its rounds' runs suggested one at a time, in order,
-    all in one Tuner, so that one process (Tune's ``reuse_actors``) runs the whole race instead
-    of a cold one per round.
+    """Ray Tune's view of a :class:`Race`: its rounds' runs suggested in order, all in one
+    Tuner, so that its processes (Tune's ``reuse_actors``) run the whole race instead of a cold
+    one per round.
 
-    A round's leader runs first; its challenger is suggested only once the leader's run ended,
-    and the scheduler forgets the previous round's times at each new round, so the challenger
-    is capped at ``slack`` x the leader's time *on the same seed*. The race's rows are built as
-    each run ends (:attr:`rows`): the next round depends on them.
+    With ``at_once`` 1 a round's leader runs first and its challenger is suggested only once
+    the leader's run ended; with 2 both run side by side. The scheduler forgets the previous
+    round's times at each new round, so the later run is capped at ``slack`` x the first to
+    reach *on the same seed*; the next round starts once both runs of this one ended. The
+    race's rows are built as each run ends (:attr:`rows`): the next round depends on them.
 
     Args:
         race: The decisions.
@@ -233,7 +234,7 @@ class RaceSearcher(Searcher):
         if not error and metrics.get(keys.TRIAL_ID) in self.scheduler.capped:
             metrics[keys.REASON] = (
                 f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: slower on this"
-                f" seed than {self.scheduler.slack} x the leader's time"
+                f" seed than {self.scheduler.slack} x the time of the first to reach"
             )
         recipe = carried_recipe(config, "a confirmation run's Tune config")
         row = TrialRow.from_result(

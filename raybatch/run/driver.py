@@ -396,9 +396,8 @@ def _execute(
             f"search interrupted after {finished} of {options.trials} trials; the state is saved:"
             f" continue with `raybatch resume {path}`"
         )
-    # A resumed search's scheduler is Tune's restored copy: its level caps are not seen here.
-    rows = _search_rows(results, plan.searcher.penalty, options.seed, scheduler.capped_at_rung,
-                        options.zone)  # fmt: skip
+    # A resumed search's scheduler is Tune's restored copy: its rung stops are not seen here.
+    rows = _search_rows(results, plan.searcher.penalty, options.seed, scheduler)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
@@ -406,8 +405,10 @@ def _execute(
         )
     rows += _prescreened_rows(plan.searcher.record)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-    slots = options.max_concurrent or plan.in_flight
-    if options.confirms:  # whole GPUs: a measurement; side by side where the search had slots
+    # Side by side on CPU slots as the search ran; on GPUs one run at a time, each on a whole
+    # GPU (the search's slots may have been shares of one).
+    slots = 1 if plan.cuda else options.max_concurrent or plan.in_flight
+    if options.confirms:
         spent = search_cost(rows, 1.0).device_s
         rows += run_race(path, plan.trainable, plan.resourced, rows, options, verbose, plan.cuda,
                          Progress("race run", None, spent), plan.searcher.record,
@@ -433,8 +434,8 @@ def _execute(
     return result
 
 
-def _search_rows(results: Any, penalty: float, seed: int, at_rung: dict[str, float],
-                 zone: float | None) -> list[TrialRow]:  # fmt: skip
+def _search_rows(results: Any, penalty: float, seed: int, scheduler: CappingScheduler
+                 ) -> list[TrialRow]:  # fmt: skip
     """The search trials' rows, each with the recipe its config carries: the searcher's,
     derived once where the knobs were chosen (and checked against them at the trial's door),
     and the seed every search trial trains on (the confirmation's first pair)."""
@@ -443,10 +444,12 @@ def _search_rows(results: Any, penalty: float, seed: int, at_rung: dict[str, flo
         metrics = dict(result.metrics or {})
         status, value = final_status(metrics, result.error is not None, penalty)
         if status is TrialStatus.CAPPED:
-            rung = at_rung.get(str(metrics.get(keys.TRIAL_ID)))
+            tune_id = str(metrics.get(keys.TRIAL_ID))
+            rung = scheduler.capped_at_rung.get(tune_id)
+            zone = scheduler.rung_zones.get(tune_id, scheduler.zone or 0.0)
             why = (
-                f"at the rung of {rung:.3f} s, more than {1 + (zone or 0):g}x slower than the"
-                " best curve and outside the top third"
+                f"at the rung of {rung:.3f} s, more than {1 + zone:.2g}x slower to its level than"
+                f" the best curve and outside the top 1/{scheduler.eta:g} there"
                 if rung is not None
                 else "slower than the best time to target x slack"
             )

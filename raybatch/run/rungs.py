@@ -3,8 +3,8 @@
 ASHA (Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning"; Ray Tune's
 ``ASHAScheduler`` on a ``time_attr``) lets a trial past a rung only while it is in the top
 ``1/eta`` of the trials recorded there. Here the time is the trial's *training* seconds and the
-rungs are tied to the target: ``B/eta^3, B/eta^2, B/eta, B``, where ``B`` is the best estimate of
-the optimum's time to target (the fastest time a trial reached it in; before any has, a guess).
+rungs are tied to the target: ``B/eta^2, B/eta, B``, where ``B`` is the best estimate of the
+optimum's time to target (the fastest time a trial reached it in; before any has, a guess).
 A trial goes on at a rung while either holds:
 
 - it is **within the indifference zone** of the best curve seen: by the rung it reached the
@@ -30,12 +30,14 @@ from collections.abc import Iterable
 
 DEFAULT_ETA = 3.0
 DEFAULT_ZONE = 0.10
-RUNG_COUNT = 4
-"""Rungs at ``B/eta^3 .. B``: with eta 3, B/27, B/9, B/3 and B."""
-GUESS_RUNG_COUNT = 5
+RUNG_COUNT = 3
+"""Rungs at ``B/eta^2 .. B``: with eta 3, B/9, B/3 and B. None at B/27: a recipe with a large
+LR starts slowly and catches up, and a rung that early stops recipes near the optimum
+(``docs/search.md`` has the figures)."""
+GUESS_RUNG_COUNT = 4
 """Before any trial has reached the target, ``B`` is a guess (the time cap / eta), an upper
-bound that may be far above the optimum's time: the rungs then go two further down (the cap /
-243 .. the cap / 3), so that trials started together are compared early."""
+bound that may be far above the optimum's time: the rungs then go one further down (the cap /
+81 .. the cap / 3), so that trials started together are compared early."""
 
 
 class Trajectory:
@@ -114,28 +116,22 @@ def passes(trial: Trajectory, rung_s: float, others: Iterable[Trajectory], zone:
     curves of every other trial seen (running or ended); ``None`` where nothing else got to the
     rung (the trial goes on, and is judged there again once another curve has)."""
     mine = trial.value_at(rung_s)
-    if mine is None:  # not there yet
-        return True
+    if mine is None:  # not there yet: no verdict
+        return None
     curves = list(others)
     at_rung = [v for v in (c.value_at(rung_s, False) for c in curves) if v is not None]
     if not at_rung:  # the first trial at this rung
         return None
     earlier = rung_s / (1.0 + zone)
     shown = [v for v in (c.value_at(earlier, False) for c in curves) if v is not None]
-    own = trial.value_at(earlier)
-    best = max([*shown, mine if own is None else own])
-    if mine >= best:
+    if shown and mine >= max(shown):  # within the zone of every curve that shows that time
         return True
     return mine >= quantile([*at_rung, mine], 1.0 - 1.0 / eta)
 
 
 HEDGE = 0.25
 """How much wider the zone is at earlier rungs: ``eta ** (HEDGE x k)`` at ``k`` rungs below
-the top (at B/27 a trial 2.5x slower to its level goes on, at B/3 1.45x, at B 1.1x). Chosen on
-the simulated family, whose high-LR recipes start slowly and catch up: without it (0), the
-search capped recipes within 2 % of the optimum at B/27 and picked 1.16-1.22x slower ones on
-three of eight members; with 0.25 it picked as the level capping before it did, at about 20 %
-less compute (6 seeds, 12 trials, one slot and two)."""
+the top (at B/9 a trial 1.9x slower to its level goes on, at B/3 1.45x, at B 1.1x)."""
 
 
 def hedged_zone(zone: float, eta: float, below_top: int, hedge: float = HEDGE) -> float:

@@ -1,7 +1,7 @@
 """Adaptive capping on equal-time rungs: stop a trial the moment it cannot win.
 
 Every trial, the first one included, is judged at rungs of its own training time (``train_s``,
-the clock of the objective: evaluations excluded) tied to the target -- ``B/27, B/9, B/3, B``
+the clock of the objective: evaluations excluded) tied to the target -- ``B/9, B/3, B``
 with ``B`` the fastest time to target seen (before any trial has reached it, a guess: the
 trainable's time cap / eta) -- and goes on only while it is within the indifference zone of the
 best curve seen at that time, or in the top 1/eta of the trials that got there
@@ -108,6 +108,8 @@ class CappingScheduler(FIFOScheduler):
         self.capped: dict[str, float] = {}
         self.capped_at_rung: dict[str, float] = {}
         """Tune trial -> the rung (seconds of training) it was stopped at."""
+        self.rung_zones: dict[str, float] = {}
+        """Tune trial -> the zone of the rung it was stopped at (hedged: wider early)."""
         self._trajectories: dict[str, Trajectory] = {}
 
     @classmethod
@@ -212,6 +214,7 @@ class CappingScheduler(FIFOScheduler):
                 continue
             trajectory.judged.add(rung_s)
             if not verdict:
+                self.rung_zones[trial_id] = zone
                 return rung_s
         return None
 
@@ -221,10 +224,14 @@ class CappingScheduler(FIFOScheduler):
         return [t for other, t in self._trajectories.items() if other != trial_id]
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
-        """The trial's trajectory, with this result's mark added (if it carries one)."""
+        """The trial's trajectory, with this result's evaluation added (if it is one: a
+        heartbeat, or a trial's end at its time cap, repeats the last evaluation's value at a
+        later time, which would flatten the curve between evaluations)."""
         trajectory = self._trajectories.setdefault(trial_id, Trajectory(self.mode))
         metric, trained = result.get(keys.METRIC), result.get(keys.TRAIN_S)
-        if metric is not None and trained is not None:
+        evaluated = not result.get(keys.HEARTBEAT) and result.get(keys.STATUS) in (
+            TrialStatus.RUNNING.value, TrialStatus.REACHED.value)  # fmt: skip
+        if evaluated and metric is not None and trained is not None:
             trajectory.add(float(trained), float(metric))
         return trajectory
 

@@ -31,17 +31,19 @@ _charged = False
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def start_trial() -> float:
+def start_trial() -> tuple[float, float | None]:
     """A trial starts in this process: when it began to hold its device, on
-    ``time.perf_counter``'s clock (see the module's docstring); and Tune's reuse wait is set."""
+    ``time.perf_counter``'s clock (see the module's docstring), and the process's start-up
+    charged to it (``None``: the process's first trial had it); Tune's reuse wait is set."""
     global _charged
     # Read by Ray's FunctionTrainable.reset_config, in this process, when it is reused.
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", str(REUSE_WAIT_S))
     now = time.perf_counter()
     if _charged:
-        return now
+        return now, None
     _charged = True
-    return min(now, IMPORTED_AT)
+    since = min(now, IMPORTED_AT)
+    return since, now - since
 
 
 def charged_to_task(function: F) -> F:

@@ -74,8 +74,8 @@ TIME_MARK_RATIO = 3**0.5
 """Training-time marks are this far apart (a factor): two between rungs a factor 3 apart, so
 each rung is judged within ``sqrt(3)`` x its time (:mod:`raybatch.run.rungs`)."""
 TIME_MARKS_BELOW_CAP = 10
-"""The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below the first rung, B/27,
-wherever B lies under the cap / 9."""
+"""The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below the lowest rung before
+any trial has reached (the cap / 81), and below B/9 wherever B lies above the cap / 27."""
 
 
 def time_marks(max_time_s: float) -> list[float]:

@@ -152,8 +152,8 @@ def run_trial(
     it does a single trial whose worker died.
     """
 
-    held_since = process_age.start_trial()  # what the trial costs starts here, not at its clock
-    startup_s = time.perf_counter() - held_since  # its process's start-up, if it is the first
+    # What the trial costs starts here, not at its clock (its process's start-up, if first).
+    held_since, startup_s = process_age.start_trial()
     if _broken:
         raise WorkerLostError(f"this trial's process is unusable: {_broken[0]}")
     during = "reading the trial's recipe"
