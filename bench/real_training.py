@@ -152,9 +152,10 @@ def _search_curves(run_dir: Path) -> list[dict[str, Any]]:
     return curves
 
 
-def _value_at(curve: list[list[float]], train_s: float) -> float | None:
-    """A curve's best value by ``train_s`` (``None`` before its first evaluation)."""
-    seen = [v for t, v in curve if t <= train_s]
+def _value_at(curve: list[list[float]], train_s: float, sign: float) -> float | None:
+    """A curve's best value by ``train_s``, in the target's direction (``sign``: 1 for a
+    ``max`` target, -1 for ``min``), ``None`` before its first evaluation."""
+    seen = [sign * v for t, v in curve if t <= train_s]
     return max(seen) if seen else None
 
 
@@ -167,8 +168,8 @@ def rung_rank_agreement(runs: list[dict[str, Any]], unit_s: float, sign: float,
     out: dict[str, float | None] = {}
     for label, k in (("B/27", 27), ("B/9", 9), ("B/3", 3), ("B", 1)):
         rung = unit_s / k
-        pairs = [(sign * v, _scored(r["time_to_target_s"], max_time_s))
-                 for r in runs if (v := _value_at(r["curve"], rung)) is not None]  # fmt: skip
+        pairs = [(v, _scored(r["time_to_target_s"], max_time_s))
+                 for r in runs if (v := _value_at(r["curve"], rung, sign)) is not None]  # fmt: skip
         rho = spearman([-a for a, _ in pairs], [b for _, b in pairs]) if len(pairs) >= 3 else None
         out[label] = rho
     return out
@@ -334,7 +335,7 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
         "space": space.name,
         "searches": [s for _, _, s in found],
         "max_batch_lr_sweep": {"medians": sweep, "best_multiplier": best_multiplier},
-        "grid": {k: v for k, v in grid.items() if k not in ("best_recipe", "runs")},
+        "grid": {k: v for k, v in grid.items() if k != "best_recipe"},
         "recipes": out_recipes,
         "compared": _compare(runs, winners, max_time_s) if winners else {},
         "grid_rung_rank_agreement": rung_rank_agreement(grid["runs"], unit, sign, max_time_s)

@@ -801,13 +801,19 @@ def demo() -> str:
         "",
         f"(That is what the demo's command printed here, in {minutes} min {seconds} s on 2 cores"
         " (`bench/demo_search.py`, `bench/results/demo_search.json`). The winner's runs (its"
-        f" search run and its confirmation runs) took {times} s of training to the target."
+        f" search run and any confirmation run) took {times} s of training to the target."
         + against
-        + (f" The search cost {cost['trainings']:.1f} trainings of the recipe it found, every"
+        + (f" The search cost the user {cost['trainings_wall']:.1f} trainings of the recipe it"
+           f" found, {cost['slots']} slot(s) x {cost['wall_s']:.0f} s of wall clock"
+           f" ({cost['trainings_wall_warm']:.1f} less one process start per slot); its runs"
+           f" held their devices for {cost['trainings']:.1f} ({cost['trainings_train']:.1f} in"
+           " training seconds alone)."
+           if cost.get("trainings_wall") is not None else
+           f" The search cost {cost['trainings']:.1f} trainings of the recipe it found, every"
            f" device second counted ({cost['trainings_train']:.1f} in training seconds alone)."
            if cost else "")
         + " Timings on a shared 2-core machine vary by tens of percent between runs, which is"
-        " why the winner is confirmed on paired seeds.)",
+        " why a winner within the zone of its runner-up is raced on a fresh seed.)",
     ])  # fmt: skip
 
 
