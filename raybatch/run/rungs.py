@@ -54,7 +54,6 @@ class Trajectory:
         self.sign = 1.0 if mode == "max" else -1.0
         self.times: list[float] = []
         self.best: list[float] = []
-        self.reached_s: float | None = None  # the time to target, once reached
         self.judged: set[float] = set()  # the rungs (seconds) it was judged at, beside others
 
     def add(self, train_s: float, metric: float) -> None:
@@ -73,12 +72,6 @@ class Trajectory:
     def progress(self) -> float | None:
         """The best level reached so far."""
         return self.best[-1] if self.best else None
-
-    @property
-    def trained_s(self) -> float:
-        """How far this trial's curve goes: its last evaluation (its time to target, once
-        reached: it trains no further)."""
-        return self.times[-1] if self.times else 0.0
 
     def value_at(self, train_s: float, before_first: bool = True) -> float | None:
         """The best level at ``train_s``, interpolated between evaluations; ``None`` past the

@@ -158,7 +158,7 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.CONTINUE
         trajectory = self._follow(trial.trial_id, result)
         if result.get(keys.STATUS) == TrialStatus.REACHED.value:
-            self._record(result.get(keys.TIME_TO_TARGET_S), trajectory)
+            self._record(result.get(keys.TIME_TO_TARGET_S))
             return TrialScheduler.CONTINUE
         cap = self.cap_s
         trained = result.get(keys.TRAIN_S)
@@ -256,19 +256,18 @@ class CappingScheduler(FIFOScheduler):
         super().on_trial_error(tune_controller, trial)
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
-        trajectory = self._trajectories.get(trial.trial_id)
+        # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
         if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
-            self._record(result.get(keys.TIME_TO_TARGET_S), trajectory)
+            self._record(result.get(keys.TIME_TO_TARGET_S))
 
-    def _record(self, time_to_target_s: float | None, trajectory: Trajectory | None) -> None:
+    def _record(self, time_to_target_s: float | None) -> None:
+        """A trial reached the target: a faster time is the new ``B`` (the cap, the rungs)."""
         if time_to_target_s is None:
             return
         if self.best_time_to_target_s is None or time_to_target_s < self.best_time_to_target_s:
             self.best_time_to_target_s = float(time_to_target_s)
-            if trajectory is not None:
-                trajectory.reached_s = float(time_to_target_s)
 
     def debug_string(self) -> str:
         cap = "none yet" if self.cap_s is None else f"{self.cap_s:.3f} s"
