@@ -20,6 +20,9 @@ PAR_FACTOR = 10.0
 HANG_GRACE_S = 300.0
 """Seconds past a trial's time cap without a report after which it counts as hung: they cover
 start-up, the probe and an evaluation, which the trial's clock excludes."""
+INDIFFERENCE_ZONE = 0.10
+"""The regret a search accepts: recipes within 10 % of each other's time are "within noise"
+(the rungs' zone, the race's, and the verdict's all read it from here)."""
 
 
 class TrialStatus(str, Enum):

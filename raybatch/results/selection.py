@@ -19,10 +19,10 @@ from raybatch.metric import Target
 from raybatch.provenance import Comparison, Provenance, RunnerUp
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
-from raybatch.status import TrialStatus
+from raybatch.status import INDIFFERENCE_ZONE, TrialStatus
 from raybatch.version import __version__
 
-INDIFFERENCE = 1.10
+INDIFFERENCE = 1.0 + INDIFFERENCE_ZONE
 """The indifference zone of a paired comparison: two recipes whose median paired ratio is
 within 10 % of 1 are "within noise" of each other (the same recipe's runs spread about that
 much on a shared machine, ``bench/results/real_training.json``'s ``rerun_spread``)."""
@@ -398,7 +398,7 @@ def choose_winner(
         if paired is not None:
             second = order[1].runs[0].knob_dict()
             runner_up = RunnerUp(second, paired.ratio, paired.wins, paired.pairs,
-                                 paired.within_noise(), INDIFFERENCE - 1)  # fmt: skip
+                                 paired.within_noise(), INDIFFERENCE_ZONE)  # fmt: skip
     provenance = replace(
         given,
         median_time_to_target_s=winner.median,

@@ -45,7 +45,6 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import (
-    INDIFFERENCE,
     Measured,
     candidates,
     compare_paired,
@@ -61,7 +60,7 @@ from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.study import SearchStudy
 from raybatch.run.untold import TellUntold
 from raybatch.space.config import carried_recipe
-from raybatch.status import evaluation_of, final_status
+from raybatch.status import INDIFFERENCE_ZONE, evaluation_of, final_status
 from raybatch.trial.settings import parts_of
 
 
@@ -87,7 +86,7 @@ class Race:
     """
 
     def __init__(self, rows: list[TrialRow], top: int, seeds: list[int], slack: float,
-                 zone: float = INDIFFERENCE - 1) -> None:  # fmt: skip
+                 zone: float = INDIFFERENCE_ZONE) -> None:  # fmt: skip
         self.rows = list(rows)
         self.entrants = candidates(rows, top)
         self.seeds = list(seeds)
@@ -271,7 +270,7 @@ def run_race(
     from ray import tune
 
     seeds = confirmation_seeds(options)
-    zone = INDIFFERENCE - 1 if options.zone is None else options.zone
+    zone = INDIFFERENCE_ZONE if options.zone is None else options.zone
     race = Race(rows, options.confirm_top, seeds, options.slack, zone)
     first = race.next_round()
     if first is None:  # decided already (or no seeds): no experiment at all
@@ -290,7 +289,7 @@ def run_race(
     if race_record is not None:
         race_record.start()
     penalty = parts_of(trainable).settings.penalty
-    at_once = min(2, options.max_concurrent or 2) if slots > 1 else 1
+    at_once = min(2, slots)  # the driver's slots already hold --max-concurrent
     searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, race_record, at_once)
     tuner = tune.Tuner(
         resourced,

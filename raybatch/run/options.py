@@ -7,7 +7,7 @@ from typing import Any
 
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.sizes import parse_size
-from raybatch.status import HANG_GRACE_S
+from raybatch.status import HANG_GRACE_S, INDIFFERENCE_ZONE
 
 GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
 
@@ -76,7 +76,7 @@ class SearchOptions:
     prescreen: bool = True
     capping: bool = True
     slack: float = 1.2
-    zone: float | None = 0.1
+    zone: float | None = INDIFFERENCE_ZONE
     prior: bool = True
     probe_margin: float = 0.2
     confirm_top: int = 2

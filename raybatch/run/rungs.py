@@ -28,8 +28,10 @@ import bisect
 import math
 from collections.abc import Iterable
 
+from raybatch.status import INDIFFERENCE_ZONE
+
 DEFAULT_ETA = 3.0
-DEFAULT_ZONE = 0.10
+DEFAULT_ZONE = INDIFFERENCE_ZONE
 RUNG_COUNT = 3
 """Rungs at ``B/eta^2 .. B``: with eta 3, B/9, B/3 and B. None at B/27: a recipe with a large
 LR starts slowly and catches up, and a rung that early stops recipes near the optimum

@@ -179,17 +179,12 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
 
-    @property
-    def horizon(self) -> float | None:
-        """``B``: the best estimate of the optimum's time to target, which the rungs are tied
-        to (the fastest time a trial reached the target in; before, :attr:`horizon_s`)."""
-        return self.best_time_to_target_s or self.horizon_s
-
     def rungs(self) -> list[float]:
-        """The rungs' training times now (none without a horizon or a zone): ``B/eta^3 .. B``
-        once a trial has reached the target; before, the guess is only a bound, so the rungs
-        go further down (:data:`~raybatch.run.rungs.GUESS_RUNG_COUNT`), and trials started
-        together are compared from their first evaluations on."""
+        """The rungs' training times now (none without a horizon or a zone): ``B/eta^2 .. B``
+        once a trial has reached the target (``B`` the fastest time to target); before, the
+        guess is only a bound, so the rungs go further down
+        (:data:`~raybatch.run.rungs.GUESS_RUNG_COUNT`), and trials started together are
+        compared from their first evaluations on."""
         if self.zone is None:
             return []
         if self.best_time_to_target_s is not None:

@@ -338,9 +338,6 @@ class TrialReporter:
             self.last_mark = self.next_mark
             self.next_mark += self.eval_every_samples
         self._time_mark_due = False
-        if self._time_marks:
-            trained = self.train_s
-            self._time_marks = [t for t in self._time_marks if t > trained]
         if self.target.reached(self.metric):
             self.elapsed_to_target_s = self.elapsed_s
             self.time_to_target_s = max(self.elapsed_to_target_s - self._eval_s, 0.0)
@@ -353,7 +350,8 @@ class TrialReporter:
             self._measure_at_target()
             self._emit()
             return True
-        self._check_budgets()
+        trained = self._check_budgets()  # the clock read once: the cap, and the marks passed
+        self._time_marks = [t for t in self._time_marks if t > trained]
         if not self.stopped:
             self._emit()
         return self.stopped
