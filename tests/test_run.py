@@ -157,7 +157,7 @@ def clocked_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> 
         "rules": {"lr": "linear", "weight_decay": "none"},
         "search": {"micro_batch_size": [16, 32, 64, 128, 256], "accumulation_steps": [1]},
     })  # fmt: skip
-    options = SearchOptions(trials=4, max_time_s=10.0, gpus_per_trial=0, confirm_seeds=0,
+    options = SearchOptions(trials=4, max_time_s=10.0, gpus_per_trial=0, confirm_seeds=1,
                             eval_every_samples=CLOCKED_EVAL_EVERY, seed=0, max_concurrent=1,
                             prior=False)  # fmt: skip
     run_dir = tmp_path_factory.mktemp("clocked")
@@ -177,6 +177,14 @@ def test_capping_stops_slow_trials_and_the_optimum_still_wins(clocked_run: Any) 
     optimum = min(CLOCKED_SECONDS, key=CLOCKED_SECONDS.get)
     assert clocked_run.best.config.micro_batch_size == optimum
     assert rows[0].micro_batch_size != optimum  # not won by the first trial
+    # Every other recipe is 3x the optimum's time or more: the search's runs decide, no race
+    # is run, and the closing notes say so (a lone recipe that reached is run once more).
+    reached = {r.micro_batch_size for r in rows if r.status == "reached"}
+    raced = [r for r in clocked_run.rows if r.phase == "confirmation"]
+    if len(reached) > 1:
+        assert raced == [] and any("no confirmation race" in n for n in clocked_run.notes)
+    else:
+        assert [r.micro_batch_size for r in raced] == [optimum]
 
 
 @pytest.mark.slow
