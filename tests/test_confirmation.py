@@ -417,3 +417,23 @@ def test_on_two_slots_a_round_runs_side_by_side_the_later_capped_at_the_first_to
                 searcher.on_trial_complete(name, result)
     a_row = next(r for r in searcher.rows if r.micro_batch_size == A[0])
     assert a_row.status is TrialStatus.CAPPED and 1.2 < (a_row.train_s or 0) <= 1.25
+
+
+def test_a_race_stopped_with_a_run_in_flight_or_a_round_undone_is_no_verdict() -> None:
+    """Ctrl-C stops the race's Tuner with its runs untold: ``decided`` says so (and run_race
+    raises SearchInterrupted instead of returning a verdict from half a race); the same race
+    run to its end is decided."""
+    race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2], slack=SLACK)
+    searcher = RaceSearcher(race, CappingScheduler(SLACK, zone=None), PENALTY)
+    assert not searcher.decided()  # nothing run yet: the first round is owed
+    assert isinstance(searcher.suggest("t0"), dict)
+    assert not searcher.decided()  # the leader's run in flight
+    searcher.on_trial_complete("t0", {keys.TRIAL_ID: "t0", keys.STATUS: "reached",
+                                      keys.TIME_TO_TARGET_S: 1.0, keys.TRAIN_S: 1.0})  # fmt: skip
+    assert not searcher.decided()  # the challenger of the round not run yet
+    config = searcher.suggest("t1")
+    assert isinstance(config, dict)
+    searcher.on_trial_complete("t1", {keys.TRIAL_ID: "t1", keys.STATUS: "reached",
+                                      keys.TIME_TO_TARGET_S: 1.1, keys.TRAIN_S: 1.1})  # fmt: skip
+    # Two pairs both won by A: the race is decided.
+    assert searcher.decided() and searcher.suggest("t2") == Searcher.FINISHED

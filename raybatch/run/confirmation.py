@@ -43,6 +43,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from raybatch import keys
+from raybatch.errors import SearchInterrupted
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import (
     Measured,
@@ -205,6 +206,17 @@ class RaceSearcher(Searcher):
         self._running.add(trial_id)
         return config
 
+    def decided(self) -> bool:
+        """Whether the race ran to its verdict: no run in flight or waiting, and the rounds it
+        ran leave nothing to run. A Tuner stopped by Ctrl-C leaves its runs in flight untold,
+        or a round undone: not a verdict."""
+        if self._running or self._queue:
+            return False
+        if self._in_round:
+            self.race.add(self._round)
+            self._round, self._in_round = [], False
+        return self.race.next_round() is None
+
     def save(self, checkpoint_path: str) -> None:
         """Nothing to keep: an interrupted race is run again whole on resume, its entrants
         chosen again from the search's rows (Ray Tune warns where a searcher has no save)."""
@@ -312,6 +324,11 @@ def run_race(
         ),
     )
     tuner.fit()
+    if not searcher.decided():
+        raise SearchInterrupted(
+            "the confirmation was interrupted before its verdict; the search's trials are"
+            f" saved: continue with `raybatch resume {path}` (the race runs again whole)"
+        )
     return searcher.rows
 
 
