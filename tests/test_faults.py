@@ -206,7 +206,8 @@ def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                signal.SIGINT)  # fmt: skip
     subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
     before = _hashes(original)
-    resumed = _cli("resume", str(copy), "--quiet", cwd=root)
+    # Named as a user in its folder names it: relative (Ray read that as a URI, and failed).
+    resumed = _cli("resume", copy.name, "--quiet", cwd=root)
     out, err = resumed.communicate(timeout=400)
     return {"original": original, "copy": copy, "before": before, "after": _hashes(original),
             "returncode": resumed.returncode, "out": out, "err": err}  # fmt: skip

@@ -115,7 +115,8 @@ def check_experiment(experiment: Path, run_dir: Path) -> None:
     from ray import tune
 
     where = f"tune/{experiment.name}"
-    if not tune.Tuner.can_restore(str(experiment)):
+    # Absolute: Ray reads a relative path as a URI without a scheme, and fails.
+    if not tune.Tuner.can_restore(str(experiment.resolve())):
         why = (
             "no Ray Tune experiment to resume: the search was stopped before its first trial;"
             " start it again in a new run directory"
