@@ -259,6 +259,13 @@ class RaceSearcher(Searcher):
             self.record.add(row, entrant, self._curves.pop(trial_id, {}))
 
 
+DECIDED_BY_THE_SEARCH = (
+    "no confirmation race was run: the search's runs already showed its best recipe ahead of the"
+    " next by more than the {zone:.0%} indifference zone; the winner stands on its search run"
+)
+"""The closing note of a race the search's own runs decided (:meth:`Race.next_round`)."""
+
+
 def run_race(
     path: Path,
     trainable: Callable[..., Any],
@@ -270,11 +277,15 @@ def run_race(
     progress: Any = None,
     record: SearchStudy | None = None,
     slots: int = 1,
+    notes: list[str] | None = None,
 ) -> list[TrialRow]:
     """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
     by :class:`RaceSearcher` in one Ray Tune experiment; the new rows. ``trainable``: the
     search's :func:`raybatch.trainable` (its settings give the time cap, the penalty and the
     target's direction), ``resourced``: the same with its resources, as Tune runs it.
+
+    ``notes`` (the search's closing notes) is told when the search's runs decided the race
+    without a round.
 
     Each run's config carries its recipe (:attr:`TrialRow.config`, the one the search
     measured), and its row carries it back: nothing is derived again here.
@@ -286,6 +297,8 @@ def run_race(
     race = Race(rows, options.confirm_top, seeds, options.slack, zone)
     first = race.next_round()
     if first is None:  # decided already (or no seeds): no experiment at all
+        if notes is not None and seeds and race.entrants:
+            notes.append(DECIDED_BY_THE_SEARCH.format(zone=zone))
         return []
     names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
     how = "side by side" if slots > 1 else "one run at a time"

@@ -92,7 +92,7 @@ from raybatch.run.untold import TellUntold
 from raybatch.space.config import carried_recipe
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
-from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, final_status
+from raybatch.status import TrialStatus, final_status
 from raybatch.timemodel.prediction import time_model_found, write_predictions
 from raybatch.trial.settings import parts_of
 from raybatch.trial.wrapper import trainable
@@ -410,17 +410,9 @@ def _execute(
     slots = 1 if plan.cuda else options.max_concurrent or plan.in_flight
     if options.confirms:
         spent = search_cost(rows, 1.0).device_s
-        raced = run_race(path, plan.trainable, plan.resourced, rows, options, verbose, plan.cuda,
-                         Progress("race run", None, spent), plan.searcher.record,
-                         slots)  # fmt: skip
-        zone = INDIFFERENCE_ZONE if options.zone is None else options.zone
-        if not raced and any(r.reached for r in rows):
-            notes.append(
-                "no confirmation race was run: the search's runs already showed its best recipe"
-                f" ahead of the next by more than the {zone:.0%} indifference zone;"
-                " the winner stands on its search run"
-            )
-        rows += raced
+        rows += run_race(path, plan.trainable, plan.resourced, rows, options, verbose, plan.cuda,
+                         Progress("race run", None, spent), plan.searcher.record, slots,
+                         notes)  # fmt: skip
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
     # points the verdict compares with.
