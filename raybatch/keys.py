@@ -71,6 +71,9 @@ TRAIN_S: Final = "train_s"
 """Training time so far: ``elapsed_s`` less ``eval_s``; the clock of the caps."""
 EVAL_S: Final = "eval_s"
 """Time spent evaluating so far (raybatch's measuring device, not the user's training)."""
+EVAL_WHOLE: Final = "eval_whole"
+"""Whether the last evaluation read the whole validation set (False: the fixed early subset,
+far from the target; :mod:`raybatch.trial.validation`)."""
 HEARTBEAT: Final = "heartbeat"
 """True on a report sent between evaluation marks (training time only, no new evaluation):
 the final cap may act on it, the levels of the metric are judged at evaluations only."""

@@ -32,12 +32,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raybatch import keys
 from raybatch.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.trial.ema import WeightAverage
 from raybatch.trial.reporting import TrialReporter
+from raybatch.trial.validation import EARLY_FRACTION, Validation, subset_of
 from raybatch.workload import Workload
 
 if TYPE_CHECKING:
@@ -57,6 +59,10 @@ class LoopOptions:
             see :func:`raybatch.batches.eval_batch_size`). Evaluation time is not in
             the objective, so this changes ``eval_s`` only, never a verdict.
         num_workers: ``DataLoader`` worker processes for the training data.
+        early_eval: The share of the validation set read by evaluations far from the target
+            (a fixed subset, the same in every trial; the whole set near the target and
+            whenever the target is reached: :mod:`raybatch.trial.validation`); 0 or 1 reads
+            the whole set at every evaluation.
         seed: Seed of model initialisation and data order.
         sync_batchnorm: Convert BatchNorm layers to SyncBatchNorm when data-parallel.
     """
@@ -65,6 +71,7 @@ class LoopOptions:
     ema_decay: float | None = None
     eval_batch_size: int | None = None
     num_workers: int = 0
+    early_eval: float = EARLY_FRACTION
     seed: int = 0
     sync_batchnorm: bool = False
 
@@ -206,19 +213,26 @@ def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
 def _evaluate(
     parts: _Parts,
     workload: Workload,
-    val_batches: Callable[[], Iterator[Any]],
+    validation: Validation,
     device: torch.device,
     reporter: TrialReporter,
 ) -> None:
-    """Evaluate at a mark (the EMA weights when kept), agreed across workers, and report."""
+    """Evaluate at a mark (the EMA weights when kept), agreed across workers, and report:
+    on the early subset or the whole set (:class:`Validation`; the workers agree, as they
+    decide on the same mean values)."""
     evaluated = parts.evaluated()
-    with reporter.evaluating():
-        evaluated.eval()
-        result = workload.evaluate(evaluated, val_batches())
-        parts.trained.train()
-        values = metric_values(result, workload.metrics)
+
+    def run(batches: Iterator[Any]) -> dict[str, float]:
+        values = metric_values(workload.evaluate(evaluated, batches), workload.metrics)
         if parts.dist is not None:
             values = dict(zip(values, parts.dist.mean(list(values.values()), device), strict=True))
+        return values
+
+    with reporter.evaluating():
+        evaluated.eval()
+        values, whole = validation.evaluate(run)
+        parts.trained.train()
+    reporter.note(keys.EVAL_WHOLE, whole)
     reporter.report(target_value(values, reporter.target.metric), values=values)
 
 
@@ -292,8 +306,14 @@ def train(
     it = _train_batches(workload, config, device, options, parts.dist)
     eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)
     # The validation set and its collate, read once: every evaluation iterates them afresh.
-    val_batches = functools.partial(eval_batches, workload.val_dataset(), eval_batch, device,
-                                    workload.eval_collate())  # fmt: skip
+    val_set, collate = workload.val_dataset(), workload.eval_collate()
+    early = subset_of(val_set, options.early_eval)
+    validation = Validation(
+        functools.partial(eval_batches, val_set, eval_batch, device, collate),
+        None if early is None else functools.partial(eval_batches, early, eval_batch, device,
+                                                     collate),
+        reporter.target,
+    )  # fmt: skip
     every_step = reads_loss_every_step(device, distributed)
     accumulation = config.accumulation_steps
     samples_per_step = config.micro_batch_size * accumulation * config.world_size
@@ -330,4 +350,4 @@ def train(
         if stopped:
             break
         if reporter.eval_due:
-            _evaluate(parts, workload, val_batches, device, reporter)
+            _evaluate(parts, workload, validation, device, reporter)

@@ -179,7 +179,9 @@ class TrialReporter:
         self.reports: int = 0
         self.error_traceback: str | None = None
         self.values: dict[str, float] = {}
-        self.notes: dict[str, Any] = {}
+        # A loop of the user's own evaluates what it evaluates; raybatch's reads an early
+        # subset far from the target and says so (raybatch.trial.validation).
+        self.notes: dict[str, Any] = {keys.EVAL_WHOLE: True}
         self.at_target: Callable[[], dict[str, Any]] | None = None
         """Run once the target is reached, before the final report, which carries what it
         returns (the search's time model); its time counts as evaluation, never in the
