@@ -284,8 +284,11 @@ def _ratio_text(compared: Comparison) -> str:
         return "is the winner itself"
     if ratio is None:
         return f"ended {compared.status} in the search"
-    if bound == "at_least":
+    if bound == "at_least" and ratio >= 1:
         return f"at least {ratio:.2f}x slower (stopped before the target)"
+    if bound == "at_least":  # stopped sooner than the winner reached: it proves no order
+        return (f"no comparison: stopped before the target after {ratio:.2f}x the winner's time,"
+                " which says neither slower nor faster")  # fmt: skip
     if bound == "paired":
         pairs = f"{compared.wins} of {compared.pairs} pairs won by the winner"
         if compared.within_noise:
@@ -294,6 +297,16 @@ def _ratio_text(compared: Comparison) -> str:
     if ratio >= 1:
         return f"{ratio:.2f}x slower"
     return f"{1 / ratio:.2f}x faster on the search's run (it lost the confirmation)"
+
+
+NOT_CONFIRMED = (
+    "Not confirmed on a fresh seed: the winner stands on its search run (the search's seed);"
+    " no confirmation ran, or the search's runs decided it."
+)
+
+
+def _same_recipe(a: Any, b: Any) -> bool:
+    return all(getattr(a, k) == getattr(b, k) for k in keys.RAW_KNOBS)
 
 
 def verdict(result: SearchResult, target: Target) -> str:
@@ -315,6 +328,9 @@ def verdict(result: SearchResult, target: Target) -> str:
         f" (lr {c.lr:.4g}) reaches {target} in {p.median_time_to_target_s or 0.0:.2f} s of"
         f" training (median; it reached the target in {len(runs)} of {len(runs)} runs)."
     ]
+    if not any(r.phase == keys.PHASE_CONFIRMATION and _same_recipe(r.config, c)
+               for r in result.rows):  # fmt: skip
+        lines.append(NOT_CONFIRMED)
     runner = p.runner_up
     if runner:
         knobs = runner.knobs

@@ -43,9 +43,10 @@ DIGITS = "raybatch.examples.digits:workload"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "runs.md"
 
 FAULTS: list[tuple[str, str, str]] = [
-    (  # tests/test_resume.py: test_killed_at_three_points_loses_and_repeats_nothing
-        "the driver stopped (Ctrl-C) or killed (SIGKILL) mid-search or while confirming",
-        "`raybatch resume` continues; Ctrl-C exits 130 saying how",
+    (  # tests/test_resume.py: test_killed_at_three_points_loses_and_repeats_nothing; SIGTERM:
+        # copied_run below
+        "the driver stopped (Ctrl-C, SIGTERM) or killed (SIGKILL) mid-search or while confirming",
+        "`raybatch resume` continues; Ctrl-C and SIGTERM exit 130 saying how",
         "every finished trial, never run twice",
     ),
     (  # tests/test_resume.py: test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore
@@ -194,8 +195,9 @@ def test_a_lock_left_by_a_killed_driver_is_taken_over_and_said(tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A small search interrupted (Ctrl-C) after its first trial, copied with ``cp -a``; the
-    copy resumed to its end. The original's files are hashed before and after."""
+    """A small search stopped by SIGTERM (as Slurm or Kubernetes stop a job: taken as Ctrl-C)
+    after its first trial, copied with ``cp -a``; the copy resumed to its end. The original's
+    files are hashed before and after."""
     root = tmp_path_factory.mktemp("copied")
     original, copy = root / "r1", root / "r2"
     search = _cli("search", DIGITS, "--target", "0.9", "--trials", "3", "--run-dir",
@@ -203,7 +205,7 @@ def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                   "--confirm-seeds", "0", "--no-prior", "--quiet",
                   start_new_session=True)  # fmt: skip
     _kill_when(search, lambda: _told(original) >= 1, random.Random(1), original, set(),
-               signal.SIGINT)  # fmt: skip
+               signal.SIGTERM)  # fmt: skip
     subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
     before = _hashes(original)
     # Named as a user in its folder names it: relative (Ray read that as a URI, and failed).

@@ -10,7 +10,7 @@ import pytest
 
 import raybatch
 from raybatch.provenance import Provenance
-from raybatch.report import verdict
+from raybatch.report import NOT_CONFIRMED, verdict
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
@@ -59,6 +59,19 @@ def test_a_largest_batch_stopped_before_the_target_is_stated_as_a_bound() -> Non
     assert "at its best swept LR, 256 x 1 at 2x the rule's LR (lr 0.2): 1.60x slower" in text
     assert "at the rule's LR, 256 x 1 at 1x the rule's LR (lr 0.1): at least 2.50x slower" in text
     assert "reached the target in 2 of 2 runs" in text and "lr 0.05" in text
+
+
+def test_a_largest_batch_stopped_sooner_than_the_winner_reached_is_not_called_slower() -> None:
+    rows = [*_race(None), _row((256, 1, 1.0), "search", None, 0, TrialStatus.CAPPED, 0.26)]
+    text = verdict(_result(rows), raybatch.Target(0.97))
+    assert "at the rule's LR, 256 x 1 at 1x the rule's LR (lr 0.1): no comparison: stopped" in text
+    assert "0.52x slower" not in text  # a bound below 1 proves no order
+
+
+def test_a_winner_no_fresh_seed_ran_is_flagged_as_unconfirmed() -> None:
+    searched = [_row(WINNER, "search", 0.5, 0), _row(RUNNER, "search", 0.7, 0)]
+    assert NOT_CONFIRMED in verdict(_result(searched), raybatch.Target(0.97))
+    assert NOT_CONFIRMED not in verdict(_result(_race(0.6)), raybatch.Target(0.97))
 
 
 def test_a_runner_up_inside_the_indifference_zone_is_called_within_noise() -> None:

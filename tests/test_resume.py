@@ -65,8 +65,8 @@ def _kill_when(
     how: signal.Signals = signal.SIGKILL,
 ) -> None:
     """Stop the driver a random moment after ``ready()`` holds: SIGKILL its whole process
-    group (its local Ray too), or SIGINT to the driver alone (Ctrl-C: it must stop cleanly,
-    exit 130 and say how to continue).
+    group (its local Ray too), or SIGINT or SIGTERM to the driver alone (Ctrl-C, or a
+    scheduler's stop: it must stop cleanly, exit 130 and say how to continue).
 
     ``finished`` collects every trial seen finished on the way: a read right after the kill
     may meet a state file the kill cut short.
@@ -82,10 +82,11 @@ def _kill_when(
         )
     time.sleep(rng.uniform(0.0, 0.5))
     finished |= _finished_ids(run_dir)
-    if how == signal.SIGINT:
-        driver.send_signal(signal.SIGINT)
+    if how in (signal.SIGINT, signal.SIGTERM):  # SIGTERM: how Slurm and Kubernetes stop a job
+        driver.send_signal(how)
         _, err = driver.communicate(timeout=120)
         assert driver.returncode == 130, err[-2000:]
+        assert "SIGTERM received" not in err  # Ray's C++ stack dump and abort (exit 134)
         assert f"continue with `raybatch resume {run_dir}`" in err
         assert "Tuner.restore(" not in err  # one way to continue, raybatch's
     else:

@@ -9,7 +9,9 @@ the Ray Client port of ``ray://``) with a short timeout.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 
 from raybatch.errors import ClusterUnreachableError, first_line
 
@@ -66,10 +68,15 @@ def init_ray(address: str | None) -> bool:
     # machine; RAY_ADDRESS, Ray's own way to name a cluster, is honoured.
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     check_address(address)
+    before = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except ConnectionError as exc:
         raise ClusterUnreachableError(
             f"no Ray cluster answers at {address}: {first_line(exc)}"
         ) from None
+    if callable(before) and threading.current_thread() is threading.main_thread():
+        # Ray's core worker answers SIGTERM with a C++ stack dump and an abort; a handler the
+        # driver's Python had (raybatch.run.signals: taken as Ctrl-C) stays.
+        signal.signal(signal.SIGTERM, before)
     return True

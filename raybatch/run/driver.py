@@ -80,6 +80,7 @@ from raybatch.run.seeding import (
     opening_points,
     reference_point,
 )
+from raybatch.run.signals import sigterm_as_interrupt
 from raybatch.run.study import SearchStudy, check_study_file
 from raybatch.run.tune_state import (
     CUT_FOLDER,
@@ -144,7 +145,7 @@ def search(
                 [Issue(RUN_FILE, "exists: another search started in this directory")], str(path)
             )
         write_run_files(path, ref, space, target, options)
-        with printed(verbose >= 1), ray_quiet(verbose < 1):
+        with printed(verbose >= 1), ray_quiet(verbose < 1), sigterm_as_interrupt():
             return _execute(path, workload, space, target, options, resume=False,
                             verbose=verbose)  # fmt: skip
 
@@ -169,7 +170,7 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
         check_experiment(path / "tune" / "search", path)
         workload = load_workload(ref)
         notes = [lock.taken_over] if lock.taken_over else []
-        with printed(verbose >= 1), ray_quiet(verbose < 1):
+        with printed(verbose >= 1), ray_quiet(verbose < 1), sigterm_as_interrupt():
             return _execute(path, workload, space, target, options, resume=True,
                             verbose=verbose, notes=notes)  # fmt: skip
 
