@@ -475,12 +475,12 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
     """Every strategy's confirmation: the shipped :class:`~raybatch.run.confirmation.Race` over
     its trials' rows, run by the shipped :class:`~raybatch.run.confirmation.RaceSearcher` (its
     runs in order) with the shipped :class:`CappingScheduler` capping each challenger at its
-    leader's time (its ``cap_s`` once the leader ended), and the shipped selection. Returns the
-    pick and what the confirmation runs held their devices for."""
+    leader's time on the same seed (its ``race_cap_s`` once the leader ended), and the shipped
+    selection. Returns the pick and what the confirmation runs held their devices for."""
     rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
     race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK)
     scheduler = CappingScheduler(SLACK, zone=None)
-    searcher = RaceSearcher(race, scheduler, penalty=penalty(member.max_time_s))  # PAR-10
+    searcher = RaceSearcher(race, penalty=penalty(member.max_time_s))  # PAR-10
     cost = 0.0
     for n in itertools.count():
         config = searcher.suggest(f"c{n}")
@@ -488,12 +488,12 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
             break
         knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                  config[keys.LR_MULTIPLIER])  # fmt: skip
-        ran = _outcome(member, knobs, rng, cap_s=scheduler.cap_s)
+        ran = _outcome(member, knobs, rng, cap_s=scheduler.race_cap_s(config[keys.SEED]))
         cost += ran["cost"]
         result = {keys.TRIAL_ID: f"c{n}", keys.STATUS: _ROW_STATUS[ran["status"]].value,
                   keys.TIME_TO_TARGET_S: ran["time"], keys.TRAIN_S: ran["train"],
                   keys.HELD_S: ran["cost"]}  # fmt: skip
-        scheduler.on_trial_complete(None, SimpleNamespace(trial_id=f"c{n}"), result)
+        scheduler.on_trial_complete(None, SimpleNamespace(trial_id=f"c{n}", config=config), result)
         searcher.on_trial_complete(f"c{n}", result)
     winner = select_winner(race.rows, confirmed=True)
     if winner is None:

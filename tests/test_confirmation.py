@@ -54,10 +54,12 @@ def _knobs(row: TrialRow) -> tuple[int, int, float]:
 
 
 class _Trial:
-    """What the scheduler reads of a Tune trial: its id."""
+    """What the scheduler reads of a Tune trial: its id and config (a race run's carries its
+    seed: the cap is the first run on that seed to reach)."""
 
-    def __init__(self, trial_id: str) -> None:
+    def __init__(self, trial_id: str, config: dict[str, Any] | None = None) -> None:
         self.trial_id = trial_id
+        self.config = config or {}
 
 
 def _run(scheduler: CappingScheduler, trial: _Trial, time_s: float | None,
@@ -94,14 +96,14 @@ def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None
     """Run the race as the driver does: the shipped :class:`RaceSearcher` suggests each run in
     order and the shipped :class:`CappingScheduler` caps it; the rounds, as (seed, recipes)."""
     scheduler = CappingScheduler(SLACK, zone=None)
-    searcher = RaceSearcher(race, scheduler, PENALTY, record=record)
+    searcher = RaceSearcher(race, PENALTY, record=record)
     for n in itertools.count():
         config = searcher.suggest(f"t{n}")
         if config == Searcher.FINISHED:
             break
         assert isinstance(config, dict)
         assert searcher.suggest("next") is None  # one run at a time: the cap needs the leader
-        trial = _Trial(f"t{n}")
+        trial = _Trial(f"t{n}", config)
         knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                  config[keys.LR_MULTIPLIER])  # fmt: skip
         result = _run(scheduler, trial, times[knobs][config[keys.SEED]], searcher)
@@ -158,7 +160,7 @@ def test_each_race_run_is_a_trial_of_the_study_beside_the_search_s(tmp_path: Any
         record.launched(trial, row.config.to_dict(), row.trial_id)
         record.finish(trial.number, TrialStatus.REACHED, row.time_to_target_s or 0, 0.0, None)
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
-    race_record = RaceRecord(record)  # as run_race builds it
+    race_record = RaceRecord(record)  # as SearchThenRace builds it
     race_record.start()
     assert _play(race, {A: {1: 1.0}, B: {1: 1.6}}, race_record) == [(1, [A, B])]
     runs = optuna.load_study(study_name="raybatch-confirmation", storage=url).trials
@@ -372,8 +374,7 @@ def test_a_run_tune_errors_without_telling_the_searcher_does_not_stall_the_race(
     from raybatch.run.untold import TellUntold
 
     race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2], slack=SLACK)
-    scheduler = CappingScheduler(SLACK, zone=None)
-    searcher = RaceSearcher(race, scheduler, PENALTY)
+    searcher = RaceSearcher(race, PENALTY)
     assert isinstance(searcher.suggest("t0"), dict)
     assert searcher.suggest("t1") is None  # waiting on t0, which Tune errored silently
     watch = TellUntold(searcher)
@@ -389,7 +390,7 @@ def test_on_two_slots_a_round_runs_side_by_side_the_later_capped_at_the_first_to
     stopped there; the next round waits for both runs of this one."""
     race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2, 3], slack=SLACK)
     scheduler = CappingScheduler(SLACK, zone=None)
-    searcher = RaceSearcher(race, scheduler, PENALTY, at_once=2)
+    searcher = RaceSearcher(race, PENALTY, at_once=2)
     first, second = searcher.suggest("a"), searcher.suggest("b")
     assert isinstance(first, dict) and isinstance(second, dict)
     assert {first[keys.SEED], second[keys.SEED]} == {1} and searcher.suggest("c") is None
@@ -409,22 +410,23 @@ def test_on_two_slots_a_round_runs_side_by_side_the_later_capped_at_the_first_to
                       keys.STATUS: "reached" if reached else "running",
                       keys.TIME_TO_TARGET_S: time_s if reached else None,
                       keys.OBJECTIVE: time_s if reached else None}  # fmt: skip
-            stop = scheduler.on_trial_result(None, _Trial(name), result) == TrialScheduler.STOP
+            trial = _Trial(name, first if name == "a" else second)
+            stop = scheduler.on_trial_result(None, trial, result) == TrialScheduler.STOP
             if reached or stop:
                 result = {**result, keys.OBJECTIVE: result[keys.OBJECTIVE] or PENALTY}
                 ended[name] = result
-                scheduler.on_trial_complete(None, _Trial(name), result)
+                scheduler.on_trial_complete(None, trial, result)
                 searcher.on_trial_complete(name, result)
     a_row = next(r for r in searcher.rows if r.micro_batch_size == A[0])
     assert a_row.status is TrialStatus.CAPPED and 1.2 < (a_row.train_s or 0) <= 1.25
 
 
 def test_a_race_stopped_with_a_run_in_flight_or_a_round_undone_is_no_verdict() -> None:
-    """Ctrl-C stops the race's Tuner with its runs untold: ``decided`` says so (and run_race
+    """Ctrl-C stops the Tuner with the race's runs untold: ``decided`` says so (and the driver
     raises SearchInterrupted instead of returning a verdict from half a race); the same race
     run to its end is decided."""
     race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2], slack=SLACK)
-    searcher = RaceSearcher(race, CappingScheduler(SLACK, zone=None), PENALTY)
+    searcher = RaceSearcher(race, PENALTY)
     assert not searcher.decided()  # nothing run yet: the first round is owed
     assert isinstance(searcher.suggest("t0"), dict)
     assert not searcher.decided()  # the leader's run in flight

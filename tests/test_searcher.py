@@ -162,7 +162,7 @@ def test_suggestions_over_the_budget_are_told_infeasible_and_never_launched(
 def test_prescreened_rows_carry_the_recipes_the_searcher_derived_not_derived_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from raybatch.run.driver import _prescreened_rows
+    from raybatch.run.phases import prescreened_rows
 
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     searcher = _searcher(tmp_path, budget=estimator.predict(SPACE.derive(64, 4)))
@@ -175,7 +175,7 @@ def test_prescreened_rows_carry_the_recipes_the_searcher_derived_not_derived_aga
         raise AssertionError("a pre-screened recipe was derived a second time")
 
     monkeypatch.setattr(SearchSpace, "derive", derived_again)
-    rows = _prescreened_rows(searcher.record)  # read back from the study, as after a resume
+    rows = prescreened_rows(searcher.record)  # read back from the study, as after a resume
     assert rows and [r.config for r in rows] == expected
     assert all(r.status is TrialStatus.PRESCREENED_OUT and r.reason for r in rows)
 
@@ -635,9 +635,9 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     assert refused and all(p.params[keys.MICRO_BATCH_SIZE] == 256 for p in refused)
     assert all(p.recipe is None for p in refused)  # the rules refused it: no recipe
     # The run's rows at the end leave them out (no recipe to show), instead of failing there.
-    from raybatch.run.driver import _prescreened_rows
+    from raybatch.run.phases import prescreened_rows
 
-    assert all(r.micro_batch_size != 256 for r in _prescreened_rows(searcher.record))
+    assert all(r.micro_batch_size != 256 for r in prescreened_rows(searcher.record))
 
 
 @pytest.mark.usefixtures("ray_session")

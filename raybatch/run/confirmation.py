@@ -27,23 +27,20 @@ their search runs, as bounds where they were stopped before the target
 
 :class:`Race` holds the decisions and nothing else, so the simulated benchmark drives the same
 object as the search (``bench/search_efficiency.py``); :class:`RaceSearcher` runs its rounds
-as Ray Tune trials, the whole race in one experiment (one process, reused). On GPUs every
-confirmation run holds a whole GPU (``alone``): a measurement.
+as Ray Tune trials, inside the search's own experiment once its trials have ended
+(:class:`~raybatch.run.phases.SearchThenRace`: the search's processes, already warm, run the
+race too). On GPUs every confirmation run holds a whole GPU (``alone``): a measurement.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import SearchInterrupted
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import (
     Measured,
@@ -54,15 +51,9 @@ from raybatch.results.selection import (
     same_knobs,
 )
 from raybatch.run.options import SearchOptions
-from raybatch.run.progress import log, recipe
 from raybatch.run.race_record import RaceRecord
-from raybatch.run.resources import REUSE_ACTORS
-from raybatch.run.scheduler import CappingScheduler
-from raybatch.run.study import SearchStudy
-from raybatch.run.untold import TellUntold
 from raybatch.space.config import carried_recipe
-from raybatch.status import INDIFFERENCE_ZONE, evaluation_of, final_status
-from raybatch.trial.settings import parts_of
+from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, evaluation_of, final_status
 
 
 @dataclass(frozen=True)
@@ -138,19 +129,17 @@ class Race:
 
 
 class RaceSearcher(Searcher):
-    """Ray Tune's view of a :class:`Race`: its rounds' runs suggested in order, all in one
-    Tuner, so that its processes (Tune's ``reuse_actors``) run the whole race instead of a cold
-    one per round.
+    """Ray Tune's view of a :class:`Race`: its rounds' runs suggested in order.
 
     With ``at_once`` 1 a round's leader runs first and its challenger is suggested only once
-    the leader's run ended; with 2 both run side by side. The scheduler forgets the previous
-    round's times at each new round, so the later run is capped at ``slack`` x the first to
-    reach *on the same seed*; the next round starts once both runs of this one ended. The
-    race's rows are built as each run ends (:attr:`rows`): the next round depends on them.
+    the leader's run ended; with 2 both run side by side. Each run's config carries its seed
+    and candidate, and the scheduler caps a run at ``slack`` x the first run *on the same seed*
+    to reach (:meth:`~raybatch.run.scheduler.CappingScheduler.race_cap_s`); the next round
+    starts once both runs of this one ended. The race's rows are built as each run ends
+    (:attr:`rows`): the next round depends on them.
 
     Args:
         race: The decisions.
-        scheduler: The race's capping scheduler (final level only).
         penalty: The objective of a run that did not reach the target.
         whole_gpus: Each run holds a whole GPU (``alone``): a measurement.
         record: Where each run is recorded as it ends, beside the search's study
@@ -161,12 +150,10 @@ class RaceSearcher(Searcher):
             clock); with one, the leader first.
     """
 
-    def __init__(self, race: Race, scheduler: CappingScheduler, penalty: float,
-                 whole_gpus: bool = False, record: RaceRecord | None = None,
-                 at_once: int = 1) -> None:  # fmt: skip
+    def __init__(self, race: Race, penalty: float, whole_gpus: bool = False,
+                 record: RaceRecord | None = None, at_once: int = 1) -> None:  # fmt: skip
         super().__init__(metric=keys.OBJECTIVE, mode="min")
         self.race = race
-        self.scheduler = scheduler
         self.penalty = penalty
         self.whole_gpus = whole_gpus
         self.record = record
@@ -193,7 +180,6 @@ class RaceSearcher(Searcher):
             round_ = self.race.next_round()
             if round_ is None:
                 return Searcher.FINISHED
-            self.scheduler.forget_incumbent()  # capped against this seed's leader, no other
             self._queue = [
                 ({**e.config.to_dict(), keys.CANDIDATE: i, keys.SEED: round_.seed}, e.trial_id)
                 for i, e in enumerate(round_.entrants)
@@ -217,13 +203,6 @@ class RaceSearcher(Searcher):
             self._round, self._in_round = [], False
         return self.race.next_round() is None
 
-    def save(self, checkpoint_path: str) -> None:
-        """Nothing to keep: an interrupted race is run again whole on resume, its entrants
-        chosen again from the search's rows (Ray Tune warns where a searcher has no save)."""
-
-    def restore(self, checkpoint_path: str) -> None:
-        """See :meth:`save`."""
-
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         """An evaluation of a run: its curve, for the run's record in the study."""
         evaluation = evaluation_of(result)
@@ -242,11 +221,8 @@ class RaceSearcher(Searcher):
             self.on_trial_result(trial_id, result)  # the last evaluation, if Tune sent it here
         metrics = dict(result or {})
         status, _ = final_status(metrics, error, self.penalty)
-        if not error and metrics.get(keys.TRIAL_ID) in self.scheduler.capped:
-            metrics[keys.REASON] = (
-                f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: slower on this"
-                f" seed than {self.scheduler.slack} x the time of the first to reach"
-            )
+        if status is TrialStatus.CAPPED:
+            metrics[keys.REASON] = capped_reason(metrics.get(keys.TRAIN_S), self.race.slack)
         recipe = carried_recipe(config, "a confirmation run's Tune config")
         row = TrialRow.from_result(
             recipe, keys.PHASE_CONFIRMATION, str(metrics.get(keys.TRIAL_ID, trial_id)), status,
@@ -259,90 +235,18 @@ class RaceSearcher(Searcher):
             self.record.add(row, entrant, self._curves.pop(trial_id, {}))
 
 
+def capped_reason(train_s: float | None, slack: float) -> str:
+    """Why a confirmation run was stopped: the scheduler's cap on its seed
+    (:meth:`~raybatch.run.scheduler.CappingScheduler.race_cap_s`)."""
+    return (f"capped at {train_s or 0:.3f} s of training: slower on this seed than {slack} x"
+            " the time of the first to reach")  # fmt: skip
+
+
 DECIDED_BY_THE_SEARCH = (
     "no confirmation race was run: the search's runs already showed its best recipe ahead of the"
     " next by more than the {zone:.0%} indifference zone; the winner stands on its search run"
 )
 """The closing note of a race the search's own runs decided (:meth:`Race.next_round`)."""
-
-
-def run_race(
-    path: Path,
-    trainable: Callable[..., Any],
-    resourced: Any,
-    rows: list[TrialRow],
-    options: SearchOptions,
-    verbose: int,
-    whole_gpus: bool = False,
-    progress: Any = None,
-    record: SearchStudy | None = None,
-    slots: int = 1,
-    notes: list[str] | None = None,
-) -> list[TrialRow]:
-    """The confirmation of a finished search: :class:`Race`'s rounds until it is decided, run
-    by :class:`RaceSearcher` in one Ray Tune experiment; the new rows. ``trainable``: the
-    search's :func:`raybatch.trainable` (its settings give the time cap, the penalty and the
-    target's direction), ``resourced``: the same with its resources, as Tune runs it.
-
-    ``notes`` (the search's closing notes) is told when the search's runs decided the race
-    without a round.
-
-    Each run's config carries its recipe (:attr:`TrialRow.config`, the one the search
-    measured), and its row carries it back: nothing is derived again here.
-    """
-    from ray import tune
-
-    seeds = confirmation_seeds(options)
-    zone = INDIFFERENCE_ZONE if options.zone is None else options.zone
-    race = Race(rows, options.confirm_top, seeds, options.slack, zone)
-    first = race.next_round()
-    if first is None:  # decided already (or no seeds): no experiment at all
-        if notes is not None and seeds and race.entrants:
-            notes.append(DECIDED_BY_THE_SEARCH.format(zone=zone))
-        return []
-    names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
-    how = "side by side" if slots > 1 else "one run at a time"
-    log.info(f"confirming: {names} on up to {len(seeds)} fresh seed(s), {how}")
-    scheduler = CappingScheduler.for_trainable(
-        trainable,
-        options.hang_grace_s,
-        slack=options.slack,
-        enabled=options.capping,
-        zone=None,  # a confirmation run is judged at the target, not along the way
-    )
-    race_record = None if record is None else RaceRecord(record)
-    if race_record is not None:
-        race_record.start()
-    penalty = parts_of(trainable).settings.penalty
-    at_once = min(2, slots)  # the driver's slots already hold --max-concurrent
-    searcher = RaceSearcher(race, scheduler, penalty, whole_gpus, race_record, at_once)
-    tuner = tune.Tuner(
-        resourced,
-        tune_config=tune.TuneConfig(
-            search_alg=searcher,
-            scheduler=scheduler,
-            num_samples=2 * len(seeds),  # at most two runs a round; the searcher ends sooner
-            max_concurrent_trials=at_once,
-            reuse_actors=REUSE_ACTORS,
-        ),
-        run_config=tune.RunConfig(
-            storage_path=str((path / "tune").resolve()),
-            name=f"confirm-{time.strftime('%Y%m%d-%H%M%S')}",
-            verbose=min(verbose, 1),
-            # A run whose worker or node died (not the recipe's fault) runs again, as in the
-            # search: a lost node must not knock a recipe out of the race.
-            failure_config=tune.FailureConfig(max_failures=options.max_failures),
-            # A run Tune errors silently must not stall the race; a line for each run.
-            callbacks=[TellUntold(searcher), *([progress] if progress is not None else [])],
-        ),
-    )
-    tuner.fit()
-    if not searcher.decided():
-        raise SearchInterrupted(
-            "the confirmation was interrupted before its verdict; the search's trials are"
-            f" saved: continue with `raybatch resume {path}` (the race runs again whole)"
-        )
-    return searcher.rows
 
 
 def _time_of(row: TrialRow) -> float:

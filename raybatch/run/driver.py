@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raybatch import keys
 from raybatch.errors import (
     Issue,
     NothingFitsError,
@@ -40,22 +39,21 @@ from raybatch.memory.estimator import MemoryEstimator
 from raybatch.metric import Target, resolve_target
 from raybatch.provenance import Provenance
 from raybatch.report import write_report
-from raybatch.results.cost import search_cost
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import (
     TRIALS_CSV,
-    TrialRow,
     write_trials_csv,
 )
 from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
-from raybatch.run.confirmation import run_race
+from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.gates import for_settings
 from raybatch.run.gpu_budget import search_budget
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
+from raybatch.run.phases import SearchThenRace, prescreened_rows, search_rows
 from raybatch.run.plan import Plan
 from raybatch.run.progress import Progress, printed, ray_quiet
 from raybatch.run.progress import log as progress
@@ -90,10 +88,8 @@ from raybatch.run.tune_state import (
     set_aside_cut_sessions,
 )
 from raybatch.run.untold import TellUntold
-from raybatch.space.config import carried_recipe
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
-from raybatch.status import TrialStatus, final_status
 from raybatch.timemodel.prediction import time_model_found, write_predictions
 from raybatch.trial.settings import parts_of
 from raybatch.trial.wrapper import trainable
@@ -228,6 +224,7 @@ class _Plan:
     resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
     notes: list[str] = field(default_factory=list)
     in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
+    tuned: Any = None  # what Tune holds: the search, then the race (SearchThenRace)
 
 
 def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
@@ -319,27 +316,30 @@ def _search_tuner(
         )
         # Tune restores the searcher and callbacks pickled when the search started, with the
         # paths of that run directory: pointed here, a copied or moved run resumes into itself.
-        searcher, run_config = restored_parts(tuner)
+        tuned, run_config = restored_parts(tuner)
+        searcher = tuned.search if isinstance(tuned, SearchThenRace) else tuned
         if not isinstance(searcher, RaybatchSearcher):
             why = "holds no raybatch searcher: this is not a raybatch search's experiment"
             raise RunDirError([Issue(f"tune/search/{TUNER_FILE}", why)], str(path))
         check_format(getattr(searcher, "run_format", None), str(path / "tune/search" / TUNER_FILE))
         searcher.record.relocate(_study_url(path))
-        plan.searcher = searcher  # the one that runs: what it learnt is read after the search
+        plan.searcher, plan.tuned = searcher, tuned  # those that run: read after the search
         run_config.callbacks = [
             watch if isinstance(c, FailFast) else c
             for c in run_config.callbacks or []
             if not isinstance(c, TellUntold | Progress)
-        ] + [TellUntold(searcher), _progress(options)]  # the restored searcher
+        ] + [TellUntold(tuned), _progress(options)]  # the restored searcher
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         return tuner
+    # The race runs in this Tuner once the search's trials ended, on their warm processes.
+    plan.tuned = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight)
     return tune.Tuner(
         plan.resourced,
         tune_config=tune.TuneConfig(
-            search_alg=plan.searcher,
+            search_alg=plan.tuned,
             scheduler=scheduler,
-            num_samples=options.trials,
+            num_samples=options.trials + 2 * len(plan.tuned.seeds),  # two runs a race round
             max_concurrent_trials=options.max_concurrent or plan.in_flight,
             reuse_actors=REUSE_ACTORS,
         ),
@@ -348,7 +348,7 @@ def _search_tuner(
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             verbose=verbose,
-            callbacks=[watch, TellUntold(plan.searcher), _progress(options)],
+            callbacks=[watch, TellUntold(plan.tuned), _progress(options)],
             stop=watch,
         ),
     )
@@ -388,32 +388,31 @@ def _execute(
         notes.append(f"saving Ray Tune's experiment state failed {diverted.tune_state_errors}"
                      f" time(s) (tracebacks in {path / LOG_FILE}); resume may repeat the trials"
                      " that finished since the last save")  # fmt: skip
-    finished = results.num_terminated + results.num_errors
+    phases = plan.tuned
     gave_up = plan.searcher.record.gave_up_reason()
     if gave_up is not None:
-        notes.append(f"the searcher stopped after {finished} trial(s): {gave_up}")
-    elif finished < options.trials:
+        notes.append(f"the searcher stopped after {len(phases.ended)} trial(s): {gave_up}")
+    elif not phases.search_ended:
         raise SearchInterrupted(
-            f"search interrupted after {finished} of {options.trials} trials; the state is saved:"
-            f" continue with `raybatch resume {path}`"
+            f"search interrupted after {len(phases.ended)} of {options.trials} trials; the state"
+            f" is saved: continue with `raybatch resume {path}`"
+        )
+    if not phases.decided():
+        raise SearchInterrupted(
+            "the confirmation was interrupted before its verdict; the search's trials and the"
+            f" race's finished runs are saved: continue with `raybatch resume {path}`"
         )
     # A resumed search's scheduler is Tune's restored copy: its rung stops are not seen here.
-    rows = _search_rows(results, plan.searcher.penalty, options.seed, scheduler)
+    rows = search_rows(results, plan.searcher.penalty, options.seed, scheduler)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
-    rows += _prescreened_rows(plan.searcher.record)
+    rows += prescreened_rows(plan.searcher.record) + phases.race_rows
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-    # Side by side on CPU slots as the search ran; on GPUs one run at a time, each on a whole
-    # GPU (the search's slots may have been shares of one).
-    slots = 1 if plan.cuda else options.max_concurrent or plan.in_flight
-    if options.confirms:
-        spent = search_cost(rows, 1.0).device_s
-        rows += run_race(path, plan.trainable, plan.resourced, rows, options, verbose, plan.cuda,
-                         Progress("race run", None, spent), plan.searcher.record, slots,
-                         notes)  # fmt: skip
+    if phases.decided_by_the_search:
+        notes.append(DECIDED_BY_THE_SEARCH.format(zone=phases.zone))
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the
     # points the verdict compares with.
@@ -433,61 +432,6 @@ def _execute(
     result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes)
     write_report(result, space, target, plan.estimator, plan.budget)
     return result
-
-
-def _search_rows(results: Any, penalty: float, seed: int, scheduler: CappingScheduler
-                 ) -> list[TrialRow]:  # fmt: skip
-    """The search trials' rows, each with the recipe its config carries: the searcher's,
-    derived once where the knobs were chosen (and checked against them at the trial's door),
-    and the seed every search trial trains on (the confirmation's first pair)."""
-    rows = []
-    for result in results:
-        metrics = dict(result.metrics or {})
-        status, value = final_status(metrics, result.error is not None, penalty)
-        if status is TrialStatus.CAPPED:
-            tune_id = str(metrics.get(keys.TRIAL_ID))
-            rung = scheduler.capped_at_rung.get(tune_id)
-            zone = scheduler.rung_zones.get(tune_id, scheduler.zone or 0.0)
-            why = (
-                f"at the rung of {rung:.3f} s, more than {1 + zone:.2g}x slower to its level than"
-                f" the best curve and outside the top 1/{scheduler.eta:g} there"
-                if rung is not None
-                else "slower than the best time to target x slack"
-            )
-            metrics[keys.REASON] = (
-                f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: {why}"
-            )
-        if result.error is not None:
-            metrics[keys.REASON] = f"{type(result.error).__name__}: {result.error}"
-        metrics[keys.OBJECTIVE] = value
-        recipe = carried_recipe(result.config, "a search trial's Tune config")
-        trial_id = str(metrics.get(keys.TRIAL_ID, ""))
-        rows.append(TrialRow.from_result(
-            recipe, keys.PHASE_SEARCH, trial_id, status, metrics, seed=seed
-        ))  # fmt: skip
-    return rows
-
-
-def _prescreened_rows(record: SearchStudy) -> list[TrialRow]:
-    """Pre-screened-out configs with the recipes the searcher derived, read back from the
-    study (so they survive a resume). A combination the space's rules refused has no recipe to
-    show: it is left out of the rows (the study keeps it, with its reason)."""
-    rows = []
-    for p in record.prescreened():
-        recipe = p.recipe
-        if recipe is None:
-            continue
-        rows.append(
-            TrialRow.of(
-                recipe,
-                keys.PHASE_PRESCREEN,
-                f"optuna_{p.number}",
-                TrialStatus.PRESCREENED_OUT,
-                reason=p.reason,
-                peak_memory_bytes=p.predicted_bytes,
-            )
-        )
-    return rows
 
 
 __all__ = ["analyze_run", "rebuild_report", "resume", "search", "stored_result"]

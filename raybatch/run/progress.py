@@ -107,14 +107,18 @@ class Progress(Callback):
         """The line for ``trial``'s end, among ``trials``."""
         # Tune calls back before it marks the trial itself terminated: it counts as done.
         done = [t for t in trials if t.status in ("TERMINATED", "ERROR") or t is trial]
+        # The race runs in the search's Tuner: its runs are counted apart, as "race run"s.
+        racing = _racing(trial)
+        counted = [t for t in done if _racing(t) == racing]
+        phase, total = ("race run", None) if racing else (self.phase, self.total)
         result = trial.last_result or {}
         status = result.get(keys.STATUS, "error")
         if status == "running":  # its last report came before the scheduler stopped it
             status = "capped"
         reached = result.get(keys.TIME_TO_TARGET_S)
         what = f"{status} in {reached:.2f} s" if status == "reached" and reached else status
-        of = f" of {self.total}" if self.total else ""
-        text = f"{self.phase} {len(done)}{of}: {recipe(trial.config)}: {what}"
+        of = f" of {total}" if total else ""
+        text = f"{phase} {len(counted)}{of}: {recipe(trial.config)}: {what}"
         times = [(t.last_result.get(keys.TIME_TO_TARGET_S), t) for t in done
                  if (t.last_result or {}).get(keys.STATUS) == "reached"]  # fmt: skip
         times = [(s, t) for s, t in times if s]
@@ -124,6 +128,11 @@ class Progress(Callback):
         held = self.extra_s + sum(_device_s(t) for t in done)
         return (f"{text} | best so far {recipe(best.config)}, {best_s:.2f} s | spent so far"
                 f" {held / best_s:.1f} trainings of it")  # fmt: skip
+
+
+def _racing(trial: Any) -> bool:
+    """Whether a Tune trial is a confirmation run (its config carries its race candidate)."""
+    return keys.CANDIDATE in (trial.config or {})
 
 
 def _device_s(trial: Any) -> float:

@@ -48,9 +48,8 @@ class RaceRecord:
         return {**self.__dict__, "_study": None}
 
     def start(self) -> None:
-        """A race starts: the study holds its runs only. A race interrupted and run again on
-        resume leaves none of its runs there (they are not in the record: ``trials.csv`` has
-        the race that finished)."""
+        """A race starts: the study beside holds its runs only (a race interrupted in a run
+        resumed is continued, its runs kept: this is called once per race)."""
         import optuna
 
         self._study = None

@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,14 @@ from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
 
 DEFAULT_SLACK = 1.2
+
+
+def race_seed(config: dict[str, Any] | None) -> int | None:
+    """The seed of a confirmation run's Tune config (it carries its candidate and seed:
+    :class:`~raybatch.run.confirmation.RaceSearcher`); ``None`` for a search trial."""
+    if not config or keys.CANDIDATE not in config or config.get(keys.SEED) is None:
+        return None
+    return int(config[keys.SEED])
 
 
 class CappingScheduler(FIFOScheduler):
@@ -111,6 +120,8 @@ class CappingScheduler(FIFOScheduler):
         self.rung_zones: dict[str, float] = {}
         """Tune trial -> the zone of the rung it was stopped at (hedged: wider early)."""
         self._trajectories: dict[str, Trajectory] = {}
+        self.race_best_s: dict[int, float] = {}
+        """Confirmation seed -> the first (fastest) time to target of a run on it."""
 
     @classmethod
     def for_trainable(
@@ -136,11 +147,11 @@ class CappingScheduler(FIFOScheduler):
         kwargs.setdefault("horizon_s", max_time_s / kwargs.get("eta", DEFAULT_ETA))
         return cls(**kwargs)
 
-    def forget_incumbent(self) -> None:
-        """Start afresh: no best time, no curves. The confirmation's race caps each round's
-        challenger against that round's leader, on the same seed, never an earlier round's."""
-        self.best_time_to_target_s = None
-        self._trajectories.clear()
+    def race_cap_s(self, seed: int) -> float | None:
+        """The training time past which a confirmation run on ``seed`` is stopped: ``slack`` x
+        the first run on that seed to reach (None before one has)."""
+        best = self.race_best_s.get(seed)
+        return None if best is None else self.slack * best
 
     @property
     def cap_s(self) -> float | None:
@@ -156,6 +167,9 @@ class CappingScheduler(FIFOScheduler):
             # Its clock runs at the pace its neighbours leave it: neither capped nor an
             # incumbent (only times measured alone are compared; its own time cap still holds).
             return TrialScheduler.CONTINUE
+        seed = race_seed(getattr(trial, "config", None))
+        if seed is not None:
+            return self._race_result(trial.trial_id, seed, result)
         trajectory = self._follow(trial.trial_id, result)
         if result.get(keys.STATUS) == TrialStatus.REACHED.value:
             self._record(result.get(keys.TIME_TO_TARGET_S))
@@ -178,6 +192,23 @@ class CappingScheduler(FIFOScheduler):
             self.capped_at_rung[trial.trial_id] = rung
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
+
+    def _race_result(self, trial_id: str, seed: int, result: dict[str, Any]) -> str:
+        """A confirmation run: never judged at a rung (it is judged at the target), stopped
+        past ``slack`` x the first run on its seed to reach; it never moves the search's B."""
+        if result.get(keys.STATUS) == TrialStatus.REACHED.value:
+            self._record_race(seed, result.get(keys.TIME_TO_TARGET_S))
+            return TrialScheduler.CONTINUE
+        cap, trained = self.race_cap_s(seed), result.get(keys.TRAIN_S)
+        running = result.get(keys.STATUS) == TrialStatus.RUNNING.value
+        if self.enabled and running and cap is not None and trained is not None and trained > cap:
+            self.capped[trial_id] = float(trained)
+            return TrialScheduler.STOP
+        return TrialScheduler.CONTINUE
+
+    def _record_race(self, seed: int, time_to_target_s: float | None) -> None:
+        if time_to_target_s is not None:
+            self.race_best_s[seed] = min(self.race_best_s.get(seed, math.inf), time_to_target_s)
 
     def rungs(self) -> list[float]:
         """The rungs' training times now (none without a horizon or a zone): ``B/eta^2 .. B``
@@ -254,7 +285,12 @@ class CappingScheduler(FIFOScheduler):
         # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
-        if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
+        if not result or result.get(keys.STATUS) != TrialStatus.REACHED.value:
+            return
+        seed = race_seed(getattr(trial, "config", None))
+        if seed is not None:
+            self._record_race(seed, result.get(keys.TIME_TO_TARGET_S))
+        else:
             self._record(result.get(keys.TIME_TO_TARGET_S))
 
     def _record(self, time_to_target_s: float | None) -> None:

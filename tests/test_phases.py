@@ -1,0 +1,121 @@
+"""The search, then its race, suggested to one Tuner (raybatch/run/phases.py): the race waits for
+every search trial, runs on the same slots, is skipped where the search's runs decided it, and
+resumes from its checkpoint where it stood. Built as the driver builds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.tune.search import Searcher
+
+import raybatch
+from raybatch import keys
+from raybatch.run.options import SearchOptions
+from raybatch.run.phases import SearchThenRace
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+
+
+def _phases(tmp_path: Path, trials: int = 3, **kw: Any) -> SearchThenRace:
+    """The driver's own plan and searcher, wrapped as the driver wraps them."""
+    from raybatch.examples.digits import workload
+    from raybatch.metric import resolve_target
+    from raybatch.run.driver import _plan
+
+    options = SearchOptions(trials=trials, prior=False, max_concurrent=2, **kw)
+    target = resolve_target("accuracy>=0.9", workload.metrics)
+    plan = _plan(tmp_path, workload, SPACE, target, options)
+    return SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight)
+
+
+def _ended(phases: SearchThenRace, trial_id: str, time_s: float | None) -> None:
+    """A run ends: reached in ``time_s`` of training, or capped before the target."""
+    result = {keys.TRIAL_ID: trial_id, keys.STATUS: "reached" if time_s else "running",
+              keys.TIME_TO_TARGET_S: time_s, keys.TRAIN_S: time_s or 0.5, keys.HELD_S: 1.0,
+              keys.OBJECTIVE: time_s}  # fmt: skip
+    phases.on_trial_complete(trial_id, result)
+
+
+def _search(phases: SearchThenRace, times: list[float | None]) -> list[dict[str, Any]]:
+    configs = []
+    for i, _ in enumerate(times):
+        config = phases.suggest(f"s{i}")
+        assert isinstance(config, dict) and keys.CANDIDATE not in config
+        configs.append(config)
+    return configs
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_race_waits_for_every_search_trial_then_runs_side_by_side_on_fresh_seeds(
+    tmp_path: Path,
+) -> None:
+    phases = _phases(tmp_path, zone=100.0)  # every pair inside the zone: a race
+    _search(phases, [1.0, 1.05, None])
+    _ended(phases, "s0", 1.0)
+    _ended(phases, "s1", 1.05)
+    assert phases.suggest("r0") is None  # s2 still runs: the entrants are chosen from all
+    _ended(phases, "s2", None)
+    first, second = phases.suggest("r0"), phases.suggest("r1")
+    assert isinstance(first, dict) and isinstance(second, dict)
+    assert {first[keys.SEED], second[keys.SEED]} == {1} and {
+        first[keys.CANDIDATE],
+        second[keys.CANDIDATE],
+    } == {0, 1}
+    assert phases.suggest("r2") is None and not phases.decided()
+    _ended(phases, "r0", 1.1)
+    _ended(phases, "r1", 1.0)
+    assert phases.suggest("r2") == Searcher.FINISHED and phases.decided()
+    assert [r.phase for r in phases.race_rows] == [keys.PHASE_CONFIRMATION] * 2
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_lead_beyond_the_zone_in_the_search_runs_no_race_and_says_so(tmp_path: Path) -> None:
+    phases = _phases(tmp_path)
+    _search(phases, [1.0, 1.5, None])
+    for trial_id, time_s in (("s0", 1.0), ("s1", 1.5), ("s2", None)):
+        _ended(phases, trial_id, time_s)
+    assert phases.suggest("r0") == Searcher.FINISHED
+    assert phases.decided() and phases.decided_by_the_search and phases.race_rows == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_race_interrupted_resumes_with_its_ended_run_kept_and_its_run_in_flight_known(
+    tmp_path: Path,
+) -> None:
+    """Tune pickles the searcher it was given and restores its checkpoint into that copy: the
+    race goes on where it stood (one run ended, one in flight, which Tune runs again under
+    its own trial id), and nothing is run twice."""
+    import pickle
+
+    phases = _phases(tmp_path, zone=100.0)
+    pristine = pickle.dumps(phases)  # what Tune pickled when the search started
+    _search(phases, [1.0, 1.05])
+    for trial_id, time_s in (("s0", 1.0), ("s1", 1.05), ("s2", None)):
+        if trial_id == "s2":
+            assert isinstance(phases.suggest(trial_id), dict)
+        _ended(phases, trial_id, time_s)
+    assert isinstance(phases.suggest("r0"), dict) and isinstance(phases.suggest("r1"), dict)
+    _ended(phases, "r0", 1.1)
+    phases.save(str(tmp_path / "searcher.pkl"))
+
+    restored: SearchThenRace = pickle.loads(pristine)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert restored.search_ended and len(restored.race_rows) == 1 and not restored.decided()
+    assert restored.suggest("r2") is None  # r1 is in flight: no third run
+    _ended(restored, "r1", 1.0)
+    assert restored.suggest("r2") == Searcher.FINISHED and restored.decided()
+    assert len(restored.race_rows) == 2
+    assert restored.race is not None and restored.race.record is not None
+    assert restored.race.record.record is restored.search.record  # one study, relocatable
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_no_confirmation_ends_with_the_search(tmp_path: Path) -> None:
+    phases = _phases(tmp_path, confirm_seeds=0)
+    _search(phases, [1.0, 1.05, None])
+    for trial_id, time_s in (("s0", 1.0), ("s1", 1.05), ("s2", None)):
+        _ended(phases, trial_id, time_s)
+    assert phases.suggest("r0") == Searcher.FINISHED and phases.decided()
+    assert not phases.decided_by_the_search
