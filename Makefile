@@ -39,9 +39,10 @@ lint: $(STAMP)
 
 # Two processes, a test file each at a time (--dist loadfile): most of the suite waits on Ray and
 # on subprocesses, so two cores finish it in a little over half the time of one. Every test
-# process starts a Ray of its own (address="local"), so the two never share one.
+# process starts a Ray of its own (address="local"), so the two never share one. The 20 slowest
+# tests are listed at the end: where the suite's minutes go, on every run.
 test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=20
 
 bench: $(STAMP)
 	$(BIN)/python bench/search_efficiency.py

@@ -143,6 +143,9 @@ def _search_curves(run_dir: Path) -> list[dict[str, Any]]:
 
     curves = []
     for path in sorted((run_dir / "tune" / "search").glob("*/result.json")):
+        params = path.parent / "params.json"
+        if params.is_file() and keys.CANDIDATE in json.loads(params.read_text()):
+            continue  # a race run, in the search's Tuner since it runs on its slots
         reports = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         points = [[r[keys.TRAIN_S], r[keys.METRIC]] for r in reports
                   if not r.get(keys.HEARTBEAT) and r.get(keys.METRIC) is not None]  # fmt: skip

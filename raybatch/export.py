@@ -21,6 +21,8 @@ still the measured one.
 
 from __future__ import annotations
 
+import csv
+import math
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from raybatch import keys
 from raybatch.errors import (
     ConfigError,
     Issue,
@@ -386,7 +389,62 @@ def load_best(path: str | Path) -> BestConfig:
         provenance = Provenance.from_dict(data.get("provenance") or {}, str(path))
     except ConfigError as exc:
         raise RunDirError(exc.issues, str(path)) from None
+    edited = _edited(config, path.parent)
+    if edited:
+        raise RunDirError(edited, str(path))
     return BestConfig(config, provenance, str(path))
+
+
+EDITED = (
+    "edited by hand: not the recipe the search measured; to train another recipe, derive it"
+    " (raybatch space SPACE --batch ...), and to export the measured one, choose it again from"
+    " trials.csv (raybatch.analyze_run)"
+)
+
+
+def _edited(config: TrialConfig, run_dir: Path) -> list[Issue]:
+    """What in a run's best config no run measured: a value the run's space does not derive
+    for its knobs, or knobs no run in ``trials.csv`` reached the target with. Empty outside a
+    run directory (no ``space.yaml`` beside it: nothing to check against)."""
+    # The run's space (pydantic) is read only where a run directory is exported.
+    from raybatch.space.search_space import SearchSpace
+
+    space_file = run_dir / "space.yaml"
+    if not space_file.is_file():
+        return []
+    knobs = (config.micro_batch_size, config.accumulation_steps, config.world_size,
+             config.lr_multiplier, config.weight_decay_multiplier)  # fmt: skip
+    try:
+        derived = SearchSpace.from_yaml(space_file).derive(*knobs).to_dict()
+    except (ConfigError, OSError) as exc:
+        return [Issue("config", f"the run's space derives no recipe from these knobs ({exc})")]
+    issues = []
+    for key, want in derived.items():
+        got = config.to_dict().get(key)
+        same = got == want or (isinstance(got, float | int) and isinstance(want, float | int)
+                               and math.isclose(got, want, rel_tol=1e-6))  # fmt: skip
+        if not same:
+            issues.append(Issue(f"config.{key}", f"{got!r}, where the run's space derives"
+                                f" {want!r} for its knobs: {EDITED}"))  # fmt: skip
+    trials = run_dir / "trials.csv"
+    if issues or not trials.is_file():
+        return issues
+    with trials.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    names = (keys.MICRO_BATCH_SIZE, keys.ACCUMULATION_STEPS, keys.WORLD_SIZE, keys.LR_MULTIPLIER,
+             keys.WEIGHT_DECAY_MULTIPLIER)  # fmt: skip
+    if not any(r.get(keys.STATUS) == "reached" and _same_knobs(r, names, knobs) for r in rows):
+        why = f"no run in trials.csv reached the target with these knobs: {EDITED}"
+        return [Issue("config", why)]
+    return []
+
+
+def _same_knobs(row: Mapping[str, str], names: tuple[str, ...], knobs: tuple[Any, ...]) -> bool:
+    try:
+        return all(abs(float(row[n]) - float(k)) <= 1e-9 * max(1.0, abs(float(k)))
+                   for n, k in zip(names, knobs, strict=True))  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _damaged(why: object) -> str:

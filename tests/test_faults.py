@@ -89,6 +89,22 @@ FAULTS: list[tuple[str, str, str]] = [
         "resume refused, exit 2, naming optuna.db",
         "tune/search/ (Ray Tune's results)",
     ),
+    (  # test_a_report_that_cannot_be_written_is_one_line_naming_the_file
+        "report.html cannot be written (a full disk, a read-only folder)",
+        "one line naming the file and the cause, exit 74; a search still says its verdict,"
+        " with a note",
+        "trials.csv and best_config.yaml: `raybatch report` writes it again",
+    ),
+    (
+        "optuna.db deleted after trials started",
+        "resume refused in seconds, exit 2, naming optuna.db",
+        "tune/search/ (Ray Tune's results)",
+    ),
+    (  # test_a_deleted_tune_folder_is_named_with_the_trials_that_ran
+        "tune/ deleted after trials ran",
+        "resume refused, exit 2, naming tune/search and how many trials optuna.db holds",
+        "optuna.db",
+    ),
     (
         "tune/search/tuner.pkl damaged",
         "resume refused, exit 2, naming the file",
@@ -103,6 +119,17 @@ FAULTS: list[tuple[str, str, str]] = [
         "trials.csv damaged",
         "`report` refused, exit 2, naming trials.csv; delete it and resume to write it again",
         "optuna.db, tune/, best_config.yaml",
+    ),
+    (  # test_a_trials_csv_cut_short_is_refused_not_reported_with_another_winner
+        "trials.csv cut short (rows missing)",
+        "`report` and `analyze_run` refused, exit 2: fewer runs than optuna.db recorded; delete"
+        " it and resume to write it again",
+        "optuna.db, tune/ (the race's runs too), best_config.yaml",
+    ),
+    (  # test_a_hand_edited_best_config_is_refused_as_not_measured
+        "best_config.yaml edited by hand (a value, or the knobs)",
+        "`export` refused, exit 2, naming the field and what the run's space derives",
+        "trials.csv: the measured winner is chosen again from it (`raybatch.analyze_run`)",
     ),
     (
         "best_config.yaml damaged",
@@ -245,6 +272,58 @@ def test_resume_of_a_finished_run_changes_nothing(copied_run: dict[str, Any]) ->
     assert _hashes(copy) == before
 
 
+@pytest.mark.slow
+def test_a_trials_csv_cut_short_is_refused_not_reported_with_another_winner(
+    copied_run: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(copied_run["copy"], run)  # finished
+    lines = (run / "trials.csv").read_text().splitlines(keepends=True)
+    (run / "trials.csv").write_text("".join(lines[:-1]))  # its last row lost
+    proc = run_cli("report", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert re.match(rf"raybatch: error: {re.escape(str(run))}: trials.csv: holds \d+ run\(s\)"
+                    r" where optuna.db recorded \d+", proc.stderr)  # fmt: skip
+    assert "`raybatch resume` writes it again" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(
+    copied_run: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(copied_run["copy"], run)
+    (run / "report.html").unlink()
+    (run / "report.html").mkdir()  # what cannot be written there, as a full disk cannot
+    proc = run_cli("report", str(run))
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"raybatch: error: {run / 'report.html'}: Is a directory")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert (run / "trials.csv").is_file() and (run / "best_config.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_a_workload_file_moved_since_the_search_started_is_named_as_run_jsons(
+    copied_run: dict[str, Any], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(copied_run["original"], run)  # interrupted: resumable
+    stored = json.loads((run / "run.json").read_text())
+    stored["workload"] = f"{tmp_path / 'moved' / 'job.py'}:workload"
+    (run / "run.json").write_text(json.dumps(stored))
+    proc = run_cli("resume", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"raybatch: error: {run}: run.json: workload: ")
+    assert "as stored here" in proc.stderr
+
+
 # ------------------------------------------------------------------ a failed search
 
 
@@ -321,6 +400,31 @@ def test_a_damaged_optuna_db_is_named_before_resume_starts_anything(tmp_path: Pa
     assert proc.stderr.startswith(f"raybatch: error: {run}: optuna.db: damaged")
 
 
+@pytest.mark.slow
+def test_a_deleted_tune_folder_is_named_with_the_trials_that_ran(
+    copied_run: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(copied_run["original"], run)  # interrupted after its first trial
+    shutil.rmtree(run / "tune")
+    proc = run_cli("resume", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"raybatch: error: {run}: tune/search: missing: Ray Tune's")
+    assert "before its first trial" not in proc.stderr  # one had run: optuna.db says so
+
+
+def test_an_optuna_db_deleted_after_trials_started_is_named_in_seconds(tmp_path: Path) -> None:
+    run = _hand_written_run(tmp_path / "run")
+    (run / "tune" / "search" / "raybatch_digits_00000_0").mkdir(parents=True)  # a trial's folder
+    proc = run_cli("resume", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(
+        f"raybatch: error: {run}: optuna.db: missing, though 1 trial(s) started"
+    )
+
+
 def test_a_damaged_tuner_pickle_is_named(tmp_path: Path) -> None:
     run = _hand_written_run(tmp_path / "run")
     experiment = run / "tune" / "search"
@@ -369,6 +473,33 @@ def test_a_damaged_best_config_is_named(tmp_path: Path, how: str) -> None:
     proc = run_cli("export", str(run))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "best_config.yaml" in proc.stderr
+
+
+def test_a_hand_edited_best_config_is_refused_as_not_measured(tmp_path: Path) -> None:
+    """``lr: 0.5`` where the run's space derives 0.1, or knobs no run reached with: export
+    would pass either off as the measured recipe."""
+    import yaml
+
+    from raybatch.export import BestConfig, write_best
+
+    measured = SPACE.derive(64, 1)
+    reached = TrialRow.of(measured, keys.PHASE_SEARCH, "t0", TrialStatus.REACHED,
+                          time_to_target_s=1.0)  # fmt: skip
+    run = _hand_written_run(tmp_path / "run", [reached])
+    write_best(run, BestConfig(measured, {"trial_id": "t0"}))
+    assert load_best(run).config == measured  # as written: the measured recipe
+    written = yaml.safe_load((run / "best_config.yaml").read_text())
+    for edit, why in (
+        ({keys.LR: 0.5}, "config.lr: 0.5, where the run's space derives"),
+        (SPACE.derive(128, 1).to_dict(), "config: no run in trials.csv reached"),
+    ):
+        (run / "best_config.yaml").write_text(yaml.safe_dump(
+            {**written, "config": {**written["config"], **edit}}))  # fmt: skip
+        with pytest.raises(RunDirError, match=re.escape(why)):
+            load_best(run)
+        proc = run_cli("export", str(run))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "edited by hand: not the recipe the search measured" in proc.stderr
 
 
 def test_export_errors_name_the_command_line(tmp_path: Path) -> None:

@@ -40,7 +40,21 @@ def test_a_finished_trial_line_gives_the_best_so_far_and_the_cost_in_trainings_o
     assert progress.line([fast, faster], faster).endswith(
         "reached in 1.00 s | best so far 256 x 1 at 2x, 1.00 s | spent so far 9.0 trainings of it"
     )  # the trial that just ended is the best so far, its own seconds counted: (2 + 5 + 2) / 1
-    assert progress.line([running], running).endswith(": error")  # nothing reached: no cost
+    # Ray errored it with no report: where to look; nothing reached: no cost
+    assert progress.line([running], running).endswith(": error (traceback in search.log)")
+    broken = _trial("error", 64, None, 1.0)
+    broken.last_result[keys.REASON] = "ValueError: bad logits in evaluate()\n  more"
+    assert progress.line([broken], broken).endswith(
+        ": error: ValueError: bad logits in evaluate() (traceback in search.log)"
+    )
+
+
+def test_race_runs_in_the_search_s_tuner_are_counted_apart_as_race_runs() -> None:
+    progress = Progress("trial", total=2)
+    searched = [_trial("reached", 128, 2.0, 5.0), _trial("running", 256, None, 1.0)]
+    run = _trial("reached", 128, 1.5, 3.0, **{keys.CANDIDATE: 0, keys.SEED: 1})
+    assert progress.line([*searched, run], run).startswith("race run 1: 128 x 1 at 2x: reached")
+    assert progress.line([*searched, run], searched[1]).startswith("trial 2 of 2: ")
 
 
 def test_the_lines_print_on_stderr_unless_the_caller_configured_the_logger(
@@ -64,3 +78,17 @@ def test_the_lines_print_on_stderr_unless_the_caller_configured_the_logger(
         log.removeHandler(handler)
         log.setLevel(logging.NOTSET)
     assert mine == ["to the caller's handler"] and capsys.readouterr().err == ""
+
+
+def test_what_a_search_spent_so_far_is_slots_x_wall_clock_as_the_closing_lines_say() -> None:
+    progress = Progress("trial", total=12)
+    first = _trial("reached", 128, 2.0, 5.0, **{})
+    first.last_result[keys.STARTED_AT] = 100.0
+    second = _trial("capped", 256, None, 3.0)
+    second.last_result[keys.STARTED_AT] = 101.0  # beside the first: two slots busy
+    third = _trial("capped", 64, None, 1.0)
+    third.last_result[keys.STARTED_AT] = 105.0  # after both: the wall clock runs to 106
+    assert progress.spent_s([first, second, third]) == 2 * 6.0
+    assert progress.line([first, second, third], third).endswith(
+        "spent so far 6.0 trainings of it"
+    )  # 2 slots x 6 s over the best so far, 2 s

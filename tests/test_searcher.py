@@ -20,7 +20,7 @@ from raybatch.run.gates import LearnedOutOfMemory, for_settings, gate_of, search
 from raybatch.run.plan import Plan
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
-from raybatch.run.study import STATUS_ATTR, SearchStudy, status_of
+from raybatch.run.study import REASON_ATTR, STATUS_ATTR, SearchStudy, status_of
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
@@ -879,3 +879,15 @@ def test_the_plans_checkpoint_holds_exactly_its_declared_keys(tmp_path: Path) ->
 
     searcher = _searcher(tmp_path)
     assert set(searcher.plan.state()) == set(CHECKPOINTED)
+
+
+def test_points_queued_for_tpe_that_never_ran_are_closed_with_a_reason(tmp_path: Path) -> None:
+    """The opening's and the ladder's points are queued in the study; those a search ended
+    before running would stay WAITING for ever (ghosts in optuna-dashboard)."""
+    record = SearchStudy(f"sqlite:///{tmp_path / 'optuna.db'}", "raybatch")
+    record.study.enqueue_trial({keys.MICRO_BATCH_SIZE: 64})
+    record.study.enqueue_trial({keys.MICRO_BATCH_SIZE: 128})
+    assert record.close_unrun() == 2
+    trials = record.study.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
+    assert all(t.user_attrs[REASON_ATTR].startswith("not run:") for t in trials)

@@ -61,6 +61,7 @@ from raybatch.workload import load_workload
 EXIT_NO_RECIPE = 1  # the search ran and no recipe reached the target
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+EXIT_IO_ERROR = 74  # sysexits' EX_IOERR: a file could not be written or read (a full disk)
 
 app = typer.Typer(
     name="raybatch",
@@ -83,6 +84,11 @@ def _user_errors() -> Iterator[None]:
         for line in str(exc).splitlines():
             typer.echo(f"raybatch: error: {line}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except OSError as exc:  # a full disk, a read-only folder: the file and the cause
+        where = f"{exc.filename}: " if exc.filename else ""
+        kept = "what was written before is kept; once the cause is gone, run the command again"
+        typer.echo(f"raybatch: error: {where}{exc.strerror or exc} ({kept})", err=True)
+        raise typer.Exit(EXIT_IO_ERROR) from None
 
 
 @app.command("spaces")
@@ -252,7 +258,7 @@ def search_command(
         ),
     ] = 300.0,
     gpu_model: GpuModelOpt = None,
-    quiet: cli_args.QuietOpt = False,
+    verbose: cli_args.VerboseOpt = False,
 ) -> None:
     """Search the recipe that reaches the target fastest; writes a run directory."""
     # The search's machinery (Ray, Optuna, PyTorch: seconds) loads only when a search runs.
@@ -286,8 +292,9 @@ def search_command(
         parsed_target = resolve_target(target, loaded.metrics, CLI)
         chosen = load_space(space or loaded.space or "generic_adamw")
         directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        with printed(True):  # the progress lines stay under --quiet; only Ray's table goes
-            result = search(loaded, chosen, parsed_target, directory, options, workload, 1 - quiet)
+        with printed(True):  # raybatch's lines always; Ray's table with --verbose
+            result = search(loaded, chosen, parsed_target, directory, options, workload,
+                            2 if verbose else 1)  # fmt: skip
     cli_format.print_summary(result, parsed_target)
     _fail_without_recipe(result, parsed_target)
 
@@ -323,7 +330,7 @@ def init_workload_command(
 @app.command("resume")
 def resume_command(
     run_dir: Annotated[str, typer.Argument(help="The run directory of an interrupted search.")],
-    quiet: cli_args.QuietOpt = False,
+    verbose: cli_args.VerboseOpt = False,
 ) -> None:
     """Continue an interrupted search; completed trials are kept, never re-run. A finished
     run is left alone (its result is printed again); to search again, start a new search."""
@@ -334,7 +341,7 @@ def resume_command(
     with _user_errors():
         target = read_run(run_dir).target
         with printed(True):
-            result = resume(run_dir, 1 - quiet)
+            result = resume(run_dir, 2 if verbose else 1)
     cli_format.print_summary(result, target)
     _fail_without_recipe(result, target)
 

@@ -30,9 +30,11 @@ GpusOpt = Annotated[
 GpuModelOpt = Annotated[
     str | None, typer.Option("--gpu-model", help="On a cluster of mixed GPUs: this model only.")
 ]
-QuietOpt = Annotated[
-    bool, typer.Option("--quiet", help="No Ray Tune table (raybatch's own lines stay).")
-]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose/--quiet",
+                 help="Ray Tune's live table and its lines too (default: raybatch's own lines)."),
+]  # fmt: skip
 
 
 EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."

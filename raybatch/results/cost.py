@@ -11,6 +11,9 @@ slots for about 7.7x the seconds they trained).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from raybatch import keys
 from raybatch.provenance import SearchCost
 from raybatch.results.rows import TrialRow
@@ -57,7 +60,17 @@ def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None) -
     return SearchCost(device, train, unit_s, len(ran), wall, slots, slot_startups(ran, slots))
 
 
-def slots_used(rows: list[TrialRow]) -> int:
+class Span(Protocol):
+    """When a run began to hold its device and for how long (a row, or a run still in Tune)."""
+
+    @property
+    def started_at(self) -> float | None: ...
+
+    @property
+    def held_s(self) -> float | None: ...
+
+
+def slots_used(rows: Sequence[Span]) -> int:
     """The most runs that held their devices at the same time (a data-parallel run is one):
     the slots the search kept busy, read from when each run started and how long it held."""
     events = sorted(
@@ -73,7 +86,7 @@ def slots_used(rows: list[TrialRow]) -> int:
     return max(most, 1)
 
 
-def wall_clock(rows: list[TrialRow]) -> float | None:
+def wall_clock(rows: Sequence[Span]) -> float | None:
     """Seconds from the first run's start to the last one's end, of the runs that say when they
     started (``None`` where none does: rows written before that was recorded)."""
     spans = [(r.started_at, r.started_at + (r.held_s or 0.0)) for r in rows
@@ -91,6 +104,7 @@ def slot_startups(rows: list[TrialRow], slots: int) -> float:
 
 
 __all__ = [
+    "Span",
     "device_seconds",
     "held_seconds",
     "search_cost",

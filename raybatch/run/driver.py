@@ -32,6 +32,7 @@ from raybatch.errors import (
     RunDirError,
     SearchInterrupted,
     TrialsFailedError,
+    WorkloadError,
 )
 from raybatch.export import write_best
 from raybatch.keys import KnobPoint
@@ -78,7 +79,7 @@ from raybatch.run.seeding import (
     opening_points,
     reference_point,
 )
-from raybatch.run.signals import sigterm_as_interrupt
+from raybatch.run.signals import interruptible
 from raybatch.run.study import SearchStudy, check_study_file
 from raybatch.run.tune_state import (
     CUT_FOLDER,
@@ -121,7 +122,8 @@ def search(
         run_dir: Where the run lives (created).
         options: See :class:`SearchOptions`.
         workload_ref: How to import the workload again (``path.py:NAME``) for ``resume``.
-        verbose: Ray Tune's verbosity (1: the live progress table).
+        verbose: 0: silent; 1: raybatch's progress lines (the default); 2: Ray Tune's live
+            table and lines too.
     """
     options, target = options or SearchOptions(), resolve_target(target, workload.metrics)
     space = space if isinstance(space, SearchSpace) else load_space(space)
@@ -141,7 +143,7 @@ def search(
                 [Issue(RUN_FILE, "exists: another search started in this directory")], str(path)
             )
         write_run_files(path, ref, space, target, options)
-        with printed(verbose >= 1), ray_quiet(verbose < 1), sigterm_as_interrupt():
+        with printed(verbose >= 1), ray_quiet(verbose < 2), interruptible(path):
             return _execute(path, workload, space, target, options, resume=False,
                             verbose=verbose)  # fmt: skip
 
@@ -164,9 +166,13 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
             return _finished(path)
         check_study_file(path / OPTUNA_DB, path)
         check_experiment(path / "tune" / "search", path)
-        workload = load_workload(ref)
+        try:
+            workload = load_workload(ref)
+        except WorkloadError as exc:  # its file moved since, or its module is gone
+            why = f"{exc} (the workload the search started with, as stored here)"
+            raise RunDirError([Issue(f"{RUN_FILE}: workload", why)], str(path)) from None
         notes = [lock.taken_over] if lock.taken_over else []
-        with printed(verbose >= 1), ray_quiet(verbose < 1), sigterm_as_interrupt():
+        with printed(verbose >= 1), ray_quiet(verbose < 2), interruptible(path):
             return _execute(path, workload, space, target, options, resume=True,
                             verbose=verbose, notes=notes)  # fmt: skip
 
@@ -331,6 +337,7 @@ def _search_tuner(
         ] + [TellUntold(tuned), _progress(options)]  # the restored searcher
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
+        run_config.verbose = max(0, verbose - 1)  # this session's, not the first one's
         return tuner
     # The race runs in this Tuner once the search's trials ended, on their warm processes.
     plan.tuned = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight)
@@ -347,7 +354,7 @@ def _search_tuner(
             storage_path=str(experiment.parent),
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
-            verbose=verbose,
+            verbose=max(0, verbose - 1),  # Tune's table at 2 (--verbose) only
             callbacks=[watch, TellUntold(plan.tuned), _progress(options)],
             stop=watch,
         ),
@@ -389,19 +396,7 @@ def _execute(
                      f" time(s) (tracebacks in {path / LOG_FILE}); resume may repeat the trials"
                      " that finished since the last save")  # fmt: skip
     phases = plan.tuned
-    gave_up = plan.searcher.record.gave_up_reason()
-    if gave_up is not None:
-        notes.append(f"the searcher stopped after {len(phases.ended)} trial(s): {gave_up}")
-    elif not phases.search_ended:
-        raise SearchInterrupted(
-            f"search interrupted after {len(phases.ended)} of {options.trials} trials; the state"
-            f" is saved: continue with `raybatch resume {path}`"
-        )
-    if not phases.decided():
-        raise SearchInterrupted(
-            "the confirmation was interrupted before its verdict; the search's trials and the"
-            f" race's finished runs are saved: continue with `raybatch resume {path}`"
-        )
+    _ended_or_interrupted(phases, plan.searcher.record.gave_up_reason(), options, path, notes)
     # A resumed search's scheduler is Tune's restored copy: its rung stops are not seen here.
     rows = search_rows(results, plan.searcher.penalty, options.seed, scheduler)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
@@ -409,6 +404,7 @@ def _execute(
         notes.append(
             f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
         )
+    plan.searcher.record.close_unrun()  # queued points the search ended before: no ghosts
     rows += prescreened_rows(plan.searcher.record) + phases.race_rows
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
     if phases.decided_by_the_search:
@@ -430,8 +426,34 @@ def _execute(
     # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
     write_trials_csv(path / TRIALS_CSV, rows)
     result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes)
-    write_report(result, space, target, plan.estimator, plan.budget)
+    try:
+        write_report(result, space, target, plan.estimator, plan.budget)
+    except OSError as exc:  # the verdict stands on trials.csv; the report is drawn from it
+        notes.append(f"the report could not be written ({exc.filename}: {exc.strerror or exc});"
+                     f" `raybatch report {path}` writes it again")  # fmt: skip
     return result
+
+
+def _ended_or_interrupted(phases: SearchThenRace, gave_up: str | None, options: SearchOptions,
+                          path: Path, notes: list[str]) -> None:  # fmt: skip
+    """The search and its race ran to their end (a searcher that gave up is said in a note);
+    otherwise the run was interrupted, said with what is kept and how to continue.
+
+    Raises:
+        SearchInterrupted: The search, or its race, did not run to its end.
+    """
+    if gave_up is not None:
+        notes.append(f"the searcher stopped after {len(phases.ended)} trial(s): {gave_up}")
+    elif not phases.search_ended:
+        raise SearchInterrupted(
+            f"search interrupted after {len(phases.ended)} of {options.trials} trials; the state"
+            f" is saved: continue with `raybatch resume {path}`"
+        )
+    if not phases.decided():
+        raise SearchInterrupted(
+            "the confirmation was interrupted before its verdict; the search's trials and the"
+            f" race's finished runs are saved: continue with `raybatch resume {path}`"
+        )
 
 
 __all__ = ["analyze_run", "rebuild_report", "resume", "search", "stored_result"]

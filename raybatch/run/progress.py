@@ -6,10 +6,10 @@ the ``raybatch.progress`` logger (INFO): the CLI prints them on stderr whatever 
 says (it drops only Ray's table), and :func:`raybatch.search` prints them when ``verbose`` is
 set and the caller has given the logger no handler of their own.
 
-The cost so far is every device second the search's finished trials held (start-up, data,
-probe, training, evaluations, the time model measured inside one of them), in trainings of
-the best recipe so far (its time to target): the figure the closing lines give for the whole
-search.
+The cost so far is what the closing lines give for the whole search: the slots the finished
+runs kept busy x the wall clock from the first one's start to the last one's end (start-up,
+data, probe, training, evaluations and the gaps between them), in trainings of the best
+recipe so far (its time to target).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
+from types import SimpleNamespace
 from typing import Any
 
 from ray.tune import Callback
 
 from raybatch import keys
-from raybatch.results.cost import device_seconds
+from raybatch.results.cost import device_seconds, slots_used, wall_clock
 
 LOGGER = "raybatch.progress"
 log = logging.getLogger(LOGGER)
@@ -117,6 +118,9 @@ class Progress(Callback):
             status = "capped"
         reached = result.get(keys.TIME_TO_TARGET_S)
         what = f"{status} in {reached:.2f} s" if status == "reached" and reached else status
+        if status == "error":  # why, in a line; the whole traceback is in the run's log
+            why = str(result.get(keys.REASON) or "").strip().splitlines()
+            what = f"error{': ' + why[0] if why else ''} (traceback in search.log)"
         of = f" of {total}" if total else ""
         text = f"{phase} {len(counted)}{of}: {recipe(trial.config)}: {what}"
         times = [(t.last_result.get(keys.TIME_TO_TARGET_S), t) for t in done
@@ -125,9 +129,20 @@ class Progress(Callback):
         if not times:
             return text
         best_s, best = min(times, key=lambda st: st[0])
-        held = self.extra_s + sum(_device_s(t) for t in done)
         return (f"{text} | best so far {recipe(best.config)}, {best_s:.2f} s | spent so far"
-                f" {held / best_s:.1f} trainings of it")  # fmt: skip
+                f" {self.spent_s(done) / best_s:.1f} trainings of it")  # fmt: skip
+
+    def spent_s(self, done: list[Any]) -> float:
+        """What the finished runs cost so far, as the closing lines count it: the slots they
+        kept busy x the wall clock from the first one's start to the last one's end (every
+        second each held, where the runs do not say when they started)."""
+        results = [t.last_result or {} for t in done]
+        spans = [SimpleNamespace(started_at=r.get(keys.STARTED_AT), held_s=r.get(keys.HELD_S))
+                 for r in results]  # fmt: skip
+        wall = wall_clock(spans)
+        if wall is None:
+            return self.extra_s + sum(_device_s(t) for t in done)
+        return self.extra_s + slots_used(spans) * wall
 
 
 def _racing(trial: Any) -> bool:

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raybatch.errors import RaybatchError
+from raybatch import keys
+from raybatch.errors import Issue, RaybatchError, RunDirError
 from raybatch.export import BEST_YAML, BestConfig, load_best
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.provenance import Provenance
 from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
-from raybatch.results.rows import stored_rows
+from raybatch.results.rows import TRIALS_CSV, TrialRow, stored_rows
 from raybatch.results.selection import choose_winner
-from raybatch.run.rundir import read_run
+from raybatch.run.rundir import OPTUNA_DB, read_run
 from raybatch.run.seeding import budget_check, max_batch_point, reference_point
+from raybatch.run.study import runs_recorded
+from raybatch.space.search_space import SearchSpace
 from raybatch.workload import load_workload
 
 
@@ -39,7 +42,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
             measured_on = load_best(path).provenance.measured_on()
         except RaybatchError:  # damaged: the rows alone choose the winner again
             measured_on = Provenance()
-    return choose_winner(target, stored_rows(path, space), options.confirms, measured_on)
+    return choose_winner(target, _whole_rows(path, space), options.confirms, measured_on)
 
 
 def rebuild_report(run_dir: str | Path) -> Path:
@@ -75,10 +78,31 @@ def stored_result(run_dir: str | Path) -> SearchResult:
     """
     run = read_run(run_dir)
     path, space = run.path, run.space
-    rows = stored_rows(path, space)
+    rows = _whole_rows(path, space)
     best = load_best(path) if (path / BEST_YAML).is_file() else None
     baseline = best.provenance.baseline_point if best is not None else None
     return SearchResult(path, rows, best, baseline, reference_point(space))
+
+
+def _whole_rows(path: Path, space: SearchSpace) -> list[TrialRow]:
+    """``trials.csv``'s rows, refused where they are fewer than the runs the study recorded:
+    a file cut short (a full disk, an edit) would otherwise choose, and draw, another winner
+    than the one the search chose.
+
+    Raises:
+        RunDirError: Rows missing (named, with the way to write the file again).
+    """
+    rows = stored_rows(path, space)
+    recorded = runs_recorded(path / OPTUNA_DB)
+    measured = sum(1 for r in rows if r.phase in (keys.PHASE_SEARCH, keys.PHASE_CONFIRMATION))
+    if measured < recorded:
+        why = (
+            f"holds {measured} run(s) where optuna.db recorded {recorded}: cut short or edited;"
+            " the winner is not chosen from part of the record: delete trials.csv and"
+            " `raybatch resume` writes it again from the run (every run kept)"
+        )
+        raise RunDirError([Issue(TRIALS_CSV, why)], str(path))
+    return rows
 
 
 __all__ = ["analyze_run", "rebuild_report", "stored_result"]

@@ -1,4 +1,5 @@
-"""SIGTERM, the way Slurm and Kubernetes stop a job, taken as Ctrl-C while a search runs.
+"""SIGTERM, the way Slurm and Kubernetes stop a job, taken as Ctrl-C while a search runs; and
+Ctrl-C outside Ray Tune's loop ended as an interruption (:func:`interruptible`).
 
 Ray's core worker, started in the driver by ``ray.init``, handles SIGTERM by dumping its C++
 stack and aborting (exit 134): no raybatch line, no resume command, and trials left RUNNING.
@@ -16,7 +17,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
+
+from raybatch.errors import SearchInterrupted
 
 
 def _as_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -39,4 +43,22 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-__all__ = ["sigterm_as_interrupt"]
+@contextmanager
+def interruptible(run_dir: Path) -> Iterator[None]:
+    """A search's driver: SIGTERM taken as Ctrl-C, and Ctrl-C where Ray Tune's loop is not
+    there to stop gracefully (before the search's Tuner runs, or while the results are
+    written) ended as an interruption, one line with the resume command, never a traceback.
+
+    Raises:
+        SearchInterrupted: Ctrl-C (or SIGTERM) outside Ray Tune's loop.
+    """
+    with sigterm_as_interrupt():
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise SearchInterrupted(
+                f"interrupted; what finished is saved: continue with `raybatch resume {run_dir}`"
+            ) from None
+
+
+__all__ = ["interruptible", "sigterm_as_interrupt"]

@@ -67,15 +67,29 @@ and 1.680 vs 1.286 on three members, for one better median (1.065 vs 1.097)."""
 
 
 def check_study_file(db: Path, run_dir: Path) -> None:
-    """Refuse a damaged SQLite study before a resume opens it, naming the file: SQLAlchemy
-    would raise its own traceback ("database disk image is malformed") from deep inside the
-    searcher. Without Optuna: SQLite's ``quick_check`` and the tables' presence.
-    A missing file is left to the search (a search stopped before its first suggestion).
+    """Refuse a damaged or missing SQLite study before a resume opens it, naming the file:
+    SQLAlchemy would raise its own traceback ("database disk image is malformed") from deep
+    inside the searcher, and a study deleted after trials ran would be created again empty
+    beside them (the searcher then fails on every trial it restores). Without Optuna: SQLite's
+    ``quick_check`` and the tables' presence. A missing file where no trial ever started (no
+    trial folder in ``tune/search/``) is left to the search: it stopped before its first
+    suggestion.
 
     Raises:
-        RunDirError: The file is not a readable Optuna study.
+        RunDirError: The file is not a readable Optuna study, or it is gone after trials ran.
     """
     if not db.is_file():
+        experiment = run_dir / "tune" / "search"
+        started = [p for p in experiment.iterdir() if p.is_dir() and not p.name.startswith(".")
+                   ] if experiment.is_dir() else []  # fmt: skip
+        if started:
+            why = (
+                f"missing, though {len(started)} trial(s) started (tune/search/): the study held"
+                " every trial the search told, and without it a resume would start an empty one"
+                " beside them; put optuna.db back from a copy of the run, or start the search"
+                " again in a new run directory"
+            )
+            raise RunDirError([Issue(db.name, why)], str(run_dir))
         return
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True)) as c:
@@ -91,6 +105,25 @@ def check_study_file(db: Path, run_dir: Path) -> None:
             " in a new run directory"
         )
         raise RunDirError([Issue(db.name, why)], str(run_dir)) from None
+
+
+def runs_recorded(db: Path) -> int:
+    """The Ray Tune runs a study file recorded as ended (each Optuna trial carries its Tune trial
+    id: the search's trials and the race's runs; COMPLETE or PRUNED, not one an interruption
+    left running and a resume closed as FAIL; a run Tune ran again after a kill, recorded twice,
+    counts once), read with SQLite alone; 0 without a readable file."""
+    if not db.is_file():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+            row = c.execute(
+                "SELECT COUNT(DISTINCT a.value_json) FROM trials t JOIN trial_user_attributes a"
+                " ON a.trial_id = t.trial_id WHERE a.key = ? AND t.state IN (?, ?)",
+                (TUNE_TRIAL_ID_ATTR, "COMPLETE", "PRUNED"),
+            ).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row else 0
 
 
 @dataclass(frozen=True)
@@ -372,6 +405,21 @@ class SearchStudy:
             self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self._live.pop(number, None)
         return len(orphans)
+
+    def close_unrun(self) -> int:
+        """Fail the points queued for TPE (the opening's, the ladder's) that the search ended
+        before running: left WAITING they are ghosts in optuna-dashboard, queued for ever.
+        Returns how many were closed, each with the reason."""
+        import optuna
+
+        states = (optuna.trial.TrialState.WAITING,)
+        waiting = self.study.get_trials(deepcopy=False, states=states)
+        storage = self.study._storage  # Optuna's tell refuses a trial that never ran
+        why = "not run: the search ended before this queued point"
+        for trial in waiting:
+            storage.set_trial_user_attr(trial._trial_id, REASON_ATTR, why)
+            storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        return len(waiting)
 
     def prescreened(self) -> list[Prescreened]:
         """The configs the pre-screen kept from launching (they survive a resume here)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raybatch.errors import Issue, RunDirError
+from raybatch.run.study import runs_recorded
 
 TUNER_FILE = "tuner.pkl"
 """The Tuner Ray Tune pickles when the experiment starts (searcher and callbacks included)."""
@@ -117,9 +118,14 @@ def check_experiment(experiment: Path, run_dir: Path) -> None:
     where = f"tune/{experiment.name}"
     # Absolute: Ray reads a relative path as a URI without a scheme, and fails.
     if not tune.Tuner.can_restore(str(experiment.resolve())):
+        ran = runs_recorded(run_dir / "optuna.db")
         why = (
-            "no Ray Tune experiment to resume: the search was stopped before its first trial;"
-            " start it again in a new run directory"
+            f"missing: Ray Tune's experiment is gone, though {ran} trial(s) ran (optuna.db"
+            " holds them); Tune cannot resume without it: put tune/ back from a copy of the"
+            " run, or start the search again in a new run directory"
+            if ran
+            else "no Ray Tune experiment to resume: the search was stopped before its first"
+            " trial; start it again in a new run directory"
         )
         raise RunDirError([Issue(where, why)], str(run_dir))
     if not _whole(experiment / TUNER_FILE):
