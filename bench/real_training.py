@@ -50,6 +50,7 @@ from raybatch.examples.wide import WideWorkload
 from raybatch.metric import Target, resolve_target
 from raybatch.results.cost import search_cost
 from raybatch.run.options import SearchOptions
+from raybatch.run.scheduler import race_seed
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import spearman
 from raybatch.trial.settings import TrialSettings
@@ -144,7 +145,7 @@ def _search_curves(run_dir: Path) -> list[dict[str, Any]]:
     curves = []
     for path in sorted((run_dir / "tune" / "search").glob("*/result.json")):
         params = path.parent / "params.json"
-        if params.is_file() and keys.CANDIDATE in json.loads(params.read_text()):
+        if params.is_file() and race_seed(json.loads(params.read_text())) is not None:
             continue  # a race run, in the search's Tuner since it runs on its slots
         reports = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         points = [[r[keys.TRAIN_S], r[keys.METRIC]] for r in reports

@@ -412,15 +412,15 @@ def _edited(config: TrialConfig, run_dir: Path) -> list[Issue]:
     space_file = run_dir / "space.yaml"
     if not space_file.is_file():
         return []
-    knobs = (config.micro_batch_size, config.accumulation_steps, config.world_size,
-             config.lr_multiplier, config.weight_decay_multiplier)  # fmt: skip
+    given = config.to_dict()
+    knobs = tuple(given[k] for k in keys.RAW_KNOBS)
     try:
         derived = SearchSpace.from_yaml(space_file).derive(*knobs).to_dict()
     except (ConfigError, OSError) as exc:
         return [Issue("config", f"the run's space derives no recipe from these knobs ({exc})")]
     issues = []
     for key, want in derived.items():
-        got = config.to_dict().get(key)
+        got = given.get(key)
         same = got == want or (isinstance(got, float | int) and isinstance(want, float | int)
                                and math.isclose(got, want, rel_tol=1e-6))  # fmt: skip
         if not same:
@@ -431,18 +431,17 @@ def _edited(config: TrialConfig, run_dir: Path) -> list[Issue]:
         return issues
     with trials.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    names = (keys.MICRO_BATCH_SIZE, keys.ACCUMULATION_STEPS, keys.WORLD_SIZE, keys.LR_MULTIPLIER,
-             keys.WEIGHT_DECAY_MULTIPLIER)  # fmt: skip
-    if not any(r.get(keys.STATUS) == "reached" and _same_knobs(r, names, knobs) for r in rows):
+    if not any(r.get(keys.STATUS) == "reached" and _same_knobs(r, knobs) for r in rows):
         why = f"no run in trials.csv reached the target with these knobs: {EDITED}"
         return [Issue("config", why)]
     return []
 
 
-def _same_knobs(row: Mapping[str, str], names: tuple[str, ...], knobs: tuple[Any, ...]) -> bool:
+def _same_knobs(row: Mapping[str, str], knobs: tuple[Any, ...]) -> bool:
+    """Whether a ``trials.csv`` row (text cells) ran these raw knobs (``keys.RAW_KNOBS``)."""
     try:
         return all(abs(float(row[n]) - float(k)) <= 1e-9 * max(1.0, abs(float(k)))
-                   for n, k in zip(names, knobs, strict=True))  # fmt: skip
+                   for n, k in zip(keys.RAW_KNOBS, knobs, strict=True))  # fmt: skip
     except (KeyError, TypeError, ValueError):
         return False
 

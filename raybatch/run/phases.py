@@ -18,7 +18,6 @@ flight is run again by Tune under its own trial id, and the rest are run.
 
 from __future__ import annotations
 
-import os
 import pickle
 from typing import Any
 
@@ -168,25 +167,14 @@ class SearchThenRace(Searcher):
         return [] if self.race is None else list(self.race.rows)
 
     def save(self, checkpoint_path: str) -> None:
-        searched = f"{checkpoint_path}.search"
-        self.search.save(searched)
-        with open(searched, "rb") as f:
-            search_state = f.read()
-        os.remove(searched)
         state = {k: v for k, v in self.__dict__.items() if k != "search"}
         with open(checkpoint_path, "wb") as f:
-            pickle.dump({"search": search_state, "phases": state}, f)
+            pickle.dump({"search": self.search.state(), "phases": state}, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
-        searched = f"{checkpoint_path}.search"
-        with open(searched, "wb") as f:
-            f.write(state["search"])
-        try:
-            self.search.restore(searched)
-        finally:
-            os.remove(searched)
+        self.search.restore_state(state["search"], checkpoint_path)
         self.__dict__.update(state["phases"])
         if self.race is not None and self.race.record is not None:
             self.race.record.record = self.search.record  # one study, relocated with the run

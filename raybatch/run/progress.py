@@ -26,6 +26,7 @@ from ray.tune import Callback
 
 from raybatch import keys
 from raybatch.results.cost import device_seconds, slots_used, wall_clock
+from raybatch.run.scheduler import race_seed
 
 LOGGER = "raybatch.progress"
 log = logging.getLogger(LOGGER)
@@ -146,8 +147,8 @@ class Progress(Callback):
 
 
 def _racing(trial: Any) -> bool:
-    """Whether a Tune trial is a confirmation run (its config carries its race candidate)."""
-    return keys.CANDIDATE in (trial.config or {})
+    """Whether a Tune trial is a confirmation run (its config carries its seed)."""
+    return race_seed(trial.config) is not None
 
 
 def _device_s(trial: Any) -> float:

@@ -167,14 +167,14 @@ class CappingScheduler(FIFOScheduler):
             # Its clock runs at the pace its neighbours leave it: neither capped nor an
             # incumbent (only times measured alone are compared; its own time cap still holds).
             return TrialScheduler.CONTINUE
+        # A confirmation run (its config carries its seed) is judged at the target only,
+        # capped at slack x the first run on its seed to reach, and never moves the search's B.
         seed = race_seed(getattr(trial, "config", None))
-        if seed is not None:
-            return self._race_result(trial.trial_id, seed, result)
-        trajectory = self._follow(trial.trial_id, result)
+        trajectory = self._follow(trial.trial_id, result) if seed is None else None
         if result.get(keys.STATUS) == TrialStatus.REACHED.value:
-            self._record(result.get(keys.TIME_TO_TARGET_S))
+            self._reached(seed, result.get(keys.TIME_TO_TARGET_S))
             return TrialScheduler.CONTINUE
-        cap = self.cap_s
+        cap = self.cap_s if seed is None else self.race_cap_s(seed)
         trained = result.get(keys.TRAIN_S)
         running = result.get(keys.STATUS) == TrialStatus.RUNNING.value
         if not (self.enabled and running and trained is not None):
@@ -182,7 +182,7 @@ class CappingScheduler(FIFOScheduler):
         if cap is not None and trained > cap:
             self.capped[trial.trial_id] = float(trained)
             return TrialScheduler.STOP
-        if result.get(keys.HEARTBEAT):
+        if trajectory is None or result.get(keys.HEARTBEAT):
             # No new evaluation: not having *shown* a level is not being behind it (a small
             # batch's next mark may be far off); the rungs are judged at evaluations.
             return TrialScheduler.CONTINUE
@@ -193,21 +193,14 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
 
-    def _race_result(self, trial_id: str, seed: int, result: dict[str, Any]) -> str:
-        """A confirmation run: never judged at a rung (it is judged at the target), stopped
-        past ``slack`` x the first run on its seed to reach; it never moves the search's B."""
-        if result.get(keys.STATUS) == TrialStatus.REACHED.value:
-            self._record_race(seed, result.get(keys.TIME_TO_TARGET_S))
-            return TrialScheduler.CONTINUE
-        cap, trained = self.race_cap_s(seed), result.get(keys.TRAIN_S)
-        running = result.get(keys.STATUS) == TrialStatus.RUNNING.value
-        if self.enabled and running and cap is not None and trained is not None and trained > cap:
-            self.capped[trial_id] = float(trained)
-            return TrialScheduler.STOP
-        return TrialScheduler.CONTINUE
-
-    def _record_race(self, seed: int, time_to_target_s: float | None) -> None:
-        if time_to_target_s is not None:
+    def _reached(self, seed: int | None, time_to_target_s: float | None) -> None:
+        """A run reached the target: a search trial's time may be the new ``B`` (the cap, the
+        rungs); a confirmation run's, the first on its seed."""
+        if time_to_target_s is None:
+            return
+        if seed is None:
+            self._record(time_to_target_s)
+        else:
             self.race_best_s[seed] = min(self.race_best_s.get(seed, math.inf), time_to_target_s)
 
     def rungs(self) -> list[float]:
@@ -285,13 +278,9 @@ class CappingScheduler(FIFOScheduler):
         # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
-        if not result or result.get(keys.STATUS) != TrialStatus.REACHED.value:
-            return
-        seed = race_seed(getattr(trial, "config", None))
-        if seed is not None:
-            self._record_race(seed, result.get(keys.TIME_TO_TARGET_S))
-        else:
-            self._record(result.get(keys.TIME_TO_TARGET_S))
+        if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
+            seed = race_seed(getattr(trial, "config", None))
+            self._reached(seed, result.get(keys.TIME_TO_TARGET_S))
 
     def _record(self, time_to_target_s: float | None) -> None:
         """A trial reached the target: a faster time is the new ``B`` (the cap, the rungs)."""

@@ -204,17 +204,24 @@ class RaybatchSearcher(Searcher):
         self.launches.told(trial_id)  # once the study and the gates have it
 
     def save(self, checkpoint_path: str) -> None:
-        state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **self.screen.state()}
-        state["plan"] = self.plan.state()
-        state["memory_storage"] = self.record.memory_storage  # None for a storage URL
         with open(checkpoint_path, "wb") as f:
-            pickle.dump(state, f)
+            pickle.dump(self.state(), f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
-        check_format(state.get(FORMAT_KEY), checkpoint_path)
-        self.screen.restore(state, checkpoint_path)
+            self.restore_state(pickle.load(f), checkpoint_path)
+
+    def state(self) -> dict[str, Any]:
+        """What its Tune checkpoint holds (its parts' state, the format stamp)."""
+        state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **self.screen.state()}
+        state["plan"] = self.plan.state()
+        state["memory_storage"] = self.record.memory_storage  # None for a storage URL
+        return state
+
+    def restore_state(self, state: dict[str, Any], source: str) -> None:
+        """Take back :meth:`state`, read from ``source`` (named where it cannot be read)."""
+        check_format(state.get(FORMAT_KEY), source)
+        self.screen.restore(state, source)
         self.launches.restore(state)  # a held data-parallel recipe is asked again
         self.plan.restore(state["plan"])
         self.record.use_memory_storage(state["memory_storage"])
