@@ -48,6 +48,7 @@ from raybatch.run.rungs import (
     passes,
     rung_times,
 )
+from raybatch.run.warm import WarmSlots
 from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
 
@@ -122,6 +123,8 @@ class CappingScheduler(FIFOScheduler):
         self._trajectories: dict[str, Trajectory] = {}
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
+        self.warm = WarmSlots()
+        """Keeps an ended trial's process for the next while the searcher waits."""
 
     @classmethod
     def for_trainable(
@@ -274,7 +277,12 @@ class CappingScheduler(FIFOScheduler):
         self._trajectories.pop(trial.trial_id, None)
         super().on_trial_error(tune_controller, trial)
 
+    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        self.warm.release(tune_controller, 1)  # its staging reserves a process of its own
+        super().on_trial_add(tune_controller, trial)
+
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+        self.warm.keep(tune_controller, trial)
         # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
