@@ -42,8 +42,9 @@ class SearchCost:
             rows do not say when they ran).
         slots: The most runs that held their devices at once: ``slots x wall_s`` is what the
             user paid, the gaps and idle slots between trials included.
-        startup_s: One process start-up per slot (the first run of each slot's process): a
-            fixed cost that does not grow with the training, left out of
+        startup_s: One process start per slot (what the first run of each slot's process
+            paid once: its start-up, first imports and data, :func:`~raybatch.results.cost.
+            slot_startups`): a fixed cost that does not grow with the training, left out of
             :attr:`trainings_wall_warm`.
     """
 

@@ -298,6 +298,23 @@ def test_what_the_user_paid_is_slots_times_the_wall_clock_less_a_start_per_slot(
     assert search_cost(rows, unit_s=2.0).slots == 2
 
 
+def test_a_process_start_counts_what_only_a_processs_first_run_pays_before_its_clock() -> None:
+    """A process's first run held 4 s before its clock started (its 1.5 s start-up, then the
+    first imports its training made and the data it built); a later run held 0.25 s there (its
+    own model built): the process's start is 4 - 0.25 = 3.75 s, not the 1.5 s it was charged.
+    A first run that paid nothing more than its start-up is charged that start-up."""
+    rows = [
+        _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=6.0, elapsed_s=2.0, started_at=100.0,
+             startup_s=1.5),
+        _row(B, keys.PHASE_SEARCH, 1.5, 0, held_s=3.0, elapsed_s=2.0, started_at=100.2,
+             startup_s=1.0),
+        _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=2.25, elapsed_s=2.0, started_at=106.0),
+        _row(B, keys.PHASE_SEARCH, 1.0, 0, held_s=2.25, elapsed_s=2.0, started_at=103.2),
+    ]  # fmt: skip
+    cost = search_cost(rows, unit_s=2.0, slots=2)
+    assert cost.startup_s == pytest.approx(3.75 + 1.0)
+
+
 def test_a_packed_search_run_is_no_pair_of_the_race() -> None:
     """A search run packed beside neighbours ran at their pace: it does not judge its recipe
     (the confirmation's lone runs do), so a fast packed run cannot carry a recipe through."""

@@ -11,6 +11,7 @@ slots for about 7.7x the seconds they trained).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -97,10 +98,27 @@ def wall_clock(rows: Sequence[Span]) -> float | None:
 
 
 def slot_startups(rows: list[TrialRow], slots: int) -> float:
-    """One process start-up per slot: the start-up charged to the first ``slots`` processes to
-    start (their first runs'), a fixed cost of the search that does not grow with training."""
-    firsts = sorted((r.started_at or 0.0, r.startup_s) for r in rows if r.startup_s)
-    return sum(s for _, s in firsts[:slots])
+    """One process start per slot: what the first ``slots`` processes to start paid once, a
+    fixed cost of the search that does not grow with training.
+
+    A process's first run is charged its start-up (the import of raybatch, torch and the
+    workload) and, before its clock starts, what only a process's first run pays: the first
+    imports its training makes (``torch.optim`` imports ``torch._dynamo``, a second on these
+    CPUs) and the data it builds (kept for the process's later runs). So the fixed cost is that
+    first run's seconds before its clock (held less elapsed), less what a later run of the
+    search spends there (the recipe's own set-up, its model built: the median over runs that
+    were not first in their process), and never less than the start-up it was charged."""
+    later = [_before_clock(r) for r in rows if not r.startup_s]
+    own = statistics.median(later) if later else 0.0
+    firsts = sorted((r.started_at or 0.0, r) for r in rows if r.startup_s)
+    return sum(max(r.startup_s or 0.0, _before_clock(r) - own) for _, r in firsts[:slots])
+
+
+def _before_clock(row: TrialRow) -> float:
+    """A run's seconds held before its training clock started (and after it stopped)."""
+    if row.held_s is None or row.elapsed_s is None:
+        return row.startup_s or 0.0
+    return max(row.held_s - row.elapsed_s, 0.0)
 
 
 __all__ = [
