@@ -22,7 +22,8 @@ two members do *not* follow McCandlish's model, so a wrong prior is tested: on o
 rise again past a batch, on the other the best LR moves with the batch faster than the rule.
 
 **Trajectories.** Every trial is evaluated at the same sample marks and training-time marks
-(as raybatch's loop does: :func:`raybatch.trial.reporting.time_marks`).
+(as raybatch's loop does: :func:`raybatch.trial.reporting.time_marks`), and near the target
+at most 15 % apart (:data:`raybatch.trial.reporting.NEAR_MARK_RATIO`).
 Its progress at a mark is the fraction of its samples to target done, read through a curve
 ``p ** shape`` whose shape depends on the recipe (a recipe with a larger LR scale warms up
 longer and starts slower, then catches up), with evaluation noise; the target is met when the
@@ -42,7 +43,8 @@ import raybatch
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.timemodel.model import NoiseScale, TimeModel
-from raybatch.trial.reporting import time_marks
+from raybatch.trial.reporting import NEAR_MARK_RATIO, time_marks
+from raybatch.trial.validation import NEAR_PROGRESS
 
 MICRO = [8, 16, 32, 64, 128, 256, 512]
 ACCUMULATION = [1, 2, 4, 8, 16]
@@ -243,6 +245,10 @@ class Member:
                         "marks": marks}  # fmt: skip
             progress = (samples / needed) ** shape * (1 + rng.gauss(0, 0.02))
             marks.append((t, min(progress, 0.999)))
+            first = marks[0][1]
+            if first >= 1 or (marks[-1][1] - first) / (1 - first) >= NEAR_PROGRESS:
+                # Near the target, as the product's loop is: the next mark 15 % later at most.
+                timed = sorted({*timed, t * NEAR_MARK_RATIO})
             if stop is not None and stop(t, marks[-1][1]):
                 return {"status": "capped", "time": None, "cost": held(t), "train": t,
                         "marks": marks}  # fmt: skip

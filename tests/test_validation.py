@@ -50,7 +50,18 @@ def test_far_from_the_target_the_subset_is_read_and_from_near_it_on_the_whole_se
     assert [(v["accuracy"], whole) for v, whole in read] == [
         (0.1, False), (0.4, False), (0.76, True), (0.79, True),
     ]  # fmt: skip
-    assert not validation.on_subset
+    assert not validation.on_subset and validation.near
+
+
+def test_a_set_read_whole_from_the_start_is_near_from_the_same_share_of_the_way() -> None:
+    """Too small to cut: no subset, but the evaluations still come closer near the target."""
+    validation = Validation(lambda: iter(["whole"]), None, Target(0.8))
+    values = iter([0.1, 0.5, 0.74])
+    seen = []
+    for _ in range(3):
+        validation.evaluate(lambda batches: {"accuracy": next(values)})
+        seen.append(validation.near)
+    assert seen == [False, False, True]  # 0.74 is 91 % of the way from 0.1 to 0.8
 
 
 def test_a_subset_value_at_the_target_is_replaced_by_the_whole_sets_at_the_same_mark() -> None:

@@ -73,6 +73,11 @@ cap of seconds. A report every 5 s costs one device sync and one Tune result."""
 TIME_MARK_RATIO = 3**0.5
 """Training-time marks are this far apart (a factor): two between rungs a factor 3 apart, so
 each rung is judged within ``sqrt(3)`` x its time (:mod:`raybatch.run.rungs`)."""
+NEAR_MARK_RATIO = 1.15
+"""Near the target the time marks are this far apart (a factor): a time to target is read at
+the first evaluation past the crossing, so marks ``sqrt(3)`` apart overstated it by up to 73 %
+(the real benchmark's times sat on the marks); near the target the whole validation set is read
+(:mod:`raybatch.trial.validation`), and each evaluation there sets the next at most 15 % later."""
 TIME_MARKS_BELOW_CAP = 10
 """The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below the lowest rung before
 any trial has reached (the cap / 81), and below B/9 wherever B lies above the cap / 27."""
@@ -154,6 +159,8 @@ class TrialReporter:
         self._reported_train_s = 0.0
         self._time_marks = sorted(float(t) for t in eval_at_s)
         self._time_mark_due = False
+        self._near_ratio: float | None = None  # set once near the target (:meth:`near_target`)
+        self._timed = bool(self._time_marks)  # evaluations on training time, not the user's
 
         self.status = TrialStatus.RUNNING
         self.reason = ""
@@ -186,6 +193,13 @@ class TrialReporter:
         """Run once the target is reached, before the final report, which carries what it
         returns (the search's time model); its time counts as evaluation, never in the
         objective, and its failure is a note, never the trial's."""
+
+    def near_target(self, ratio: float = NEAR_MARK_RATIO) -> None:
+        """The trial is near its target: from the next report on, each evaluation sets the
+        next at most ``ratio`` x its training time later (:data:`NEAR_MARK_RATIO`). Only where
+        the reporter keeps time marks (a cadence the user chose is kept as given)."""
+        if self._timed:
+            self._near_ratio = ratio
 
     def note(self, key: str, value: Any) -> None:
         """Carry ``key: value`` in every report from now on (e.g. the probe's measured peak)."""
@@ -354,6 +368,8 @@ class TrialReporter:
             return True
         trained = self._check_budgets()  # the clock read once: the cap, and the marks passed
         self._time_marks = [t for t in self._time_marks if t > trained]
+        if self._near_ratio is not None and trained > 0:
+            self._time_marks = sorted({*self._time_marks, trained * self._near_ratio})
         if not self.stopped:
             self._emit()
         return self.stopped
