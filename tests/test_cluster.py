@@ -266,6 +266,9 @@ def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_r
     study = SearchStudy(f"sqlite:///{run / OPTUNA_DB}", STUDY_NAME)
     assert not [t for t in study.study.trials if t.params.get("world_size") == 8
                 and t.user_attrs.get("status") != "prescreened_out"]  # fmt: skip
+    # Stopped early, it leaves no ghost: what it suggested or queued and never ran is closed.
+    ghosts = [t.number for t in study.study.trials if t.state.name in ("RUNNING", "WAITING")]
+    assert ghosts == [], ghosts
     # Whether TPE proposed world size 8 before the search stopped depends on timing; the same
     # searcher, on this cluster, given it first, pre-screens it with the count and launches
     # the next point.

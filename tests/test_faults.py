@@ -136,6 +136,12 @@ FAULTS: list[tuple[str, str, str]] = [
         "`export` refused, exit 2, naming the file",
         "trials.csv: the winner is chosen again from it (`raybatch.analyze_run`)",
     ),
+    (  # tests/test_cluster.py: test_a_search_through_the_address_requests_gpus_and_...
+        "every trial fails the same way (no CUDA where Ray put it, a metric never returned)",
+        "the search stops early, exit 2 with the reason; the trials it left open and the points"
+        " it queued are closed failed in optuna.db, with why",
+        "optuna.db and search.log (each failed trial's traceback)",
+    ),
 ]
 """(fault, what happens, what is kept): the table of ``docs/runs.md``."""
 

@@ -164,6 +164,9 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     assert "best config:" in out
     # --quiet drops Ray's table, not raybatch's own lines: the race says what it runs.
     assert re.search(r"raybatch: race run \d+: ", err)
+    # It says at once what it keeps: every search trial and the race's runs that had ended.
+    kept = re.search(r"raybatch: resuming .*: (\d+) run\(s\) had ended and are kept", err)
+    assert kept and int(kept.group(1)) >= trials, err[:2000]
     # The time model was measured inside one of the search's trials (all of them finished
     # before the last kill), kept in the searcher's checkpoint, and recorded at the end.
     assert "time model measured in trial " in out

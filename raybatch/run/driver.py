@@ -80,7 +80,7 @@ from raybatch.run.seeding import (
     reference_point,
 )
 from raybatch.run.signals import interruptible
-from raybatch.run.study import SearchStudy, check_study_file
+from raybatch.run.study import SearchStudy, check_study_file, runs_recorded
 from raybatch.run.tune_state import (
     CUT_FOLDER,
     TUNER_FILE,
@@ -173,6 +173,9 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
             raise RunDirError([Issue(f"{RUN_FILE}: workload", why)], str(path)) from None
         notes = [lock.taken_over] if lock.taken_over else []
         with printed(verbose >= 1), ray_quiet(verbose < 2), interruptible(path):
+            done = runs_recorded(path / OPTUNA_DB)
+            progress.info(f"resuming {path}: {done} run(s) had ended and are kept, never run"
+                          f" again; the search has {options.trials} trials")  # fmt: skip
             return _execute(path, workload, space, target, options, resume=True,
                             verbose=verbose, notes=notes)  # fmt: skip
 
@@ -388,6 +391,11 @@ def _execute(
     with ray_errors_to(path / LOG_FILE) as diverted:
         results = tuner.fit()
         if watch.tripped is not None:
+            _close_ghosts(
+                plan.searcher.record,
+                "ended when the search stopped early, every trial"
+                " failing the same way (tracebacks in search.log)",
+            )
             if started_ray:  # trials still starting fail after the stop: to the log with them
                 diverted.shutdown_ray()
             raise TrialsFailedError(watch.summary())
@@ -432,6 +440,14 @@ def _execute(
         notes.append(f"the report could not be written ({exc.filename}: {exc.strerror or exc});"
                      f" `raybatch report {path}` writes it again")  # fmt: skip
     return result
+
+
+def _close_ghosts(record: SearchStudy, why: str) -> None:
+    """A search stopped early: the trials it left open in the study (suggested, perhaps run,
+    never told) are closed failed with ``why``, and the points it queued as never run: no
+    RUNNING or WAITING trial is left."""
+    record.close_orphans(set(), why)
+    record.close_unrun()
 
 
 def _ended_or_interrupted(phases: SearchThenRace, gave_up: str | None, options: SearchOptions,

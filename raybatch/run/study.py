@@ -391,19 +391,19 @@ class SearchStudy:
             self._gave_up_read = True
         return self._gave_up
 
-    def close_orphans(self, tune_trial_ids: set[str]) -> int:
-        """Fail study trials left RUNNING by an interrupted driver: those no Tune trial among
-        ``tune_trial_ids`` ran. Returns how many were closed, so the study and the Ray
-        experiment agree."""
+    def close_orphans(self, tune_trial_ids: set[str], why: str | None = None) -> int:
+        """Fail study trials left RUNNING by an interrupted driver (or a search stopped early):
+        those no Tune trial among ``tune_trial_ids`` ran, each with ``why`` as its reason.
+        Returns how many were closed, so the study and the Ray experiment agree."""
         import optuna
 
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        orphans = [
-            t.number for t in running if t.user_attrs.get(TUNE_TRIAL_ID_ATTR) not in tune_trial_ids
-        ]
-        for number in orphans:
-            self.study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            self._live.pop(number, None)
+        orphans = [t for t in running if t.user_attrs.get(TUNE_TRIAL_ID_ATTR) not in tune_trial_ids]
+        for trial in orphans:
+            if why is not None:
+                self.study._storage.set_trial_user_attr(trial._trial_id, REASON_ATTR, why)
+            self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self._live.pop(trial.number, None)
         return len(orphans)
 
     def close_unrun(self) -> int:

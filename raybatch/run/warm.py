@@ -28,15 +28,21 @@ class WarmSlots:
         self._reserved: list[Any] = []  # the placement group factories reserved, in order
 
     @staticmethod
-    def _cache(tune_controller: Any) -> Any | None:
-        cache = getattr(tune_controller, "_actor_cache", None)
+    def _controller(tune_controller: Any) -> Any:
+        """Tune's controller itself: schedulers are handed a wrapper that warns on the
+        terminal at any attribute outside its list (the wrapped one is its own attribute)."""
+        return getattr(tune_controller, "_tune_controller", tune_controller)
+
+    @classmethod
+    def _cache(cls, tune_controller: Any) -> Any | None:
+        cache = getattr(cls._controller(tune_controller), "_actor_cache", None)
         ok = all(hasattr(cache, name) for name in ("increase_max", "decrease_max"))
         return cache if ok else None
 
     def keep(self, tune_controller: Any, trial: Any) -> None:
         """A trial ended: keep its process for the next trial while the search may go on."""
         cache = self._cache(tune_controller)
-        search = getattr(tune_controller, "_search_alg", None)
+        search = getattr(self._controller(tune_controller), "_search_alg", None)
         key = getattr(trial, "placement_group_factory", None)
         if cache is None or key is None or search is None or search.is_finished():
             self.release(tune_controller)
