@@ -101,6 +101,35 @@ def test_without_confirmation_the_search_rows_decide() -> None:
     assert best is not None and best.provenance.time_to_target_s_runs == [0.8]
 
 
+def _shared(knobs: tuple[int, int, float], time_s: float | None, share: float | None,
+            trial: str) -> TrialRow:  # fmt: skip
+    micro, accumulation, lr_multiplier = knobs
+    return TrialRow.of(
+        SPACE.derive(micro, accumulation, 1, lr_multiplier), keys.PHASE_SEARCH, trial,
+        TrialStatus.REACHED if time_s is not None else TrialStatus.CENSORED,
+        time_to_target_s=time_s, gpu_share=share,
+    )  # fmt: skip
+
+
+def test_only_runs_measured_alike_are_compared_for_the_race_and_an_unconfirmed_winner() -> None:
+    """A packed run's clock runs at its neighbours' pace: beside lone runs it is no measure,
+    faster or slower. Where a lone run reached, the race's entrants and a winner without
+    confirmation come from lone runs; where none did, from the runs packed at the most common
+    share, compared with each other."""
+    from raybatch.results.selection import candidates
+
+    rows = [_shared(CANDIDATE, 0.5, 0.25, "packed"), _shared(BASELINE, 1.0, None, "lone"),
+            _shared(REFERENCE, 1.2, None, "lone2")]  # fmt: skip
+    assert [r.trial_id for r in candidates(rows, 2)] == ["lone", "lone2"]
+    winner = select_winner(rows, confirmed=False)
+    assert winner is not None and _knobs_of(winner.runs) == BASELINE
+    packed = [_shared(CANDIDATE, 0.9, 0.25, "a"), _shared(BASELINE, 0.7, 0.25, "b"),
+              _shared(REFERENCE, 0.3, 0.5, "c")]  # fmt: skip
+    assert [r.trial_id for r in candidates(packed, 2)] == ["b", "a"]
+    winner = select_winner(packed, confirmed=False)
+    assert winner is not None and _knobs_of(winner.runs) == BASELINE
+
+
 def test_the_search_run_judges_a_confirmed_recipe_but_never_an_unconfirmed_one() -> None:
     """A recipe's search run is its first run (same seed as every other search trial); a
     recipe the confirmation never ran is not judged, however fast its search run."""

@@ -7,6 +7,7 @@ import math
 import platform
 import statistics
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -64,8 +65,29 @@ def comparison_rows(rows: list[TrialRow], *points: KnobPoint | None) -> list[Tri
     return out
 
 
+def measured_alike(rows: list[TrialRow]) -> list[TrialRow]:
+    """The search rows whose times compare with each other: the runs that held their device
+    alone, where one of them reached the target; else the runs packed at the share most of the
+    reached ones had. A packed run's clock runs at the pace its neighbours leave it, so its
+    time is no measure beside a lone one's (nor beside one packed otherwise)."""
+    search = [r for r in rows if r.phase == keys.PHASE_SEARCH]
+    kinds = Counter(_packing(r) for r in search if r.reached)
+    if not kinds:
+        return search
+    kind = None if None in kinds else kinds.most_common(1)[0][0]
+    return [r for r in search if _packing(r) == kind]
+
+
+def _packing(row: TrialRow) -> float | None:
+    """How a run held its device: ``None`` alone, else its share of a GPU."""
+    share = row.gpu_share
+    return round(float(share), 6) if share is not None and is_packed(share) else None
+
+
 def candidates(rows: list[TrialRow], top: int) -> list[TrialRow]:
-    reached = sorted((r for r in rows if r.reached), key=_time)
+    """The confirmation's entrants: the ``top`` fastest recipes that reached the target among
+    the search's runs measured alike (:func:`measured_alike`), one run each."""
+    reached = sorted((r for r in measured_alike(rows) if r.reached), key=_time)
     out, seen = [], set()
     for r in reached:
         knobs = _knobs(r)
@@ -206,7 +228,8 @@ def measured_recipes(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
     scheduler stopped is left out: it was stopped to save time for another, not measured. A
     recipe the confirmation did not run is not judged, unless it ran none (the search's runs
     decided the race: one led by more than the noise). Without a confirmation, a recipe is
-    judged by its search rows.
+    judged by its search rows measured alike (:func:`measured_alike`: lone runs, where one
+    reached; a packed run's time is no measure beside them).
     """
     judged: set[tuple[float, ...]] | None = None
     phases: tuple[str, ...] = (keys.PHASE_SEARCH,)
@@ -215,6 +238,8 @@ def measured_recipes(rows: list[TrialRow], confirmed: bool) -> list[Measured]:
         # those runs judge, as the race's first pair would have.
         judged = {_knobs(r) for r in rows if r.phase == keys.PHASE_CONFIRMATION} or None
         phases = (keys.PHASE_CONFIRMATION, keys.PHASE_SEARCH)
+    else:  # the search's runs alone judge: only those measured alike
+        rows = measured_alike(rows)
     groups: dict[tuple[float, ...], list[TrialRow]] = {}
     for row in rows:
         if row.phase not in phases or (judged is not None and _knobs(row) not in judged):
