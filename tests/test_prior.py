@@ -104,3 +104,20 @@ def test_a_trial_asked_for_the_time_model_measures_it_at_the_target_off_its_cloc
     reports.clear()
     run_trial(TabularWorkload(), space, settings, {keys.MICRO_BATCH_SIZE: 64}, reports.append)
     assert reports[-1][keys.STATUS] == "reached" and keys.TIME_MODEL not in reports[-1]
+
+
+def test_the_time_models_ranking_is_said_only_when_it_means_something() -> None:
+    """Three reached trials give a rank correlation one of four values (one swap reads -0.5),
+    and times within the run-to-run noise have no order to agree with: then the note says why
+    nothing is said, never a figure."""
+    from raybatch.timemodel.prediction import ranking_note
+
+    assert ranking_note(-0.5, [1.0, 1.5, 2.0]) == (
+        "too few trials reached the target (3) to say how well the time model ranked them"
+    )
+    tight = ranking_note(0.1, [1.0, 1.05, 1.1, 1.02, 1.08])
+    assert tight is not None and "within 10% of each other" in tight and "0.1" not in tight
+    said = ranking_note(0.8, [1.0, 1.5, 2.0, 3.0, 4.0])
+    assert said == ("the time model ranked the 5 trials that reached the target with Spearman"
+                    " 0.80 against their measured times")  # fmt: skip
+    assert ranking_note(None, [2.0]) is None

@@ -57,6 +57,33 @@ def time_model_found(
     return model
 
 
+MIN_RANKED = 5
+"""Fewer reached trials than this say nothing of a ranking: with 3 a rank correlation takes one of
+four values, and a single swap reads as -0.5."""
+MIN_SPREAD = 1.2
+"""Reached times closer than this (slowest / fastest) differ by run-to-run noise: their order,
+and so a rank correlation with them, is noise too."""
+
+
+def ranking_note(rho: float | None, times: list[float]) -> str | None:
+    """What the closing notes say of how the time model ranked the reached trials: the
+    correlation where it means something (:data:`MIN_RANKED` trials, times :data:`MIN_SPREAD`
+    apart), else why nothing is said (``None``: no time model ranked anything)."""
+    if rho is None and len(times) < 2:
+        return None
+    if len(times) < MIN_RANKED:
+        return (f"too few trials reached the target ({len(times)}) to say how well the time model"
+                " ranked them")  # fmt: skip
+    if max(times) < MIN_SPREAD * min(times):
+        return (f"the {len(times)} trials that reached the target did so within"
+                f" {max(times) / min(times) - 1:.0%} of each other: run-to-run noise, so how the"
+                " time model ranked them says nothing")  # fmt: skip
+    if rho is None:
+        return None
+    return (f"the time model ranked the {len(times)} trials that reached the target with"
+            f" Spearman {rho:.2f} against their measured times")  # fmt: skip
+
+
 def write_predictions(
     rows: list[TrialRow], model: TimeModel, notes: list[str]
 ) -> tuple[list[TrialRow], dict[str, Any]]:
@@ -74,9 +101,9 @@ def write_predictions(
         for p, r in zip(relative, rows, strict=True)
     ]
     rho = spearman([p for p, _ in pairs], [t for _, t in pairs])
-    if rho is not None:
-        notes.append(f"the time model ranked the {len(pairs)} trials that reached the target"
-                     f" with Spearman {rho:.2f} against their measured times")  # fmt: skip
+    said = ranking_note(rho, [t for _, t in pairs])
+    if said is not None:
+        notes.append(said)
     grid = {r.effective_batch_size: r for r in rows}
     return rows, {
         "noise_scale": model.noise.to_dict(),
