@@ -92,3 +92,38 @@ def test_what_a_search_spent_so_far_is_slots_x_wall_clock_as_the_closing_lines_s
     assert progress.line([first, second, third], third).endswith(
         "spent so far 6.0 trainings of it"
     )  # 2 slots x 6 s over the best so far, 2 s
+
+
+def test_a_silence_of_15_s_is_broken_by_what_the_running_trials_are_doing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A model that takes 45 s to build gave 50 s without a line; now every 15 s without one
+    says what each running trial is doing: starting (no result yet) or training."""
+    now = [100.0]
+    progress = Progress("trial", total=4, clock=lambda: now[0])
+    building = SimpleNamespace(
+        trial_id="a",
+        status="RUNNING",
+        last_result={},
+        config={keys.MICRO_BATCH_SIZE: 64, keys.LR_MULTIPLIER: 1.0},
+    )
+    training = SimpleNamespace(
+        trial_id="b",
+        status="RUNNING",
+        last_result={keys.TRAIN_S: 12.5, keys.METRIC: 0.81},
+        config={keys.MICRO_BATCH_SIZE: 256, keys.LR_MULTIPLIER: 2.0},
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        progress.on_step_end(0, [building, training])  # the clock starts at the first step
+        progress.on_trial_start(0, [building], building)
+        now[0] += 14.0
+        progress.on_step_end(1, [building, training])
+        assert caplog.messages == []  # 14 s: nothing yet
+        now[0] += 2.0
+        progress.on_step_end(2, [building, training])
+        now[0] += 1.0
+        progress.on_step_end(3, [building, training])  # said 1 s ago: not again
+    assert caplog.messages == [
+        "still working: 64 x 1 at 1x starting for 16 s (its process, data, model, memory"
+        " probe); 256 x 1 at 2x training, 12.5 s so far, 0.81 at its last evaluation"
+    ]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
 from types import SimpleNamespace
 from typing import Any
@@ -86,24 +87,72 @@ def recipe(config: dict[str, Any]) -> str:
             f"{where} at {config.get(keys.LR_MULTIPLIER, 1.0):.3g}x")  # fmt: skip
 
 
+SILENCE_S = 15.0
+"""Seconds without a line after which the search says what its running trials are doing (a
+model that takes 45 s to build gave 50 s of silence)."""
+
+
 class Progress(Callback):
     """A Tune callback: a line for each finished trial, with the best so far and the cost so
-    far (from every finished trial Tune holds, so a resumed search counts its earlier ones).
+    far (from every finished trial Tune holds, so a resumed search counts its earlier ones),
+    and a line whenever :data:`SILENCE_S` pass without one while trials run.
 
     Args:
         phase: What the lines are about (``search``, ``race``).
         total: Trials the phase may run (``None``: not known ahead).
         extra_s: Device seconds spent before the phase (the race's: the search's).
+        clock: Seconds, monotonic (for tests).
     """
 
-    def __init__(self, phase: str, total: int | None = None, extra_s: float = 0.0) -> None:
+    def __init__(self, phase: str, total: int | None = None, extra_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.phase = phase
         self.total = total
         self.extra_s = extra_s
+        self._clock = clock
+        self._said_at: float | None = None
+        self._started: dict[str, float] = {}  # running trial -> when this callback saw it start
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any
+                       ) -> None:  # fmt: skip
+        self._started[trial.trial_id] = self._clock()
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any
                           ) -> None:  # fmt: skip
-        log.info(self.line(trials, trial))
+        self._started.pop(trial.trial_id, None)
+        self._say(self.line(trials, trial))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any
+                       ) -> None:  # fmt: skip
+        self._started.pop(trial.trial_id, None)
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        """Break a silence of :data:`SILENCE_S` with what the running trials are doing."""
+        now = self._clock()
+        if self._said_at is None:
+            self._said_at = now
+        if now - self._said_at < SILENCE_S:
+            return
+        running = [t for t in trials if t.status == "RUNNING"]
+        if running:
+            self._say("still working: " + "; ".join(self._doing(t, now) for t in running[:2])
+                      + (f"; {len(running) - 2} more" if len(running) > 2 else ""))  # fmt: skip
+
+    def _doing(self, trial: Any, now: float) -> str:
+        """What one running trial is doing, in a few words."""
+        result = trial.last_result or {}
+        trained = result.get(keys.TRAIN_S)
+        name = recipe(trial.config)
+        if trained is None:
+            since = now - self._started.get(trial.trial_id, now)
+            return f"{name} starting for {since:.0f} s (its process, data, model, memory probe)"
+        metric = result.get(keys.METRIC)
+        shown = f", {metric:.4g} at its last evaluation" if isinstance(metric, float) else ""
+        return f"{name} training, {trained:.1f} s so far{shown}"
+
+    def _say(self, text: str) -> None:
+        self._said_at = self._clock()
+        log.info(text)
 
     def line(self, trials: list[Any], trial: Any) -> str:
         """The line for ``trial``'s end, among ``trials``."""
