@@ -36,16 +36,10 @@ RUNG_COUNT = 3
 """Rungs at ``B/eta^2 .. B``: with eta 3, B/9, B/3 and B. None at B/27: a recipe with a large
 LR starts slowly and catches up, and a rung that early stops recipes near the optimum
 (``docs/search.md`` has the figures)."""
-GUESS_RUNG_COUNT = 8
+GUESS_RUNG_COUNT = 4
 """Before any trial has reached the target, ``B`` is a guess (the time cap / eta), an upper
-bound that may be far above the optimum's time (a cap set generously, hundreds of times the
-optimum's training): the rungs then go down to the cap / 3^8, so that trials started together
-are compared from their first evaluations, with the widest zones far below the guess (hedged:
-a trial 6.5x behind at the lowest goes on). With four rungs (the cap / 81 at the lowest) the
-simulated family's two-slot searches let both opening trials run for five trainings of the
-optimum where the cap was 435 of them (``seeds_far_from_optimum``: 35 trainings for 12
-trials, 17 with eight rungs; no member's regret rose, 20 seeds, one slot and two). A rung below
-every trial's first evaluation judges nothing."""
+bound that may be far above the optimum's time: the rungs then go one further down (the cap /
+81 .. the cap / 3), so that trials started together are compared early."""
 
 
 class Trajectory:

@@ -209,7 +209,7 @@ class CappingScheduler(FIFOScheduler):
     def rungs(self) -> list[float]:
         """The rungs' training times now (none without a horizon or a zone): ``B/eta^2 .. B``
         once a trial has reached the target (``B`` the fastest time to target); before, the
-        guess is only a bound, so the rungs go much further down
+        guess is only a bound, so the rungs go further down
         (:data:`~raybatch.run.rungs.GUESS_RUNG_COUNT`), and trials started together are
         compared from their first evaluations on."""
         if self.zone is None:

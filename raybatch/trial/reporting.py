@@ -79,9 +79,8 @@ the first evaluation past the crossing, so marks ``sqrt(3)`` apart overstated it
 (the real benchmark's times sat on the marks); near the target the whole validation set is read
 (:mod:`raybatch.trial.validation`), and each evaluation there sets the next at most 15 % later."""
 TIME_MARKS_BELOW_CAP = 10
-"""The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below B/9 wherever B lies
-above the cap / 27. Before any trial has reached, the rungs go lower still
-(:data:`~raybatch.run.rungs.GUESS_RUNG_COUNT`); those are judged at a trial's sample marks."""
+"""The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below the lowest rung before
+any trial has reached (the cap / 81), and below B/9 wherever B lies above the cap / 27."""
 
 
 def time_marks(max_time_s: float) -> list[float]:
