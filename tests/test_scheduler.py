@@ -223,6 +223,23 @@ def test_trials_started_together_are_judged_against_each_other_before_any_reache
     assert s.on_trial_result(None, _trial("a"), _report(3.5, 0.75)) == TrialScheduler.CONTINUE
 
 
+def test_before_any_reaches_only_running_neighbours_judge_so_the_best_running_curve_goes_on(
+) -> None:  # fmt: skip
+    """Judged against every curve seen, ended ones included, each trial can fall behind one at
+    some rung while early curves cross, and with no incumbent all of them were stopped (a
+    real search: six trials, four at a time, none reached). Before any reaches, a trial is
+    judged against the trials running beside it; after, against every curve seen."""
+    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
+    for t, m in ((0.4, 0.3), (1.2, 0.6)):
+        s.on_trial_result(None, _trial("gone"), _report(t, m))
+    s.on_trial_complete(None, _trial("gone"), {keys.STATUS: "running", keys.TRAIN_S: 1.2})
+    # Far behind the ended curve at the 1 s rung, but nothing running is ahead: it goes on.
+    assert s.on_trial_result(None, _trial("b"), _report(1.2, 0.2)) == TrialScheduler.CONTINUE
+    assert s.capped_at_rung == {}
+    _incumbent(s)  # once a trial has reached, every curve seen judges
+    assert s.on_trial_result(None, _trial("c"), _report(1.2, 0.2)) == TrialScheduler.STOP
+
+
 def test_without_a_zone_only_the_final_time_caps() -> None:
     s = CappingScheduler(slack=1.2, zone=None)
     _incumbent(s)

@@ -121,6 +121,7 @@ class CappingScheduler(FIFOScheduler):
         self.rung_zones: dict[str, float] = {}
         """Tune trial -> the zone of the rung it was stopped at (hedged: wider early)."""
         self._trajectories: dict[str, Trajectory] = {}
+        self._ended: set[str] = set()  # trials whose curves have ended (completed, stopped)
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
         self.warm = WarmSlots()
@@ -241,9 +242,16 @@ class CappingScheduler(FIFOScheduler):
         return None
 
     def _others(self, trial_id: str) -> list[Trajectory]:
-        """Every other curve seen: running trials' and ended ones' (capped ones included:
-        what they showed up to their stop is evidence at the rungs they got to)."""
-        return [t for other, t in self._trajectories.items() if other != trial_id]
+        """The curves a trial is judged against: once a trial has reached the target, every
+        other seen, running or ended (capped ones included: what they showed up to their stop
+        is evidence at the rungs they got to); before, only the trials running beside it.
+        Judged against ended curves too, with no incumbent to bound the search, every trial
+        can fall behind some curve at some rung while early curves cross: a real search (six
+        trials, four at a time, on a loaded machine) had all six stopped and none reached.
+        Against running ones only, the best running curve always goes on."""
+        ended = self._ended if self.best_time_to_target_s is None else set()
+        return [t for other, t in self._trajectories.items()
+                if other != trial_id and other not in ended]  # fmt: skip
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
         """The trial's trajectory, with this result's evaluation added (if it is one: a
@@ -283,6 +291,7 @@ class CappingScheduler(FIFOScheduler):
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
         self.warm.keep(tune_controller, trial)
+        self._ended.add(trial.trial_id)
         # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
