@@ -269,6 +269,10 @@ def test_a_search_through_the_address_requests_gpus_and_prescreens_unplaceable_r
     # Stopped early, it leaves no ghost: what it suggested or queued and never ran is closed.
     ghosts = [t.number for t in study.study.trials if t.state.name in ("RUNNING", "WAITING")]
     assert ghosts == [], ghosts
+    # A trial that failed is told COMPLETE with the penalty (TPE must learn to avoid it; it
+    # ignores FAIL trials), its status and reason beside it for optuna-dashboard.
+    errored = [t for t in study.study.trials if t.user_attrs.get("status") == "error"]
+    assert errored and all("TrialDeviceError" in t.user_attrs["reason"] for t in errored)
     # Whether TPE proposed world size 8 before the search stopped depends on timing; the same
     # searcher, on this cluster, given it first, pre-screens it with the count and launches
     # the next point.

@@ -137,7 +137,8 @@ class Launches:
             return False
         time_to_target = result.get(keys.TIME_TO_TARGET_S)
         violation = OOM_VIOLATION if oom else 0.0
-        told = self.record.finish(number, status, value, violation, time_to_target)
+        told = self.record.finish(number, status, value, violation, time_to_target,
+                                  result.get(keys.REASON))  # fmt: skip
         reached = time_to_target if status is TrialStatus.REACHED else None
         self.plan.opening.done(number, reached, oom)
         if told is not None:  # None: told before an interruption Tune's saved state predates

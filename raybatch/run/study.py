@@ -293,13 +293,21 @@ class SearchStudy:
         value: float,
         violation: float,
         time_to_target_s: float | None,
+        reason: str | None = None,
     ) -> int | None:
         """Tell a launched trial's result; the number it is recorded under, or ``None`` when
         that trial was already finished (told before an interruption that Tune's last saved
-        state predates: the first result is kept)."""
+        state predates: the first result is kept).
+
+        A trial that failed (an error, divergence, the time cap) is told COMPLETE with the
+        PAR-10 penalty, not FAIL: TPE ignores a FAIL trial and would propose its config
+        again, the complaint users have of the peer tools. Its ``status`` and ``reason`` user
+        attributes say what happened (optuna-dashboard shows both)."""
         attrs: dict[str, Any] = {STATUS_ATTR: status.value}
         if time_to_target_s is not None:
             attrs[TIME_TO_TARGET_ATTR] = time_to_target_s
+        if reason:
+            attrs[REASON_ATTR] = str(reason)[:500]
         pruned = status is TrialStatus.CAPPED
         trial = self._live.pop(number, None)
         if trial is not None:
