@@ -312,3 +312,20 @@ def test_the_hang_window_is_the_guards_one_and_none_without_it() -> None:
     assert CappingScheduler().hang_after_s is None and CappingScheduler().hung == {}
     s = CappingScheduler(hang_after_s=12.0)
     assert s.guard is not None and s.hang_after_s == s.guard.after_s == 12.0
+
+
+def test_a_scheduler_pickled_before_warm_slots_and_the_running_guard_resumes() -> None:
+    """Tune pickles the scheduler with the experiment: a run of the same format saved by the
+    raybatch before these were added resumes with them empty, not an AttributeError."""
+    import pickle
+
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    state = dict(s.__dict__)
+    del state["_ended"], state["warm"]
+    old = CappingScheduler.__new__(CappingScheduler)
+    old.__dict__.update(state)
+    restored = pickle.loads(pickle.dumps(old))
+    assert restored.warm.reserved == 0 and restored._ended == set()
+    assert restored.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == (
+        TrialScheduler.CONTINUE
+    )

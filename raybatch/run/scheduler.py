@@ -285,6 +285,13 @@ class CappingScheduler(FIFOScheduler):
         self._trajectories.pop(trial.trial_id, None)
         super().on_trial_error(tune_controller, trial)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Tune pickles the scheduler with the experiment: one saved by an earlier raybatch of
+        # the same run format lacks what was added since, and resumes with it empty.
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_ended", set())
+        self.__dict__.setdefault("warm", WarmSlots())
+
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         self.warm.release(tune_controller, 1)  # its staging reserves a process of its own
         super().on_trial_add(tune_controller, trial)
