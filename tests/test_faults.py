@@ -43,11 +43,17 @@ DIGITS = "raybatch.examples.digits:workload"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "runs.md"
 
 FAULTS: list[tuple[str, str, str]] = [
-    (  # tests/test_resume.py: test_killed_at_three_points_loses_and_repeats_nothing; SIGTERM:
-        # copied_run below
+    (  # tests/test_resume.py: test_killed_at_three_points_loses_and_repeats_nothing
         "the driver stopped (Ctrl-C, SIGTERM) or killed (SIGKILL) mid-search or while confirming",
         "`raybatch resume` continues; Ctrl-C and SIGTERM exit 130 saying how",
         "every finished trial, never run twice",
+    ),
+    (  # copied_run below
+        "SIGTERM to the driver's whole process group (a terminal's `kill -- -PID`, Slurm),"
+        " its own Ray stopped with it",
+        "the driver ends at once (exit 130), the trials' workers killed, one line with the"
+        " resume command; `raybatch resume` continues",
+        "every finished trial; the runs that were training are run again",
     ),
     (  # tests/test_resume.py: test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore
         "killed while Ray Tune copied its state (a state file cut short)",
@@ -228,9 +234,10 @@ def test_a_lock_left_by_a_killed_driver_is_taken_over_and_said(tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A small search stopped by SIGTERM (as Slurm or Kubernetes stop a job: taken as Ctrl-C)
-    after its first trial, copied with ``cp -a``; the copy resumed to its end. The original's
-    files are hashed before and after."""
+    """A small search stopped by SIGTERM to its whole process group (as a terminal's
+    ``kill -- -PID`` or Slurm stops a job: its own Ray gets the signal too) after its first
+    trial, copied with ``cp -a``; the copy resumed to its end. The original's files are hashed
+    before and after."""
     root = tmp_path_factory.mktemp("copied")
     original, copy = root / "r1", root / "r2"
     search = _cli("search", DIGITS, "--target", "0.9", "--trials", "3", "--run-dir",
@@ -238,7 +245,7 @@ def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                   "--confirm-seeds", "0", "--no-prior", "--quiet",
                   start_new_session=True)  # fmt: skip
     _kill_when(search, lambda: _told(original) >= 1, random.Random(1), original, set(),
-               signal.SIGTERM)  # fmt: skip
+               signal.SIGTERM, group=True)  # fmt: skip
     subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
     before = _hashes(original)
     # Named as a user in its folder names it: relative (Ray read that as a URI, and failed).

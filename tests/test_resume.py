@@ -65,10 +65,13 @@ def _kill_when(
     run_dir: Path,
     finished: set[str],
     how: signal.Signals = signal.SIGKILL,
+    group: bool = False,
 ) -> None:
     """Stop the driver a random moment after ``ready()`` holds: SIGKILL its whole process
     group (its local Ray too), or SIGINT or SIGTERM to the driver alone (Ctrl-C, or a
-    scheduler's stop: it must stop cleanly, exit 130 and say how to continue).
+    scheduler's stop: it must stop cleanly, exit 130 and say how to continue), or, with
+    ``group``, SIGTERM to its whole process group (as a terminal's ``kill -- -PID`` or Slurm
+    sends it: its Ray ends too, the driver must end at once saying so, and leave no process).
 
     ``finished`` collects every trial seen finished on the way: a read right after the kill
     may meet a state file the kill cut short.
@@ -85,16 +88,40 @@ def _kill_when(
     time.sleep(rng.uniform(0.0, 0.5))
     finished |= _finished_ids(run_dir)
     if how in (signal.SIGINT, signal.SIGTERM):  # SIGTERM: how Slurm and Kubernetes stop a job
-        driver.send_signal(how)
+        if group:
+            os.killpg(driver.pid, how)
+        else:
+            driver.send_signal(how)
         _, err = driver.communicate(timeout=120)
         assert driver.returncode == 130, err[-2000:]
         assert "SIGTERM received" not in err  # Ray's C++ stack dump and abort (exit 134)
         assert f"continue with `raybatch resume {run_dir}`" in err
         assert "Tuner.restore(" not in err  # one way to continue, raybatch's
+        if group:  # nothing of its Ray left: no orphaned trial still training
+            deadline = time.time() + 10
+            while _in_session(driver.pid) and time.time() < deadline:
+                time.sleep(0.2)
+            assert not _in_session(driver.pid), _in_session(driver.pid)
     else:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finished |= _finished_ids(run_dir)
+
+
+def _in_session(sid: int) -> list[str]:
+    """The live processes of session ``sid`` (a driver started with ``start_new_session``),
+    their names; zombies, which hold nothing, left out."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :]
+        fields = rest.split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name} {name}")
+    return found
 
 
 def _confirming(run_dir: Path) -> bool:

@@ -4,12 +4,14 @@ SIGTERM through a real search: tests/test_faults.py's copied run)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from raybatch.errors import SearchInterrupted
-from raybatch.run.signals import interruptible, sigterm_as_interrupt
+from raybatch.run.signals import interruptible, sigterm_as_interrupt, workers_of
 
 
 def test_ctrl_c_outside_tunes_loop_is_an_interruption_with_the_resume_command() -> None:
@@ -26,3 +28,44 @@ def test_sigterm_is_taken_as_ctrl_c_only_inside_the_block() -> None:
         handler = signal.getsignal(signal.SIGTERM)
         assert callable(handler) and handler is not signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is not handler
+
+
+def test_workers_of_a_raylet_are_found_by_the_pid_in_their_environment(tmp_path: Path) -> None:
+    """The trials' workers of a Ray whose raylet is gone are found by ``RAY_RAYLET_PID``, which
+    Ray sets in their environment; another Ray's workers, and processes without it, are not."""
+    for pid, environ in ((101, b"A=1\0RAY_RAYLET_PID=77\0"), (102, b"RAY_RAYLET_PID=770\0"),
+                         (103, b"HOME=/\0"), (104, b"RAY_RAYLET_PID=77")):  # fmt: skip
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
+    (tmp_path / "105").mkdir()  # ended meanwhile: no environ to read
+    assert sorted(workers_of(77, tmp_path)) == [101, 104]
+
+
+def test_a_second_sigterm_during_the_graceful_stop_ends_the_driver_at_once(tmp_path: Path) -> None:
+    """The first SIGTERM begins the graceful stop (Ctrl-C); a second, while that stop still
+    runs, ends the process at once: one line with what was lost, exit 130."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, time\n"
+        "from raybatch.run.signals import sigterm_as_interrupt\n"
+        "with sigterm_as_interrupt('continue with `raybatch resume runs/x`'):\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('stopping', flush=True)\n"
+        "        time.sleep(60)  # a graceful stop that takes its time\n"
+        "sys.exit(3)\n"
+    )
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert driver.stdout is not None
+    assert driver.stdout.readline().strip() == "ready"
+    driver.send_signal(signal.SIGTERM)
+    assert driver.stdout.readline().strip() == "stopping"
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130
+    assert err.strip() == (
+        "raybatch: stopped at once (a second SIGTERM): continue with `raybatch resume runs/x`"
+    )

@@ -36,6 +36,7 @@ from ray.tune import Callback, Stopper
 
 from raybatch import keys
 from raybatch.errors import first_line
+from raybatch.run.signals import ray_closing
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
 FAIL_FAST_AFTER = 3
@@ -289,6 +290,7 @@ class Diverted:
         """
         import ray
 
+        ray_closing()  # its processes ending now is not a SIGTERM's doing
         for stream in self._streams:
             stream.everything = True
         try:

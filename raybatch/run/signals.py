@@ -8,38 +8,153 @@ interruption and says how to resume), so SIGTERM is sent on as SIGINT, to the dr
 while the search runs (:func:`~raybatch.run.cluster.init_ray` keeps this handler through
 ``ray.init``); the handler that was there before is put back then (one installed outside
 Python, as Ray's is, cannot be: the default, which also ends the process, takes its place).
+
+A SIGTERM to the whole process group (a terminal's ``kill -- -PID``; Slurm signals every
+process of a job) reaches the Ray the driver started too: its GCS and raylet end, Ray Tune's
+graceful stop waits for them a minute and Ray aborts the driver, while the trials' workers,
+in process groups of their own, train on as orphans. So after a SIGTERM the driver watches the
+Ray it started (:class:`_Watch`): once its raylet or GCS has ended, or at a second SIGTERM,
+it ends the search at once: the workers of its Ray killed, one line with the resume command,
+exit 130. What finished is in the run directory (saved as each trial ended), and ``resume``
+treats the rest as a driver killed mid-search.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from raybatch.errors import SearchInterrupted
 
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+WATCH_EVERY_S = 0.2
 
-def _as_interrupt(signum: int, frame: FrameType | None) -> None:
-    os.kill(os.getpid(), signal.SIGINT)
+
+def _ray_heads() -> list[Any]:
+    """The processes (``subprocess.Popen``) of the Ray this driver started: its GCS, raylet and
+    helpers; none when it connected to a cluster (whose processes a signal here never
+    reaches) or Ray is down."""
+    try:
+        import ray._private.worker as ray_worker
+
+        node: Any = ray_worker._global_node
+        processes: dict[str, list[Any]] = node.all_processes if node is not None else {}
+    except (ImportError, AttributeError):  # Ray's private layout moved: nothing to watch
+        return []
+    return [info.process for infos in processes.values() for info in infos]
+
+
+def _raylet_pid() -> int | None:
+    try:
+        import ray._private.worker as ray_worker
+        from ray._private import ray_constants
+
+        node: Any = ray_worker._global_node
+        infos = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])
+        return int(infos[0].process.pid) if infos else None
+    except (ImportError, AttributeError, IndexError):
+        return None
+
+
+def workers_of(raylet_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes a raylet started (Ray's workers: the trials), found by the
+    ``RAY_RAYLET_PID`` Ray sets in their environment, which stays when the raylet is gone and
+    they were handed to init. Linux only (``/proc``); elsewhere none are found."""
+    mark = f"RAY_RAYLET_PID={raylet_pid}".encode()
+    found = []
+    for entry in proc.glob("[0-9]*"):
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if mark in environ.split(b"\0") and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+class _Watch:
+    """After a SIGTERM: the graceful stop (Ctrl-C) begun, and the Ray this driver started
+    watched; ended at once (:meth:`end_now`) if that Ray's own processes got the signal too, or
+    at a second SIGTERM."""
+
+    def __init__(self, lost: str) -> None:
+        self.lost = lost
+        self.signals = 0
+        self.closing = threading.Event()  # the driver shuts its Ray down itself: not a signal's
+        self.done = threading.Event()
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            self.end_now("a second SIGTERM")
+        os.kill(os.getpid(), signal.SIGINT)  # Ray Tune's graceful stop, as Ctrl-C
+        heads = _ray_heads()
+        if heads:
+            threading.Thread(target=self._watch, args=(heads,), daemon=True).start()
+
+    def _watch(self, heads: list[Any]) -> None:
+        while not self.done.wait(WATCH_EVERY_S):
+            if self.closing.is_set():
+                return
+            if any(p.poll() is not None for p in heads):
+                self.end_now("SIGTERM reached the Ray this search started too")
+
+    def end_now(self, why: str) -> None:
+        """Kill what is left of the Ray this driver started (its trials' workers first), say
+        so in one line with the resume command, and exit 130: a graceful stop cannot end."""
+        raylet = _raylet_pid()
+        for pid in workers_of(raylet) if raylet is not None else []:
+            _kill(pid)
+        for process in _ray_heads():
+            if process.poll() is None:
+                _kill(process.pid)
+        sys.stderr.write(f"raybatch: stopped at once ({why}): {self.lost}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(OSError):  # ended meanwhile
+        os.kill(pid, signal.SIGKILL)
+
+
+_active: _Watch | None = None
+
+
+def ray_closing() -> None:
+    """The driver shuts its own Ray down now: its processes ending is not a signal's doing."""
+    if _active is not None:
+        _active.closing.set()
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM to this process is handled as Ctrl-C (see the module).
+def sigterm_as_interrupt(lost: str = "the trials running were lost") -> Iterator[None]:
+    """Within the block, SIGTERM to this process is handled as Ctrl-C, and one that reached the
+    Ray this driver started too, or a second one, ends it at once saying ``lost`` (see the
+    module).
 
     Outside the main thread (where Python cannot set a handler) nothing changes.
     """
+    global _active
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _as_interrupt)
+    watch, outer = _Watch(lost), _active
+    previous = signal.signal(signal.SIGTERM, watch.on_sigterm)
+    _active = watch
     try:
         yield
     finally:
+        watch.done.set()
+        _active = outer
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
@@ -52,7 +167,9 @@ def interruptible(run_dir: Path) -> Iterator[None]:
     Raises:
         SearchInterrupted: Ctrl-C (or SIGTERM) outside Ray Tune's loop.
     """
-    with sigterm_as_interrupt():
+    lost = (f"the trials that were running are lost, what finished is saved: continue with"
+            f" `raybatch resume {run_dir}`")  # fmt: skip
+    with sigterm_as_interrupt(lost):
         try:
             yield
         except KeyboardInterrupt:
@@ -61,4 +178,4 @@ def interruptible(run_dir: Path) -> Iterator[None]:
             ) from None
 
 
-__all__ = ["interruptible", "sigterm_as_interrupt"]
+__all__ = ["interruptible", "ray_closing", "sigterm_as_interrupt", "workers_of"]
