@@ -14,7 +14,7 @@ from ray.tune.search import Searcher
 import raybatch
 from raybatch import Target, keys
 from raybatch.provenance import Provenance, SearchCost
-from raybatch.results.cost import search_cost
+from raybatch.results.cost import search_cost, wall_clock
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
 from raybatch.run.confirmation import Race, RaceSearcher
@@ -296,6 +296,25 @@ def test_what_the_user_paid_is_slots_times_the_wall_clock_less_a_start_per_slot(
     assert SearchCost.from_dict(cost.to_dict()) == cost
     # Without saying the slots, they are the most runs that held their devices at once.
     assert search_cost(rows, unit_s=2.0).slots == 2
+
+
+def test_the_wall_clock_is_counted_within_driver_sessions_not_across_an_interruption() -> None:
+    """A search ran from t=100 to t=110, was interrupted, and resumed at t=1000 (a day later,
+    or a minute): its cost is the two sessions' wall clocks, 10 s and 5 s, not the 910 s from
+    the first run's start to the last one's end. Without sessions recorded (a study written
+    before they were), one session, as before."""
+    rows = [
+        _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=4.0, started_at=100.0),
+        _row(B, keys.PHASE_SEARCH, 1.5, 0, held_s=6.0, started_at=104.0),
+        _row(A, keys.PHASE_CONFIRMATION, 1.0, 1, held_s=3.0, started_at=1002.0),
+        _row(B, keys.PHASE_CONFIRMATION, 1.5, 1, held_s=2.0, started_at=1005.0),
+    ]
+    assert wall_clock(rows, sessions=[99.0, 1000.0]) == pytest.approx(10.0 + 5.0)
+    assert wall_clock(rows) == pytest.approx(907.0)
+    cost = search_cost(rows, unit_s=1.0, slots=1, sessions=[99.0, 1000.0])
+    assert cost.wall_s == pytest.approx(15.0) and cost.trainings_wall == pytest.approx(15.0)
+    # A session in which no run ended (killed at once) adds nothing.
+    assert wall_clock(rows, sessions=[99.0, 500.0, 1000.0]) == pytest.approx(15.0)
 
 
 def test_a_process_start_counts_what_only_a_processs_first_run_pays_before_its_clock() -> None:

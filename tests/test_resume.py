@@ -24,6 +24,7 @@ from raybatch.export import load_best
 from raybatch.results.rows import read_trials_csv
 from raybatch.run.driver import analyze_run
 from raybatch.run.rundir import STUDY_NAME
+from raybatch.run.sessions import sessions_recorded
 from raybatch.run.study import STATUS_ATTR
 from raybatch.run.tune_state import CUT_FOLDER, check_restorable, set_aside_cut_sessions
 
@@ -215,6 +216,22 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     assert fresh is not None
     assert stored.config == fresh.config
     assert replace(stored.provenance, created=None) == replace(fresh.provenance, created=None)
+    # What the user paid is counted within the four driver sessions, never across the time the
+    # run lay killed between them.
+    sessions = sessions_recorded(run_dir / "optuna.db", STUDY_NAME)
+    assert len(sessions) == 4 and sessions == sorted(sessions)
+    spans = [(float(r["started_at"]), float(r["started_at"]) + float(r["held_s"] or 0))
+             for r in read_trials_csv(run_dir / "trials.csv") if r["started_at"]]  # fmt: skip
+    # The time it lay killed: from the last run's end before each resume to the resume.
+    idle = [(max((e for b, e in spans if b < s), default=s), s) for s in sessions[1:]]
+    assert all(s > e for e, s in idle)  # a resume starts after the runs before it ended
+    lost, reach = 0.0, 0.0  # their union (a resume killed before any run ended adds none)
+    for end, resumed_at in idle:
+        lost += max(0.0, resumed_at - max(end, reach))
+        reach = max(reach, resumed_at)
+    wall = stored.provenance.search_cost and stored.provenance.search_cost.wall_s
+    whole = max(e for _, e in spans) - min(b for b, _ in spans)
+    assert wall is not None and wall <= whole - lost + 1e-6
 
 
 def test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore(tmp_path: Path) -> None:

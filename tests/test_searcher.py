@@ -20,6 +20,7 @@ from raybatch.run.gates import LearnedOutOfMemory, for_settings, gate_of, search
 from raybatch.run.plan import Plan
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
+from raybatch.run.sessions import sessions_recorded
 from raybatch.run.study import REASON_ATTR, STATUS_ATTR, SearchStudy, status_of
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
@@ -891,3 +892,19 @@ def test_points_queued_for_tpe_that_never_ran_are_closed_with_a_reason(tmp_path:
     trials = record.study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
     assert all(t.user_attrs[REASON_ATTR].startswith("not run:") for t in trials)
+
+
+def test_each_driver_session_is_recorded_in_the_study_and_read_back_with_sqlite(
+    tmp_path: Path,
+) -> None:
+    """The search and each resume record when they started in the study (the cost's wall clock
+    is counted within them); read back from the file alone, as a finished run's audit does,
+    and from a study written before they were recorded (none: one session)."""
+    db = tmp_path / "optuna.db"
+    assert sessions_recorded(db, "t") == []  # no file yet
+    assert SearchStudy(f"sqlite:///{db}", "t").add_session(100.0) == [100.0]
+    assert SearchStudy(f"sqlite:///{db}", "t").add_session(250.5) == [100.0, 250.5]  # a resume
+    assert sessions_recorded(db, "t") == [100.0, 250.5]
+    assert sessions_recorded(db, "other") == []
+    SearchStudy(f"sqlite:///{tmp_path / 'old.db'}", "t").study.set_user_attr("x", 1)
+    assert sessions_recorded(tmp_path / "old.db", "t") == []

@@ -11,6 +11,7 @@ slots for about 7.7x the seconds they trained).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from typing import Protocol
@@ -39,12 +40,14 @@ def device_seconds(seconds: float, world_size: int, gpu_share: float | None) -> 
     return seconds
 
 
-def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None) -> SearchCost:
+def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None,
+                sessions: Sequence[float] = ()) -> SearchCost:  # fmt: skip
     """The cost of the search whose rows are ``rows`` (pre-screened configs cost nothing: they
     never ran). Every device second is in them: the time model is measured inside a trial.
     Also what the user paid: ``slots`` (default: the most runs that held their devices at once,
     :func:`slots_used`) x the wall clock from the first run's start to the last one's end
-    (:func:`wall_clock`), where the rows say when they ran.
+    within each of the driver's ``sessions`` (:func:`wall_clock`), where the rows say when they
+    ran.
 
     Raises:
         ValueError: ``unit_s`` is not a positive time.
@@ -54,7 +57,7 @@ def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None) -
     ran = [r for r in rows if r.phase != keys.PHASE_PRESCREEN]
     device = sum(held_seconds(r) for r in ran)
     train = sum(float(r.train_s or 0.0) for r in ran)
-    wall = wall_clock(ran)
+    wall = wall_clock(ran, sessions)
     if wall is None:
         return SearchCost(device, train, unit_s, len(ran))
     slots = slots if slots is not None else slots_used(ran)
@@ -87,14 +90,22 @@ def slots_used(rows: Sequence[Span]) -> int:
     return max(most, 1)
 
 
-def wall_clock(rows: Sequence[Span]) -> float | None:
+def wall_clock(rows: Sequence[Span], sessions: Sequence[float] = ()) -> float | None:
     """Seconds from the first run's start to the last one's end, of the runs that say when they
-    started (``None`` where none does: rows written before that was recorded)."""
+    started (``None`` where none does: rows written before that was recorded), summed over the
+    driver's ``sessions`` (their starts, epoch seconds: the search, then each resume) where it
+    was interrupted: the time a run lay interrupted, between its last run then and its resume,
+    is not a cost (a run belongs to the last session that started before it did)."""
     spans = [(r.started_at, r.started_at + (r.held_s or 0.0)) for r in rows
              if r.started_at is not None]  # fmt: skip
     if not spans:  # a run that failed before its first report says nothing: the others do
         return None
-    return max(end for _, end in spans) - min(start for start, _ in spans)
+    starts = sorted(sessions)
+    by_session: dict[int, list[tuple[float, float]]] = {}
+    for start, end in spans:
+        by_session.setdefault(bisect.bisect_right(starts, start), []).append((start, end))
+    return sum(max(e for _, e in group) - min(s for s, _ in group)
+               for group in by_session.values())  # fmt: skip
 
 
 def slot_startups(rows: list[TrialRow], slots: int) -> float:

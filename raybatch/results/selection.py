@@ -8,7 +8,7 @@ import platform
 import statistics
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -393,6 +393,7 @@ def choose_winner(
     rows: list[TrialRow],
     confirmed: bool,
     measured_on: Provenance | None = None,
+    sessions: Sequence[float] = (),
 ) -> BestConfig | None:
     """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
 
@@ -402,8 +403,9 @@ def choose_winner(
     workload's autocast, which the framework exports need), ``grad_clip_norm``, the time model
     (``prior``), ``baseline_point`` and ``reference_point`` (the largest batch as found and the
     reference, which the verdict compares with: ``compared``); without it, ``device`` is this
-    machine's. The winner's recipe is
-    the one its rows carry (:attr:`TrialRow.config`).
+    machine's. ``sessions``: when each driver session started (the search, each resume), so
+    that the cost's wall clock leaves out the time a run lay interrupted. The winner's recipe
+    is the one its rows carry (:attr:`TrialRow.config`).
     """
     order = ranked(rows, confirmed)
     if not order:
@@ -440,6 +442,6 @@ def choose_winner(
         runner_up=runner_up,
         compared=comparisons(rows, winner, given.baseline_point, given.reference_point,
                              measured_recipes(rows, confirmed)),
-        search_cost=search_cost(rows, winner.median),
+        search_cost=search_cost(rows, winner.median, sessions=sessions),
     )  # fmt: skip
     return BestConfig(recipe, provenance)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,9 +191,9 @@ def _finished(path: Path) -> SearchResult:
     return result
 
 
-def _progress(options: SearchOptions) -> Progress:
-    """The search's progress lines."""
-    return Progress("trial", options.trials)
+def _progress(options: SearchOptions, sessions: list[float]) -> Progress:
+    """The search's progress lines (the cost so far counted within the driver's sessions)."""
+    return Progress("trial", options.trials, sessions=sessions)
 
 
 def _quiet_tune() -> None:
@@ -234,6 +235,7 @@ class _Plan:
     notes: list[str] = field(default_factory=list)
     in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
     tuned: Any = None  # what Tune holds: the search, then the race (SearchThenRace)
+    sessions: list[float] = field(default_factory=list)  # when each driver session started
 
 
 def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
@@ -337,7 +339,7 @@ def _search_tuner(
             watch if isinstance(c, FailFast) else c
             for c in run_config.callbacks or []
             if not isinstance(c, TellUntold | Progress)
-        ] + [TellUntold(tuned), _progress(options)]  # the restored searcher
+        ] + [TellUntold(tuned), _progress(options, plan.sessions)]  # the restored searcher
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         run_config.verbose = max(0, verbose - 1)  # this session's, not the first one's
@@ -358,7 +360,7 @@ def _search_tuner(
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             verbose=max(0, verbose - 1),  # Tune's table at 2 (--verbose) only
-            callbacks=[watch, TellUntold(plan.tuned), _progress(options)],
+            callbacks=[watch, TellUntold(plan.tuned), _progress(options, plan.sessions)],
             stop=watch,
         ),
     )
@@ -374,9 +376,11 @@ def _execute(
     verbose: int,
     notes: list[str] | None = None,
 ) -> SearchResult:
+    session = time.time()  # this driver's session: the cost's wall clock stops at its gaps
     _quiet_tune()
     started_ray = init_ray(options.address)
     plan = _plan_or_forget(path, resume, workload, space, target, options)
+    plan.sessions = plan.searcher.record.add_session(session)
     notes = plan.notes = [*(notes or []), *plan.notes]
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
 
@@ -428,7 +432,7 @@ def _execute(
         device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
         baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
     )  # fmt: skip
-    best = choose_winner(target, rows, options.confirms, measured_on)
+    best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions)
     if best is not None:
         write_best(path, best)
     # Written last but the report: a run with trials.csv has finished (resume leaves it alone).

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from types import SimpleNamespace
 from typing import Any
@@ -102,13 +102,17 @@ class Progress(Callback):
         total: Trials the phase may run (``None``: not known ahead).
         extra_s: Device seconds spent before the phase (the race's: the search's).
         clock: Seconds, monotonic (for tests).
+        sessions: When each driver session started (epoch seconds: the search, each
+            resume): the wall clock is counted within them, never across an interruption.
     """
 
     def __init__(self, phase: str, total: int | None = None, extra_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic,
+                 sessions: Sequence[float] = ()) -> None:  # fmt: skip
         self.phase = phase
         self.total = total
         self.extra_s = extra_s
+        self.sessions = list(sessions)
         self._clock = clock
         self._said_at: float | None = None
         self._started: dict[str, float] = {}  # running trial -> when this callback saw it start
@@ -189,7 +193,7 @@ class Progress(Callback):
         results = [t.last_result or {} for t in done]
         spans = [SimpleNamespace(started_at=r.get(keys.STARTED_AT), held_s=r.get(keys.HELD_S))
                  for r in results]  # fmt: skip
-        wall = wall_clock(spans)
+        wall = wall_clock(spans, self.sessions)
         if wall is None:
             return self.extra_s + sum(_device_s(t) for t in done)
         return self.extra_s + slots_used(spans) * wall

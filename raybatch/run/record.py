@@ -14,8 +14,9 @@ from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TRIALS_CSV, TrialRow, stored_rows
 from raybatch.results.selection import choose_winner
-from raybatch.run.rundir import OPTUNA_DB, read_run
+from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME, read_run
 from raybatch.run.seeding import budget_check, max_batch_point, reference_point
+from raybatch.run.sessions import sessions_recorded
 from raybatch.run.study import runs_recorded
 from raybatch.space.search_space import SearchSpace
 from raybatch.workload import load_workload
@@ -42,7 +43,9 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
             measured_on = load_best(path).provenance.measured_on()
         except RaybatchError:  # damaged: the rows alone choose the winner again
             measured_on = Provenance()
-    return choose_winner(target, _whole_rows(path, space), options.confirms, measured_on)
+    sessions = sessions_recorded(path / OPTUNA_DB, STUDY_NAME)
+    return choose_winner(target, _whole_rows(path, space), options.confirms, measured_on,
+                         sessions)  # fmt: skip
 
 
 def rebuild_report(run_dir: str | Path) -> Path:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
 from raybatch.keys import KnobPoint
+from raybatch.run.sessions import SESSIONS_ATTR, sessions_in
 from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
@@ -356,6 +357,15 @@ class SearchStudy:
         """Record that the searcher ended the search early, and why."""
         self.study.set_user_attr(GAVE_UP_ATTR, reason)
         self._gave_up, self._gave_up_read = reason, True
+
+    def add_session(self, started_at: float) -> list[float]:
+        """Record that a driver session (a search, or a resume of it) started at
+        ``started_at`` (epoch seconds); returns every session's start, in order. The wall clock
+        a search paid is counted within sessions (:func:`raybatch.results.cost.wall_clock`),
+        never across the time a run lay interrupted."""
+        started = [*sessions_in(self.study.user_attrs), float(started_at)]
+        self.study.set_user_attr(SESSIONS_ATTR, started)
+        return started
 
     def ladder_queued(self) -> bool:
         return bool(self.study.user_attrs.get(LADDER_ATTR, False))
