@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from raybatch.run import gates as gates_module
 from raybatch.run import screen as screen_module
 from raybatch.run.gates import LearnedOutOfMemory, for_settings, gate_of, search_gates
 from raybatch.run.plan import Plan
+from raybatch.run.progress import LOGGER
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import max_batch_point, reference_point
 from raybatch.run.sessions import sessions_recorded
@@ -748,14 +750,16 @@ def test_the_driver_built_searcher_carries_the_largest_batchs_best_lr_to_the_lad
 
 @pytest.mark.usefixtures("ray_session")
 def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_model_for_the_ladder(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The time model is measured inside a trial once it reaches the target: one running trial
     at a time is asked (a capped one passes the request on), what it brings back survives the
     searcher's checkpoint, and the ladder is ranked by it (here: the smallest batches, where
-    the geometric ladder without a model would run 64 and 16)."""
+    the geometric ladder without a model would run 64 and 16). Each phase says so as it
+    begins: the time model measured, the ladder, then TPE."""
     from raybatch.timemodel.model import NoiseScale, TimeModel
 
+    caplog.set_level(logging.INFO, logger=LOGGER)
     searcher = _driver_searcher(tmp_path, prior=True)
     asked = [searcher.suggest("o0"), searcher.suggest("o1")]
     assert all(isinstance(c, dict) for c in asked)
@@ -778,6 +782,16 @@ def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_mode
     launched = _run_reaching(restored, range(3, 3 + len(restored.plan.opening.points) - 3 + 4))
     ladder = launched[-4:]
     assert {m for m, _, _ in ladder} == {16, 32}
+    assert isinstance(restored.suggest("tpe"), dict)
+    said = [m for m in caplog.messages if not m.startswith("trial ")]
+    assert said == [
+        "time model measured in trial o2 (gradient noise scale 0): the ladder's batches come"
+        " from it once the opening has ended",
+        "the opening has ended: the ladder next, 4 recipe(s): the batches the time model"
+        " predicts fastest, each at the largest batch's fastest LR (0.5x) carried by the rule and"
+        " as is",
+        "the plan's recipes have all been asked: Optuna's TPE suggests from here",
+    ]
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -102,6 +102,8 @@ def test_cli_search_of_a_user_workload_file_from_another_folder(tmp_path: Path) 
         capture_output=True, text=True, cwd=cwd, check=False, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Its last phase says what it does (the plots and the report take a while on a big run).
+    assert "raybatch: the search has ended: choosing the winner, writing" in proc.stderr
     run = cwd / "run"
     rows = [r for r in read_trials_csv(run / "trials.csv") if r["phase"] == "search"]
     assert len(rows) == 3

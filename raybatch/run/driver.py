@@ -409,6 +409,8 @@ def _execute(
                      " that finished since the last save")  # fmt: skip
     phases = plan.tuned
     _ended_or_interrupted(phases, plan.searcher.record.gave_up_reason(), options, path, notes)
+    progress.info("the search has ended: choosing the winner, writing trials.csv,"
+                  " best_config.yaml and report.html")  # fmt: skip
     # A resumed search's scheduler is Tune's restored copy: its rung stops are not seen here.
     rows = search_rows(results, plan.searcher.penalty, options.seed, scheduler)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})

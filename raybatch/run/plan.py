@@ -27,6 +27,7 @@ from typing import Any
 from raybatch import keys
 from raybatch.keys import KnobPoint
 from raybatch.run.opening import Opening
+from raybatch.run.progress import log
 from raybatch.run.seeding import Ladder
 from raybatch.run.study import SearchStudy
 from raybatch.space.config import TrialConfig
@@ -68,6 +69,7 @@ class Plan:
         ``trial_id`` that measured it), once one has."""
         self.time_model_problem: str | None = None  # why the asked trial could not measure it
         self.measuring: str | None = None  # the Tune trial asked to measure it, while it runs
+        self.said_tpe = False  # the line that TPE suggests from here, once a session
 
     @property
     def record(self) -> SearchStudy:
@@ -97,6 +99,7 @@ class Plan:
         self.opening.restore(state)
         self.time_model, self.time_model_problem = state["time_model"], state["time_model_problem"]
         self.measuring = None  # a trial asked before the interruption is asked again
+        self.said_tpe = False
 
     # ------------------------------------------------------------------ the time model
 
@@ -119,8 +122,13 @@ class Plan:
         text = result.get(keys.TIME_MODEL)
         if text and self.time_model is None:
             self.time_model = {**json.loads(text), keys.TRIAL_ID: trial_id}
+            scale = (self.time_model.get("noise_scale") or {}).get("b_simple")
+            said = f" (gradient noise scale {scale:.4g})" if isinstance(scale, float | int) else ""
+            log.info(f"time model measured in trial {trial_id}{said}: the ladder's batches"
+                     " come from it once the opening has ended")  # fmt: skip
         elif result.get(keys.TIME_MODEL_ERROR):
             self.time_model_problem = str(result[keys.TIME_MODEL_ERROR])
+            log.info(f"time model not measured in trial {trial_id}: {self.time_model_problem}")
 
     # ------------------------------------------------------------------ the ladder
 
@@ -138,6 +146,21 @@ class Plan:
                 self.ladder.model = TimeModel.from_dict(self.time_model)
             points = self.ladder.points(opening.best_multiplier(), opening.baseline)
             self.record.queue_ladder(points)
+            how = ("the batches the time model predicts fastest" if self.ladder.model is not None
+                   else "a geometric ladder of batches (no time model)")  # fmt: skip
+            log.info(f"the opening has ended: the ladder next, {len(points)} recipe(s): {how},"
+                     f" each at the largest batch's fastest LR ({opening.best_multiplier():.3g}x)"
+                     " carried by the rule and as is")  # fmt: skip
+
+    def say_tpe(self) -> None:
+        """Say, once a session, that Optuna's TPE suggests from now on: the plan's points have
+        all been asked (the line that marks the search's last phase)."""
+        if getattr(self, "said_tpe", False) or self.record.queued():
+            return
+        if self.ladder is not None and not self.record.ladder_queued():
+            return  # a free slot during the opening: TPE fills it, the ladder is to come
+        self.said_tpe = True
+        log.info("the plan's recipes have all been asked: Optuna's TPE suggests from here")
 
 
 __all__ = ["CHECKPOINTED", "Plan"]

@@ -74,6 +74,7 @@ class Screen:
         are queued in the study first: they are asked before TPE's."""
         self.plan.queue_opening()
         self.plan.queue_ladder()
+        self.plan.say_tpe()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
             try:  # the recipe, derived once, here, where the knobs are chosen
