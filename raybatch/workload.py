@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
+    from raybatch.space.infer import FoundRecipe
+
 
 class Workload(abc.ABC):
     """Base class of a training workload.
@@ -129,6 +131,18 @@ class Workload(abc.ABC):
     def build_optimizer(self, model: nn.Module, config: TrialConfig) -> torch.optim.Optimizer:
         """The optimizer of the space's family with the derived lr and weight decay."""
         return build_optimizer(model.parameters(), config)
+
+    def left_out(self) -> list[str]:
+        """What the user's own training code does that a search does not (an LR scheduler, a
+        framework's hooks), said as the search starts: a recipe measured without them is not
+        silently the recipe trained with them. A workload of raybatch's own: nothing."""
+        return []
+
+    def found_recipe(self) -> FoundRecipe | None:
+        """The recipe the user's own training code trains with, each value with where it came
+        from (``raybatch init-space`` writes a space around it); ``None`` for a workload of
+        raybatch's own, whose recipe is its space."""
+        return None
 
 
 def build_optimizer(params: Iterable[Any], config: TrialConfig) -> torch.optim.Optimizer:

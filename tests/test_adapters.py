@@ -86,9 +86,9 @@ def test_a_metric_validation_step_does_not_log_is_named(job: Path) -> None:
 
 
 def _search_from_elsewhere(tmp_path: Path, workload: str, space: str, target: str,
-                           max_time_s: int) -> None:  # fmt: skip
+                           max_time_s: int) -> str:  # fmt: skip
     """Two trials of ``raybatch search`` run from a folder beside the user's, through the CLI:
-    one at least reaches, and the winner records the target."""
+    one at least reaches, and the winner records the target. Returns what it said (stderr)."""
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     proc = subprocess.run(
@@ -106,12 +106,76 @@ def _search_from_elsewhere(tmp_path: Path, workload: str, space: str, target: st
     assert "Configuration for experiment" not in proc.stdout, proc.stdout[:2000]
     assert "View detailed results" not in proc.stdout
     assert " INFO " not in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr
 
 
 @pytest.mark.slow
 def test_cli_search_of_a_lightning_job_from_another_folder(job: Path, tmp_path: Path) -> None:
+    """Searched as it is, and what its code does that the trials do not is said at the start:
+    its configure_optimizers() returns a StepLR the search's warmup replaces."""
     workload = "../user/search_me.py:workload"
-    _search_from_elsewhere(tmp_path, workload, "tabular_mlp_adamw", "val_acc>=0.9", 15)
+    said = _search_from_elsewhere(tmp_path, workload, "tabular_mlp_adamw", "val_acc>=0.9", 15)
+    left_out = ("raybatch: not used by the search: DigitsClassifier.configure_optimizers()'s LR"
+                " scheduler (StepLR)")  # fmt: skip
+    assert left_out in said and said.index(left_out) < said.index("raybatch: searching:")
+
+
+def test_init_space_writes_the_modules_own_recipe_as_the_reference(job: Path) -> None:
+    """`raybatch init-space` reads the recipe from the module itself (configure_optimizers()'s
+    AdamW: lr, weight decay, betas; the datamodule's batch size), says its source beside each
+    value and what a search leaves out, and writes a space a search reads as is; never over
+    a file."""
+    run = [sys.executable, "-m", "raybatch", "init-space", "search_me.py:workload"]
+    proc = subprocess.run(run, capture_output=True, text=True, cwd=job.parent, check=False)
+    assert proc.returncode == 0, proc.stderr
+    path = job.parent / "search_me_space.yaml"
+    assert f"wrote {path.name}: the reference is 32 a step at lr 0.001 (adamw)" in proc.stdout
+    assert "not used by a search: DigitsClassifier.configure_optimizers()'s LR" in proc.stdout
+    space = raybatch.load_space(str(path))
+    ref = space.reference
+    assert (ref.batch_size, ref.lr, ref.weight_decay, ref.optimizer.value) == (
+        32, 0.001, 0.01, "adamw")  # fmt: skip
+    assert ref.optimizer_kwargs["betas"] == [0.9, 0.999] and ref.optimizer_kwargs["eps"] == 1e-8
+    assert space.rules.lr.value == "sqrt" and space.search.world_size == [1]
+    assert space.search.micro_batch_size == [4, 8, 16, 32, 64, 128, 256, 512]
+    text = path.read_text()
+    assert "# DigitsData.train_dataloader()'s batch size" in text
+    assert "# Not used by a search: DigitsClassifier.configure_optimizers()'s LR scheduler" in text
+    again = subprocess.run(run, capture_output=True, text=True, cwd=job.parent, check=False)
+    assert again.returncode == 2 and "exists; choose another name (--out)" in again.stderr
+    assert path.read_text() == text
+
+
+def test_init_space_refuses_a_workload_of_raybatchs_own_and_an_unknown_optimizer(
+    job: Path,
+) -> None:
+    """A raybatch Workload's recipe is its space already; an RMSprop has no space family."""
+    from raybatch.adapters.lightning import LightningWorkload
+    from raybatch.space.infer import write_space
+
+    own = load_workload("raybatch.examples.tabular:workload")
+    with pytest.raises(WorkloadError, match="a workload of raybatch's own: its recipe is its"):
+        write_space(own.found_recipe(), own.name, job.parent / "x.yaml")
+    sys.path.insert(0, str(job.parent))
+    try:
+        from lightning_job import DigitsClassifier, DigitsData
+    finally:
+        sys.path.remove(str(job.parent))
+
+    class Rms(DigitsClassifier):
+        def configure_optimizers(self) -> Any:
+            import torch
+
+            return torch.optim.RMSprop(self.parameters(), lr=0.01)
+
+        def on_train_epoch_end(self) -> None:
+            pass
+
+    workload = LightningWorkload(Rms, DigitsData(), name="rms")
+    with pytest.raises(WorkloadError, match=r"trains with RMSprop; a space names sgd, adam"):
+        write_space(workload.found_recipe(), workload.name, job.parent / "rms.yaml")
+    assert not (job.parent / "rms.yaml").exists()
+    assert workload.left_out() == ["Rms.on_train_epoch_end(): no Trainer calls it"]
 
 
 class _Tokens:
@@ -255,3 +319,28 @@ def test_python_search_of_a_lightning_job(job: Path, tmp_path: Path) -> None:
                              options, verbose=0)  # fmt: skip
     assert any(r.status.value == "reached" for r in result.rows), result.rows
     assert result.best is not None and result.best.provenance.target == "val_acc>=0.9"
+
+
+def test_init_space_of_a_hugging_face_model_starts_from_training_arguments_defaults(
+    tmp_path: Path,
+) -> None:
+    """The workload carries no TrainingArguments: the space's reference is what a Trainer
+    trains with by default (as a TrainingArguments the user builds has it), each value marked
+    to be replaced; the file reads back as a space, 5e-05 a float, not a string."""
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    from raybatch.adapters.huggingface import HuggingFaceWorkload
+    from raybatch.space.infer import write_space
+
+    workload = HuggingFaceWorkload(_tiny_bert, _Tokens(64, 0), _Tokens(32, 1), name="tiny")
+    found = workload.found_recipe()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"))
+    assert (found.batch_size, found.lr, found.weight_decay) == (
+        args.per_device_train_batch_size, args.learning_rate, args.weight_decay)  # fmt: skip
+    assert found.optimizer_kwargs == {"betas": [args.adam_beta1, args.adam_beta2],
+                                      "eps": args.adam_epsilon}  # fmt: skip
+    path = write_space(found, workload.name, tmp_path / "tiny_space.yaml")
+    space = raybatch.load_space(str(path))
+    assert space.reference.lr == args.learning_rate and space.reference.optimizer.value == "adamw"
+    assert "# TrainingArguments' default: put your own learning_rate" in path.read_text()

@@ -27,6 +27,7 @@ winner with ``raybatch export RUN_DIR --format hf`` for the ``TrainingArguments`
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.utils.data import Dataset
+
+    from raybatch.space.infer import FoundRecipe
 
 NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)", re.IGNORECASE)
 """Parameter names the ``Trainer`` keeps out of weight decay (besides ``LayerNorm`` layers)."""
@@ -185,6 +188,28 @@ class HuggingFaceWorkload(Workload):
             raise WorkloadError(f"{self.name}: compute_metrics returned {sorted(values)}, not"
                                 f" {missing}")  # fmt: skip
         return values
+
+    def found_recipe(self) -> FoundRecipe:
+        """The recipe the ``Trainer`` trains with when ``TrainingArguments`` set none:
+        ``TrainingArguments``' own defaults (per-device batch, ``learning_rate``,
+        ``weight_decay``, AdamW's betas and epsilon), read from the class, since this
+        workload carries no ``TrainingArguments`` of its own: put yours in the file."""
+        from transformers import TrainingArguments
+
+        # the space's schema (pydantic) loads only where a space is written
+        from raybatch.space.infer import FoundRecipe, OptimizerFamily
+
+        default: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+        said = "TrainingArguments' default: put your own"
+        kwargs = {"betas": [default["adam_beta1"], default["adam_beta2"]],
+                  "eps": default["adam_epsilon"]}  # fmt: skip
+        return FoundRecipe(
+            int(default["per_device_train_batch_size"]), float(default["learning_rate"]),
+            float(default["weight_decay"]), OptimizerFamily.ADAMW, kwargs,
+            {"batch_size": f"{said} per_device_train_batch_size",
+             "lr": f"{said} learning_rate", "weight_decay": f"{said} weight_decay",
+             "optimizer": "the Trainer's default optimizer (adamw_torch)"},
+        )  # fmt: skip
 
     def build_optimizer(self, model: nn.Module, config: Any) -> torch.optim.Optimizer:
         decay = _decay_names(model)

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
+    from raybatch.space.infer import FoundRecipe
+
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     """``self.log`` while the module trains under raybatch: nothing to log to."""
@@ -102,6 +104,59 @@ def _first_optimizer(returned: Any) -> torch.optim.Optimizer:
         elif isinstance(item, list | tuple):
             candidates[:0] = list(item)
     raise WorkloadError("configure_optimizers() returned no torch.optim.Optimizer")
+
+
+HOOKS = (
+    "on_train_start", "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start",
+    "on_train_batch_end", "on_after_backward", "on_before_optimizer_step",
+    "on_validation_epoch_end", "configure_callbacks", "configure_gradient_clipping",
+    "lr_scheduler_step",
+)  # fmt: skip
+"""The ``LightningModule`` hooks a ``Trainer`` calls and a search does not: one the module
+overrides is said as the search starts."""
+
+
+def _schedulers(returned: Any) -> list[Any]:
+    """The LR schedulers among the forms ``configure_optimizers`` may return."""
+    found: list[Any] = []
+    candidates: list[Any] = [returned]
+    while candidates:
+        item = candidates.pop(0)
+        if isinstance(item, Mapping):
+            scheduler = item.get("lr_scheduler")
+            scheduler = scheduler.get("scheduler") if isinstance(scheduler, Mapping) else scheduler
+            if scheduler is not None:
+                found.append(scheduler)
+        elif isinstance(item, list | tuple):
+            candidates[:0] = list(item)
+        elif hasattr(item, "step") and hasattr(item, "get_last_lr"):
+            found.append(item)
+    return found
+
+
+def _optimizers(returned: Any) -> int:
+    """How many optimizers ``configure_optimizers`` returned."""
+    import torch
+
+    count, candidates = 0, [returned]
+    while candidates:
+        item = candidates.pop(0)
+        if isinstance(item, torch.optim.Optimizer):
+            count += 1
+        elif isinstance(item, Mapping) and "optimizer" in item:
+            candidates.insert(0, item["optimizer"])
+        elif isinstance(item, list | tuple):
+            candidates[:0] = list(item)
+    return count
+
+
+def _overridden(module: Any) -> list[str]:
+    """The :data:`HOOKS` the module's class overrides (against the ``LightningModule`` it
+    derives from, whichever package it came from)."""
+    base = next((c for c in type(module).__mro__ if c.__name__ == "LightningModule"), None)
+    if base is None:
+        return []
+    return [h for h in HOOKS if getattr(type(module), h, None) is not getattr(base, h, None)]
 
 
 def _own_collate(loader: Any) -> Callable[[list[Any]], Any] | None:
@@ -228,6 +283,70 @@ class LightningWorkload(Workload):
                 f"{self.name}: validation_step logged {sorted(values)}, not {missing}"
             )
         return values
+
+    def left_out(self) -> list[str]:
+        """The module's LR scheduler, optimizers after the first, manual optimization and the
+        ``Trainer`` hooks it overrides (:data:`HOOKS`): what a search does not run."""
+        module = self.build_model()
+        cls = type(module).__name__
+        said: list[str] = []
+        try:
+            returned = module.configure_optimizers()  # type: ignore[operator]
+        except RuntimeError:  # needs a Trainer: the search says so when it builds it
+            returned = None
+        for scheduler in _schedulers(returned):
+            said.append(f"{cls}.configure_optimizers()'s LR scheduler"
+                        f" ({type(scheduler).__name__}): the recipe's warmup is the search's"
+                        " LR schedule")  # fmt: skip
+        count = _optimizers(returned)
+        if count > 1:
+            said.append(f"{cls}.configure_optimizers() returned {count} optimizers: the first"
+                        " alone trains")  # fmt: skip
+        if getattr(module, "automatic_optimization", True) is False:
+            said.append(f"{cls} optimizes by hand (automatic_optimization = False): the search"
+                        " steps the optimizer itself, on training_step's loss")  # fmt: skip
+        said += [f"{cls}.{hook}(): no Trainer calls it" for hook in _overridden(module)]
+        return said
+
+    def found_recipe(self) -> FoundRecipe:
+        """The recipe the module trains with: ``configure_optimizers()``'s optimizer, its
+        first group's LR and the first weight decay it sets, and the batch size of the
+        datamodule's ``train_dataloader()``.
+
+        Raises:
+            WorkloadError: ``configure_optimizers()`` needs a ``Trainer``, or its optimizer is
+                not SGD, Adam or AdamW.
+        """
+        # the space's schema (pydantic) loads only where a space is written
+        from raybatch.space.infer import FoundRecipe, family_of
+
+        module = self.build_model()
+        cls = type(module).__name__
+        try:
+            optimizer = _first_optimizer(module.configure_optimizers())  # type: ignore[operator]
+        except RuntimeError as exc:
+            raise WorkloadError(f"{self.name}: configure_optimizers() needs a Trainer ({exc})"
+                                ) from exc  # fmt: skip
+        family, kwargs = family_of(optimizer, f"{cls}.configure_optimizers()")
+        groups = optimizer.param_groups
+        decay = next((float(g["weight_decay"]) for g in groups if g.get("weight_decay")), 0.0)
+        loader = self._data().train_dataloader()
+        batch = getattr(loader, "batch_size", None)
+        if not isinstance(batch, int) or batch < 1:
+            raise WorkloadError(
+                f"{self.name}: train_dataloader() has no batch_size (a batch sampler?): write"
+                " the space's reference batch by hand"
+            )
+        opt, kind = f"{cls}.configure_optimizers()", type(optimizer).__name__
+        sources = {
+            "batch_size": f"{type(self._data()).__name__}.train_dataloader()'s batch size",
+            "lr": f"{opt}: {kind}, its first group's lr",
+            "weight_decay": f"{opt}: its first decayed group's" if decay
+            else f"{opt}: no group decays",
+            "optimizer": f"{opt}: {kind}",
+        }  # fmt: skip
+        return FoundRecipe(batch, float(groups[0]["lr"]), decay, family, kwargs, sources,
+                           tuple(self.left_out()))  # fmt: skip
 
     def build_optimizer(self, model: nn.Module, config: Any) -> torch.optim.Optimizer:
         """The module's optimizer at the recipe's LR and weight decay. Parameter groups keep

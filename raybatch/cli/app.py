@@ -327,6 +327,36 @@ def init_workload_command(
     )
 
 
+@app.command("init-space")
+def init_space_command(
+    workload: Annotated[
+        str,
+        typer.Argument(
+            help="A LightningWorkload or HuggingFaceWorkload:"
+            " path/to/file.py:NAME or package.module:NAME."
+        ),
+    ],
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", "-o", help="The space file (default: FILE_space.yaml beside a workload file)."
+        ),
+    ] = None,
+) -> None:
+    """Write a space file from the training code itself: the reference recipe is the one it
+    trains with (a LightningModule's configure_optimizers() and its datamodule's batch size;
+    TrainingArguments' defaults for a Hugging Face model), each value's source in a comment."""
+    from raybatch.cli.template import write_space_for  # the workload's PyTorch: this command's
+
+    with _user_errors():
+        path, found = write_space_for(workload, out)
+    for item in found.left_out:
+        typer.echo(f"not used by a search: {item}")
+    typer.echo(f"wrote {path}: the reference is {found.batch_size} a step at lr {found.lr:g}"
+               f" ({found.optimizer.value}); check it, then run:")  # fmt: skip
+    typer.echo(f'  raybatch search {workload} --space {path} --target "METRIC>=VALUE"')
+
+
 @app.command("resume")
 def resume_command(
     run_dir: Annotated[str, typer.Argument(help="The run directory of an interrupted search.")],

@@ -1,4 +1,5 @@
-"""``raybatch init-workload``: a workload file (and its space) to start from, that runs as written.
+"""``raybatch init-workload``: a workload file (and its space) to start from, that runs as written;
+``raybatch init-space``: a space read from the training code itself (:mod:`raybatch.space.infer`).
 
 The workloads guide (``docs/workloads.md``) shows these same two files; a test keeps them equal
 and runs the template for real.
@@ -9,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from raybatch.errors import Issue, OptionError
+from raybatch.space.infer import FoundRecipe, write_space
+from raybatch.workload import load_workload
 
 WORKLOAD_TEMPLATE = '''\
 """My workload for raybatch: the model, the data, the loss and the metrics.
@@ -330,3 +333,23 @@ def write_template(workload_path: str | Path, kind: str = "workload") -> tuple[P
             [Issue("(file)", f"cannot write: {exc.strerror or exc}")], str(path)
         ) from None
     return path, space_path
+
+
+def write_space_for(workload: str, out: str | None) -> tuple[Path, FoundRecipe]:
+    """``raybatch init-space``: the space of ``workload``'s own recipe written at ``out``
+    (default: ``FILE_space.yaml`` beside a workload file, ``NAME_space.yaml`` here for a
+    module's); returns its path and what was found.
+
+    Raises:
+        WorkloadError: The workload cannot be loaded, is raybatch's own, or its code says no
+            recipe a space can hold.
+        OptionError: The file exists.
+    """
+    loaded = load_workload(workload)
+    file = workload.rsplit(":", 1)[0]
+    default = (Path(file).with_name(f"{Path(file).stem}_space.yaml") if file.endswith(".py")
+               else Path(f"{loaded.name}_space.yaml"))  # fmt: skip
+    found = loaded.found_recipe()
+    path = write_space(found, loaded.name, Path(out) if out else default)
+    assert found is not None  # write_space refused a workload without one
+    return path, found

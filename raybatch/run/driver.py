@@ -191,6 +191,15 @@ def _finished(path: Path) -> SearchResult:
     return result
 
 
+def _say_start(workload: Workload, options: SearchOptions, plan: _Plan) -> None:
+    """What the user's code does that the trials will not, then the search's plan."""
+    for item in workload.left_out():
+        progress.info(f"not used by the search: {item}")
+    progress.info(f"searching: {options.trials} trials, {plan.in_flight} at a time: the largest"
+                  " batch at a few LRs and the reference, then the batches the time model"
+                  " predicts fastest, then Optuna's TPE")  # fmt: skip
+
+
 def _progress(options: SearchOptions, sessions: list[float]) -> Progress:
     """The search's progress lines (the cost so far counted within the driver's sessions)."""
     return Progress("trial", options.trials, sessions=sessions)
@@ -389,9 +398,7 @@ def _execute(
         zone=options.zone,
     )  # fmt: skip
     tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
-    progress.info(f"searching: {options.trials} trials, {plan.in_flight} at a time: the largest"
-                  " batch at a few LRs and the reference, then the batches the time model"
-                  " predicts fastest, then Optuna's TPE")  # fmt: skip
+    _say_start(workload, options, plan)
     with ray_errors_to(path / LOG_FILE) as diverted:
         results = tuner.fit()
         if watch.tripped is not None:
