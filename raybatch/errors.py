@@ -133,6 +133,11 @@ class SearchInterrupted(RaybatchError):
     """The search was stopped (Ctrl-C, SIGINT) before its trials finished; it can be resumed."""
 
 
+class DiskFullError(RaybatchError):
+    """A file of the run could not be written for want of space (a full disk, a quota): the
+    search stopped; what was written before is kept, and it resumes once space is freed."""
+
+
 class TrialsFailedError(RaybatchError):
     """Trials failed for a reason no recipe changes (the workload cannot be built or loaded
     in a Ray worker); the search stopped early instead of spending its budget on it."""

@@ -95,6 +95,11 @@ FAULTS: list[tuple[str, str, str]] = [
         "resume refused, exit 2, naming optuna.db",
         "tune/search/ (Ray Tune's results)",
     ),
+    (  # tests/test_diskfull.py
+        "the disk fills while the search writes (its study, Ray Tune's results)",
+        "one line naming the file and the cause, exit 74: free some space, then `raybatch resume`",
+        "everything written before the write that failed",
+    ),
     (  # test_a_report_that_cannot_be_written_is_one_line_naming_the_file
         "report.html cannot be written (a full disk, a read-only folder)",
         "one line naming the file and the cause, exit 74; a search still says its verdict,"

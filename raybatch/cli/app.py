@@ -37,6 +37,7 @@ from raybatch.cli.args import (
 )
 from raybatch.errors import (
     BudgetUnavailableError,
+    DiskFullError,
     InputError,
     Issue,
     OptionError,
@@ -80,6 +81,9 @@ def _user_errors() -> Iterator[None]:
     except SearchInterrupted as exc:
         typer.echo(f"raybatch: {exc}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except DiskFullError as exc:  # not bad input: the exit status of a write that failed
+        typer.echo(f"raybatch: error: {exc}", err=True)
+        raise typer.Exit(EXIT_IO_ERROR) from None
     except RaybatchError as exc:
         for line in str(exc).splitlines():
             typer.echo(f"raybatch: error: {line}", err=True)

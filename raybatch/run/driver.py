@@ -49,6 +49,7 @@ from raybatch.results.rows import (
 from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH
+from raybatch.run.diskfull import disk_full_said
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.gates import for_settings
 from raybatch.run.gpu_budget import search_budget
@@ -144,7 +145,12 @@ def search(
                 [Issue(RUN_FILE, "exists: another search started in this directory")], str(path)
             )
         write_run_files(path, ref, space, target, options)
-        with printed(verbose >= 1), ray_quiet(verbose < 2), interruptible(path):
+        with (
+            printed(verbose >= 1),
+            ray_quiet(verbose < 2),
+            interruptible(path),
+            disk_full_said(path, path / OPTUNA_DB),
+        ):
             return _execute(path, workload, space, target, options, resume=False,
                             verbose=verbose)  # fmt: skip
 
@@ -173,7 +179,12 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
             why = f"{exc} (the workload the search started with, as stored here)"
             raise RunDirError([Issue(f"{RUN_FILE}: workload", why)], str(path)) from None
         notes = [lock.taken_over] if lock.taken_over else []
-        with printed(verbose >= 1), ray_quiet(verbose < 2), interruptible(path):
+        with (
+            printed(verbose >= 1),
+            ray_quiet(verbose < 2),
+            interruptible(path),
+            disk_full_said(path, path / OPTUNA_DB),
+        ):
             done = runs_recorded(path / OPTUNA_DB)
             progress.info(f"resuming {path}: {done} run(s) had ended and are kept, never run"
                           f" again; the search has {options.trials} trials")  # fmt: skip
