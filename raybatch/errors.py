@@ -129,6 +129,17 @@ class OptionError(InputError):
     these differently, and the issue names the field."""
 
 
+class UnknownSettingError(OptionError, TypeError):
+    """A keyword a raybatch function does not take (``max_time`` for ``max_time_s``), named
+    with the one it most likely meant; a ``TypeError`` too, as Python's own for an unexpected
+    keyword, so ``except TypeError`` still catches it."""
+
+
+class NotATrainableError(OptionError, TypeError):
+    """A function given where one made by :func:`raybatch.trainable` is needed (its settings,
+    space and penalty are read from it); a ``TypeError`` too, as for a wrong argument type."""
+
+
 class SearchInterrupted(RaybatchError):
     """The search was stopped (Ctrl-C, SIGINT) before its trials finished; it can be resumed."""
 

@@ -11,7 +11,7 @@ import pytest
 
 import raybatch
 from raybatch import keys
-from raybatch.errors import OptionError
+from raybatch.errors import NotATrainableError, OptionError, UnknownSettingError
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.sizes import parse_size
 from raybatch.status import HANG_GRACE_S
@@ -40,16 +40,22 @@ def test_the_penalty_and_the_hang_clock_follow_the_trainables_time_cap() -> None
 
 
 def test_a_misspelt_trial_setting_is_refused_not_dropped() -> None:
-    with pytest.raises(TypeError, match="max_time"):
+    """Refused by name with the setting it most likely meant: raybatch's own error (the CLI's
+    one line), and a TypeError as Python's own for an unexpected keyword."""
+    with pytest.raises(UnknownSettingError, match=r"max_time: .*did you mean 'max_time_s'"):
         _trainable(max_time=5)
+    with pytest.raises(TypeError):
+        _trainable(grad_clip=1.0)
     assert parts_of(_trainable(grad_clip_norm=1.0)).settings.loop.grad_clip_norm == 1.0
 
 
 def test_a_searcher_without_a_penalty_says_where_to_get_one() -> None:
     with pytest.raises(OptionError, match=r"penalty.*for_trainable"):
         raybatch.RaybatchSearcher(SPACE)
-    with pytest.raises(TypeError, match=r"raybatch\.trainable"):
+    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable"):
         raybatch.RaybatchSearcher.for_trainable(lambda config: None)
+    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable"):
+        raybatch.CappingScheduler.for_trainable(lambda config: None)
 
 
 def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:

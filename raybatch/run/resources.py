@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import Issue, OptionError
+from raybatch.errors import Issue, NotATrainableError, OptionError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.hardware import read_cluster
@@ -177,12 +177,11 @@ def with_resources(
 
     try:
         parts = parts_of(trainable)
-    except TypeError:
-        name = getattr(trainable, "__name__", trainable)
-        raise TypeError(
-            f"{name!r} was not made by raybatch.trainable(): give Tune"
-            " tune.with_resources(fn, trial_resources(workload, space, ...)) instead"
-        ) from None
+    except NotATrainableError:
+        name = str(getattr(trainable, "__name__", trainable))
+        why = ("was not made by raybatch.trainable(): give Tune tune.with_resources(fn,"
+               " trial_resources(workload, space, ...)) instead")  # fmt: skip
+        raise NotATrainableError([Issue("trainable", why)], name) from None
     s = parts.settings
     resources = trial_resources(
         parts.workload, parts.space, gpus_per_trial, cpus_per_trial, s.budget_bytes, estimator,

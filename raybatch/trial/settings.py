@@ -9,10 +9,12 @@ repeated by hand where they could disagree.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raybatch.errors import Issue, NotATrainableError, UnknownSettingError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.sizes import parse_size
 from raybatch.metric import Target
@@ -99,16 +101,22 @@ def settings_of(target: Target, sync_batchnorm: bool, **settings: Any) -> TrialS
     """Split keyword settings between :class:`TrialSettings` and its :class:`LoopOptions`.
 
     Raises:
-        TypeError: A name that is neither (a misspelt ``max_time`` would otherwise be
-            dropped silently and the trial would run with the default).
+        UnknownSettingError: A name that is neither (a misspelt ``max_time`` would otherwise
+            be dropped silently and the trial would run with the default), with the name it
+            most likely meant.
     """
     trial_fields = {f.name for f in dataclasses.fields(TrialSettings)} - {"target", "loop"}
     loop_fields = {f.name for f in dataclasses.fields(LoopOptions)}
     unknown = sorted(set(settings) - trial_fields - loop_fields)
     if unknown:
-        raise TypeError(
-            f"unknown trial setting(s) {unknown}: fields of TrialSettings or LoopOptions"
-        )
+        known = sorted(trial_fields | loop_fields)
+        issues = []
+        for name in unknown:
+            near = difflib.get_close_matches(name, known, n=1)
+            meant = f"did you mean {near[0]!r}? " if near else ""
+            issues.append(Issue(name, f"not a setting of a trial: {meant}the settings are the"
+                                      " fields of TrialSettings and LoopOptions"))  # fmt: skip
+        raise UnknownSettingError(issues, "raybatch.trainable()")
     loop = {k: v for k, v in settings.items() if k in loop_fields}
     loop.setdefault("sync_batchnorm", sync_batchnorm)
     return TrialSettings(
@@ -122,13 +130,12 @@ def parts_of(trainable: Callable[..., Any]) -> TrialParts:
     """The parts of a function made by :func:`raybatch.trainable`.
 
     Raises:
-        TypeError: ``trainable`` was not made by :func:`raybatch.trainable` (wrapped by
-            ``tune.with_parameters``, say): pass the space and the penalty explicitly.
+        NotATrainableError: ``trainable`` was not made by :func:`raybatch.trainable` (wrapped
+            by ``tune.with_parameters``, say): pass the space and the penalty explicitly.
     """
     parts = getattr(trainable, PARTS_ATTRIBUTE, None)
     if not isinstance(parts, TrialParts):
-        raise TypeError(
-            f"{getattr(trainable, '__name__', trainable)!r} was not made by raybatch.trainable():"
-            " pass the space and the penalty explicitly"
-        )
+        name = str(getattr(trainable, "__name__", trainable))
+        why = "was not made by raybatch.trainable(): pass the space and the penalty explicitly"
+        raise NotATrainableError([Issue("trainable", why)], name)
     return parts
