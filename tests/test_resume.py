@@ -98,6 +98,9 @@ def _kill_when(
         assert "SIGTERM received" not in err  # Ray's C++ stack dump and abort (exit 134)
         assert f"continue with `raybatch resume {run_dir}`" in err
         assert "Tuner.restore(" not in err  # one way to continue, raybatch's
+        # To the driver alone its Ray stays up and stops the trials gracefully; to the whole
+        # group its Ray is gone too, and it stops at once.
+        assert ("raybatch: stopped at once (SIGTERM reached the Ray" in err) == group, err[-2000:]
         if group:  # nothing of its Ray left: no orphaned trial still training
             deadline = time.time() + 10
             while _in_session(driver.pid) and time.time() < deadline:
@@ -157,8 +160,9 @@ def _told(run_dir: Path, study: str = "raybatch") -> int:
 
 @pytest.mark.slow
 def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    """Interrupted (SIGINT) after the first trial, SIGKILLed in mid-search and during
-    confirmation; resumed each time.
+    """Stopped by SIGTERM to the driver alone after the first trial (as Kubernetes stops a pod:
+    taken as Ctrl-C, its Ray left running to stop the trials gracefully), SIGKILLed in
+    mid-search and during confirmation; resumed each time.
 
     Every trial that had finished before a kill is in the final record exactly once, the
     total is what was asked, and ``best_config.yaml`` is what a fresh analysis of the stored
@@ -179,7 +183,7 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
         lambda: _confirming(run_dir),
     ]
     runs = [search, ("resume", str(run_dir)), ("resume", str(run_dir))]
-    signals = [signal.SIGINT, signal.SIGKILL, signal.SIGKILL]
+    signals = [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL]
     for point, args, how in zip(points, runs, signals, strict=True):
         driver = _cli(*args, start_new_session=True)  # its group holds its local Ray too
         _kill_when(driver, point, rng, run_dir, finished_before_kills, how)

@@ -38,10 +38,10 @@ EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 WATCH_EVERY_S = 0.2
 
 
-def _ray_heads() -> list[Any]:
-    """The processes (``subprocess.Popen``) of the Ray this driver started: its GCS, raylet and
-    helpers; none when it connected to a cluster (whose processes a signal here never
-    reaches) or Ray is down."""
+def _ray_heads(kinds: tuple[str, ...] | None = None) -> list[Any]:
+    """The processes (``subprocess.Popen``) of the Ray this driver started, of ``kinds`` (Ray's
+    process types; ``None``: all, helpers included); none when it connected to a cluster
+    (whose processes a signal here never reaches) or Ray is down."""
     try:
         import ray._private.worker as ray_worker
 
@@ -49,7 +49,21 @@ def _ray_heads() -> list[Any]:
         processes: dict[str, list[Any]] = node.all_processes if node is not None else {}
     except (ImportError, AttributeError):  # Ray's private layout moved: nothing to watch
         return []
-    return [info.process for infos in processes.values() for info in infos]
+    return [info.process for kind, infos in processes.items() for info in infos
+            if kinds is None or kind in kinds]  # fmt: skip
+
+
+def _vital() -> list[Any]:
+    """The processes without which the Ray this driver started cannot answer, so Tune's
+    graceful stop cannot end: its GCS and its raylet (not its helpers: a log monitor that
+    ended says nothing). One ended, whatever ended it, means stopping at once."""
+    try:
+        from ray._private import ray_constants
+
+        kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
+    except (ImportError, AttributeError):
+        return []
+    return _ray_heads(kinds)
 
 
 def _raylet_pid() -> int | None:
@@ -96,9 +110,9 @@ class _Watch:
         if self.signals > 1:
             self.end_now("a second SIGTERM")
         os.kill(os.getpid(), signal.SIGINT)  # Ray Tune's graceful stop, as Ctrl-C
-        heads = _ray_heads()
-        if heads:
-            threading.Thread(target=self._watch, args=(heads,), daemon=True).start()
+        vital = _vital()
+        if vital:
+            threading.Thread(target=self._watch, args=(vital,), daemon=True).start()
 
     def _watch(self, heads: list[Any]) -> None:
         while not self.done.wait(WATCH_EVERY_S):
