@@ -94,6 +94,21 @@ def test_what_a_search_spent_so_far_is_slots_x_wall_clock_as_the_closing_lines_s
     )  # 2 slots x 6 s over the best so far, 2 s
 
 
+def test_what_a_resumed_search_spent_so_far_leaves_out_the_time_it_lay_interrupted() -> None:
+    """Two trials before an interruption (100-106 s), one after the resume at 1000 s: the
+    progress line counts each driver session's wall clock (2 slots x (6 + 4) s), as the closing
+    lines do, not the 906 s from the first start to the last end."""
+    progress = Progress("trial", total=12, sessions=[99.0, 1000.0])
+    first = _trial("reached", 128, 2.0, 5.0, **{})
+    first.last_result[keys.STARTED_AT] = 100.0
+    second = _trial("capped", 256, None, 6.0)
+    second.last_result[keys.STARTED_AT] = 100.0
+    resumed = _trial("capped", 64, None, 4.0)
+    resumed.last_result[keys.STARTED_AT] = 1002.0
+    assert progress.spent_s([first, second, resumed]) == 2 * (6.0 + 4.0)
+    assert Progress("trial", total=12).spent_s([first, second, resumed]) == 2 * 906.0
+
+
 def test_a_silence_of_15_s_is_broken_by_what_the_running_trials_are_doing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
