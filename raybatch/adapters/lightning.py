@@ -90,20 +90,39 @@ def _batch_size(batch: Any) -> int:
     return 1
 
 
-def _first_optimizer(returned: Any) -> torch.optim.Optimizer:
-    """The optimizer among the forms ``configure_optimizers`` may return."""
+def _returned(returned: Any) -> tuple[list[Any], list[Any]]:
+    """The optimizers and the LR schedulers among the forms ``configure_optimizers`` may
+    return (an optimizer, lists or tuples of them, dicts with ``optimizer`` and
+    ``lr_scheduler``), in the order it gives them."""
     import torch
 
+    optimizers: list[Any] = []
+    schedulers: list[Any] = []
     candidates: list[Any] = [returned]
     while candidates:
         item = candidates.pop(0)
         if isinstance(item, torch.optim.Optimizer):
-            return item
-        if isinstance(item, Mapping) and "optimizer" in item:
-            candidates.insert(0, item["optimizer"])
+            optimizers.append(item)
+        elif isinstance(item, Mapping):
+            scheduler = item.get("lr_scheduler")
+            scheduler = scheduler.get("scheduler") if isinstance(scheduler, Mapping) else scheduler
+            if scheduler is not None:
+                schedulers.append(scheduler)
+            if "optimizer" in item:
+                candidates.insert(0, item["optimizer"])
         elif isinstance(item, list | tuple):
             candidates[:0] = list(item)
-    raise WorkloadError("configure_optimizers() returned no torch.optim.Optimizer")
+        elif hasattr(item, "step") and hasattr(item, "get_last_lr"):
+            schedulers.append(item)
+    return optimizers, schedulers
+
+
+def _first_optimizer(returned: Any) -> torch.optim.Optimizer:
+    """The optimizer among the forms ``configure_optimizers`` may return."""
+    optimizers, _ = _returned(returned)
+    if not optimizers:
+        raise WorkloadError("configure_optimizers() returned no torch.optim.Optimizer")
+    return optimizers[0]  # type: ignore[no-any-return]
 
 
 HOOKS = (
@@ -116,38 +135,21 @@ HOOKS = (
 overrides is said as the search starts."""
 
 
-def _schedulers(returned: Any) -> list[Any]:
-    """The LR schedulers among the forms ``configure_optimizers`` may return."""
-    found: list[Any] = []
-    candidates: list[Any] = [returned]
-    while candidates:
-        item = candidates.pop(0)
-        if isinstance(item, Mapping):
-            scheduler = item.get("lr_scheduler")
-            scheduler = scheduler.get("scheduler") if isinstance(scheduler, Mapping) else scheduler
-            if scheduler is not None:
-                found.append(scheduler)
-        elif isinstance(item, list | tuple):
-            candidates[:0] = list(item)
-        elif hasattr(item, "step") and hasattr(item, "get_last_lr"):
-            found.append(item)
-    return found
-
-
-def _optimizers(returned: Any) -> int:
-    """How many optimizers ``configure_optimizers`` returned."""
-    import torch
-
-    count, candidates = 0, [returned]
-    while candidates:
-        item = candidates.pop(0)
-        if isinstance(item, torch.optim.Optimizer):
-            count += 1
-        elif isinstance(item, Mapping) and "optimizer" in item:
-            candidates.insert(0, item["optimizer"])
-        elif isinstance(item, list | tuple):
-            candidates[:0] = list(item)
-    return count
+def _left_out(module: Any, returned: Any) -> list[str]:
+    """What a search does not run of ``module``, whose ``configure_optimizers()`` returned
+    ``returned``: its LR schedulers, optimizers after the first, manual optimization and the
+    ``Trainer`` hooks it overrides (:data:`HOOKS`)."""
+    cls = type(module).__name__
+    optimizers, schedulers = _returned(returned)
+    said = [f"{cls}.configure_optimizers()'s LR scheduler ({type(scheduler).__name__}): the"
+            " recipe's warmup is the search's LR schedule" for scheduler in schedulers]  # fmt: skip
+    if len(optimizers) > 1:
+        said.append(f"{cls}.configure_optimizers() returned {len(optimizers)} optimizers: the"
+                    " first alone trains")  # fmt: skip
+    if getattr(module, "automatic_optimization", True) is False:
+        said.append(f"{cls} optimizes by hand (automatic_optimization = False): the search"
+                    " steps the optimizer itself, on training_step's loss")  # fmt: skip
+    return said + [f"{cls}.{hook}(): no Trainer calls it" for hook in _overridden(module)]
 
 
 def _overridden(module: Any) -> list[str]:
@@ -288,25 +290,11 @@ class LightningWorkload(Workload):
         """The module's LR scheduler, optimizers after the first, manual optimization and the
         ``Trainer`` hooks it overrides (:data:`HOOKS`): what a search does not run."""
         module = self.build_model()
-        cls = type(module).__name__
-        said: list[str] = []
         try:
             returned = module.configure_optimizers()  # type: ignore[operator]
         except RuntimeError:  # needs a Trainer: the search says so when it builds it
             returned = None
-        for scheduler in _schedulers(returned):
-            said.append(f"{cls}.configure_optimizers()'s LR scheduler"
-                        f" ({type(scheduler).__name__}): the recipe's warmup is the search's"
-                        " LR schedule")  # fmt: skip
-        count = _optimizers(returned)
-        if count > 1:
-            said.append(f"{cls}.configure_optimizers() returned {count} optimizers: the first"
-                        " alone trains")  # fmt: skip
-        if getattr(module, "automatic_optimization", True) is False:
-            said.append(f"{cls} optimizes by hand (automatic_optimization = False): the search"
-                        " steps the optimizer itself, on training_step's loss")  # fmt: skip
-        said += [f"{cls}.{hook}(): no Trainer calls it" for hook in _overridden(module)]
-        return said
+        return _left_out(module, returned)
 
     def found_recipe(self) -> FoundRecipe:
         """The recipe the module trains with: ``configure_optimizers()``'s optimizer, its
@@ -323,10 +311,11 @@ class LightningWorkload(Workload):
         module = self.build_model()
         cls = type(module).__name__
         try:
-            optimizer = _first_optimizer(module.configure_optimizers())  # type: ignore[operator]
+            returned = module.configure_optimizers()  # type: ignore[operator]
         except RuntimeError as exc:
             raise WorkloadError(f"{self.name}: configure_optimizers() needs a Trainer ({exc})"
                                 ) from exc  # fmt: skip
+        optimizer = _first_optimizer(returned)
         family, kwargs = family_of(optimizer, f"{cls}.configure_optimizers()")
         groups = optimizer.param_groups
         decay = next((float(g["weight_decay"]) for g in groups if g.get("weight_decay")), 0.0)
@@ -346,7 +335,7 @@ class LightningWorkload(Workload):
             "optimizer": f"{opt}: {kind}",
         }  # fmt: skip
         return FoundRecipe(batch, float(groups[0]["lr"]), decay, family, kwargs, sources,
-                           tuple(self.left_out()))  # fmt: skip
+                           tuple(_left_out(module, returned)))  # fmt: skip
 
     def build_optimizer(self, model: nn.Module, config: Any) -> torch.optim.Optimizer:
         """The module's optimizer at the recipe's LR and weight decay. Parameter groups keep
