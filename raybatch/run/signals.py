@@ -53,29 +53,28 @@ def _ray_heads(kinds: tuple[str, ...] | None = None) -> list[Any]:
             if kinds is None or kind in kinds]  # fmt: skip
 
 
+def _of_kinds(*kinds: str) -> list[Any]:
+    """:func:`_ray_heads` of Ray's process types named in its ``ray_constants`` (``kinds``:
+    their constants' names, so a renamed type is missed, never guessed)."""
+    try:
+        from ray._private import ray_constants
+
+        types = tuple(getattr(ray_constants, kind) for kind in kinds)
+    except (ImportError, AttributeError):
+        return []
+    return _ray_heads(types)
+
+
 def _vital() -> list[Any]:
     """The processes without which the Ray this driver started cannot answer, so Tune's
     graceful stop cannot end: its GCS and its raylet (not its helpers: a log monitor that
     ended says nothing). One ended, whatever ended it, means stopping at once."""
-    try:
-        from ray._private import ray_constants
-
-        kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET)
-    except (ImportError, AttributeError):
-        return []
-    return _ray_heads(kinds)
+    return _of_kinds("PROCESS_TYPE_GCS_SERVER", "PROCESS_TYPE_RAYLET")
 
 
 def _raylet_pid() -> int | None:
-    try:
-        import ray._private.worker as ray_worker
-        from ray._private import ray_constants
-
-        node: Any = ray_worker._global_node
-        infos = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])
-        return int(infos[0].process.pid) if infos else None
-    except (ImportError, AttributeError, IndexError):
-        return None
+    raylets = _of_kinds("PROCESS_TYPE_RAYLET")
+    return int(raylets[0].pid) if raylets else None
 
 
 def workers_of(raylet_pid: int, proc: Path = Path("/proc")) -> list[int]:
