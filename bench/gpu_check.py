@@ -48,8 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from gpu_recipes import StoredSpace, at_micro_batch, recipe
-from gpu_targets import Goal, at_least, at_most, finish, holds
-from provenance import measured_tree
+from gpu_targets import Goal, at_least, at_most, begin, finish, holds
 
 import raybatch
 from raybatch.errors import first_line
@@ -400,17 +399,10 @@ def _guarded(name: str, check: Callable[[], tuple[dict[str, Any], list[Goal]]]
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print(f"{NAME}: no CUDA device here; run this on a GPU machine.")
+    if (started := begin(NAME)) is None:
         return 0
-    at = measured_tree()
+    data, at = started
     start = time.time()
-    data: dict[str, Any] = {
-        "benchmark": NAME,
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
     goals: list[Goal] = []
     for name, check in (
         ("packed_trials", packed_trials),  # first: this process holds no CUDA memory yet

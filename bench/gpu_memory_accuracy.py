@@ -38,9 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from gpu_recipes import at_micro_batch, recipe
-from gpu_targets import Goal, at_least, at_most, finish, holds
+from gpu_targets import Goal, at_least, at_most, begin, finish, holds
 from models import WORKLOADS
-from provenance import measured_tree, results_dir
+from provenance import results_dir
 
 from raybatch.memory.budget import DEFAULT_HEADROOM
 from raybatch.memory.estimator import MemoryEstimator
@@ -228,10 +228,9 @@ def goals_of(rows: list[dict[str, Any]], boundaries: list[dict[str, Any]]) -> li
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print(f"{NAME}: no CUDA device here; run this on a GPU machine.")
+    if (started := begin(NAME)) is None:
         return 0
-    at = measured_tree()
+    data, at = started
     start = time.time()
     overhead = context_overhead_bytes()
     total = torch.cuda.get_device_properties(0).total_memory
@@ -246,16 +245,12 @@ def main() -> int:
         boundaries += [
             oom_boundary(name, amp, gib * 2**30, total) for name in SIZES for amp in (None, "bf16")
         ]
-    data = {
-        "benchmark": NAME,
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "context_overhead_bytes": overhead,
-        "peaks": rows,
-        "boundaries": boundaries,
-        "wall_s": time.time() - start,
-    }
+    data.update(
+        context_overhead_bytes=overhead,
+        peaks=rows,
+        boundaries=boundaries,
+        wall_s=time.time() - start,
+    )
     status = finish(NAME, data, goals_of(rows, boundaries), at)
     (results_dir() / f"{NAME}.md").write_text(markdown(data))
     print(markdown(data))

@@ -9,6 +9,7 @@ be measured (``None``, NaN) misses its target.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,26 @@ def summary(check: str, goals: Sequence[Goal]) -> str:
 
 def _show(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else repr(value)
+
+
+def begin(check: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The start of a GPU check: ``None``, having said so, where there is no CUDA device; else
+    the first fields of its result (the check, the device, torch's version, the date) and the
+    tree it measures (:func:`provenance.measured_tree`), which :func:`finish` takes."""
+    import torch  # deferred, as in finish: the targets alone load neither torch nor provenance
+    from provenance import measured_tree
+
+    if not torch.cuda.is_available():
+        print(f"{check}: no CUDA device here; run this on a GPU machine.")
+        return None
+    at = measured_tree()
+    data = {
+        "benchmark": check,
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    return data, at
 
 
 def finish(check: str, data: dict[str, Any], goals: Sequence[Goal], at: dict[str, Any]) -> int:

@@ -37,9 +37,8 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).parent))
 
 from gpu_recipes import recipe
-from gpu_targets import Goal, at_least, at_most, finish, holds, within
+from gpu_targets import Goal, at_least, at_most, begin, finish, holds, within
 from models import ResNet18
-from provenance import measured_tree
 
 import raybatch
 from raybatch import keys
@@ -205,25 +204,20 @@ def goals_of(loop: dict[str, Any], unsynced: dict[str, Any], synced: dict[str, A
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print(f"{NAME}: no CUDA device here; run this on a GPU machine.")
+    if (started := begin(NAME)) is None:
         return 0
-    at = measured_tree()
+    data, at = started
     device = torch.device("cuda", 0)
     start = time.time()
     unsynced = queued_work_clock(device, synchronize=False)
     synced = queued_work_clock(device, synchronize=True)
     loop = loop_clock(device)
-    data = {
-        "benchmark": NAME,
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "loop_clock": loop,
-        "control_unsynchronised": unsynced,
-        "control_synchronised": synced,
-        "wall_s": time.time() - start,
-    }
+    data.update(
+        loop_clock=loop,
+        control_unsynchronised=unsynced,
+        control_synchronised=synced,
+        wall_s=time.time() - start,
+    )
     return finish(NAME, data, goals_of(loop, unsynced, synced), at)
 
 

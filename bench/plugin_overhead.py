@@ -75,7 +75,8 @@ def run_plain(trials: int, storage: str) -> float:
 def run_raybatch(trials: int, storage: str, estimator: MemoryEstimator) -> float:
     start = time.perf_counter()
     study = SearchStudy(f"sqlite:///{storage}/optuna.db", "overhead")
-    searcher = RaybatchSearcher(SPACE, study, 600.0, gates=search_gates(estimator, 2**30))
+    gates = search_gates(estimator, 2**30)
+    searcher = RaybatchSearcher(SPACE, penalty=600.0, study=study, gates=gates)
     tune.Tuner(
         through_reporter,
         tune_config=tune.TuneConfig(

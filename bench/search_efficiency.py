@@ -394,9 +394,10 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
         points = [searched_knobs(space, p) for p in (reference, baseline) if p is not None]
         ladder = None
     searcher = RaybatchSearcher(
-        space, SearchStudy(None, f"sim-{member.name}-{seed}", seed), penalty(member.max_time_s),
-        Plan(space, points, ladder, baseline),
-        search_gates(estimator, int(member.budget), PROBE_MARGIN if prescreen else 0.0),
+        space, penalty=penalty(member.max_time_s),
+        study=SearchStudy(None, f"sim-{member.name}-{seed}", seed),
+        plan=Plan(space, points, ladder, baseline),
+        gates=search_gates(estimator, int(member.budget), PROBE_MARGIN if prescreen else 0.0),
     )  # fmt: skip
     return searcher
 

@@ -1,13 +1,8 @@
 """raybatch: find the batch-size recipe that reaches a target accuracy fastest, on Ray Tune.
 
-The public face is the names below, each loaded lazily from the module that defines it
-(PEP 562, :mod:`raybatch._lazy`): ``import raybatch`` costs almost nothing, and a trial worker
-imports only the modules its trial needs. A trial process is reused for the next trial of the
-same resources, but the first trial of each process pays the package import (measured by
-``bench/plugin_overhead.py``). Heavy dependencies (Ray, Optuna, PyTorch) are
-imported only by the functions that need them.
-
-What is here, by use:
+The public face is the names below, each loaded lazily from the module that defines it (PEP 562,
+:mod:`raybatch._lazy`): ``import raybatch`` costs almost nothing, and a trial worker imports only
+the modules its trial needs (Ray, Optuna and PyTorch only in the functions that need them).
 
 - a search: :func:`search`, :func:`resume`, :class:`SearchOptions`, :func:`analyze_run`; what
   it searches: :class:`SearchSpace`, :func:`load_space`, :class:`TrialConfig`; what it trains:
@@ -16,14 +11,10 @@ What is here, by use:
 - raybatch inside your own Ray Tune run (the plugin): :class:`RaybatchSearcher`,
   :class:`CappingScheduler`, :func:`trainable`, :func:`with_resources`;
 - the errors a caller catches: :class:`RaybatchError` (every error raybatch raises on purpose),
-  :class:`InputError` (bad input, naming the file and field), :class:`TrialsFailedError`,
-  :class:`SearchInterrupted` (resumable).
+  :class:`InputError` (bad input), :class:`TrialsFailedError`, :class:`SearchInterrupted`.
 
-Everything else is imported from its defining module: a custom loop's
-``raybatch.trial.reporting.TrialReporter``, the statuses in ``raybatch.status``, the space for
-Ray's own searchers in ``raybatch.space.tune_space`` (``optuna_space``, ``tune_param_space``),
-``raybatch.workload.SimpleWorkload``, ``raybatch.errors.SpaceError``...; no name has a second
-address.
+Everything else is imported from its defining module (``raybatch.trial.reporting``,
+``raybatch.status``, ``raybatch.space.tune_space``...): no name has a second address.
 """
 
 from __future__ import annotations

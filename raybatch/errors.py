@@ -38,6 +38,15 @@ class Issue:
     line: int | None = None
 
 
+def render_issues(issues: Sequence[Issue], source: str) -> str:
+    """One line per issue: ``source[:line]: field: message``."""
+    lines = []
+    for issue in issues:
+        where = source if issue.line is None else f"{source}:{issue.line}"
+        lines.append(f"{where}: {issue.field}: {issue.message}")
+    return "\n".join(lines)
+
+
 class InputError(RaybatchError, ValueError):
     """Bad user input: a space file, a space built in Python, or knobs given to ``derive``.
 
@@ -55,11 +64,7 @@ class InputError(RaybatchError, ValueError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        lines = []
-        for issue in self.issues:
-            where = self.source if issue.line is None else f"{self.source}:{issue.line}"
-            lines.append(f"{where}: {issue.field}: {issue.message}")
-        return "\n".join(lines)
+        return render_issues(self.issues, self.source)
 
     def located(self, source: str, locate: Callable[[str], int | None] | None = None) -> InputError:
         """The same error, attributed to ``source`` with line numbers from ``locate``."""

@@ -1,33 +1,21 @@
 """Getting the user's workload code to every Ray worker, on every node.
 
-Ray pickles a Tune trainable (and everything it closes over: the workload, its class, the
-functions its methods call) with ``ray.cloudpickle``. By default a class or function is pickled
-*by reference* — "import module X, take attribute Y" — which only works where ``X`` is
-importable. A workload file loaded from ``path/to/file.py``, a sibling module that file
-imports, a package found only because the driver's current folder is on ``sys.path``, or an
-editable install present on the driver alone: none of these is importable on a worker of
-another node (and the loaded file is not importable even on the driver's own node, since it is
-not on any worker's ``sys.path``).
+Ray pickles a Tune trainable, and everything it closes over, with ``ray.cloudpickle``, which
+pickles classes and functions *by reference* (module and name). That fails on a worker where
+the module is not importable: a workload file loaded by path, its sibling modules, a package
+found through the driver's current folder, an editable install on the driver alone. Such
+modules are registered with :func:`ray.cloudpickle.register_pickle_by_value`, so their code
+travels inside the pickle; installed distributions stay by reference, as a cluster has them.
 
-We register such modules with :func:`ray.cloudpickle.register_pickle_by_value`, so their
-classes and functions travel *inside* the pickle. This was chosen over a ``runtime_env``
-(``working_dir`` / ``py_modules``) because it ships code only — never the data files that
-often sit beside a training script and would blow ``working_dir``'s size limit — and because
-it works when raybatch does not own ``ray.init`` (a user's notebook already connected to a
-cluster), where a job-level ``runtime_env`` can no longer be set. Its limit: a module imported
-lazily, *inside* a method, is looked up on the worker by name; import your helpers at the top
-of the workload file. Installed distributions (torch, numpy, your pip-installed library) are
-left by reference: a cluster has them installed, as it has Ray.
+This rather than a ``runtime_env`` (``working_dir``, ``py_modules``): it ships code only, never
+the data files beside a training script, and it works where raybatch does not own ``ray.init``
+(a notebook already connected). Its limit: a module imported inside a method is looked up by
+name on the worker, so import helpers at the top of the workload file. Code in ``__main__`` is
+already pickled by value; the modules it imports from its own folder are registered here.
 
-Code defined in ``__main__`` (a script, a notebook) is already pickled by value by
-cloudpickle; the modules *it* imports from its own folder are registered here.
-
-cloudpickle ships *functions and classes* of a registered module by value, but pickles any
-other object by reference, and a function decorated with ``functools.cache``/``lru_cache`` is
-such an object (the wrapper, not a function): a worker would look the user's module up by
-name and fail. A reducer for cache wrappers of registered modules rebuilds them on the worker
-around the wrapped function, which travels by value (with an empty cache, as a fresh process
-would have).
+Any other object of a registered module is still pickled by reference, a ``functools.cache``
+wrapper among them, so a reducer rebuilds such wrappers on the worker around their function,
+which travels by value (with an empty cache, as a fresh process would have).
 """
 
 from __future__ import annotations

@@ -104,9 +104,11 @@ PACKED = textwrap.dedent(
     budget = 4 * 2**30
     estimator = MemoryEstimator.for_space(workload, space)
     searcher = RaybatchSearcher(
-        space, SearchStudy(f"sqlite:///{sys.argv[2]}/optuna.db", "packed"), 60.0,
-        Plan(space, [{"micro_batch_size": 64, "accumulation_steps": 1, "lr_multiplier": 1.0}]),
-        search_gates(estimator, budget, 0.0, True), Devices(True, None, (estimator, budget)),
+        space, penalty=60.0, study=SearchStudy(f"sqlite:///{sys.argv[2]}/optuna.db", "packed"),
+        plan=Plan(space, [{"micro_batch_size": 64, "accumulation_steps": 1,
+                           "lr_multiplier": 1.0}]),
+        gates=search_gates(estimator, budget, 0.0, True),
+        devices=Devices(True, None, (estimator, budget)),
     )
     fn = raybatch.trainable(workload, space, target=0.5, max_time_s=5, device="cpu",
                             gpu_budget_bytes=budget)
@@ -139,9 +141,10 @@ SUGGEST = textwrap.dedent(
     ray.init(address=sys.argv[1], log_to_driver=False)
     space = raybatch.SearchSpace.from_yaml(sys.argv[2])
     points = [{"micro_batch_size": 64, "world_size": w, "lr_multiplier": 1.0} for w in (8, 1)]
-    searcher = RaybatchSearcher(space, SearchStudy(f"sqlite:///{sys.argv[3]}/suggest.db", "s"),
-                                60.0, Plan(space, points), search_gates(None, None, 0.0, True),
-                                Devices(True))
+    searcher = RaybatchSearcher(space, penalty=60.0,
+                                study=SearchStudy(f"sqlite:///{sys.argv[3]}/suggest.db", "s"),
+                                plan=Plan(space, points), gates=search_gates(None, None, 0.0, True),
+                                devices=Devices(True))
     config = searcher.suggest("t0")
     print("OUT " + json.dumps({
         "launched_world_size": config["world_size"],

@@ -134,6 +134,28 @@ def test_no_module_is_over_500_lines() -> None:
     assert long == {}
 
 
+def test_every_module_docstring_is_at_most_20_lines_and_cites_what_the_repository_has() -> None:
+    """A module's docstring says what it is for and why, in a screen: history, timings and the
+    whole argument belong in ``docs/`` (a long one goes unread). Every ``docs/`` page a module
+    cites exists, and none cites a design file the repository does not ship."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(raybatch.__file__).parent
+    long, missing = {}, {}
+    for p in root.rglob("*.py"):
+        text = p.read_text()
+        doc = ast.get_docstring(ast.parse(text), clean=False) or ""
+        if (n := len(doc.splitlines())) > 20:
+            long[str(p.relative_to(root))] = n
+        cited = {*re.findall(r"docs/[\w-]+\.md", text), *re.findall(r"\bDESIGN\.md", text)}
+        absent = sorted(c for c in cited if not (root.parent / c).exists())
+        if absent:
+            missing[str(p.relative_to(root))] = absent
+    assert long == {} and missing == {}
+
+
 def _sources() -> dict[str, str]:
     """``path -> source`` of every Python file of the package and of ``bench/``."""
     from pathlib import Path

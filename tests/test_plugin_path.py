@@ -49,9 +49,11 @@ def test_a_misspelt_trial_setting_is_refused_not_dropped() -> None:
     assert parts_of(_trainable(grad_clip_norm=1.0)).settings.loop.grad_clip_norm == 1.0
 
 
-def test_a_searcher_without_a_penalty_says_where_to_get_one() -> None:
-    with pytest.raises(OptionError, match=r"penalty.*for_trainable"):
-        raybatch.RaybatchSearcher(SPACE)
+def test_a_searcher_is_built_with_a_penalty_or_from_a_trainable() -> None:
+    with pytest.raises(TypeError, match=r"penalty"):
+        raybatch.RaybatchSearcher(SPACE)  # type: ignore[call-arg]
+    with pytest.raises(OptionError, match=r"penalty: must be a positive number"):
+        raybatch.RaybatchSearcher(SPACE, penalty=float("nan"))
     with pytest.raises(NotATrainableError, match=r"raybatch\.trainable"):
         raybatch.RaybatchSearcher.for_trainable(lambda config: None)
     with pytest.raises(NotATrainableError, match=r"raybatch\.trainable"):

@@ -63,11 +63,11 @@ def _searcher(
     gates, devices = for_settings(settings, estimator, probe_margin, packed=pack_gpus)
     return RaybatchSearcher(
         space,
-        SearchStudy(f"sqlite:///{tmp_path / db}", "t", seed),
-        settings.penalty,
-        Plan(space, points_to_evaluate or [], ladder, baseline),
-        gates,
-        devices,
+        penalty=settings.penalty,
+        study=SearchStudy(f"sqlite:///{tmp_path / db}", "t", seed),
+        plan=Plan(space, points_to_evaluate or [], ladder, baseline),
+        gates=gates,
+        devices=devices,
     )
 
 
@@ -613,19 +613,21 @@ def test_the_ladder_works_when_the_micro_batch_is_not_searched(tmp_path: Path) -
 def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The recipe is derived once, where the knobs are chosen; one the space's rules refuse is
-    recorded with the reason and never launched, instead of ending the search as a crash."""
+    """The recipe is derived once, where the knobs are chosen; one the space's limits refuse
+    (what ``derive`` would raise for) is recorded with the reason and never launched, instead
+    of ending the search as a crash."""
     from raybatch.errors import ConfigError, Issue
     from raybatch.space.search_space import SearchSpace
 
-    derive = SearchSpace.derive
+    limits = SearchSpace._limit_issues
 
-    def refusing(self: SearchSpace, micro_batch_size: int, *args: Any, **kw: Any) -> Any:
-        if micro_batch_size == 256:
-            raise ConfigError([Issue(keys.MICRO_BATCH_SIZE, "refused by this test")])
-        return derive(self, micro_batch_size, *args, **kw)
+    def refusing(self: SearchSpace, m: int, a: int, w: int, lr: float) -> list[Issue]:
+        refused = [Issue(keys.MICRO_BATCH_SIZE, "refused by this test")] if m == 256 else []
+        return [*refused, *limits(self, m, a, w, lr)]
 
-    monkeypatch.setattr(SearchSpace, "derive", refusing)
+    monkeypatch.setattr(SearchSpace, "_limit_issues", refusing)
+    with pytest.raises(ConfigError, match="refused by this test"):  # the rule derive() keeps
+        SPACE.derive(256)
     searcher = _searcher(tmp_path)
     launched = []
     for i in range(6):
@@ -866,7 +868,10 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
         gate = NoLargeBatches()
         study = SearchStudy(f"sqlite:///{tmp_path / 'optuna.db'}", "t")
         gates = [*search_gates(None, None), gate]
-        return RaybatchSearcher(SPACE, study, 600.0, Plan(SPACE), gates), gate
+        searcher = RaybatchSearcher(
+            SPACE, penalty=600.0, study=study, plan=Plan(SPACE), gates=gates
+        )
+        return searcher, gate
 
     searcher, gate = build()
     for i in range(8):
@@ -882,7 +887,7 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
     assert fresh_gate.ended == gate.ended
     from raybatch.errors import RunDirError
 
-    other = RaybatchSearcher(SPACE, SearchStudy(None, "x"), 600.0, Plan(SPACE))  # other gates
+    other = RaybatchSearcher(SPACE, penalty=600.0, study=SearchStudy(None, "x"))  # other gates
     with pytest.raises(RunDirError, match=r"gates: saved by a searcher with gates \['Learned"):
         other.restore(str(tmp_path / "ckpt.pkl"))
     assert Gate().check(SPACE.derive(64)) is None  # the base objects to nothing

@@ -1,28 +1,20 @@
 """A Hugging Face model with its datasets, collator and ``compute_metrics``, searched as it is.
 
-What ``Trainer.hyperparameter_search`` takes -- a ``model_init``, the datasets, a data collator
-and ``compute_metrics`` -- is what :class:`HuggingFaceWorkload` takes, read as a
-:class:`raybatch.Workload`:
+What ``Trainer.hyperparameter_search`` takes (a ``model_init``, the datasets, a data collator
+and ``compute_metrics``) is what :class:`HuggingFaceWorkload` takes, read as a
+:class:`raybatch.Workload` the way the ``Trainer`` reads them:
 
-- **the model**: ``model_init()`` (called with ``None`` when it takes a trial argument, as the
-  ``Trainer`` does without a search backend), built fresh for every trial;
-- **the data**: the two datasets (a ``datasets.Dataset`` or any map-style dataset), batched by
-  raybatch at each recipe's micro batch through the collator (default: ``transformers``'
-  ``default_data_collator``), its ``BatchEncoding`` made a plain dict so every tensor reaches
-  the device, and the columns ``model.forward`` does not take left out (the ``Trainer``'s
-  ``remove_unused_columns``);
-- **the loss**: ``model(**batch).loss`` (the batches must carry ``labels``);
-- **the metrics**: ``compute_metrics(EvalPrediction(logits, labels))`` over the whole
-  evaluation set, as the ``Trainer`` calls it (batches padded to different lengths joined
-  with -100; names as it returns them, without the ``eval_`` prefix), and ``loss``, the
-  evaluation loss averaged over samples;
-- **the optimizer**: the space's optimizer family (``adamw`` as the ``Trainer``'s default) at
-  the recipe's LR and weight decay, with no decay on biases and normalisation weights, the
-  parameters the ``Trainer`` exempts (``Trainer.get_decay_parameter_names``).
+- **model**: ``model_init()``, built fresh for every trial;
+- **data**: the two datasets, batched by raybatch at each recipe's micro batch through the
+  collator, without the columns ``model.forward`` does not take (``remove_unused_columns``);
+- **loss**: ``model(**batch).loss``; **metrics**: ``compute_metrics`` over the whole evaluation
+  set, as the ``Trainer`` calls it, and the evaluation loss;
+- **optimizer**: the space's family at the recipe's LR and weight decay, with no decay on the
+  parameters the ``Trainer`` exempts (biases, normalisation weights).
 
-Left out: ``TrainingArguments`` (the recipe is the search's), the ``Trainer``'s LR schedule
-(the recipe's warmup is raybatch's), callbacks, gradient clipping, label smoothing. Export the
-winner with ``raybatch export RUN_DIR --format hf`` for the ``TrainingArguments`` you train with.
+Left out: ``TrainingArguments`` (the recipe is the search's), the ``Trainer``'s LR schedule (the
+recipe's warmup is raybatch's), callbacks, gradient clipping, label smoothing. Export the winner
+with ``raybatch export RUN_DIR --format hf`` for the ``TrainingArguments`` you train with.
 """
 
 from __future__ import annotations

@@ -1,30 +1,21 @@
 """A LightningModule and a LightningDataModule searched as they are: no rewrite as a Workload.
 
-The people who search batch recipes already have a ``LightningModule`` (its ``training_step``,
-``validation_step``, ``configure_optimizers``) and a ``LightningDataModule``.
-:class:`LightningWorkload` reads them as a :class:`raybatch.Workload`:
+People who search batch recipes already have a ``LightningModule`` and a
+``LightningDataModule``; :class:`LightningWorkload` reads them as a :class:`raybatch.Workload`:
 
-- **the model** is the module itself (a ``LightningModule`` is an ``nn.Module``), built fresh
-  for every trial by the function given;
-- **the data** is what the datamodule's ``train_dataloader()`` / ``val_dataloader()`` read
-  (after ``prepare_data()`` and ``setup("fit")``, as ``Trainer.fit`` calls them): their
-  datasets, batched by raybatch at each recipe's micro batch with each loader's own
-  ``collate_fn`` (the batch size, shuffling and workers of the loaders are the search's);
-- **the loss** is ``training_step(batch, i)``'s (a tensor, or the ``"loss"`` of its dict);
-- **the metrics** are what ``validation_step`` logs with ``self.log`` / ``self.log_dict``,
-  averaged over the validation set weighted by batch size as Lightning's epoch-end reduction
-  does (a ``torchmetrics.Metric`` logged as an object is ``compute()``-d instead). While the
-  module trains under raybatch, ``self.log`` is a no-op: there is no ``Trainer`` to log to;
-- **the optimizer** is the first one ``configure_optimizers()`` returns (its class, momentum,
-  betas and parameter groups are the module's), with every group's LR and weight decay set
-  to the recipe's: the scaling rule applies them, as it would raybatch's own optimizer. An LR
-  scheduler it returns is not used: the recipe's warmup is raybatch's.
+- **model**: the module itself, built fresh for every trial;
+- **data**: the datasets of the datamodule's loaders (after ``prepare_data()`` and
+  ``setup("fit")``, as ``Trainer.fit`` calls them), batched by raybatch at each recipe's micro
+  batch with each loader's ``collate_fn``: batch size, shuffling and workers are the search's;
+- **loss**: ``training_step``'s; **metrics**: what ``validation_step`` logs, reduced as
+  Lightning's epoch end does (``self.log`` is a no-op while training: there is no ``Trainer``);
+- **optimizer**: the first one ``configure_optimizers()`` returns, at the recipe's LR and weight
+  decay; its LR scheduler is not used, as the recipe's warmup is raybatch's.
 
-What it leaves out, said rather than silently dropped: ``Trainer`` callbacks and hooks other
-than the three steps (``on_train_epoch_end``, gradient clipping set on the ``Trainer``...),
-manual optimization, several optimizers, ``transfer_batch_to_device``, data-parallel recipes
-(``training_step`` would have to run through DDP's forward, as Lightning's own wrapper does).
-Precision is the workload's ``amp_dtype`` (``"bf16"``, ``"fp16"``), not the ``Trainer``'s.
+Left out, and said rather than silently dropped: ``Trainer`` callbacks and hooks other than the
+three steps (:data:`HOOKS`), manual optimization, several optimizers, and data-parallel recipes
+(``training_step`` would have to run through DDP's forward). Precision is the workload's
+``amp_dtype``, not the ``Trainer``'s.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from raybatch.cli import args as cli_args
-from raybatch.cli import tables as cli_format
+from raybatch.cli import tables
 from raybatch.cli.args import (
     CLI,
     AddressOpt,
@@ -125,7 +125,7 @@ def space_command(
     if as_json:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         return
-    typer.echo(cli_format.recipe_table(cfg))
+    typer.echo(tables.recipe_table(cfg))
 
 
 @app.command("recipes")
@@ -157,7 +157,7 @@ def recipes_command(space: SpaceArg, as_json: JsonOpt = False) -> None:
         )
         for c in configs
     ]
-    typer.echo(cli_format.table(header, rows))
+    typer.echo(tables.table(header, rows))
 
 
 @app.command("estimate")
@@ -220,9 +220,9 @@ def estimate_command(
         return
     typer.echo(
         f"{report.workload} on {device}, {report.optimizer} from space {chosen.name},"
-        f" accumulation {accum}, world size {world_size}; {cli_format.budget_text(report)}"
+        f" accumulation {accum}, world size {world_size}; {tables.budget_text(report)}"
     )
-    cli_format.print_estimate(report)
+    tables.print_estimate(report)
 
 
 @app.command("search")
@@ -299,7 +299,7 @@ def search_command(
         with printed(True):  # raybatch's lines always; Ray's table with --verbose
             result = search(loaded, chosen, parsed_target, directory, options, workload,
                             2 if verbose else 1)  # fmt: skip
-    cli_format.print_summary(result, parsed_target)
+    tables.print_summary(result, parsed_target)
     _fail_without_recipe(result, parsed_target)
 
 
@@ -376,7 +376,7 @@ def resume_command(
         target = read_run(run_dir).target
         with printed(True):
             result = resume(run_dir, 2 if verbose else 1)
-    cli_format.print_summary(result, target)
+    tables.print_summary(result, target)
     _fail_without_recipe(result, target)
 
 
@@ -487,7 +487,7 @@ def check_command(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
-    cli_format.print_check(report)
+    tables.print_check(report)
 
 
 def main() -> None:

@@ -13,6 +13,17 @@ from raybatch.errors import Issue, OptionError
 from raybatch.space.infer import FoundRecipe, write_space
 from raybatch.workload import load_workload
 
+_MAKE_DATA_BODY = """\
+    centres = torch.randn(8, 20, generator=torch.Generator().manual_seed(0)) * 0.9
+    size, seed = (8192, 1) if split == "train" else (2048, 2)
+    generator = torch.Generator().manual_seed(seed)
+    cluster = torch.randint(0, 8, (size,), generator=generator)
+    inputs = centres[cluster] + torch.randn(size, 20, generator=generator)
+    return TensorDataset(inputs, cluster % 4)\
+"""
+"""The body of ``make_data`` in the workload and Lightning templates (their
+``{make_data_body}``): the same generated clusters in both, written once."""
+
 WORKLOAD_TEMPLATE = '''\
 """My workload for raybatch: the model, the data, the loss and the metrics.
 
@@ -40,12 +51,7 @@ def make_data(split: str) -> TensorDataset:
 
     Cached: every trial asks for the data again, and a worker runs several trials.
     """
-    centres = torch.randn(8, 20, generator=torch.Generator().manual_seed(0)) * 0.9
-    size, seed = (8192, 1) if split == "train" else (2048, 2)
-    generator = torch.Generator().manual_seed(seed)
-    cluster = torch.randint(0, 8, (size,), generator=generator)
-    inputs = centres[cluster] + torch.randn(size, 20, generator=generator)
-    return TensorDataset(inputs, cluster % 4)
+{make_data_body}
 
 
 class MyWorkload(raybatch.Workload):
@@ -87,6 +93,16 @@ class MyWorkload(raybatch.Workload):
 workload = MyWorkload()
 '''
 
+_ADAMW_RULES = """\
+  weight_decay: 0.01
+  optimizer: adamw
+rules:
+  lr: sqrt                  # Adam-family: lr grows with sqrt(batch) (Malladi et al. 2022)
+  weight_decay: sqrt\
+"""
+"""The end of the reference and the rules in both space files (their ``{adamw_rules}``): AdamW,
+with the sqrt rules of adaptive optimizers."""
+
 SPACE_TEMPLATE = """\
 # The batch recipes raybatch searches for {file}. The reference is a recipe known to train
 # well at one batch size; the rules carry it to every other effective batch.
@@ -95,11 +111,7 @@ description: MLP on generated clusters, AdamW; sqrt rules for adaptive optimizer
 reference:
   batch_size: 64            # the batch the values below were tuned at
   lr: 0.002
-  weight_decay: 0.01
-  optimizer: adamw
-rules:
-  lr: sqrt                  # Adam-family: lr grows with sqrt(batch) (Malladi et al. 2022)
-  weight_decay: sqrt
+{adamw_rules}
 search:
   micro_batch_size: [16, 32, 64, 128, 256, 512]
   accumulation_steps: [1, 2, 4]
@@ -135,12 +147,7 @@ from raybatch.adapters.lightning import LightningWorkload
 @cache
 def make_data(split: str) -> TensorDataset:
     """Generated data (replace with yours): 4 classes of Gaussian clusters in 20 dimensions."""
-    centres = torch.randn(8, 20, generator=torch.Generator().manual_seed(0)) * 0.9
-    size, seed = (8192, 1) if split == "train" else (2048, 2)
-    generator = torch.Generator().manual_seed(seed)
-    cluster = torch.randint(0, 8, (size,), generator=generator)
-    inputs = centres[cluster] + torch.randn(size, 20, generator=generator)
-    return TensorDataset(inputs, cluster % 4)
+{make_data_body}
 
 
 class ClusterData(pl.LightningDataModule):
@@ -257,11 +264,7 @@ description: tiny BERT on generated token sequences, AdamW; sqrt rules for adapt
 reference:
   batch_size: 128
   lr: 0.001
-  weight_decay: 0.01
-  optimizer: adamw
-rules:
-  lr: sqrt                  # Adam-family: lr grows with sqrt(batch) (Malladi et al. 2022)
-  weight_decay: sqrt
+{adamw_rules}
 search:
   micro_batch_size: [16, 32, 64, 128, 256]
   accumulation_steps: [1, 2, 4]
@@ -304,8 +307,15 @@ def render(workload_path: Path, kind: str = "workload") -> tuple[str, Path, str]
         raise OptionError([Issue("from", message)])
     workload_template, space_template = TEMPLATES[kind]
     space_path = workload_path.with_name(f"{workload_path.stem}_space.yaml")
-    workload_text = _fill(workload_template, file=workload_path.name, space=space_path.name)
-    space_text = _fill(space_template, file=workload_path.name, name=workload_path.stem)
+    workload_text = _fill(
+        workload_template,
+        file=workload_path.name,
+        space=space_path.name,
+        make_data_body=_MAKE_DATA_BODY,
+    )
+    space_text = _fill(
+        space_template, file=workload_path.name, name=workload_path.stem, adamw_rules=_ADAMW_RULES
+    )
     return workload_text, space_path, space_text
 
 

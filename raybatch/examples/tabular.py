@@ -26,25 +26,44 @@ FEATURES = 32
 CLASSES = 8
 
 
-@cache
-def _split() -> tuple[TensorDataset, TensorDataset]:
+def generated_split(
+    train_size: int,
+    val_size: int,
+    features: int,
+    classes: int,
+    *,
+    informative: int,
+    class_sep: float,
+    seed: int,
+) -> tuple[TensorDataset, TensorDataset]:
+    """scikit-learn's ``make_classification`` points (``informative`` of ``features``
+    informative, 8 redundant, 2 clusters a class) as float32 features and int64 labels, the
+    first ``train_size`` for training and the next ``val_size`` for validation: the data of this
+    example and of :mod:`raybatch.examples.wide`, which differ only in these arguments."""
     from sklearn.datasets import make_classification
 
     x, y = make_classification(
-        n_samples=TRAIN_SIZE + VAL_SIZE,
-        n_features=FEATURES,
-        n_informative=16,
+        n_samples=train_size + val_size,
+        n_features=features,
+        n_informative=informative,
         n_redundant=8,
-        n_classes=CLASSES,
+        n_classes=classes,
         n_clusters_per_class=2,
-        class_sep=1.0,
-        random_state=0,
+        class_sep=class_sep,
+        random_state=seed,
     )
-    features = torch.tensor(x, dtype=torch.float32)
+    inputs = torch.tensor(x, dtype=torch.float32)
     labels = torch.tensor(y, dtype=torch.long)
     return (
-        TensorDataset(features[:TRAIN_SIZE], labels[:TRAIN_SIZE]),
-        TensorDataset(features[TRAIN_SIZE:], labels[TRAIN_SIZE:]),
+        TensorDataset(inputs[:train_size], labels[:train_size]),
+        TensorDataset(inputs[train_size:], labels[train_size:]),
+    )
+
+
+@cache
+def _split() -> tuple[TensorDataset, TensorDataset]:
+    return generated_split(
+        TRAIN_SIZE, VAL_SIZE, FEATURES, CLASSES, informative=16, class_sep=1.0, seed=0
     )
 
 

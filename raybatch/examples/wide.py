@@ -18,11 +18,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from raybatch.examples.tabular import mlp
+from raybatch.examples.tabular import generated_split, mlp
 from raybatch.workload import Workload
 
 TRAIN_SIZE = 16_000
@@ -33,23 +32,8 @@ CLASSES = 10
 
 @cache
 def _split() -> tuple[TensorDataset, TensorDataset]:
-    from sklearn.datasets import make_classification
-
-    x, y = make_classification(
-        n_samples=TRAIN_SIZE + VAL_SIZE,
-        n_features=FEATURES,
-        n_informative=24,
-        n_redundant=8,
-        n_classes=CLASSES,
-        n_clusters_per_class=2,
-        class_sep=1.2,
-        random_state=1,
-    )
-    features = torch.tensor(x, dtype=torch.float32)
-    labels = torch.tensor(y, dtype=torch.long)
-    return (
-        TensorDataset(features[:TRAIN_SIZE], labels[:TRAIN_SIZE]),
-        TensorDataset(features[TRAIN_SIZE:], labels[TRAIN_SIZE:]),
+    return generated_split(
+        TRAIN_SIZE, VAL_SIZE, FEATURES, CLASSES, informative=24, class_sep=1.2, seed=1
     )
 
 

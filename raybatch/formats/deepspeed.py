@@ -1,35 +1,20 @@
 """The recipe as a DeepSpeed config (``ds_config.json``; keys of deepspeed 0.19).
 
 ``train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size ==
-train_batch_size`` holds by construction (DeepSpeed asserts it at start-up). The optimizer block
-is the recipe's: ``AdamW``; ``Adam`` with ``adam_w_mode: false`` (DeepSpeed's ``Adam`` means
-AdamW unless told otherwise — raybatch's ``adam`` is the L2 one); ``SGD`` (DeepSpeed builds any
-``torch.optim`` class it does not implement itself).
+train_batch_size`` holds by construction (DeepSpeed asserts it at start-up). The optimizer is
+the recipe's: ``AdamW``, ``SGD``, or ``Adam`` with ``adam_w_mode: false`` (DeepSpeed's ``Adam``
+means AdamW unless told; raybatch's ``adam`` is the L2 one). A ``raybatch`` block, which
+DeepSpeed ignores, says where the recipe came from and whether it is the measured one.
 
-What would otherwise change behind the recipe's back, and is set instead:
+What DeepSpeed would otherwise change behind the recipe's back is set instead:
 
-- **clipping**: DeepSpeed clips at 1.0 unless told; ``gradient_clipping`` is the recipe's
-  (0.0, none, for a search's default loop);
-- **precision**: the recipe was measured under ``torch.autocast`` with fp32 weights, so the
-  block is ``torch_autocast`` (fp16 gets DeepSpeed's GradScaler there, as raybatch's loop has
-  one); DeepSpeed's ``bf16``/``fp16`` blocks would cast the weights themselves. Its
-  ``lower_precision_safe_modules`` is set empty: by default DeepSpeed all-reduces the gradients
-  of every ``Linear`` and ``Conv`` in the autocast dtype, where the measured loop (DDP)
-  reduces them in fp32;
-- **warmup**: the recipe's LR at optimizer step ``k`` is ``(k + 1) / W`` of the LR. DeepSpeed's
-  ``WarmupLR`` gives ``min + (max - min) x (k - 1) / n`` (its first step runs at ``min``, and it
-  counts from -1), two steps behind, and takes ``n >= 2``. Starting it at ``2 / W`` of the LR
-  over ``n = W - 2`` steps gives exactly the recipe's LR from the second optimizer step on when
-  ``W >= 4``, the first running at ``2/W`` instead of ``1/W``. ``W = 3`` (``n`` raised to 2)
-  also runs step 2 at 5/6 of the LR instead of all of it; ``W = 2`` has no ramp left, so it
-  runs step 0 at the full LR instead of half. :func:`warmup_deviations` lists such steps, and
-  the config's ``raybatch`` block names them. ``WarmupLR`` rejects zero steps, so a recipe
-  without warmup (``W <= 1``: the full LR from the first step) has no scheduler block at all,
-  the optimizer's LR being the recipe's. For the exact schedule, pass
+- **clipping**: ``gradient_clipping`` is the recipe's (DeepSpeed clips at 1.0 unless told);
+- **precision**: a ``torch_autocast`` block with fp32 weights, as the recipe was measured, and
+  no ``lower_precision_safe_modules``, so gradients are all-reduced in fp32, as under DDP;
+- **warmup**: ``WarmupLR`` runs two steps behind the recipe's ramp and takes at least two
+  steps, so it starts at ``2 / W`` of the LR; the steps that still differ are listed by
+  :func:`warmup_deviations` and named in the ``raybatch`` block. For the exact schedule, pass
   ``lr_scheduler=best.build_scheduler`` to ``deepspeed.initialize`` and drop the block.
-
-The ``raybatch`` block (which DeepSpeed ignores) says where the recipe came from and whether it
-is the measured one.
 """
 
 from __future__ import annotations

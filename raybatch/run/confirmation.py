@@ -1,35 +1,21 @@
 """The confirmation: a race of the search's two best recipes on paired seeds, cheap and honest.
 
-A search ranks recipes on one run each; the confirmation checks the ranking of the two that
-matter before a recipe is exported, and spends as little as it can doing so:
+A search ranks recipes on one run each; the confirmation checks the order of the two best
+before one is exported, and spends as little as it can doing so:
 
-- **the search's run is the first pair**: every search trial ran on the search's seed, so the
-  two best already have one paired comparison;
-- **no race when one leads by more than the noise**: the search's runs already say so;
-- **each round is one fresh seed**: the two side by side where the search had two slots (each
-  on a slot of its own, as the search's trials ran), the later *capped* at ``slack`` x the first
-  to reach on that seed (the search's own capping rule); on one slot the leader first, then the
-  challenger capped likewise: a challenger that cannot reach by then is slower on that seed,
-  and running it on to the target would prove nothing more at full price;
-- **a recipe that misses the target in any run is out**
-  (:func:`~raybatch.results.selection.ranked`); when one of the two drops out, the next
-  candidate (up to ``confirm_top``) takes its place;
-- **an indifference zone** (:data:`~raybatch.results.selection.INDIFFERENCE`): once two pairs
-  agree, or their median paired ratio is within 10 % of 1 ("within noise", said in the
-  verdict), the race ends; otherwise it goes on for at most ``confirm_seeds`` fresh seeds (one
-  by default).
-
-A round costs one training of the leader and at most ``slack`` of the challenger, side by side:
-about ``slack`` trainings of wall clock on two slots.
-The baseline and the reference are not re-run: the verdict compares the winner with them from
-their search runs, as bounds where they were stopped before the target
-(:func:`~raybatch.results.selection.comparisons`).
+- the search's runs are the first pair: where they show one ahead by more than the noise,
+  there is no race;
+- each round is one fresh seed, the later run capped at ``slack`` x the first to reach on it:
+  a challenger that cannot reach by then is slower on that seed, and more would cost full price;
+- a recipe that misses the target in any run is out, and the next candidate takes its place;
+- the race ends once two pairs agree or their paired ratio is within the indifference zone
+  ("within noise"), or after ``confirm_seeds`` seeds; the baseline and the reference are not
+  re-run (:func:`~raybatch.results.selection.comparisons` reads their search runs).
 
 :class:`Race` holds the decisions and nothing else, so the simulated benchmark drives the same
-object as the search (``bench/search_efficiency.py``); :class:`RaceSearcher` runs its rounds
-as Ray Tune trials, inside the search's own experiment once its trials have ended
-(:class:`~raybatch.run.phases.SearchThenRace`: the search's processes, already warm, run the
-race too). On GPUs every confirmation run holds a whole GPU (``alone``): a measurement.
+object as the search; :class:`RaceSearcher` runs its rounds as Ray Tune trials in the search's
+own experiment, on its warm processes (:class:`~raybatch.run.phases.SearchThenRace`). On GPUs
+every confirmation run holds a whole GPU: it is a measurement.
 """
 
 from __future__ import annotations

@@ -310,12 +310,12 @@ def _plan(
     gates, devices = for_settings(s, screen, margin, packed=cuda and gpus == "auto")
     searcher = RaybatchSearcher(
         space,
-        SearchStudy(_study_url(path), STUDY_NAME, options.seed),
-        s.penalty,
-        Plan(space, opening_points(space, baseline, reference),
-             Ladder(space, estimator, budget, measure=options.prior), baseline),
-        gates,
-        devices,
+        penalty=s.penalty,
+        study=SearchStudy(_study_url(path), STUDY_NAME, options.seed),
+        plan=Plan(space, opening_points(space, baseline, reference),
+                  Ladder(space, estimator, budget, measure=options.prior), baseline),
+        gates=gates,
+        devices=devices,
     )  # fmt: skip
     resourced = with_resources(fn, gpus, options.cpus_per_trial, estimator=estimator)
     hardware = view.describe(cuda)

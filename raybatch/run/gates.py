@@ -1,24 +1,19 @@
 """What a suggestion passes before it is launched: gates, and the devices trials take.
 
-The searcher (:class:`raybatch.run.searcher.RaybatchSearcher`) asks Optuna for a recipe and
-puts it through its gates in order; the first that answers with a :class:`Rejection` keeps it
-from launching, and the searcher tells Optuna why (infeasible where the rejection is about
-memory, so that TPE steers away). A gate is one question about one recipe, as a sampler is one
-way to choose, in Optuna: subclass :class:`Gate`, answer :meth:`Gate.check`, and learn from
-finished trials in :meth:`Gate.learn` if the answer should change with what they show.
-Whatever a gate learned is kept in the searcher's Tune checkpoint (:meth:`Gate.state`), so a
-resumed search rejects what it rejected before.
+The searcher (:class:`raybatch.run.searcher.RaybatchSearcher`) puts each recipe Optuna suggests
+through its gates in order; the first :class:`Rejection` keeps it from launching, and Optuna is
+told why (infeasible where it is about memory, so that TPE steers away). A gate is one question
+about one recipe, as a sampler is one way to choose in Optuna: subclass :class:`Gate`, answer
+:meth:`Gate.check`, and learn from finished trials in :meth:`Gate.learn`. What a gate learned is
+kept in the searcher's Tune checkpoint, so a resumed search rejects what it rejected before.
 
-The gates a search uses (:func:`search_gates`), in the order they are asked:
+A search's gates (:func:`search_gates`), in order: :class:`Placement` (data-parallel workers can
+be placed now), :class:`MemoryBudget` (the memory estimate fits the per-GPU budget) and
+:class:`LearnedOutOfMemory` (no less memory than a recipe that ran out for real).
 
-1. :class:`Placement`: a data-parallel recipe's workers can be placed on the cluster now;
-2. :class:`MemoryBudget`: the memory estimate fits the per-GPU budget (within ``probe_margin``,
-   the trial's real probe decides); probes calibrate it;
-3. :class:`LearnedOutOfMemory`: the recipe needs no less memory than one that ran out for real.
-
-:class:`Devices` is not a gate: it decides how a launched trial takes its devices (its share of
-a GPU when trials are packed) and whether a data-parallel recipe's workers fit beside the
-trials running now (the searcher holds it until they do).
+:class:`Devices` is not a gate: it decides a launched trial's share of a GPU where trials are
+packed, and whether a data-parallel recipe's workers fit beside the trials running now (the
+searcher holds it until they do).
 """
 
 from __future__ import annotations

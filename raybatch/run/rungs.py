@@ -1,25 +1,20 @@
 """Equal-time rungs: every trial judged at the same training times, tied to the target.
 
-ASHA (Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning"; Ray Tune's
-``ASHAScheduler`` on a ``time_attr``) lets a trial past a rung only while it is in the top
-``1/eta`` of the trials recorded there. Here the time is the trial's *training* seconds and the
-rungs are tied to the target: ``B/eta^2, B/eta, B``, where ``B`` is the best estimate of the
-optimum's time to target (the fastest time a trial reached it in; before any has, a guess).
-A trial goes on at a rung while either holds:
+As in ASHA (Li et al. 2020; Ray Tune's ``ASHAScheduler`` on a ``time_attr``), but the time is
+the trial's *training* seconds and the rungs are tied to the target: ``B/eta^2, B/eta, B``,
+where ``B`` is the best estimate of the optimum's time to target. A trial goes on at a rung
+while either holds:
 
 - it is **within the indifference zone** of the best curve seen: by the rung it reached the
-  level the best trial had at ``rung / (1 + zone)`` (so it is at most ``1 + zone`` times slower
-  to that level: the regret the search accepts);
-- it is **in the top 1/eta** of the trials that got to the rung (ASHA's rule, with its
-  quantile), so a rung never stops every trial and the first trial at a rung always goes on.
+  level the best trial had at ``rung / (1 + zone)`` (the regret the search accepts);
+- it is **in the top 1/eta** of the trials that got to the rung (ASHA's rule), so a rung never
+  stops every trial.
 
-The zone is the hedge against early ranks that do not hold (a recipe with a long warmup starts
-slowly): a trial close to the best goes on whatever its rank, and the zone is wider the earlier
-the rung (:func:`hedged_zone`). Values between evaluations are
-interpolated; before a trial's first evaluation its first value stands (a trial is never
-stopped for being evaluated late). A trial that got to a rung first goes on, and is judged there
-again once another curve has got there: the comparison is at equal training time, whatever the
-order the trials ran in.
+The zone hedges against early ranks that do not hold (a recipe with a long warmup starts
+slowly), so it is wider at earlier rungs (:func:`hedged_zone`). Trials are compared at equal
+training time, whatever order they ran in: values between evaluations are interpolated, a
+trial is never stopped for being evaluated late, and one that got to a rung first is judged
+there again once another curve has.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Adaptive capping on equal-time rungs: stop a trial the moment it cannot win.
 
-Every trial, the first one included, is judged at rungs of its own training time (``train_s``,
-the clock of the objective: evaluations excluded) tied to the target -- ``B/9, B/3, B``
-with ``B`` the fastest time to target seen (before any trial has reached it, a guess: the
-trainable's time cap / eta) -- and goes on only while it is within the indifference zone of the
-best curve seen at that time, or in the top 1/eta of the trials that got there
-(:mod:`raybatch.run.rungs`: ASHA's rule on training time, tied to a target). Once some trial
-has reached the target in ``T*`` seconds, any trial whose training time passes ``slack x T*``
-cannot win either (adaptive capping, as in ParamILS and SMAC), and is stopped. A stopped trial
-is censored data; the searcher records it as ``capped`` with the PAR-10 penalty.
-
-It also guards against **hung** trials (:class:`~raybatch.run.hang.HangGuard`): one silent
-for longer than ``hang_after_s`` is stuck inside a step and will never report again, so no
-result-driven rule can stop it; Ray Tune asks the scheduler which trial to run at every step of
-its loop, and there the guard stops it, as ``censored`` with the reason.
+Every trial is judged at rungs of its own training time (``train_s``, evaluations excluded)
+tied to the target, ``B/9, B/3, B`` with ``B`` the fastest time to target seen, and goes on
+only while it is within the indifference zone of the best curve there or in the top 1/eta
+(:mod:`raybatch.run.rungs`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
+capping, as in ParamILS and SMAC); the searcher records it PRUNED with the PAR-10 penalty. A
+trial silent past ``hang_after_s`` is stuck inside a step and no result will stop it: the hang
+guard (:class:`~raybatch.run.hang.HangGuard`) stops it at Tune's next scheduling step.
 
 Example::
 
@@ -22,7 +15,8 @@ Example::
 
     fn = raybatch.trainable(workload, space, "accuracy>=0.9", max_time_s=60)
     tuner = tune.Tuner(fn, tune_config=tune.TuneConfig(
-        search_alg=..., scheduler=raybatch.CappingScheduler.for_trainable(fn), num_samples=20))
+        search_alg=raybatch.RaybatchSearcher.for_trainable(fn),
+        scheduler=raybatch.CappingScheduler.for_trainable(fn), num_samples=20))
 """
 
 from __future__ import annotations

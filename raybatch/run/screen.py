@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raybatch.errors import ConfigError
+from raybatch.keys import ACCUMULATION_STEPS, LR_MULTIPLIER, MICRO_BATCH_SIZE, WORLD_SIZE
 from raybatch.run.gates import Gate, Placement, Rejection, gate_of, gates_state, restore_gates
 from raybatch.run.plan import Plan
 from raybatch.run.study import Prescreened, SearchStudy
@@ -61,6 +61,7 @@ class Screen:
         gates: Sequence[Gate],
         penalty: float,
     ) -> None:
+        self.space = space
         self.record = record
         self.plan = plan
         self.gates = gates  # the searcher's own list: it teaches them what trials show
@@ -77,14 +78,16 @@ class Screen:
         self.plan.say_tpe()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
-            try:  # the recipe, derived once, here, where the knobs are chosen
-                constants = self._define(ot_trial)
-            except ConfigError as exc:  # a combination the space's limits refuse: never run
-                self.plan.opening.note(ot_trial)
-                self.refuse(ot_trial, dict(ot_trial.params), Rejection(str(exc), memory=False))
+            knobs, sampled = self._define.knobs(ot_trial)
+            self.plan.opening.note(ot_trial)  # its params exist once its knobs are read
+            refusal = self.space.refusal(
+                knobs[MICRO_BATCH_SIZE], knobs[ACCUMULATION_STEPS], knobs[WORLD_SIZE],
+                knobs[LR_MULTIPLIER])  # fmt: skip
+            if refusal is not None:  # a combination the space's limits refuse: never run
+                self.refuse(ot_trial, dict(ot_trial.params), Rejection(refusal, memory=False))
                 continue
-            self.plan.opening.note(ot_trial)
-            config = {**ot_trial.params, **constants}
+            # The recipe, derived once, here, where the knobs are chosen.
+            config = {**ot_trial.params, **self._define.constants(ot_trial, knobs, sampled)}
             recipe = carried_recipe(config)  # the define-by-run's, derived once
             rejection = self.check(recipe)
             if rejection is None:

@@ -1,50 +1,28 @@
 """The searcher: Optuna's TPE over the raw knobs, with a memory pre-screen before every launch.
 
-A Ray Tune ``Searcher`` built directly on Optuna's ask/tell rather than on Ray's
-``OptunaSearch``, because:
+Built on Optuna's ask/tell rather than on Ray's ``OptunaSearch``, which maps one Tune trial to
+one Optuna trial: a recipe the pre-screen refuses is told to Optuna at once (the penalty and a
+positive constraint, so constrained TPE steers away) and another is asked inside the same
+``suggest``; a recipe that ran out of memory refuses every larger one after it; a recipe the
+cluster cannot place is never launched. One study is the record: a trial that reached is
+COMPLETE with its time to target, one the scheduler stopped is PRUNED with its learning curve,
+every other end COMPLETE with the penalty. :mod:`raybatch.run.plan` says what runs before TPE.
 
-- **pre-screening** needs to ask Optuna for a point, reject it *without launching a trial*,
-  tell Optuna it was infeasible, and ask again inside one ``suggest`` call; ``OptunaSearch``
-  maps one Tune trial to one Optuna trial and cannot;
-- **infeasibility is taught, not hidden**: a rejected point is told as a completed trial with
-  the PAR-10 penalty *and* a positive constraint violation (``Trial.set_constraint``), which
-  Optuna's constrained TPE uses to steer away from the region — a silent skip would let the
-  sampler propose the same OOM config again, the complaint users have about other tools;
-- **a real OOM is remembered**: when a launched trial runs out of memory although the
-  estimate said it fits, its constraint is set positive too, and every later suggestion that
-  needs at least as much memory (micro batch, accumulation and world size all no smaller) is
-  rejected before launch — the estimate was wrong once, the same mistake is not paid twice;
-- **a recipe the cluster cannot place is never launched** (``world_size`` above the GPUs or
-  CPUs the cluster has now, read at each suggestion), and **a data-parallel recipe waits in
-  the searcher** (:mod:`raybatch.run.launches`), held until its workers fit, instead of
-  starting to wait inside ``fit()``;
-- **packing is decided in the searcher**: probes calibrate the estimator
-  (:meth:`MemoryEstimator.observe`) and later suggestions' ``gpu_share`` comes from the
-  calibrated prediction; a trial out of memory while packed runs once more *alone* before its
-  recipe is taught infeasible;
-- **one study is the record**: every Tune trial is one Optuna trial whose number is kept in
-  the searcher's checkpoint, so after a resume the study and the Ray experiment agree. A trial
-  that reached is COMPLETE with its time to target; one the scheduler capped is PRUNED, with
-  the target metric at each evaluation as its intermediate values (what optuna-dashboard
-  draws as learning curves), as Optuna's own pruners leave a trial; every other end is
-  COMPLETE with the penalty.
-- **a plan before TPE** (:mod:`raybatch.run.plan`): the largest batch that fits at a sweep
-  of LRs and the reference recipe run first; once they have all finished, the LR multiplier
-  that was fastest at the largest batch is carried to a ladder of other batches (the ones the
-  time model, measured inside the first trial that reaches the target, predicts fastest); an
-  opening point out of memory is replaced by the next smaller micro batch, so the largest
-  batch that *really* fits is swept;
-- **the pre-screen's error does not hide the optimum**: with ``probe_margin``, a config the
-  estimate puts over the budget by less than that margin is launched anyway, and the trial's
-  real probe step (one step, before its clock starts) decides; if it runs out of memory it is
-  taught infeasible like any OOM.
+Example::
 
-TPE runs multivariate (the knobs interact: the LR multiplier that works depends on the batch)
-with the constant liar for trials still running in parallel, after a short random start.
+    from ray import tune
+    import raybatch
+
+    fn = raybatch.trainable(workload, space, "accuracy>=0.9", max_time_s=60)
+    searcher = raybatch.RaybatchSearcher.for_trainable(fn, storage_url="sqlite:///optuna.db")
+    scheduler = raybatch.CappingScheduler.for_trainable(fn)
+    tuner = tune.Tuner(fn, tune_config=tune.TuneConfig(
+        search_alg=searcher, scheduler=scheduler, num_samples=20))
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -79,10 +57,10 @@ class RaybatchSearcher(Searcher):
 
     Args:
         space: The coupled space (raw knobs are searched, the rest derived).
+        penalty: The objective told for prescreened-out, failed or censored trials (PAR-10:
+            10x the trainable's time cap: :meth:`for_trainable` reads it from the trainable).
         study: The search's record (default: a new in-memory study, kept in the searcher's
             Tune checkpoint for a restore).
-        penalty: The objective told for prescreened-out, failed or censored trials (PAR-10:
-            10x the trainable's time cap). Required; :meth:`for_trainable` reads it.
         plan: What runs before TPE (default: nothing; TPE from the first trial).
         gates: Asked in order before every launch (default: only what ran out of memory is
             refused: :class:`~raybatch.run.gates.LearnedOutOfMemory`).
@@ -92,15 +70,16 @@ class RaybatchSearcher(Searcher):
     def __init__(
         self,
         space: SearchSpace,
+        *,
+        penalty: float,
         study: SearchStudy | None = None,
-        penalty: float | None = None,
         plan: Plan | None = None,
         gates: Sequence[Gate] | None = None,
         devices: Devices | None = None,
     ) -> None:
         super().__init__(metric=keys.OBJECTIVE, mode="min")
-        if penalty is None:
-            why = "needed: 10x the trainable's max_time_s (for_trainable(fn) reads it from fn)"
+        if not (isinstance(penalty, int | float) and math.isfinite(penalty) and penalty > 0):
+            why = f"must be a positive number (10x the trainable's max_time_s), got {penalty!r}"
             raise OptionError([Issue("penalty", why)])
         self.space = space
         self.run_format = RUN_FORMAT  # Tune pickles the searcher whole: a resume reads it here
@@ -133,7 +112,9 @@ class RaybatchSearcher(Searcher):
             estimator = MemoryEstimator.for_space(parts.workload, parts.space)
         gates, devices = for_settings(parts.settings, estimator)
         study = SearchStudy(storage_url, study_name, seed)
-        return cls(parts.space, study, parts.settings.penalty, None, gates, devices)
+        return cls(
+            parts.space, penalty=parts.settings.penalty, study=study, gates=gates, devices=devices
+        )
 
     @property
     def study(self) -> optuna.Study:

@@ -1,33 +1,18 @@
 """The coupled batch-size search space: what is searched, and how the rest is derived.
 
-Optuna (or Ray Tune's random search) samples only the *raw knobs* — micro batch size,
-accumulation steps, world size, and optional multipliers on the LR and weight-decay rules.
-Everything else is derived by the space's rules so that every sampled point is a sensible
-training recipe (``DESIGN.md``, "The coupling rules"):
-
-- ``effective_batch = micro_batch x accumulation_steps x world_size``;
-- ``lr = reference.lr x rules.lr.factor(effective / reference.batch_size) x lr_multiplier``;
-- ``weight_decay`` likewise with ``rules.weight_decay`` (``sqrt`` by default, seed 003
-  Pattern 8);
-- linear warmup of ``warmup.samples_per_scale x lr_scale`` samples whenever the LR scale
-  factor exceeds ``warmup.from_scale``; a space in which some point reaches
-  ``warmup.required_from_scale`` (8x by default, seed 003) without warmup is rejected;
-- at most ``limits.max_accumulation_steps`` (16 by default, seed 003 Pitfall 7), and no
-  effective batch larger than ``limits.dataset_size`` when it is given.
-
-The space is plain Python and pydantic: it knows nothing of Ray or Optuna
+Optuna (or Ray Tune's random search) samples only the *raw knobs* (micro batch, accumulation,
+world size, LR and weight-decay multipliers); the space's rules derive the rest, and a space
+with any point that breaks a rule is refused, so every sampled point is a sensible recipe
+(``docs/spaces.md``). It is plain Python and pydantic and knows nothing of Ray or Optuna
 (:mod:`raybatch.space.tune_space` adapts it to both).
 
 Example:
     >>> from raybatch import SearchSpace
     >>> space = SearchSpace.from_dict({
-    ...     "name": "demo",
-    ...     "reference": {"batch_size": 256, "lr": 0.1, "weight_decay": 1e-4,
-    ...                   "optimizer": "sgd"},
-    ...     "rules": {"lr": "linear"},
+    ...     "name": "demo", "rules": {"lr": "linear"},
+    ...     "reference": {"batch_size": 256, "lr": 0.1, "weight_decay": 1e-4, "optimizer": "sgd"},
     ...     "search": {"micro_batch_size": [128, 256], "accumulation_steps": [1, 2, 4]},
-    ...     "warmup": {"samples_per_scale": 200182},
-    ... })
+    ...     "warmup": {"samples_per_scale": 200182}})
     >>> cfg = space.derive(micro_batch_size=256, accumulation_steps=4)
     >>> cfg.effective_batch_size, round(cfg.lr, 6), cfg.warmup_steps
     (1024, 0.4, 782)
@@ -53,7 +38,7 @@ from pydantic import (
 )
 
 from raybatch import keys
-from raybatch.errors import ConfigError, Issue, SpaceError
+from raybatch.errors import ConfigError, Issue, SpaceError, render_issues
 from raybatch.space._yaml import load_mapping
 from raybatch.space.config import RECIPE_KEYS, TrialConfig, same_value
 from raybatch.space.rules import OptimizerFamily, ScalingRule
@@ -263,6 +248,19 @@ class SearchSpace(_Model):
             warmup_steps=math.ceil(warmup_samples / effective),
             **self.recipe_constants(),
         )
+
+    def refusal(
+        self,
+        micro_batch_size: int,
+        accumulation_steps: int = 1,
+        world_size: int = 1,
+        lr_multiplier: float = 1.0,
+    ) -> str | None:
+        """Why the space's limits refuse these knobs (as :meth:`derive` would say it), or
+        ``None``: a searcher asks before deriving, and tells a refused combination to its
+        sampler rather than catching the error."""
+        issues = self._limit_issues(micro_batch_size, accumulation_steps, world_size, lr_multiplier)
+        return render_issues(issues, self._source) if issues else None
 
     def _limit_issues(self, m: int, a: int, w: int, lr_mult: float) -> list[Issue]:
         """What the space's limits and warmup rule refuse in valid-looking knobs."""

@@ -79,6 +79,12 @@ class OptunaDefineByRun:
         self._space_recorded = False
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        knobs, sampled = self.knobs(trial)
+        return self.constants(trial, knobs, sampled)
+
+    def knobs(self, trial: optuna.Trial) -> tuple[dict[str, Any], set[str]]:
+        """The raw knobs of ``trial`` (those with one choice filled in), and which of them
+        Optuna sampled."""
         knobs: dict[str, Any] = {}
         sampled: set[str] = set()
         for name, choices in _integer_knobs(self.space):
@@ -93,6 +99,18 @@ class OptunaDefineByRun:
                 sampled.add(name)
             else:
                 knobs[name] = 1.0 if rng is None else rng.low
+        return knobs, sampled
+
+    def constants(
+        self, trial: optuna.Trial, knobs: dict[str, Any], sampled: set[str]
+    ) -> dict[str, Any]:
+        """The recipe's values Optuna did not sample (derived from ``knobs``), recorded on the
+        trial where ``record``.
+
+        Raises:
+            ConfigError: The space's limits refuse the knobs
+                (:meth:`~raybatch.SearchSpace.refusal` says so without raising).
+        """
         constants = {
             k: v for k, v in self.space.derive(**knobs).to_dict().items() if k not in sampled
         }

@@ -1,27 +1,21 @@
 """The search's prior: a model of time to target from the gradient noise scale and throughput.
 
-McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", arXiv:1812.06162) find
-that the optimizer steps needed to reach a given loss follow ``S(B) = S_min (1 + B_noise / B)``
-for an effective batch ``B``, where the *gradient noise scale* ``B_noise`` is estimated by
-``B_simple = tr(Sigma) / |G|^2``; Pollux (Qiao et al., OSDI 2021) multiplies the matching
-statistical efficiency with measured throughput ("goodput"). Time to target is steps times the
-time of one optimizer step, so, up to the unknown constant ``S_min``:
+McCandlish et al. 2018 (arXiv:1812.06162) find that the optimizer steps to a given loss follow
+``S(B) = S_min (1 + B_noise / B)`` for an effective batch ``B``; Pollux (Qiao et al., OSDI 2021)
+multiplies that statistical efficiency with measured throughput. Up to the constant ``S_min``:
 
     time(recipe) ~ (1 + B_noise / B) x (accumulation x t_micro(micro) + t_optimizer)
 
-``t_micro`` is measured per micro batch with a few timed steps; ``B_noise`` from squared
-gradient norms at two batch sizes (McCandlish, appendix A):
+``t_micro`` is timed per micro batch; ``B_noise`` is ``B_simple = tr(Sigma) / |G|^2``, from
+squared gradient norms at a small batch ``s`` and a big one ``b`` (McCandlish, appendix A), each
+averaged over many batches before the ratio is taken, as both are noisy:
 
-    |G|^2   ~ (b |G_b|^2 - s |G_s|^2) / (b - s)
-    tr(S)   ~ (|G_s|^2 - |G_b|^2) / (1/s - 1/b)
+    |G|^2 ~ (b |G_b|^2 - s |G_s|^2) / (b - s),    tr(Sigma) ~ (|G_s|^2 - |G_b|^2) / (1/s - 1/b)
 
-Both estimates are noisy, so each is averaged over many batches before the ratio is taken (as
-the paper and Pollux do), and the spread is reported from a bootstrap over those batches.
-
-It is a *prior*: it orders and seeds the search (:class:`raybatch.run.seeding.Ladder`), it is
-shown beside what was measured (``predicted_time_s`` in ``trials.csv``), and where it is wrong
-the search still has TPE to find the optimum. It ignores the LR (the rule carries the LR that
-worked best at the largest batch) and communication between data-parallel workers.
+It is a *prior*: it orders and seeds the search (:class:`raybatch.run.seeding.Ladder`) and is
+shown beside what was measured (``predicted_time_s``); where it is wrong, TPE still searches.
+It ignores the LR (the rule carries the LR that worked best at the largest batch) and
+communication between data-parallel workers.
 """
 
 from __future__ import annotations

@@ -1,25 +1,20 @@
 """raybatch's own training loop: one trial of a recipe, done the way the rules require.
 
 - the loss is divided by the accumulation steps, and the optimizer step, the LR scheduler
-  step, gradient clipping and the EMA update happen only on the accumulation boundary (seed
-  003, Pitfalls 4 and 8), so k micro batches of b update the model exactly as one batch of
-  k x b would;
-- linear LR warmup over the recipe's ``warmup_steps`` optimizer steps, then constant;
-- optional autocast (bf16, or fp16 with a ``GradScaler`` on CUDA);
-- ``drop_last`` on the training loader (and on the ``DistributedSampler`` when data-parallel)
-  so no worker ever gets an empty or short batch (seed 004);
-- deterministic seeding per trial (model init, data order);
-- evaluation at fixed *sample* marks through a :class:`~raybatch.trial.reporting.TrialReporter`,
-  which owns the clock, the target check and the statuses; evaluation is timed apart and
-  kept out of the objective;
-- no cost a hand-written loop would not pay: batches fetched in one call
-  (:mod:`raybatch.batches`), evaluation in large batches, and on CUDA no host
-  synchronisation between marks (the loss is summed on the device and read at marks);
-- data-parallel: the model is wrapped in ``DistributedDataParallel`` (gradient sync skipped
-  with ``no_sync`` inside an accumulation window), BatchNorm optionally converted to
-  ``SyncBatchNorm`` (seed 003, Pitfall 6), and every decision that stops the loop (loss, clock,
-  metric) is agreed across workers by an all-reduce so no worker is left waiting in a
-  collective.
+  step, gradient clipping and the EMA update happen only on the accumulation boundary, so k
+  micro batches of b update the model exactly as one batch of k x b would;
+- linear LR warmup over the recipe's ``warmup_steps``, then constant; optional autocast (bf16,
+  or fp16 with a ``GradScaler`` on CUDA); deterministic seeding per trial;
+- ``drop_last`` on the training loader (and the ``DistributedSampler``), so no worker ever gets
+  an empty or short batch;
+- a :class:`~raybatch.trial.reporting.TrialReporter` owns the clock, the marks, the target
+  check and the statuses; evaluation is timed apart and kept out of the objective;
+- no cost a hand-written loop would not pay, which would tax small batches (more steps) more:
+  batches fetched in one call (:mod:`raybatch.batches`), evaluation in large batches, and on
+  CUDA no host synchronisation between marks;
+- data-parallel: ``DistributedDataParallel`` (``no_sync`` inside an accumulation window),
+  optional ``SyncBatchNorm``, and every decision that stops the loop agreed by an all-reduce,
+  so no worker is left waiting in a collective.
 """
 
 from __future__ import annotations

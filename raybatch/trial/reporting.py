@@ -1,39 +1,21 @@
 """The trial clock, the sample marks, the target check and the statuses, in one object.
 
-raybatch's own training loop uses a :class:`TrialReporter`, and so can a user who keeps their
-own loop, so both report the same fields and end with the same statuses:
+raybatch's own loop and a user's own loop both report through a :class:`TrialReporter`:
 
-    from ray import tune
-    import raybatch
-    from raybatch.trial.reporting import TrialReporter
-
-    def train(config):
-        cfg = raybatch.TrialConfig.from_dict(config)
-        with TrialReporter(raybatch.Target(0.97), eval_every_samples=1024, max_time_s=60) as run:
-            for batch in loader:
-                ...                                    # your step
-                run.add(samples=len(batch), steps=1, loss=loss.item())
-                if run.stopped:
+    with TrialReporter(raybatch.Target(0.97), eval_every_samples=1024, max_time_s=60) as run:
+        for batch in loader:
+            ...  # your step
+            if run.add(samples=len(batch), steps=1, loss=loss.item()):
+                break
+            if run.eval_due:
+                with run.evaluating():  # kept out of the objective
+                    accuracy = evaluate(model)
+                if run.report(accuracy):
                     break
-                if run.eval_due:
-                    with run.evaluating():
-                        accuracy = evaluate(model)
-                    if run.report(accuracy):
-                        break
 
-What the objective counts (``DESIGN.md``, "Time to target"): the *training* time to target —
-the wall-clock of training steps, waiting for data included (the user's input pipeline is part
-of their cost), from the first step after any memory probe to the mark where the target was
-first met. Evaluations are excluded: they are raybatch's measuring device, run at a cadence the
-user's own training does not share, and counting them would flatten or reorder the differences
-between recipes. Their time is reported as ``eval_s``; ``elapsed_s`` is the total, and
-``elapsed_to_target_s`` the old figure that counted both. The time cap and adaptive capping use
-the same training clock. Wrap evaluation in :meth:`TrialReporter.evaluating` so it is kept out.
-
-On CUDA, pass ``synchronize``: the clock is then read after queued kernels finish, but only at
-marks (evaluations, the target, the end) — between marks the time cap is checked against the
-host clock, which never waits for the device, so small launch-bound batches are not penalised
-by a synchronisation per step.
+The objective is *training* time to target (``docs/search.md``): evaluations run at
+raybatch's cadence, not the user's, so they are timed apart (``eval_s``). On CUDA,
+``synchronize`` runs at marks only, so small launch-bound batches pay no device sync per step.
 """
 
 from __future__ import annotations
