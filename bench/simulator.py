@@ -365,6 +365,13 @@ class SimulatedEstimator:
         truth = self.member.memory(recipe.micro_batch_size)
         return int(truth * (1 + self.member.estimate_error))
 
+    def measured(self, recipe: raybatch.TrialConfig, budget_bytes: int) -> None:
+        """No device to take real steps on: the estimate alone decides (a CPU search)."""
+        return None
+
+    def fits(self, recipe: raybatch.TrialConfig, budget_bytes: int, margin: float = 0.0) -> bool:
+        return self.predict(recipe) <= budget_bytes * (1 + margin)
+
 
 def simulated_time_model(member: Member) -> TimeModel:
     """The prior raybatch would measure on this member: the noise scale off by the member's

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raybatch.errors import TraceError
+from raybatch.memory.boundary import MeasuredBoundary, kind_of
 from raybatch.memory.model import EstimateSource, LinearMemoryModel
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.memory.probe import probe
@@ -59,6 +60,9 @@ class MemoryEstimator:
     """What real probes reserved above the trace's prediction (bytes, never below 0), by
     (accumulating, world size, micro batch): see :meth:`observe`. Kept in the searcher's
     checkpoint, so a resumed search predicts as it did."""
+    boundary: MeasuredBoundary | None = field(default=None, repr=False)
+    """The top of the range measured by real steps on the device (:mod:`raybatch.memory.
+    boundary`): where it says a recipe ran or ran out, that decides over the trace."""
 
     @classmethod
     def for_space(cls, workload: Workload, space: SearchSpace) -> MemoryEstimator:
@@ -114,7 +118,7 @@ class MemoryEstimator:
         """The largest micro batch that fits ``budget_bytes`` with ``config``'s other knobs
         (less what the probes of its kind measured above the trace at its largest probed
         batch)."""
-        excess = self._excess_near(_kind(config), 1 << 30)
+        excess = self._excess_near(kind_of(config), 1 << 30)
         return self._model_of(config).max_micro_batch_size(budget_bytes - excess)
 
     def excess(self, config: TrialConfig) -> int:
@@ -122,7 +126,7 @@ class MemoryEstimator:
         accumulation and world size): the most at any probed micro batch no larger than its
         own; 0 below every probe. Non-decreasing in the batch, and a new probe never lowers
         it (a lower prediction would over-pack later trials)."""
-        return self._excess_near(_kind(config), config.micro_batch_size)
+        return self._excess_near(kind_of(config), config.micro_batch_size)
 
     def _excess_near(self, kind: tuple[bool, int], micro: int) -> int:
         below = [e for (a, w, m), e in self.probed.items() if (a, w) == kind and m <= micro]
@@ -150,7 +154,7 @@ class MemoryEstimator:
         peak for one that ran out of memory: its peak is truncated). Returns the excess now in
         force at that batch.
         """
-        key = (*_kind(config), config.micro_batch_size)
+        key = (*kind_of(config), config.micro_batch_size)
         traced = self._model_of(config).predict(config.micro_batch_size)
         self.probed[key] = max(self.probed.get(key, 0), int(measured_bytes) - traced, 0)
         return self.probed[key]
@@ -167,6 +171,9 @@ class MemoryEstimator:
                 ``"cpu"`` to exercise the path without a GPU); ``None``: report ``fits=None``.
         """
         b = config.micro_batch_size
+        measured = self.measured(config, budget_bytes)
+        if measured is not None:
+            return measured
         try:
             model = self._model_of(config)
         except TraceError as exc:
@@ -194,11 +201,29 @@ class MemoryEstimator:
         )
         return PrescreenResult(b, fits, predicted, breakdown, budget_bytes, source, reason)
 
+    def measured(self, config: TrialConfig, budget_bytes: int) -> PrescreenResult | None:
+        """The verdict of the real steps on the device for ``config`` (``None``: they do not
+        say, or they ran under another budget than ``budget_bytes``; run uncapped, only that
+        a recipe ran out holds under any budget)."""
+        edge = self.boundary
+        fits = None if edge is None else edge.verdict(config)
+        if edge is None or fits is None or edge.budget_bytes not in (None, budget_bytes):
+            return None
+        if edge.budget_bytes is None and fits:
+            return None
+        return PrescreenResult(
+            config.micro_batch_size, fits, None, None, budget_bytes, EstimateSource.PROBE,
+            edge.reason(config),
+        )  # fmt: skip
 
-def _kind(config: TrialConfig) -> tuple[bool, int]:
-    """What a probe's excess is kept by besides the micro batch: accumulating or not (the
-    gradient buffer), and the world size (DDP's buckets)."""
-    return config.accumulation_steps > 1, config.world_size
+    def fits(self, config: TrialConfig, budget_bytes: int, margin: float = 0.0) -> bool:
+        """Whether ``config`` may run under ``budget_bytes``: the real steps' verdict where they
+        give one, else the prediction within ``margin`` (a fraction over the budget, for the
+        trial's own probe to decide)."""
+        measured = self.measured(config, budget_bytes)
+        if measured is not None:
+            return bool(measured.fits)
+        return self.predict(config) <= budget_bytes * (1 + margin)
 
 
 @dataclass(frozen=True)

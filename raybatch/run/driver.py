@@ -52,7 +52,7 @@ from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH
 from raybatch.run.diskfull import disk_full_said
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.gates import for_settings
-from raybatch.run.gpu_budget import search_budget
+from raybatch.run.gpu_budget import search_budget, search_estimator
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
@@ -283,11 +283,7 @@ def _plan(
     if cuda:
         view = one_gpu_model(view, options.gpu_model, notes)
     budget, context = search_budget(view, options, cuda, notes)
-    estimator = None
-    if budget is not None:
-        estimator = MemoryEstimator.for_space(workload, space)
-    else:
-        notes.append("no GPU memory budget on this machine: suggestions were not pre-screened")
+    estimator = search_estimator(view, options, cuda, workload, space, budget, notes)
 
     # Only a real probe can overrule the estimate: on CPUs the trial's gate is the estimate.
     margin = options.probe_margin if cuda and options.prescreen else 0.0

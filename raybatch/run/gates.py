@@ -113,7 +113,8 @@ class MemoryBudget(Gate):
         verdict = self.estimator.prescreen(recipe, self.budget_bytes)
         if verdict.fits is not False:
             return None
-        assert verdict.predicted_bytes is not None
+        if verdict.predicted_bytes is None:  # real steps on the device ran out: no margin
+            return Rejection(verdict.reason)
         violation = (verdict.predicted_bytes - self.budget_bytes) / self.budget_bytes
         if violation <= self.probe_margin:
             return None

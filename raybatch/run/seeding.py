@@ -63,7 +63,7 @@ def budget_check(
     def fits(recipe: TrialConfig) -> bool:
         if estimator is None or budget is None:
             return True
-        return bool(estimator.predict(recipe) <= budget * (1 + margin))
+        return bool(estimator.fits(recipe, budget, margin))
 
     return fits
 
@@ -88,7 +88,11 @@ def nothing_fits(
     """Why not even the space's smallest micro batch fits the budget (``None``: it fits), said
     before any trial: the searcher would otherwise reject every suggestion until it gave up."""
     smallest = max_batch_point(space, lambda _: False)  # none fits: the smallest micro batch
-    predicted = int(estimator.predict(space.derive(**smallest)))
+    recipe = space.derive(**smallest)
+    measured = estimator.measured(recipe, budget)
+    if measured is not None:  # real steps on the device said it
+        return None if measured.fits else f"no micro batch fits: {measured.reason}"
+    predicted = int(estimator.predict(recipe))
     if predicted <= budget * (1 + margin):
         return None
     return (
