@@ -89,16 +89,11 @@ from raybatch.results.selection import select_winner
 from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.gates import search_gates
 from raybatch.run.options import SearchOptions
-from raybatch.run.plan import Plan
+from raybatch.run.plan import Plan, search_plan
 from raybatch.run.rungs import DEFAULT_ZONE
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
-    Ladder,
-    budget_check,
-    max_batch_point,
-    opening_points,
-    reference_point,
     searched_knobs,
 )
 from raybatch.run.study import SearchStudy
@@ -384,19 +379,17 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
     # Without the pre-screen there is no estimate anywhere: the opening's "largest batch" is
     # the space's largest, and only OOMs (remembered, replaced) teach the search what fits.
     estimator = SimulatedEstimator(member) if prescreen else None
-    fits = budget_check(estimator, int(member.budget), PROBE_MARGIN)
-    baseline = max_batch_point(space, fits)
-    reference = reference_point(space)
-    if plan:
-        points = opening_points(space, baseline, reference)
-        ladder = Ladder(space, estimator, int(member.budget), measure=model)
-    else:
+    # The driver's own plan (search_plan); without one, only the reference and the baseline.
+    shipped, baseline, reference = search_plan(
+        space, estimator, int(member.budget), PROBE_MARGIN, measure=model
+    )
+    if not plan:
         points = [searched_knobs(space, p) for p in (reference, baseline) if p is not None]
-        ladder = None
+        shipped = Plan(space, points, None, baseline)
     searcher = RaybatchSearcher(
         space, penalty=penalty(member.max_time_s),
         study=SearchStudy(None, f"sim-{member.name}-{seed}", seed),
-        plan=Plan(space, points, ladder, baseline),
+        plan=shipped,
         gates=search_gates(estimator, int(member.budget), PROBE_MARGIN if prescreen else 0.0),
     )  # fmt: skip
     return searcher

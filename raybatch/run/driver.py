@@ -57,7 +57,7 @@ from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
 from raybatch.run.phases import SearchThenRace, prescreened_rows, search_rows
-from raybatch.run.plan import Plan
+from raybatch.run.plan import search_plan
 from raybatch.run.progress import Progress, printed, ray_quiet
 from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
@@ -73,14 +73,7 @@ from raybatch.run.rundir import (
 )
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
-from raybatch.run.seeding import (
-    Ladder,
-    budget_check,
-    max_batch_point,
-    nothing_fits,
-    opening_points,
-    reference_point,
-)
+from raybatch.run.seeding import nothing_fits
 from raybatch.run.signals import interruptible
 from raybatch.run.study import SearchStudy, check_study_file, runs_recorded
 from raybatch.run.tune_state import (
@@ -291,8 +284,7 @@ def _plan(
         why = nothing_fits(space, estimator, budget, margin)
         if why is not None:
             raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
-    baseline = max_batch_point(space, budget_check(estimator, budget, margin))
-    reference = reference_point(space)
+    searched, baseline, reference = search_plan(space, estimator, budget, margin, options.prior)
     # The trials' settings, one frozen object the trainable carries: the searcher and the
     # resources below read what they need from it, as a plugin user's parts do.
     fn = trainable(
@@ -308,8 +300,7 @@ def _plan(
         space,
         penalty=s.penalty,
         study=SearchStudy(_study_url(path), STUDY_NAME, options.seed),
-        plan=Plan(space, opening_points(space, baseline, reference),
-                  Ladder(space, estimator, budget, measure=options.prior), baseline),
+        plan=searched,
         gates=gates,
         devices=devices,
     )  # fmt: skip

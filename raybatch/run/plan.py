@@ -28,7 +28,13 @@ from raybatch import keys
 from raybatch.keys import KnobPoint
 from raybatch.run.opening import Opening
 from raybatch.run.progress import log
-from raybatch.run.seeding import Ladder
+from raybatch.run.seeding import (
+    Ladder,
+    budget_check,
+    max_batch_point,
+    opening_points,
+    reference_point,
+)
 from raybatch.run.study import SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
@@ -163,4 +169,20 @@ class Plan:
         log.info("the plan's recipes have all been asked: Optuna's TPE suggests from here")
 
 
-__all__ = ["CHECKPOINTED", "Plan"]
+def search_plan(
+    space: SearchSpace, estimator: Any, budget: int | None, margin: float = 0.0,
+    measure: bool = True,
+) -> tuple[Plan, KnobPoint, KnobPoint | None]:  # fmt: skip
+    """The plan ``raybatch search`` runs, and its baseline and reference: the largest batch
+    that fits (the estimate, or real steps where measured, within ``margin`` for the trial's
+    probe to decide) at the LR sweep and the reference recipe, then the ladder (its time model
+    measured in a trial where ``measure``). The one way a plan is built: the driver and the
+    simulated benchmark both call it."""
+    baseline = max_batch_point(space, budget_check(estimator, budget, margin))
+    reference = reference_point(space)
+    ladder = Ladder(space, estimator, budget, measure=measure)
+    plan = Plan(space, opening_points(space, baseline, reference), ladder, baseline)
+    return plan, baseline, reference
+
+
+__all__ = ["CHECKPOINTED", "Plan", "search_plan"]
