@@ -85,8 +85,9 @@ def test_a_search_on_a_full_disk_ends_in_one_line_and_resumes_once_space_is_free
 ) -> None:
     """The run directory on a 400 KiB file system: the search fills it in its first trials and
     stops with exit 74 and one error line (it was 287 lines and 7 tracebacks); with the file
-    system grown, `raybatch resume` finishes it -- unless the disk filled first while Ray Tune
-    wrote its state in this first session: then resume refuses in one line (still open)."""
+    system grown, `raybatch resume` finishes it (a state Ray Tune's copy left cut short is put
+    back from the whole copy kept at each step) -- unless the disk filled before the first
+    whole copy was kept: then resume refuses in one line, naming the cut file."""
     disk = tmp_path / "disk"
     if not _mount_small_tmpfs(disk, "400k"):
         pytest.skip("mounting a small file system needs root")
@@ -109,9 +110,8 @@ def test_a_search_on_a_full_disk_ends_in_one_line_and_resumes_once_space_is_free
         resumed = subprocess.run([*cli, "resume", str(run_dir), "--quiet"], capture_output=True,
                                  text=True, check=False, timeout=300)  # fmt: skip
         if resumed.returncode == 2:
-            # The disk filled while Ray Tune wrote its state in the search's first session:
-            # no whole state to restore (a fault still open, issue 48: the refusal names the
-            # cut file, in one line, but blames a kill); never a traceback.
+            # The disk filled while Ray Tune wrote its state before any whole copy was kept:
+            # nothing to put back; the refusal names the cut file in one line, no traceback.
             refused = resumed.stderr.strip().splitlines()
             assert len(refused) == 1 and "experiment_state-" in refused[0], refused
             assert "cut short" in refused[0] and "Traceback" not in resumed.stderr

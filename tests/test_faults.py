@@ -55,10 +55,13 @@ FAULTS: list[tuple[str, str, str]] = [
         " resume command; `raybatch resume` continues",
         "every finished trial; the runs that were training are run again",
     ),
-    (  # tests/test_resume.py: test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore
-        "killed while Ray Tune copied its state (a state file cut short)",
-        "the cut session is set aside in tune/search/.cut/; the whole one before it is restored",
-        "every file: the cut ones moved, never deleted",
+    (  # tests/test_resume.py: test_a_first_session_cut_short_by_a_kill_resumes_from_the_whole_copy
+        # and test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore
+        "killed while Ray Tune copied its state (a state file cut short), the first session"
+        " included",
+        "the session is put back from the whole copy kept at each step (tune/search/.whole/),"
+        " one step older; without one, the cut session is set aside for the whole one before it",
+        "every file: the cut ones moved to tune/search/.cut/, never deleted",
     ),
     (
         "a second `raybatch resume` (or `search`) while a driver runs",

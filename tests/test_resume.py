@@ -26,7 +26,14 @@ from raybatch.run.driver import analyze_run
 from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.sessions import sessions_recorded
 from raybatch.run.study import STATUS_ATTR
-from raybatch.run.tune_state import CUT_FOLDER, check_restorable, set_aside_cut_sessions
+from raybatch.run.tune_state import (
+    CUT_FOLDER,
+    WHOLE_FOLDER,
+    check_restorable,
+    keep_whole,
+    restore_whole,
+    set_aside_cut_sessions,
+)
 
 
 def _finished_ids(run_dir: Path) -> set[str]:
@@ -238,6 +245,31 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     assert wall is not None and wall <= whole - lost + 1e-6
 
 
+def test_a_first_session_cut_short_by_a_kill_resumes_from_the_whole_copy(tmp_path: Path) -> None:
+    """A search SIGKILLed in its first session, its Tune state then cut short as a kill during
+    Tune's copy (or a full disk) leaves it: it could not be resumed at all (nothing older to
+    restore). Now the resume puts the state back from the copy kept at each step, says so,
+    and finishes the search, every trial once."""
+    run_dir = tmp_path / "run"
+    driver = _cli(
+        "search", "raybatch.examples.tabular:workload", "--target", "0.87", "--trials", "3",
+        "--max-concurrent", "1", "--max-time-per-trial", "20", "--confirm-seeds", "0",
+        "--no-prior", "--run-dir", str(run_dir), "--quiet", start_new_session=True,
+    )  # fmt: skip
+    seen: set[str] = set()
+    _kill_when(driver, lambda: _told(run_dir) >= 1, random.Random(1), run_dir, seen)
+    experiment = run_dir / "tune" / "search"
+    assert len(list(experiment.glob("experiment_state-*.json"))) == 1  # the first session's
+    for state in experiment.glob("*-state-*"):
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # cut by the copy
+    resumed = _cli("resume", str(run_dir))
+    out, err = resumed.communicate(timeout=400)
+    assert resumed.returncode in (0, 1), err[-3000:]
+    assert "put back from its whole copy" in out, out[-3000:]
+    rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
+    assert len(rows) == 3 and len({r["trial_id"] for r in rows}) == 3
+
+
 def test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore(tmp_path: Path) -> None:
     """A SIGKILL during Tune's copy into storage leaves the newest session's pickle truncated;
     restoring would load it and fail. That session is moved aside, the whole one stays."""
@@ -279,5 +311,45 @@ def test_a_first_session_cut_short_is_refused_naming_the_file(tmp_path: Path) ->
     with pytest.raises(RunDirError) as refused:
         check_restorable(experiment, tmp_path / "run")
     message = str(refused.value)
-    assert f"tune/search/search_gen_state-{session}.json: cut short by the kill" in message
+    assert f"tune/search/search_gen_state-{session}.json: cut short" in message
     assert "cannot be resumed" in message and "optuna.db" in message
+
+
+def test_a_session_cut_short_is_put_back_whole_from_the_copy_kept_at_each_step(
+    tmp_path: Path,
+) -> None:
+    """Tune saves its state whole in its staging folder, then copies it into the run: a kill or
+    a full disk during that copy cut the newest session, and in the search's first session
+    there was nothing older to restore. The driver keeps a whole copy at each step, and a
+    resume puts the cut session back from it, every file of it (one step's state)."""
+    staging, experiment = tmp_path / "staging", tmp_path / "run" / "tune" / "search"
+    staging.mkdir()
+    experiment.mkdir(parents=True)
+    session = "2026-01-01_10-00-00"
+    state = pickle.dumps({"searcher": list(range(50))})
+    (staging / f"experiment_state-{session}.json").write_text(json.dumps({"trial_data": [1]}))
+    (staging / f"searcher-state-{session}.pkl").write_bytes(state)
+    assert keep_whole(staging, experiment) is True
+    assert keep_whole(staging, experiment) is False  # unchanged: not copied again
+    (staging / f"searcher-state-{session}.pkl").write_bytes(state[:10])  # mid-write
+    assert keep_whole(staging, experiment) is False  # a cut file is never the copy
+    kept = experiment / WHOLE_FOLDER / "state" / f"searcher-state-{session}.pkl"
+    assert kept.read_bytes() == state
+    # The run's own files: the experiment state newer, the searcher's cut short by the copy.
+    (experiment / f"experiment_state-{session}.json").write_text(json.dumps({"trial_data": [1, 2]}))
+    (experiment / f"searcher-state-{session}.pkl").write_bytes(state[: len(state) // 2])
+    assert restore_whole(experiment) == sorted(
+        [f"experiment_state-{session}.json", f"searcher-state-{session}.pkl"]
+    )
+    assert (experiment / f"searcher-state-{session}.pkl").read_bytes() == state
+    assert json.loads((experiment / f"experiment_state-{session}.json").read_text()) == {
+        "trial_data": [1]  # the copy's step: both files of one step, never a mix
+    }
+    assert (experiment / CUT_FOLDER / f"experiment_state-{session}.json").exists()
+    check_restorable(experiment, tmp_path / "run")  # whole again
+    assert restore_whole(experiment) == []  # nothing cut: nothing put back
+    # A newer session than the copy's is not its state: it is set aside as before instead.
+    newer = "2026-01-01_11-00-00"
+    (experiment / f"experiment_state-{newer}.json").write_text("{")
+    assert restore_whole(experiment) == []
+    assert set_aside_cut_sessions(experiment) == [newer]

@@ -76,13 +76,7 @@ from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import nothing_fits
 from raybatch.run.signals import interruptible
 from raybatch.run.study import SearchStudy, check_study_file, runs_recorded
-from raybatch.run.tune_state import (
-    CUT_FOLDER,
-    TUNER_FILE,
-    check_experiment,
-    restored_parts,
-    set_aside_cut_sessions,
-)
+from raybatch.run.tune_state import TUNER_FILE, KeepWhole, repair_state, restored_parts
 from raybatch.run.untold import TellUntold
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
@@ -165,13 +159,13 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
         if (path / TRIALS_CSV).is_file():
             return _finished(path)
         check_study_file(path / OPTUNA_DB, path)
-        check_experiment(path / "tune" / "search", path)
+        repaired = repair_state(path / "tune" / "search", path)
         try:
             workload = load_workload(ref)
         except WorkloadError as exc:  # its file moved since, or its module is gone
             why = f"{exc} (the workload the search started with, as stored here)"
             raise RunDirError([Issue(f"{RUN_FILE}: workload", why)], str(path)) from None
-        notes = [lock.taken_over] if lock.taken_over else []
+        notes = [*([lock.taken_over] if lock.taken_over else []), *repaired]
         with (
             printed(verbose >= 1),
             ray_quiet(verbose < 2),
@@ -326,9 +320,6 @@ def _search_tuner(
 
     experiment = path.resolve() / "tune" / "search"
     if resume:
-        cut = set_aside_cut_sessions(experiment)
-        if cut:
-            plan.notes.append(f"Tune state cut short by the kill set aside in {CUT_FOLDER}/: {cut}")
         tuner = tune.Tuner.restore(
             str(experiment), trainable=plan.resourced, resume_unfinished=True, resume_errored=True
         )
@@ -345,8 +336,8 @@ def _search_tuner(
         run_config.callbacks = [
             watch if isinstance(c, FailFast) else c
             for c in run_config.callbacks or []
-            if not isinstance(c, TellUntold | Progress)
-        ] + [TellUntold(tuned), _progress(options, plan.sessions)]  # the restored searcher
+            if not isinstance(c, TellUntold | Progress | KeepWhole)
+        ] + [TellUntold(tuned), _progress(options, plan.sessions), KeepWhole(experiment)]
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         run_config.verbose = max(0, verbose - 1)  # this session's, not the first one's
@@ -367,7 +358,12 @@ def _search_tuner(
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             verbose=max(0, verbose - 1),  # Tune's table at 2 (--verbose) only
-            callbacks=[watch, TellUntold(plan.tuned), _progress(options, plan.sessions)],
+            callbacks=[
+                watch,
+                TellUntold(plan.tuned),
+                _progress(options, plan.sessions),
+                KeepWhole(experiment),
+            ],
             stop=watch,
         ),
     )

@@ -9,19 +9,24 @@ copy leaves the newest session's files cut short or missing. ``Tuner.restore`` p
 newest file of each kind by name, so it would then load a truncated pickle and fail, and the
 search could not be resumed at all.
 
-So before a restore, the sessions newer than the newest *whole* one are set aside (moved into
-``.cut/``, never deleted): Tune restores from the last state it saved completely. The study in
-``optuna.db`` is the record of what finished; a trial the set-aside state knew of and the
-restored one does not is re-run from its start, and the searcher tells Optuna once (it looks
-trials up by Tune id), so nothing is counted twice.
+So at every step the driver keeps a whole copy of the state Tune has just saved, taken from
+Tune's own staging folder (written whole, before the copy) into ``.whole/`` (a folder renamed
+into place: a copy is there whole or not at all). Before a restore, a newest session cut short
+is put back from that copy, at most one step old; without one, the sessions newer than the
+newest whole one are set aside (moved into ``.cut/``, never deleted). The study in
+``optuna.db`` is the record of what finished; a trial the restored state does not know of is
+re-run from its start, and the searcher tells Optuna once, so nothing is counted twice.
 """
 
 from __future__ import annotations
 
 import json
 import pickletools
+import shutil
 from pathlib import Path
 from typing import Any
+
+from ray.tune import Callback
 
 from raybatch.errors import Issue, RunDirError
 from raybatch.run.study import runs_recorded
@@ -38,6 +43,84 @@ _KINDS = (
     ("basic-variant-state-", ".json"),
 )
 CUT_FOLDER = ".cut"
+WHOLE_FOLDER = ".whole"
+
+
+def keep_whole(staging: Path, experiment: Path) -> bool:
+    """Copy the state Tune saved last in ``staging`` (its driver staging folder) into
+    ``experiment/.whole/``, replacing the copy before; whether it did. Only a session all of
+    whose files read to their end is kept, and only when it changed; a failure to write (a full
+    disk) leaves the copy before in place and never stops the search."""
+    sessions = _sessions(staging)
+    if not sessions:
+        return False
+    files = sessions[max(sessions)]
+    state = experiment / WHOLE_FOLDER / "state"
+    if all(_same(p, state / p.name) for p in files.values()):
+        return False  # unchanged since the last copy
+    if "experiment_state-" not in files or not all(_whole(p) for p in files.values()):
+        return False
+    fresh = experiment / WHOLE_FOLDER / "next"
+    try:
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+        for path in files.values():
+            shutil.copy2(path, fresh / path.name)
+        shutil.rmtree(state, ignore_errors=True)
+        fresh.rename(state)  # whole or not at all
+    except OSError:
+        shutil.rmtree(fresh, ignore_errors=True)
+        return False
+    return True
+
+
+class KeepWhole(Callback):
+    """At the end of each of Tune's steps (its state just saved, every step: the driver sets
+    ``TUNE_GLOBAL_CHECKPOINT_S`` to 0), keep a whole copy of it (:func:`keep_whole`).
+
+    Args:
+        experiment: The experiment's folder in the run directory (``tune/search``).
+    """
+
+    def __init__(self, experiment: Path) -> None:
+        self.experiment = Path(experiment)
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        storage = getattr(trials[0], "storage", None) if trials else None
+        staging = getattr(storage, "experiment_driver_staging_path", None)
+        if staging:
+            keep_whole(Path(staging), self.experiment)
+
+
+def _same(path: Path, copy: Path) -> bool:
+    try:
+        a, b = path.stat(), copy.stat()
+    except OSError:
+        return False
+    return (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)
+
+
+def restore_whole(experiment: Path) -> list[str]:
+    """Put the newest session back from its whole copy (:func:`keep_whole`) where any of its
+    files is cut short or missing: every file of it, so the restored state is one step's; the
+    files replaced are moved into ``.cut/``. Returns the names put back (empty: nothing was cut,
+    or the copy is not of the newest session)."""
+    sessions = _sessions(experiment)
+    kept = _sessions(experiment / WHOLE_FOLDER / "state")
+    if not kept or not sessions or max(sessions) != max(kept):
+        return []
+    session = max(sessions)
+    files, copies = sessions[session], kept[session]
+    if set(files) >= set(copies) and all(_whole(p) for p in files.values()):
+        return []  # nothing cut
+    if not all(_whole(p) for p in copies.values()):
+        return []
+    (experiment / CUT_FOLDER).mkdir(exist_ok=True)
+    for path in files.values():
+        path.rename(experiment / CUT_FOLDER / path.name)
+    for copy in copies.values():
+        shutil.copy2(copy, experiment / copy.name)
+    return sorted(c.name for c in copies.values())
 
 
 def _session_of(name: str) -> tuple[str, str] | None:
@@ -96,11 +179,12 @@ def check_restorable(experiment: Path, run_dir: Path) -> None:
     if not sessions or _newest_whole(sessions) is not None:
         return
     cut = sorted(p.name for files in sessions.values() for p in files.values() if not _whole(p))
-    missing = "no experiment state" if not cut else "cut short by the kill"
+    missing = "no experiment state" if not cut else "cut short"
     why = (
-        f"{missing}, and no older whole state: the driver was killed while Ray Tune copied its"
-        " state in the search's first session, so this run cannot be resumed; the trials that"
-        " finished are kept in optuna.db; start the search again in a new run directory"
+        f"{missing}, and no whole state to put back: the driver was killed, or the disk filled,"
+        " while Ray Tune copied its state in the search's first session, before any whole"
+        " copy was kept, so this run cannot be resumed; the trials that finished are kept in"
+        " optuna.db; start the search again in a new run directory"
     )
     where = f"{experiment.name}/{cut[0]}" if cut else experiment.name
     raise RunDirError([Issue(f"tune/{where}", why)], str(run_dir))
@@ -136,6 +220,26 @@ def check_experiment(experiment: Path, run_dir: Path) -> None:
         )
         raise RunDirError([Issue(f"{where}/{TUNER_FILE}", why)], str(run_dir))
     check_restorable(experiment, run_dir)
+
+
+def repair_state(experiment: Path, run_dir: Path) -> list[str]:
+    """Make Tune's saved state restorable before a resume, and say what was done: a newest
+    session cut short is put back from its whole copy (:func:`restore_whole`), else set aside
+    for the newest whole one (:func:`set_aside_cut_sessions`).
+
+    Raises:
+        RunDirError: What cannot be restored (:func:`check_experiment`).
+    """
+    notes = []
+    put_back = restore_whole(experiment)
+    if put_back:
+        notes.append(f"Tune state cut short put back from its whole copy, one step older"
+                     f" (the cut files are in {CUT_FOLDER}/): {put_back}")  # fmt: skip
+    check_experiment(experiment, run_dir)
+    cut = set_aside_cut_sessions(experiment)
+    if cut:
+        notes.append(f"Tune state cut short set aside in {CUT_FOLDER}/: {cut}")
+    return notes
 
 
 def restored_parts(tuner: Any) -> tuple[Any, Any]:
