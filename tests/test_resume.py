@@ -348,6 +348,13 @@ def test_a_session_cut_short_is_put_back_whole_from_the_copy_kept_at_each_step(
     assert (experiment / CUT_FOLDER / f"experiment_state-{session}.json").exists()
     check_restorable(experiment, tmp_path / "run")  # whole again
     assert restore_whole(experiment) == []  # nothing cut: nothing put back
+    # Killed between the two renames of a new copy: the copy before, in old/, is put back.
+    (experiment / WHOLE_FOLDER / "state").rename(experiment / WHOLE_FOLDER / "old")
+    (experiment / f"searcher-state-{session}.pkl").write_bytes(state[:10])
+    assert restore_whole(experiment) == sorted(
+        [f"experiment_state-{session}.json", f"searcher-state-{session}.pkl"]
+    )
+    assert (experiment / f"searcher-state-{session}.pkl").read_bytes() == state
     # A newer session than the copy's is not its state: it is set aside as before instead.
     newer = "2026-01-01_11-00-00"
     (experiment / f"experiment_state-{newer}.json").write_text("{")

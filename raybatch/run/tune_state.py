@@ -60,14 +60,17 @@ def keep_whole(staging: Path, experiment: Path) -> bool:
         return False  # unchanged since the last copy
     if "experiment_state-" not in files or not all(_whole(p) for p in files.values()):
         return False
-    fresh = experiment / WHOLE_FOLDER / "next"
+    fresh, old = experiment / WHOLE_FOLDER / "next", experiment / WHOLE_FOLDER / "old"
     try:
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir(parents=True)
         for path in files.values():
             shutil.copy2(path, fresh / path.name)
-        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        if state.exists():
+            state.rename(old)  # a kill from here on leaves the copy before, whole, in old/
         fresh.rename(state)  # whole or not at all
+        shutil.rmtree(old, ignore_errors=True)
     except OSError:
         shutil.rmtree(fresh, ignore_errors=True)
         return False
@@ -106,7 +109,8 @@ def restore_whole(experiment: Path) -> list[str]:
     files replaced are moved into ``.cut/``. Returns the names put back (empty: nothing was cut,
     or the copy is not of the newest session)."""
     sessions = _sessions(experiment)
-    kept = _sessions(experiment / WHOLE_FOLDER / "state")
+    whole = experiment / WHOLE_FOLDER
+    kept = _sessions(whole / "state" if (whole / "state").is_dir() else whole / "old")
     if not kept or not sessions or max(sessions) != max(kept):
         return []
     session = max(sessions)
