@@ -121,3 +121,25 @@ def test_a_search_on_a_full_disk_ends_in_one_line_and_resumes_once_space_is_free
         assert len(rows) == 3
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
+
+
+def test_tunes_page_about_a_state_copy_that_failed_for_want_of_space_is_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ray Tune's copy of its state into the run failing on a full disk is a warning with a
+    traceback, and the search goes on until a write raises: raybatch says the full disk then,
+    once; Tune's page is dropped. Its other warnings still show."""
+    import logging
+
+    from raybatch.run.diskfull import disk_full_said
+
+    syncer = logging.getLogger("ray.train._internal.syncer")
+    with caplog.at_level(logging.WARNING, logger=syncer.name), disk_full_said(tmp_path, tmp_path):
+        syncer.warning("Last sync command failed with the following error:\nTraceback ...\n"
+                       "OSError: [Errno 28] No space left on device")  # fmt: skip
+        syncer.warning("Last sync command failed with the following error: a timeout")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Last sync command failed with the following error: a timeout"
+    ]
+    syncer.warning("outside the search: OSError: [Errno 28] No space left on device")
+    assert len(caplog.records) == 2  # the filter goes with the search

@@ -13,7 +13,10 @@ each write, Tune's state is replaced whole), so ``raybatch resume`` goes on once
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import sqlite3
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +24,21 @@ from pathlib import Path
 from raybatch.errors import DiskFullError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXT = (*(os.strerror(code) for code in NO_SPACE), "database or disk is full")
+_STATE_COPY_LOGGERS = ("ray.train._internal.syncer", "ray.tune.execution.experiment_state")
+"""Where Ray Tune says its copy of the experiment state into the run failed (a warning with a
+traceback, and the search goes on): for want of space, raybatch says it once, in one line."""
+
+
+class _FullDiskSaidOnce(logging.Filter):
+    """Drops Tune's page about a state copy that failed for want of space: the search stops
+    at the next write that fails, with :class:`DiskFullError`'s one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "".join(traceback.format_exception(*record.exc_info))
+        return not any(marker in text for marker in _NO_SPACE_TEXT)
 
 
 def full_disk_in(exc: BaseException) -> tuple[str | None, str] | None:
@@ -48,6 +66,10 @@ def disk_full_said(run_dir: Path, study_file: Path) -> Iterator[None]:
     Raises:
         DiskFullError: A write failed for want of space.
     """
+    quiet = _FullDiskSaidOnce()
+    loggers = [logging.getLogger(name) for name in _STATE_COPY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
     try:
         yield
     except Exception as exc:
@@ -59,6 +81,9 @@ def disk_full_said(run_dir: Path, study_file: Path) -> Iterator[None]:
             f"{file or study_file}: {cause}: the search stopped; what was written before is"
             f" kept: free some space, then continue with `raybatch resume {run_dir}`"
         ) from None
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 __all__ = ["NO_SPACE", "disk_full_said", "full_disk_in"]
