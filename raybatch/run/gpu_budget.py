@@ -46,18 +46,22 @@ BOUNDARY_TIMEOUT_S = 120.0
 and data built, a few steps each)."""
 
 
-def _measure_on_gpu() -> int | None:
-    """On the GPU Ray assigned this task: CUDA's device 0 where Ray narrows the task's
+def _assigned_cuda() -> Any:
+    """The GPU Ray assigned this task, as CUDA names it: device 0 where Ray narrows the task's
     ``CUDA_VISIBLE_DEVICES`` to it, its own index where Ray is told not to
     (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) -- the trials' own rule
-    (:func:`~raybatch.trial.placement.trial_device`)."""
+    (:func:`~raybatch.trial.placement.trial_device`); ``None`` where CUDA is not usable."""
     try:
         device = trial_device("auto")
     except TrialDeviceError:  # a GPU assigned where CUDA is not usable: nothing to measure
         return None
-    if device.type != "cuda":
-        return None
-    return measure_context_bytes(device.index or 0)
+    return device if device.type == "cuda" else None
+
+
+def _measure_on_gpu() -> int | None:
+    """One trial's CUDA context, on the GPU Ray assigned this task."""
+    device = _assigned_cuda()
+    return None if device is None else measure_context_bytes(device.index or 0)
 
 
 def _on_one_gpu(
@@ -84,14 +88,9 @@ def _on_one_gpu(
 def _boundary_on_gpu(
     workload: Workload, space: SearchSpace, budget_bytes: int
 ) -> MeasuredBoundary | None:
-    """On the GPU Ray assigned this task (the trials' rule), the real steps' boundary."""
-    try:
-        device = trial_device("auto")
-    except TrialDeviceError:
-        return None
-    if device.type != "cuda":
-        return None
-    return find_boundary(workload, space, str(device), budget_bytes)
+    """The real steps' boundary, on the GPU Ray assigned this task."""
+    device = _assigned_cuda()
+    return None if device is None else find_boundary(workload, space, str(device), budget_bytes)
 
 
 def cluster_boundary(
