@@ -43,7 +43,7 @@ from raybatch.errors import (
 from raybatch.formats import deepspeed, hf, lightning, ray_train
 from raybatch.formats.registry import format_named
 from raybatch.formats.retarget import retarget
-from raybatch.provenance import Provenance, Retargeted
+from raybatch.provenance import Provenance, RetargetVerdict
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.space.presets import load_space
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, SAME_SINCE, check_format
@@ -244,7 +244,8 @@ class BestConfig:
         }
         provenance = Provenance.from_dict({**under, "trial_id": origin.get("trial_id") or None})
         if origin.get("measured") is False:  # a retargeted recipe stays marked NOT MEASURED
-            provenance = replace(provenance, retargeted=Retargeted(note=origin.get("retargeted")))
+            verdict = RetargetVerdict(note=origin.get("retargeted"))
+            provenance = replace(provenance, retargeted=verdict)
         return cls(TrialConfig.from_dict(config["recipe"]), provenance, origin.get("from"))
 
     def retarget(self, world_size: int, space: SearchSpace | None = None) -> BestConfig:
@@ -271,7 +272,7 @@ class BestConfig:
             "world_size": c.world_size,
             "effective_batch_size": c.effective_batch_size,
         }
-        retargeted = Retargeted(world_size, moved.measured, moved.note, measured)
+        retargeted = RetargetVerdict(world_size, moved.measured, moved.note, measured)
         provenance = replace(self.provenance, retargeted=retargeted)
         return BestConfig(moved.config, provenance, self.source)
 

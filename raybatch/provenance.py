@@ -116,7 +116,7 @@ class SearchCost:
 
 
 @dataclass(frozen=True)
-class Retargeted:
+class RetargetVerdict:
     """A retarget's verdict (:meth:`raybatch.BestConfig.retarget`).
 
     Attributes:
@@ -324,7 +324,7 @@ class Provenance:
     baseline_point: KnobPoint | None = None
     reference_point: KnobPoint | None = None
     prior: dict[str, Any] | None = None
-    retargeted: Retargeted | None = None
+    retargeted: RetargetVerdict | None = None
     amp_recorded: bool = False
 
     def __post_init__(self) -> None:
@@ -346,11 +346,11 @@ class Provenance:
         values = dict(data)
         moved = values.get("retargeted")
         if moved is not None:
-            known = {f.name for f in fields(Retargeted)}
+            known = {f.name for f in fields(RetargetVerdict)}
             if not isinstance(moved, Mapping) or set(moved) - known:
                 why = f"not a retarget's record (its fields: {', '.join(sorted(known))})"
                 raise ConfigError([Issue("provenance.retargeted", why)], source)
-            values["retargeted"] = Retargeted(**moved)
+            values["retargeted"] = RetargetVerdict(**moved)
         if values.get("runner_up") is not None:
             values["runner_up"] = RunnerUp.from_dict(values["runner_up"], source)
         compared = values.get("compared")
@@ -381,7 +381,7 @@ class Provenance:
                 continue
             if f.name == "compared":
                 value = {k: c.to_dict() for k, c in value.items()}
-            elif isinstance(value, Retargeted | SearchCost | RunnerUp):
+            elif isinstance(value, RetargetVerdict | SearchCost | RunnerUp):
                 value = value.to_dict()
             out[f.name] = value
         return out
@@ -401,4 +401,4 @@ class Provenance:
         )
 
 
-__all__ = ["BOUNDS", "Comparison", "Provenance", "Retargeted", "RunnerUp", "SearchCost"]
+__all__ = ["BOUNDS", "Comparison", "Provenance", "RetargetVerdict", "RunnerUp", "SearchCost"]

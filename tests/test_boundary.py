@@ -15,7 +15,7 @@ from raybatch.memory.boundary import Edge, MeasuredBoundary, find_boundary
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.probe import ProbeResult, probe
-from raybatch.run.gates import MemoryBudget
+from raybatch.run.gates import MemoryFits
 from raybatch.run.seeding import budget_check, max_batch_point, nothing_fits
 from raybatch.space.config import TrialConfig
 from raybatch.workload import Workload
@@ -92,7 +92,7 @@ def test_the_gate_the_largest_batch_and_nothing_fits_read_the_measured_boundary(
     assert max_batch_point(SPACE, budget_check(estimator, budget))["micro_batch_size"] == 32
     estimator.boundary = MeasuredBoundary("cuda:0", budget, {(False, 1): Edge(128, 256)})
     assert max_batch_point(SPACE, budget_check(estimator, budget))["micro_batch_size"] == 128
-    gate = MemoryBudget(estimator, budget)
+    gate = MemoryFits(estimator, budget)
     assert gate.check(SPACE.derive(128)) is None
     rejection = gate.check(SPACE.derive(256))
     assert rejection is not None and "ran out of memory" in rejection.reason

@@ -122,6 +122,22 @@ def test_the_rows_the_report_and_the_exports_lie_below_the_run() -> None:
     assert {m: e for m, e in upward.items() if e} == {}
 
 
+def test_no_two_classes_of_the_package_share_a_name() -> None:
+    """One name, one thing: a reader (or a traceback, or a pickle) never has to ask which
+    ``Measured`` or ``MemoryBudget`` is meant."""
+    import ast
+    from collections import defaultdict
+    from pathlib import Path
+
+    root = Path(raybatch.__file__).parent
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(str(path.relative_to(root)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
 def test_no_module_is_over_500_lines() -> None:
     from pathlib import Path
 

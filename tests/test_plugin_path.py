@@ -61,17 +61,17 @@ def test_a_searcher_is_built_with_a_penalty_or_from_a_trainable() -> None:
 
 
 def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:
-    from raybatch.run.gates import MemoryBudget, gate_of
+    from raybatch.run.gates import MemoryFits, gate_of
 
     screened = raybatch.RaybatchSearcher.for_trainable(_trainable(memory_budget="64MiB"))
-    gate = gate_of(screened.gates, MemoryBudget)
-    assert isinstance(gate, MemoryBudget) and gate.budget_bytes == parse_size("64MiB")
+    gate = gate_of(screened.gates, MemoryFits)
+    assert isinstance(gate, MemoryFits) and gate.budget_bytes == parse_size("64MiB")
     unbudgeted = raybatch.RaybatchSearcher.for_trainable(_trainable())
-    assert gate_of(unbudgeted.gates, MemoryBudget) is None
+    assert gate_of(unbudgeted.gates, MemoryFits) is None
     off = raybatch.RaybatchSearcher.for_trainable(
         _trainable(memory_budget="64MiB"), prescreen=False
     )
-    assert gate_of(off.gates, MemoryBudget) is None
+    assert gate_of(off.gates, MemoryFits) is None
 
 
 def test_the_in_memory_study_is_kept_in_the_searchers_checkpoint(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import yaml
 from raybatch.errors import ConfigError, RunDirError
 from raybatch.export import BEST_YAML, BestConfig, load_best, write_best
 from raybatch.keys import KnobPoint
-from raybatch.provenance import Comparison, Provenance, Retargeted, RunnerUp, SearchCost
+from raybatch.provenance import Comparison, Provenance, RetargetVerdict, RunnerUp, SearchCost
 from raybatch.space.presets import load_space
 
 KNOBS = KnobPoint(micro_batch_size=64, accumulation_steps=1, world_size=1, lr_multiplier=1.0,
@@ -29,7 +29,7 @@ def test_a_provenance_written_to_best_config_reads_back_equal(tmp_path: Path) ->
         compared={"reference": Comparison("64 x 1", KNOBS, "capped", 2.0, "at_least", train_s=3.0),
                   "max_batch": Comparison("256 x 1", KNOBS, "failed", reason="crashed")},
         runner_up=RunnerUp(KNOBS, 1.3, 2, 3, False),
-        retargeted=Retargeted(4, False, "moved", {"effective_batch_size": 64}),
+        retargeted=RetargetVerdict(4, False, "moved", {"effective_batch_size": 64}),
         search_cost=SearchCost(30.0, 12.0, 1.5, 7),
     )  # fmt: skip
     write_best(tmp_path, _best(written))

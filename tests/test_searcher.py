@@ -759,7 +759,7 @@ def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_mode
     searcher's checkpoint, and the ladder is ranked by it (here: the smallest batches, where
     the geometric ladder without a model would run 64 and 16). Each phase says so as it
     begins: the time model measured, the ladder, then TPE."""
-    from raybatch.timemodel.model import NoiseScale, TimeModel
+    from raybatch.timemodel.model import MeasuredTimeModel, NoiseScale, TimeModel
 
     caplog.set_level(logging.INFO, logger=LOGGER)
     searcher = _driver_searcher(tmp_path, prior=True)
@@ -776,7 +776,7 @@ def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_mode
     measured = {**_result("reached", 2.0), keys.TIME_MODEL: json.dumps(model.to_dict())}
     searcher.on_trial_complete("o2", measured)
     searcher.on_trial_complete("o1", _result("reached", 2.0))
-    assert searcher.plan.time_model == {**model.to_dict(), keys.TRIAL_ID: "o2"}
+    assert searcher.plan.time_model == MeasuredTimeModel(model, "o2")
     searcher.save(str(tmp_path / "searcher.pkl"))
     restored = _driver_searcher(tmp_path, prior=True)
     restored.restore(str(tmp_path / "searcher.pkl"))

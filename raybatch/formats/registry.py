@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 Origin = Literal["comment", "inside", "none"]
 
 
-class BestConfig(Protocol):
+class Winner(Protocol):
     """What a format reads of the winner (:class:`raybatch.export.BestConfig`, which the
     exports sit above: this list does not import it)."""
 
@@ -64,19 +64,19 @@ class Format:
 
     name: str
     what: str
-    render: Callable[[BestConfig, int | None], str]
+    render: Callable[[Winner, int | None], str]
     nodes: bool = False
     origin: Origin = "comment"
     precision: bool = False
 
 
-def _env(best: BestConfig, gpus_per_node: int | None) -> str:
+def _env(best: Winner, gpus_per_node: int | None) -> str:
     recipe = best.config.to_dict()
     values = {k: json.dumps(v) if isinstance(v, dict) else str(v) for k, v in recipe.items()}
     return "".join(f"RAYBATCH_{k.upper()}={shlex.quote(v)}\n" for k, v in values.items())
 
 
-def _hf_json(best: BestConfig, gpus_per_node: int | None) -> str:
+def _hf_json(best: Winner, gpus_per_node: int | None) -> str:
     fields = {**best.hf_training_args_kwargs(), "raybatch": best.origin()}
     return json.dumps(fields, indent=2) + "\n"
 

@@ -103,13 +103,13 @@ _ENDED_WELL = frozenset(s.value for s in TrialStatus if s.terminal and s is not 
 
 
 @dataclass
-class _Watch:
+class _FailureTally:
     failures: list[Failure] = field(default_factory=list)
     healthy: int = 0
     tripped: Failure | None = None
 
 
-_WATCHES: dict[str, _Watch] = {}
+_WATCHES: dict[str, _FailureTally] = {}
 """The state of each run's watcher, by log path. Ray Tune pickles its callbacks into the
 experiment state and a restored Tuner runs the unpickled copy: both must see one state."""
 
@@ -130,7 +130,7 @@ class FailFast(Callback, Stopper):
     def __init__(self, log_path: Path, after: int = FAIL_FAST_AFTER, healthy: int = 0) -> None:
         self.log_path = log_path
         self.after = after
-        _WATCHES[str(log_path)] = _Watch(healthy=healthy)
+        _WATCHES[str(log_path)] = _FailureTally(healthy=healthy)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"log_path": self.log_path, "after": self.after}
@@ -139,8 +139,8 @@ class FailFast(Callback, Stopper):
         self.__dict__.update(state)
 
     @property
-    def _watch(self) -> _Watch:
-        return _WATCHES.setdefault(str(self.log_path), _Watch())
+    def _watch(self) -> _FailureTally:
+        return _WATCHES.setdefault(str(self.log_path), _FailureTally())
 
     @property
     def failures(self) -> list[Failure]:

@@ -8,7 +8,7 @@ about one recipe, as a sampler is one way to choose in Optuna: subclass :class:`
 kept in the searcher's Tune checkpoint, so a resumed search rejects what it rejected before.
 
 A search's gates (:func:`search_gates`), in order: :class:`Placement` (data-parallel workers can
-be placed now), :class:`MemoryBudget` (the memory estimate fits the per-GPU budget) and
+be placed now), :class:`MemoryFits` (the memory estimate fits the per-GPU budget) and
 :class:`LearnedOutOfMemory` (no less memory than a recipe that ran out for real).
 
 :class:`Devices` is not a gate: it decides a launched trial's share of a GPU where trials are
@@ -97,7 +97,7 @@ class Placement(Gate):
         return None if problem is None else Rejection(problem, memory=False)
 
 
-class MemoryBudget(Gate):
+class MemoryFits(Gate):
     """The memory estimate of a recipe fits ``budget_bytes``; over it by at most
     ``probe_margin`` (a fraction), the trial's real probe decides. Every probe that fitted
     calibrates the estimate (:meth:`MemoryEstimator.observe`)."""
@@ -176,7 +176,7 @@ def search_gates(
     if data_parallel_gpus is not None:
         gates.append(Placement(data_parallel_gpus, gpu_model))
     if estimator is not None and budget_bytes is not None:
-        gates.append(MemoryBudget(estimator, budget_bytes, probe_margin))
+        gates.append(MemoryFits(estimator, budget_bytes, probe_margin))
     gates.append(LearnedOutOfMemory())
     return gates
 
@@ -280,6 +280,6 @@ class Devices:
 
 
 __all__ = [
-    "OOM_VIOLATION", "Devices", "Gate", "LearnedOutOfMemory", "MemoryBudget", "Placement",
+    "OOM_VIOLATION", "Devices", "Gate", "LearnedOutOfMemory", "MemoryFits", "Placement",
     "Rejection", "for_settings", "gate_of", "gates_state", "restore_gates", "search_gates",
 ]  # fmt: skip

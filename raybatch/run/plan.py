@@ -38,7 +38,7 @@ from raybatch.run.seeding import (
 from raybatch.run.study import SearchStudy
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
-from raybatch.timemodel.model import TimeModel
+from raybatch.timemodel.model import MeasuredTimeModel, TimeModel
 
 CHECKPOINTED = (
     "opening", "opening_number", "opening_time", "sweep", "time_model", "time_model_problem",
@@ -70,9 +70,8 @@ class Plan:
         self._record: SearchStudy | None = None  # the searcher's, given by attach()
         self.opening = Opening(space, opening, baseline)
         self.ladder = ladder
-        self.time_model: dict[str, Any] | None = None
-        """The time model a trial measured at the target (:meth:`TimeModel.to_dict`, with the
-        ``trial_id`` that measured it), once one has."""
+        self.time_model: MeasuredTimeModel | None = None
+        """The time model a trial measured at the target, and which trial, once one has."""
         self.time_model_problem: str | None = None  # why the asked trial could not measure it
         self.measuring: str | None = None  # the Tune trial asked to measure it, while it runs
         self.said_tpe = False  # the line that TPE suggests from here, once a session
@@ -98,12 +97,14 @@ class Plan:
 
     def state(self) -> dict[str, Any]:
         """What the searcher's checkpoint keeps (:data:`CHECKPOINTED`)."""
-        return {**self.opening.state(), "time_model": self.time_model,
+        model = None if self.time_model is None else self.time_model.to_dict()
+        return {**self.opening.state(), "time_model": model,
                 "time_model_problem": self.time_model_problem}  # fmt: skip
 
     def restore(self, state: dict[str, Any]) -> None:
         self.opening.restore(state)
-        self.time_model, self.time_model_problem = state["time_model"], state["time_model_problem"]
+        model, self.time_model_problem = state["time_model"], state["time_model_problem"]
+        self.time_model = None if model is None else MeasuredTimeModel.from_dict(model)
         self.measuring = None  # a trial asked before the interruption is asked again
         self.said_tpe = False
 
@@ -127,9 +128,8 @@ class Plan:
             self.measuring = None
         text = result.get(keys.TIME_MODEL)
         if text and self.time_model is None:
-            self.time_model = {**json.loads(text), keys.TRIAL_ID: trial_id}
-            scale = (self.time_model.get("noise_scale") or {}).get("b_simple")
-            said = f" (gradient noise scale {scale:.4g})" if isinstance(scale, float | int) else ""
+            self.time_model = MeasuredTimeModel(TimeModel.from_dict(json.loads(text)), trial_id)
+            said = f" (gradient noise scale {self.time_model.model.noise.b_simple:.4g})"
             log.info(f"time model measured in trial {trial_id}{said}: the ladder's batches"
                      " come from it once the opening has ended")  # fmt: skip
         elif result.get(keys.TIME_MODEL_ERROR):
@@ -149,7 +149,7 @@ class Plan:
             # Every opening point has ended, or none is running or waiting any more (one was
             # lost at an interruption): the ladder goes on with what is known.
             if self.time_model is not None and self.ladder.model is None:
-                self.ladder.model = TimeModel.from_dict(self.time_model)
+                self.ladder.model = self.time_model.model
             points = self.ladder.points(opening.best_multiplier(), opening.baseline)
             self.record.queue_ladder(points)
             how = ("the batches the time model predicts fastest" if self.ladder.model is not None

@@ -58,7 +58,7 @@ def budget_check(
 ) -> Callable[[TrialConfig], bool]:
     """Whether a recipe's predicted peak fits the budget (everything fits without one);
     with ``margin``, also one predicted over it by at most that fraction (for a real probe
-    to decide: the ``probe_margin`` of :class:`raybatch.run.gates.MemoryBudget`)."""
+    to decide: the ``probe_margin`` of :class:`raybatch.run.gates.MemoryFits`)."""
 
     def fits(recipe: TrialConfig) -> bool:
         if estimator is None or budget is None:

@@ -13,7 +13,7 @@ A SIGTERM to the whole process group (a terminal's ``kill -- -PID``; Slurm signa
 process of a job) reaches the Ray the driver started too: its GCS and raylet end, Ray Tune's
 graceful stop waits for them a minute and Ray aborts the driver, while the trials' workers,
 in process groups of their own, train on as orphans. So after a SIGTERM the driver watches the
-Ray it started (:class:`_Watch`): once its raylet or GCS has ended, or at a second SIGTERM,
+Ray it started (:class:`_SigtermWatch`): once its raylet or GCS has ended, or at a second SIGTERM,
 it ends the search at once: the workers of its Ray killed, one line with the resume command,
 exit 130. What finished is in the run directory (saved as each trial ended), and ``resume``
 treats the rest as a driver killed mid-search.
@@ -93,7 +93,7 @@ def workers_of(raylet_pid: int, proc: Path = Path("/proc")) -> list[int]:
     return found
 
 
-class _Watch:
+class _SigtermWatch:
     """After a SIGTERM: the graceful stop (Ctrl-C) begun, and the Ray this driver started
     watched; ended at once (:meth:`end_now`) if that Ray's own processes got the signal too, or
     at a second SIGTERM."""
@@ -139,7 +139,7 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-_active: _Watch | None = None
+_active: _SigtermWatch | None = None
 
 
 def ray_closing() -> None:
@@ -160,7 +160,7 @@ def sigterm_as_interrupt(lost: str = "the trials running were lost") -> Iterator
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    watch, outer = _Watch(lost), _active
+    watch, outer = _SigtermWatch(lost), _active
     previous = signal.signal(signal.SIGTERM, watch.on_sigterm)
     _active = watch
     try:

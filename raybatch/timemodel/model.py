@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from raybatch import keys
+
 
 @dataclass(frozen=True)
 class NoiseScale:
@@ -182,6 +184,30 @@ class TimeModel:
             "cost_s": self.cost_s,
             "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True)
+class MeasuredTimeModel:
+    """A time model and the trial that measured it: what the searcher's plan keeps, read by
+    the ladder and the closing notes; a dict only where it is written (the searcher's
+    checkpoint, ``prior.json``).
+
+    Attributes:
+        model: The measured model.
+        trial_id: The Tune trial that measured it.
+    """
+
+    model: TimeModel
+    trial_id: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MeasuredTimeModel:
+        """The record :meth:`to_dict` wrote (the model's fields and ``trial_id``)."""
+        trial_id = data.get(keys.TRIAL_ID)
+        return cls(TimeModel.from_dict(data), None if trial_id is None else str(trial_id))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.model.to_dict(), keys.TRIAL_ID: self.trial_id}
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:

@@ -18,24 +18,24 @@ from typing import Any, Protocol
 
 from raybatch import keys
 from raybatch.results.rows import TrialRow
-from raybatch.timemodel.model import TimeModel, spearman
+from raybatch.timemodel.model import MeasuredTimeModel, TimeModel, spearman
 
 PRIOR_FILE = "prior.json"
 """The time model a search measured, in its run directory (the record; a resumed search reads
 it from the searcher's checkpoint)."""
 
 
-class Measured(Protocol):
+class TimeModelKept(Protocol):
     """What the search kept of the measurement (the searcher's plan has both)."""
 
-    time_model: dict[str, Any] | None
-    """:meth:`TimeModel.to_dict` with the ``trial_id`` that measured it; ``None``: none did."""
+    time_model: MeasuredTimeModel | None
+    """The model and the trial that measured it; ``None``: none did."""
     time_model_problem: str | None
     """Why the trial asked could not measure it, where one said."""
 
 
 def time_model_found(
-    plan: Measured, run_dir: Path, asked: bool, notes: list[str]
+    plan: TimeModelKept, run_dir: Path, asked: bool, notes: list[str]
 ) -> TimeModel | None:
     """The time model a trial of the search measured (``None``, and a note, if none did), kept
     in ``run_dir``'s :data:`PRIOR_FILE`."""
@@ -45,11 +45,11 @@ def time_model_found(
             notes.append("no time model: no trial asked to measure it reached the target before"
                          f" the ladder{why}; the ladder was a geometric one")  # fmt: skip
         return None
-    model = TimeModel.from_dict(plan.time_model)
-    (run_dir / PRIOR_FILE).write_text(json.dumps(plan.time_model, indent=2) + "\n")
+    model = plan.time_model.model
+    (run_dir / PRIOR_FILE).write_text(json.dumps(plan.time_model.to_dict(), indent=2) + "\n")
     n = model.noise
     notes.append(
-        f"time model measured in trial {plan.time_model.get(keys.TRIAL_ID)} once it reached the"
+        f"time model measured in trial {plan.time_model.trial_id} once it reached the"
         f" target, in {model.cost_s:.1f} s of its device time: gradient noise scale"
         f" {n.b_simple:.0f} (80% interval {n.low:.0f}-{n.high:.0f}, batches {n.small_batch} and"
         f" {n.big_batch})"
