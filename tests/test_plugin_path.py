@@ -54,10 +54,13 @@ def test_a_searcher_is_built_with_a_penalty_or_from_a_trainable() -> None:
         raybatch.RaybatchSearcher(SPACE)  # type: ignore[call-arg]
     with pytest.raises(OptionError, match=r"penalty: must be a positive number"):
         raybatch.RaybatchSearcher(SPACE, penalty=float("nan"))
-    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable"):
+    # Each refusal names what the caller takes instead of a trainable of raybatch's.
+    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable.*RaybatchSearcher\(space"):
         raybatch.RaybatchSearcher.for_trainable(lambda config: None)
-    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable"):
+    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable.*for_time_cap"):
         raybatch.CappingScheduler.for_trainable(lambda config: None)
+    with pytest.raises(NotATrainableError, match=r"raybatch\.trainable.*trial_resources"):
+        raybatch.with_resources(lambda config: None)
 
 
 def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import Issue, NotATrainableError, OptionError
+from raybatch.errors import Issue, OptionError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.hardware import read_cluster
@@ -171,17 +171,12 @@ def with_resources(
     ...))`` takes the same parts one by one.
 
     Raises:
-        TypeError: ``trainable`` was not made by :func:`raybatch.trainable`.
+        NotATrainableError: ``trainable`` was not made by :func:`raybatch.trainable`.
     """
     from ray import tune
 
-    try:
-        parts = parts_of(trainable)
-    except NotATrainableError:
-        name = str(getattr(trainable, "__name__", trainable))
-        why = ("was not made by raybatch.trainable(): give Tune tune.with_resources(fn,"
-               " trial_resources(workload, space, ...)) instead")  # fmt: skip
-        raise NotATrainableError([Issue("trainable", why)], name) from None
+    parts = parts_of(trainable, "give Tune tune.with_resources(fn, trial_resources(workload,"
+                     " space, ...)) instead")  # fmt: skip
     s = parts.settings
     resources = trial_resources(
         parts.workload, parts.space, gpus_per_trial, cpus_per_trial, s.budget_bytes, estimator,

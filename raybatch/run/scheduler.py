@@ -128,7 +128,9 @@ class CappingScheduler(FIFOScheduler):
         """The scheduler for a :func:`raybatch.trainable`: :meth:`for_time_cap` with the
         trainable's time cap and target's direction. ``kwargs`` are this class's other
         arguments (``slack``, ``zone``, ...)."""
-        settings = parts_of(trainable).settings
+        settings = parts_of(
+            trainable, "use CappingScheduler.for_time_cap(max_time_s) instead"
+        ).settings
         kwargs.setdefault("mode", settings.target.mode)
         return cls.for_time_cap(settings.max_time_s, hang_grace_s, **kwargs)
 

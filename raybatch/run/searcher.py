@@ -106,7 +106,7 @@ class RaybatchSearcher(Searcher):
         CUDA context of its settings and, with ``prescreen`` and a budget there, a pre-screen of
         its workload; TPE seeded with ``seed``, its study in ``storage_url`` (default: in
         memory, kept in the searcher's checkpoint)."""
-        parts = parts_of(trainable)
+        parts = parts_of(trainable, "build RaybatchSearcher(space, penalty=..., gates=...) instead")
         estimator = None
         if prescreen and parts.settings.budget_bytes is not None:
             estimator = MemoryEstimator.for_space(parts.workload, parts.space)

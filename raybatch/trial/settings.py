@@ -126,16 +126,19 @@ def settings_of(target: Target, sync_batchnorm: bool, **settings: Any) -> TrialS
     )
 
 
-def parts_of(trainable: Callable[..., Any]) -> TrialParts:
-    """The parts of a function made by :func:`raybatch.trainable`.
+def parts_of(
+    trainable: Callable[..., Any], instead: str = "pass its space and settings explicitly"
+) -> TrialParts:
+    """The parts of a function made by :func:`raybatch.trainable`; ``instead`` says what the
+    caller takes without one (the refusal names it).
 
     Raises:
         NotATrainableError: ``trainable`` was not made by :func:`raybatch.trainable` (wrapped
-            by ``tune.with_parameters``, say): pass the space and the penalty explicitly.
+            by ``tune.with_parameters``, say).
     """
     parts = getattr(trainable, PARTS_ATTRIBUTE, None)
     if not isinstance(parts, TrialParts):
         name = str(getattr(trainable, "__name__", trainable))
-        why = "was not made by raybatch.trainable(): pass the space and the penalty explicitly"
+        why = f"was not made by raybatch.trainable(): {instead}"
         raise NotATrainableError([Issue("trainable", why)], name)
     return parts
