@@ -68,6 +68,12 @@ FAULTS: list[tuple[str, str, str]] = [
         "refused at once, exit 2, naming the holder (pid, host, since when)",
         "everything: the running driver goes on alone",
     ),
+    (  # tests/test_resume.py: _kill_when's kill -9 (test_orphans.py: the watch alone)
+        "the driver alone killed (`kill -9 PID`) with its local Ray up",
+        "a watch started with that Ray kills what is left of it in the driver's process group"
+        " within seconds (two of Ray's agents ignore Ray's own SIGTERM and lingered 60-90 s)",
+        "everything the driver saved; `raybatch resume` continues",
+    ),
     (
         "the driver killed (SIGKILL) while it held the lock",
         "the next driver takes the lock over and notes the killed one",

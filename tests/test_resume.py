@@ -75,11 +75,12 @@ def _kill_when(
     how: signal.Signals = signal.SIGKILL,
     group: bool = False,
 ) -> None:
-    """Stop the driver a random moment after ``ready()`` holds: SIGKILL its whole process
-    group (its local Ray too), or SIGINT or SIGTERM to the driver alone (Ctrl-C, or a
-    scheduler's stop: it must stop cleanly, exit 130 and say how to continue), or, with
-    ``group``, SIGTERM to its whole process group (as a terminal's ``kill -- -PID`` or Slurm
-    sends it: its Ray ends too, the driver must end at once saying so, and leave no process).
+    """Stop the driver a random moment after ``ready()`` holds: SIGKILL to the driver alone
+    (``kill -9 PID``: nothing of its local Ray may outlive it), or SIGINT or SIGTERM to the
+    driver alone (Ctrl-C, or a scheduler's stop: it must stop cleanly, exit 130 and say how to
+    continue); with ``group``, the signal goes to its whole process group (as a terminal's
+    ``kill -- -PID`` or Slurm sends it: its Ray ends too, a SIGTERMed driver must end at once
+    saying so, and leave no process).
 
     ``finished`` collects every trial seen finished on the way: a read right after the kill
     may meet a state file the kill cut short.
@@ -113,9 +114,16 @@ def _kill_when(
             while _in_session(driver.pid) and time.time() < deadline:
                 time.sleep(0.2)
             assert not _in_session(driver.pid), _in_session(driver.pid)
-    else:
+    elif group:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
+    else:  # kill -9 of the driver alone: nothing of its local Ray may outlive it
+        driver.kill()
+        driver.wait(timeout=30)
+        deadline = time.time() + 30
+        while _in_session(driver.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _in_session(driver.pid), _in_session(driver.pid)
     finished |= _finished_ids(run_dir)
 
 

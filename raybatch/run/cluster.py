@@ -14,6 +14,7 @@ import socket
 import threading
 
 from raybatch.errors import ClusterUnreachableError, first_line
+from raybatch.run.orphans import watch_local_ray
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -75,6 +76,8 @@ def init_ray(address: str | None) -> bool:
         raise ClusterUnreachableError(
             f"no Ray cluster answers at {address}: {first_line(exc)}"
         ) from None
+    if address == "local":  # its processes: none may outlive a driver killed outright
+        watch_local_ray(os.path.dirname(ray.__file__))
     if callable(before) and threading.current_thread() is threading.main_thread():
         # Ray's core worker answers SIGTERM with a C++ stack dump and an abort; a handler the
         # driver's Python had (raybatch.run.signals: taken as Ctrl-C) stays.
