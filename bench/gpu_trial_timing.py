@@ -42,9 +42,10 @@ from models import ResNet18
 
 import raybatch
 from raybatch import keys
+from raybatch.trial.clock import TrialClock
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, train
-from raybatch.trial.reporting import TrialReporter
+from raybatch.trial.reporting import ReporterOptions, TrialReporter
 
 REQUIRES_GPU = True
 NAME = "gpu_trial_timing"
@@ -124,8 +125,8 @@ def loop_clock(device: torch.device) -> dict[str, Any]:
         max_time_s=MAX_TIME_S,
         max_samples=REPORTS * EVAL_EVERY_SAMPLES,
         report_fn=reports.append,
-        synchronize=lambda: torch.cuda.synchronize(device),  # as the trial wrapper builds it
-        extra=DeviceFigures(device),
+        clock=TrialClock(synchronize=lambda: torch.cuda.synchronize(device)),  # as a trial has it
+        options=ReporterOptions(extra=DeviceFigures(device)),
     )
     try:
         train(LearnableResNet(), recipe("resnet50_imagenet_sgd", 128), reporter, device,
@@ -162,7 +163,9 @@ def queued_work_clock(device: torch.device, synchronize: bool) -> dict[str, Any]
         eval_every_samples=1,
         max_time_s=3600.0,
         report_fn=reports.append,
-        synchronize=(lambda: torch.cuda.synchronize(device)) if synchronize else None,
+        clock=TrialClock(
+            synchronize=(lambda: torch.cuda.synchronize(device)) if synchronize else None
+        ),
     )
     begin = _event()
     reporter.start()

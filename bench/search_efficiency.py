@@ -98,7 +98,7 @@ from raybatch.run.seeding import (
 )
 from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus, penalty
-from raybatch.trial.reporting import heartbeat_for
+from raybatch.trial.cadence import heartbeat_for
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (5, 10, 12, 20, 40, 80)

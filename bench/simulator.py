@@ -43,7 +43,7 @@ import raybatch
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.timemodel.model import NoiseScale, TimeModel
-from raybatch.trial.reporting import NEAR_MARK_RATIO, time_marks
+from raybatch.trial.cadence import NEAR_MARK_RATIO, time_marks
 from raybatch.trial.validation import NEAR_PROGRESS
 
 MICRO = [8, 16, 32, 64, 128, 256, 512]

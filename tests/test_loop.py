@@ -10,6 +10,7 @@ import torch
 from raybatch import SearchSpace, Target
 from raybatch.space.config import warmup_factor
 from raybatch.status import TrialStatus
+from raybatch.trial.clock import TrialClock
 from raybatch.trial.loop import LoopOptions, train
 from raybatch.trial.reporting import TrialReporter
 
@@ -142,7 +143,7 @@ def test_between_marks_the_device_loop_neither_reads_the_loss_nor_synchronises(
     marks = 4
     reporter = TrialReporter(
         2.0, eval_every_samples=64, max_time_s=60, max_samples=marks * 64,
-        report_fn=lambda m: None, synchronize=lambda: syncs.append(1),
+        report_fn=lambda m: None, clock=TrialClock(synchronize=lambda: syncs.append(1)),
     )  # fmt: skip
     train(MLPWorkload(), _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions())
     assert reporter.steps == marks * 8  # 32 optimizer steps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 
 from raybatch import Target, keys
 from raybatch.status import TrialStatus, objective_value
-from raybatch.trial.reporting import TrialReporter
+from raybatch.trial.clock import TrialClock
+from raybatch.trial.reporting import ReporterOptions, TrialReporter
 
 
 class Clock:
@@ -21,11 +23,17 @@ class Clock:
         return self.now
 
 
-def make(target: float = 0.9, **kwargs: Any) -> tuple[TrialReporter, list[dict[str, Any]], Clock]:
+def make(
+    target: float = 0.9,
+    synchronize: Callable[[], None] | None = None,
+    options: ReporterOptions | None = None,
+    **kwargs: Any,
+) -> tuple[TrialReporter, list[dict[str, Any]], Clock]:
     reports: list[dict[str, Any]] = []
     clock = Clock()
-    options: dict[str, Any] = {"eval_every_samples": 100, "max_time_s": 10.0} | kwargs
-    reporter = TrialReporter(Target(target), report_fn=reports.append, clock=clock, **options)
+    settings: dict[str, Any] = {"eval_every_samples": 100, "max_time_s": 10.0} | kwargs
+    reporter = TrialReporter(Target(target), report_fn=reports.append, options=options,
+                             clock=TrialClock(synchronize, clock), **settings)  # fmt: skip
     return reporter.start(), reports, clock
 
 
@@ -119,7 +127,7 @@ def test_the_device_is_synchronised_at_marks_never_between_them() -> None:
 def test_between_far_apart_marks_a_heartbeat_reports_the_training_time() -> None:
     """A trial whose next mark is far off (a small batch) still reports its training time at
     least every ``heartbeat_s``: the capping scheduler can act only on a report."""
-    run, reports, clock = make(eval_every_samples=10**6, heartbeat_s=1.0)
+    run, reports, clock = make(eval_every_samples=10**6, options=ReporterOptions(heartbeat_s=1.0))
     for _ in range(20):
         clock.now += 0.25
         run.add(samples=10, steps=1)
@@ -132,9 +140,11 @@ def test_an_evaluation_is_due_at_each_training_time_mark_between_sample_marks() 
     """The rungs need an evaluation near each training time, whatever the batch: past a time
     mark (read on the host clock) an evaluation is due though no sample mark has come; marks
     passed during the evaluation are skipped, not owed."""
-    from raybatch.trial.reporting import time_marks
+    from raybatch.trial.cadence import time_marks
 
-    run, reports, clock = make(eval_every_samples=10_000, eval_at_s=(0.5, 1.0, 2.0, 4.0))
+    run, reports, clock = make(
+        eval_every_samples=10_000, options=ReporterOptions(eval_at_s=(0.5, 1.0, 2.0, 4.0))
+    )
     clock.now += 0.4
     run.add(samples=8, steps=1)
     assert not run.eval_due
@@ -161,7 +171,9 @@ def test_near_the_target_each_evaluation_sets_the_next_at_most_15_percent_later(
     """A time to target is read at the first evaluation past the crossing: marks sqrt(3) apart
     overstated it by up to 73 %. Near the target the next evaluation comes at 1.15 x the
     training time of the last; a cadence the user chose (no time marks) is kept as given."""
-    run, reports, clock = make(eval_every_samples=10_000, eval_at_s=(0.5, 1.0, 2.0, 4.0))
+    run, reports, clock = make(
+        eval_every_samples=10_000, options=ReporterOptions(eval_at_s=(0.5, 1.0, 2.0, 4.0))
+    )
     clock.now += 2.0
     run.add(samples=8, steps=1)
     assert run.eval_due
@@ -194,7 +206,7 @@ def test_near_the_target_each_evaluation_sets_the_next_at_most_15_percent_later(
 
 def test_the_heartbeat_is_a_32nd_of_the_cap_and_never_over_five_seconds() -> None:
     """A cap of hours must not let a trial train minutes past a capping decision."""
-    from raybatch.trial.reporting import heartbeat_for
+    from raybatch.trial.cadence import heartbeat_for
 
     assert heartbeat_for(60.0) == pytest.approx(60.0 / 32)
     assert heartbeat_for(3600.0) == 5.0
@@ -203,7 +215,9 @@ def test_the_heartbeat_is_a_32nd_of_the_cap_and_never_over_five_seconds() -> Non
 
 def test_caps_can_wait_for_the_marks() -> None:
     """Data-parallel workers must agree to stop, so there the caps are checked at marks."""
-    run, _reports, clock = make(max_time_s=1.0, check_budgets_between_marks=False)
+    run, _reports, clock = make(
+        max_time_s=1.0, options=ReporterOptions(check_budgets_between_marks=False)
+    )
     clock.now += 5.0
     assert run.add(samples=10, steps=1) is False
     run.add(samples=90, steps=1)
@@ -238,7 +252,7 @@ def test_sample_budget_censors() -> None:
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), 31.0])
 def test_nan_inf_or_exploding_loss_diverges_at_once(loss: float) -> None:
-    run, reports, _ = make(divergence_factor=10.0)
+    run, reports, _ = make(options=ReporterOptions(divergence_factor=10.0))
     run.add(samples=10, steps=1, loss=3.0)
     assert run.add(samples=10, steps=1, loss=loss) is True
     assert run.status is TrialStatus.DIVERGED

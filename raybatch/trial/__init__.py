@@ -3,8 +3,9 @@
 - ``wrapper``: the trainable Ray Tune runs (:func:`trainable`) and :func:`run_trial`, which
   sets a trial up (device, memory gate, probe) and hands it to the loop;
 - ``loop``: raybatch's own training loop (accumulation, warmup, AMP, DDP, evaluation marks);
-- ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's clock, marks,
-  target check and statuses, reported to Ray Tune;
+- ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's progress,
+  target check and statuses, reported to Ray Tune, with its parts: ``clock`` (training time),
+  ``cadence`` (when an evaluation or a heartbeat is due) and ``limits`` (why a trial stops);
 - ``resources``: what a trial asks Ray for (GPU fraction from the memory estimate);
 - ``gpu_monitor``: GPU utilisation sampled during a trial (NVML).
 

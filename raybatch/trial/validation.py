@@ -1,7 +1,7 @@
 """What a trial evaluates on: a fixed subset of the validation set early, the whole set near
 the target.
 
-The equal-time rungs need evaluations early in every trial (:func:`~raybatch.trial.reporting.
+The equal-time rungs need evaluations early in every trial (:func:`~raybatch.trial.cadence.
 time_marks`), where one pass over the whole validation set can cost a large share of the rung:
 on the benchmark's wide MLP (4,000 validation items, a 3 s training) one pass is 4 % of a whole
 training, and evaluation held a third of a search's device seconds. Early on a rung compares
@@ -15,7 +15,7 @@ that evaluation on (that one included) it evaluates the whole set. A subset valu
 reaches the target: the whole set is read at the same point first. A validation set too small
 to cut (:data:`MIN_SUBSET_ITEMS`), or a fraction of 0 or 1, is evaluated whole from the start.
 From that point on the evaluations also come closer together
-(:data:`~raybatch.trial.reporting.NEAR_MARK_RATIO`): the time to target is read within 15 %.
+(:data:`~raybatch.trial.cadence.NEAR_MARK_RATIO`): the time to target is read within 15 %.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 from raybatch.timemodel.measure import at_target_measure
 from raybatch.trial import process_age
+from raybatch.trial.cadence import time_marks
+from raybatch.trial.clock import TrialClock
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.placement import (
@@ -50,7 +52,7 @@ from raybatch.trial.placement import (
     running_ray,
     trial_device,
 )
-from raybatch.trial.reporting import ReportFn, TrialReporter, time_marks
+from raybatch.trial.reporting import ReporterOptions, ReportFn, TrialReporter
 from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialParts, TrialSettings, settings_of
 from raybatch.workload import Workload
 
@@ -113,23 +115,24 @@ def _reporter(
         len(workload.train_dataset()),  # type: ignore[arg-type]
         space,
     )
+    # The rungs' training-time marks beside the default sample marks; a cadence the user chose
+    # (an evaluation may be dear) is kept as given.
+    timed = clock is None and settings.eval_every_samples is None
     return TrialReporter(
         settings.target,
         eval_every_samples=eval_every,
         max_time_s=settings.max_time_s,
         max_samples=settings.max_samples,
-        divergence_factor=settings.divergence_factor,
         report_fn=report_fn,
-        synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
-        extra=DeviceFigures(device),
-        clock=clock if clock is not None else time.perf_counter,
-        check_budgets_between_marks=clock is None,
-        # The rungs' training-time marks beside the default sample marks; a cadence the user
-        # chose (an evaluation may be dear) is kept as given.
-        eval_at_s=(
-            time_marks(settings.max_time_s)
-            if clock is None and settings.eval_every_samples is None
-            else ()
+        clock=TrialClock(
+            synchronize=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
+            clock=clock if clock is not None else time.perf_counter,
+        ),
+        options=ReporterOptions(
+            divergence_factor=settings.divergence_factor,
+            extra=DeviceFigures(device),
+            check_budgets_between_marks=clock is None,
+            eval_at_s=time_marks(settings.max_time_s) if timed else (),
         ),
     )
 
@@ -170,12 +173,10 @@ def run_trial(
         raise  # into Ray Tune, which retries the trial (FailureConfig.max_failures)
     except Exception as exc:  # no recipe, no device or no data: no reporter to use yet
         reporter = _bare_reporter(settings, report_fn)
-        reporter.held_since = held_since
-        reporter.startup_s = startup_s
+        reporter.clock.held_since, reporter.clock.startup_s = held_since, startup_s
         reporter.fail(exc, during)
         return reporter
-    reporter.held_since = held_since
-    reporter.startup_s = startup_s
+    reporter.clock.held_since, reporter.clock.startup_s = held_since, startup_s
     _set_threads_to_assigned_cpus()
     share = assigned_gpu_share()
     if share:  # the searcher retries a trial that ran out of memory while sharing its GPU

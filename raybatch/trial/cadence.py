@@ -1,0 +1,133 @@
+"""When a trial evaluates and when it reports between evaluations.
+
+Three kinds of mark, each for a reader of the reports:
+
+- sample marks, every ``eval_every_samples`` training samples: the same for every batch size,
+  so all are judged at the same points;
+- training-time marks (:func:`time_marks`), read on the host clock between sample marks: the
+  equal-time rungs (:mod:`raybatch.run.rungs`) need an evaluation near each whatever the
+  batch size, and near the target they come at most 15 % apart (:data:`NEAR_MARK_RATIO`), so a
+  time to target is read close to the crossing;
+- heartbeats (:func:`heartbeat_for`): a report of the training time without an evaluation, so
+  the capping scheduler can stop a trial whose next mark is far off (it acts only on a report).
+
+A :class:`Cadence` only says what is due; the reporter reads the clock and reports
+(:mod:`raybatch.trial.reporting`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+HEARTBEATS = 32
+"""Reports between marks per time cap, at least: a trial capped at ``slack x`` the incumbent is
+stopped within ``max_time_s / 32`` of training past its cap (1.9 s at the CLI's 60 s)..."""
+HEARTBEAT_MAX_S = 5.0
+"""...and within 5 s whatever the cap: a cap of hours must not let a trial run minutes past a
+cap of seconds. A report every 5 s costs one device sync and one Tune result."""
+
+
+TIME_MARK_RATIO = 3**0.5
+"""Training-time marks are this far apart (a factor): two between rungs a factor 3 apart, so
+each rung is judged within ``sqrt(3)`` x its time (:mod:`raybatch.run.rungs`)."""
+NEAR_MARK_RATIO = 1.15
+"""Near the target the time marks are this far apart (a factor): a time to target is read at
+the first evaluation past the crossing, so marks ``sqrt(3)`` apart overstated it by up to 73 %
+(the real benchmark's times sat on the marks); near the target the whole validation set is read
+(:mod:`raybatch.trial.validation`), and each evaluation there sets the next at most 15 % later."""
+TIME_MARKS_BELOW_CAP = 10
+"""The first time mark is the cap / ``sqrt(3)^10`` (= cap / 243): below the lowest rung before
+any trial has reached (the cap / 81), and below B/9 wherever B lies above the cap / 27."""
+
+
+def time_marks(max_time_s: float) -> list[float]:
+    """Evaluation marks on training time, geometric up to the time cap: the equal-time rungs
+    (:mod:`raybatch.run.rungs`) need an evaluation near each, whatever the batch size, where a
+    sample mark (a quarter epoch) may come only after the first rungs have passed."""
+    return [max_time_s / TIME_MARK_RATIO**k for k in range(TIME_MARKS_BELOW_CAP, 0, -1)]
+
+
+def heartbeat_for(max_time_s: float) -> float:
+    """The longest a trial trains between two reports (:data:`HEARTBEATS`,
+    :data:`HEARTBEAT_MAX_S`)."""
+    return min(max_time_s / HEARTBEATS, HEARTBEAT_MAX_S)
+
+
+class Cadence:
+    """The marks of one trial: when an evaluation is due, and when a heartbeat is.
+
+    Args:
+        eval_every_samples: An evaluation is due each time this many more samples are seen.
+        max_time_s: The trial's time cap, which sets the default ``heartbeat_s``.
+        heartbeat_s: Between marks, report at least once per this many seconds of training
+            (default: :func:`heartbeat_for` ``max_time_s``).
+        eval_at_s: Training times at which an evaluation is also due (:func:`time_marks`);
+            with none, the user's cadence is kept as given, near the target too.
+    """
+
+    def __init__(
+        self,
+        eval_every_samples: int,
+        max_time_s: float,
+        heartbeat_s: float | None = None,
+        eval_at_s: Sequence[float] = (),
+    ) -> None:
+        self.eval_every_samples = eval_every_samples
+        self.next_mark = eval_every_samples
+        self.last_mark = 0
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else heartbeat_for(max_time_s)
+        self.eval_at_s = sorted(float(t) for t in eval_at_s)
+        self.time_mark_due = False
+        self.reported_train_s = 0.0
+        self._near_ratio: float | None = None  # set once near the target (:meth:`near_target`)
+        self._timed = bool(self.eval_at_s)  # evaluations on training time, not the user's
+
+    def near_target(self, ratio: float = NEAR_MARK_RATIO) -> None:
+        """From the next evaluation on, each sets the next at most ``ratio`` x its training
+        time later; only where there are time marks (a cadence the user chose is kept)."""
+        if self._timed:
+            self._near_ratio = ratio
+
+    def due(self, samples_seen: int) -> bool:
+        """A sample mark, or a training-time mark, has been passed since the last evaluation."""
+        return samples_seen >= self.next_mark or self.time_mark_due
+
+    def time_mark_passed(self, train_s: float) -> bool:
+        """Whether ``train_s`` has reached the next time mark; if so, an evaluation is due."""
+        passed = bool(self.eval_at_s) and train_s >= self.eval_at_s[0]
+        self.time_mark_due = self.time_mark_due or passed
+        return passed
+
+    def heartbeat_due(self, train_s: float) -> bool:
+        """Whether ``heartbeat_s`` of training have passed since the last report."""
+        return train_s - self.reported_train_s >= self.heartbeat_s
+
+    def passed(self, samples_seen: int) -> None:
+        """An evaluation at ``samples_seen``: the sample marks move past it, none is owed."""
+        while self.next_mark <= samples_seen:
+            self.last_mark = self.next_mark
+            self.next_mark += self.eval_every_samples
+        self.time_mark_due = False
+
+    def trained(self, train_s: float) -> None:
+        """An evaluation at ``train_s`` of training: the time marks it passed are dropped (not
+        owed), and near the target the next is set ``ratio`` x ``train_s`` at the latest."""
+        self.eval_at_s = [t for t in self.eval_at_s if t > train_s]
+        if self._near_ratio is not None and train_s > 0:
+            self.eval_at_s = sorted({*self.eval_at_s, train_s * self._near_ratio})
+
+    def reported(self, train_s: float) -> None:
+        """A report carried ``train_s``: the next heartbeat is due ``heartbeat_s`` after it."""
+        self.reported_train_s = train_s
+
+
+__all__ = [
+    "HEARTBEATS",
+    "HEARTBEAT_MAX_S",
+    "NEAR_MARK_RATIO",
+    "TIME_MARKS_BELOW_CAP",
+    "TIME_MARK_RATIO",
+    "Cadence",
+    "heartbeat_for",
+    "time_marks",
+]

@@ -1,0 +1,121 @@
+"""A trial's clock: training time, with evaluations and the input pipeline's waits timed apart.
+
+The objective is *training* time to target (``docs/search.md``): evaluations run at raybatch's
+cadence, not the user's, so they are timed apart (``eval_s``) and never count in ``train_s``.
+On CUDA the host queues work long before the device has done it, so a reading at a mark first
+runs ``synchronize`` (``torch.cuda.synchronize``); between marks the time cap is read on the
+host clock alone (:meth:`TrialClock.train_s_now` with ``synchronize=False``), so small
+launch-bound batches pay no device sync per step. ``held_since`` is a plain wall clock, never
+synchronised: what holding the device cost, start-up included, not what training took.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from raybatch import keys
+
+
+class TrialClock:
+    """Training, evaluation and data-wait seconds of one trial, and how long it held its device.
+
+    Args:
+        synchronize: Called before a synchronised reading (``torch.cuda.synchronize`` on
+            CUDA), so the clock stops when the device has done the work, not when the host
+            has queued it.
+        clock: The seconds counter read (data-parallel workers pass one agreed by all ranks).
+    """
+
+    def __init__(
+        self,
+        synchronize: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.synchronize = synchronize
+        self.clock = clock
+        self._start: float | None = None
+        self._eval_s = 0.0
+        self._data_wait_s = 0.0
+        self.held_since = time.perf_counter()
+        """When the trial began holding its device (the wrapper sets its own entry): the
+        origin of ``held_s``, a plain wall clock, never synchronised."""
+        self.startup_s: float | None = None
+        """Its process's start-up charged to this trial (the wrapper sets it: the first trial in
+        a process has it; ``None``: not measured)."""
+
+    def start(self) -> TrialClock:
+        """Start the clock: right before the first training step."""
+        self._start = self.now()
+        return self
+
+    @property
+    def started(self) -> bool:
+        """Whether the clock runs: training has begun."""
+        return self._start is not None
+
+    def now(self, synchronize: bool = True) -> float:
+        """The clock's reading, after the device has caught up unless ``synchronize`` is off."""
+        if synchronize and self.synchronize is not None:
+            self.synchronize()
+        return self.clock()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Training + evaluation time since :meth:`start` (a synchronised reading)."""
+        if self._start is None:
+            return 0.0
+        return self.now() - self._start
+
+    @property
+    def eval_s(self) -> float:
+        """Time spent inside :meth:`evaluating` so far."""
+        return self._eval_s
+
+    @property
+    def train_s(self) -> float:
+        """Training time since :meth:`start`: the elapsed time less the evaluations."""
+        return max(self.elapsed_s - self._eval_s, 0.0)
+
+    def train_s_now(self, synchronize: bool) -> float:
+        """Training time for the budget check (0 before :meth:`start`); between marks read
+        with ``synchronize=False``, on the host clock alone."""
+        if self._start is None:
+            return 0.0
+        return self.now(synchronize) - self._start - self._eval_s
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Time an evaluation: it counts in ``elapsed_s`` and ``eval_s``, never in ``train_s``."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self._eval_s += self.now() - start
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Time spent waiting for the next batch from the input pipeline."""
+        self._data_wait_s += seconds
+
+    @property
+    def data_wait_s(self) -> float:
+        """Time spent waiting on the input pipeline so far."""
+        return self._data_wait_s
+
+    def figures(self) -> dict[str, Any]:
+        """The clock's fields of a report: one synchronised reading, and the held time."""
+        elapsed = self.elapsed_s
+        held = time.perf_counter() - self.held_since
+        return {
+            keys.ELAPSED_S: elapsed,
+            keys.TRAIN_S: max(elapsed - self._eval_s, 0.0),
+            keys.EVAL_S: self._eval_s,
+            keys.HELD_S: held,
+            keys.STARTED_AT: time.time() - held,
+            keys.STARTUP_S: self.startup_s,
+        }
+
+
+__all__ = ["TrialClock"]
