@@ -18,7 +18,11 @@ from raybatch.errors import OptionError
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.run.resources import DRIVER_CPUS, gpu_fraction, trial_resources
-from raybatch.trial.placement import MAX_TRIALS_PER_GPU, packed_memory_fraction
+from raybatch.trial.placement import (
+    MAX_TRIALS_PER_GPU,
+    packed_budget_bytes,
+    packed_memory_fraction,
+)
 
 
 @given(
@@ -45,6 +49,21 @@ def test_packed_trials_with_their_own_contexts_never_exceed_the_gpu(
     assert cap is not None
     assert packed * (cap * total + context) <= usable + 1
     assert cap * total >= predicted - 1e-4 * usable
+
+
+def test_a_packed_trial_without_a_budget_is_capped_at_its_share_of_the_gpu() -> None:
+    """The Tune plugin path's trainable may carry no budget: its packed trials are capped all
+    the same, from the GPU's total (its neighbours hold part of what is free), so that k of
+    them and their contexts stay within the headroom of the whole GPU."""
+    gib = 2**30
+    total, context = 80 * gib, 800 * 2**20
+    assert packed_budget_bytes(12 * gib, total, context) == 12 * gib  # the search's, kept
+    budget = packed_budget_bytes(None, total, context)
+    assert budget == int(0.9 * total) - context
+    for packed in (2, 3, 4):
+        cap = packed_memory_fraction(1 / packed, budget, total, context)
+        assert cap is not None
+        assert packed * (cap * total + context) <= 0.9 * total + 1
 
 
 def test_three_trials_that_each_need_a_quarter_share_one_gpu() -> None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from raybatch.errors import TrialDeviceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DEFAULT_HEADROOM
 from raybatch.memory.nvml import visible_devices
 
 
@@ -263,18 +263,33 @@ def packed_memory_fraction(
     return max(cap, 0.0) / total_bytes
 
 
+def packed_budget_bytes(
+    budget_bytes: int | None, total_bytes: int, context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
+) -> int:
+    """What one trial alone may use on a packed GPU: the search's budget, or, where the trial
+    carries none (a Tune plugin search whose trainable was given no ``memory_budget``), the
+    GPU's own: ``DEFAULT_HEADROOM x total - one context``. From the total, not the free memory
+    NVML reads now: the neighbours already hold part of it, and the split
+    (:func:`packed_memory_fraction`) pays for them. Either way no packed trial runs uncapped."""
+    if budget_bytes is not None:
+        return budget_bytes
+    return max(int(DEFAULT_HEADROOM * total_bytes) - context_bytes, 0)
+
+
 def limit_packed_memory(
     device: Any, budget_bytes: int | None, context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
 ) -> float | None:
     """Cap this trial's allocator to its share of a packed GPU; the fraction set, or None.
-    ``context_bytes`` is one process's CUDA context (measured by the search)."""
+    ``budget_bytes``: one trial's budget alone (:func:`packed_budget_bytes` where ``None``);
+    ``context_bytes``: one process's CUDA context (measured by the search)."""
     import torch
 
     share = assigned_gpu_share()
-    if device.type != "cuda" or share is None or budget_bytes is None:
+    if device.type != "cuda" or share is None:
         return None
     total = int(torch.cuda.get_device_properties(device).total_memory)
-    fraction = packed_memory_fraction(share, budget_bytes, total, context_bytes)
+    budget = packed_budget_bytes(budget_bytes, total, context_bytes)
+    fraction = packed_memory_fraction(share, budget, total, context_bytes)
     if fraction is not None:
         torch.cuda.set_per_process_memory_fraction(fraction, device)
     return fraction
@@ -343,6 +358,7 @@ __all__ = [
     "cuda_index_of",
     "limit_packed_memory",
     "model_resource",
+    "packed_budget_bytes",
     "packed_memory_fraction",
     "placeable_workers",
     "placement_problem",
