@@ -70,8 +70,8 @@ FAULTS: list[tuple[str, str, str]] = [
     ),
     (  # tests/test_resume.py: _kill_when's kill -9 (test_orphans.py: the watch alone)
         "the driver alone killed (`kill -9 PID`) with its local Ray up",
-        "a watch started with that Ray kills what is left of it in the driver's process group"
-        " within seconds (two of Ray's agents ignore Ray's own SIGTERM and lingered 60-90 s)",
+        "a watch started with that Ray kills what is left of it (the driver's Ray descendants)"
+        " within seconds (two of Ray's agents lingered 60-90 s)",
         "everything the driver saved; `raybatch resume` continues",
     ),
     (

@@ -2,49 +2,75 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from raybatch.run.orphans import ray_processes_of_group
+SLEEPER = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n"
+DRIVER = """import subprocess, sys, time
+agent = subprocess.Popen([sys.executable, sys.argv[1]])
+mine = subprocess.Popen([sys.executable, sys.argv[2]])
+print(agent.pid, mine.pid, flush=True)
+time.sleep(120)
+"""
 
 
-def _sleeper(folder: Path) -> subprocess.Popen[bytes]:
-    """A process run from ``folder`` (as Ray's run from its package folder), in a process group
-    of its own, that ignores SIGTERM (as Ray's two agents do)."""
-    script = folder / "agent.py"
-    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                      "time.sleep(120)\n")  # fmt: skip
-    return subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether ``pid`` has ended within ``within_s`` (a zombie reaped by its new parent)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True
+        time.sleep(0.1)
+    return False
 
 
-def test_the_watch_kills_its_groups_ray_processes_once_the_driver_pipe_closes(
+def test_the_watch_kills_the_drivers_ray_descendants_once_its_pipe_closes_and_only_those(
     tmp_path: Path,
 ) -> None:
+    """A driver's Ray agent that ignores SIGTERM is killed once the driver has ended; the
+    driver's other children, and a Ray process of another driver in the same process group
+    (a test runner's workers, a shell's background jobs), are left alone."""
     ray_dir = tmp_path / "site-packages" / "ray"
     ray_dir.mkdir(parents=True)
-    other = tmp_path / "mine"
-    other.mkdir()
-    agent, bystander = _sleeper(ray_dir), _sleeper(other)
+    (ray_dir / "agent.py").write_text(SLEEPER)
+    (tmp_path / "user.py").write_text(SLEEPER)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    driver = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(ray_dir / "agent.py"),
+         str(tmp_path / "user.py")], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    bystander = subprocess.Popen([sys.executable, str(ray_dir / "agent.py")])
+    assert driver.stdout is not None
+    agent, mine = (int(pid) for pid in driver.stdout.readline().split())
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "raybatch.run.orphans", str(driver.pid), str(ray_dir)],
+        stdin=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
     try:
-        time.sleep(0.5)  # both have exec'd their command lines
-        group = agent.pid  # a new session leads its own group
-        assert ray_processes_of_group(group, -1, str(ray_dir)) == [agent.pid]
-        assert ray_processes_of_group(group, agent.pid, str(ray_dir)) == []  # spared
-        assert ray_processes_of_group(bystander.pid, -1, str(ray_dir)) == []  # not Ray's
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "raybatch.run.orphans", str(group), "-1", str(ray_dir)],
-            stdin=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
         assert watch.stdin is not None
-        time.sleep(0.5)
-        assert agent.poll() is None  # the driver's pipe is open: nothing is touched
-        watch.stdin.close()  # the driver ended
+        time.sleep(2.0)  # it has noted the driver's descendants
+        assert not _gone(agent, 0.1)  # the driver's pipe is open: nothing is touched
+        driver.kill()  # kill -9 of the driver: its agent lingers...
+        driver.wait()
+        assert not _gone(agent, 0.5)
+        watch.stdin.close()  # ...until the watch sees the driver's end
         assert watch.wait(timeout=60) == 0
-        assert agent.wait(timeout=60) == -9
-        assert bystander.poll() is None  # only Ray's processes of that group
+        assert _gone(agent, 30)
+        assert not _gone(mine, 0.1)  # not Ray's
+        assert bystander.poll() is None  # Ray's, but another driver's
     finally:
-        for proc in (agent, bystander):
-            proc.kill()
-            proc.wait()
+        for pid in (agent, mine):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        bystander.kill()
+        bystander.wait()

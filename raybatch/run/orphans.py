@@ -1,18 +1,21 @@
 """Nothing of a local Ray outlives a driver killed outright (``kill -9``).
 
-``ray.init()`` starts the local Ray's processes in the driver's process group, with a reaper
-of Ray's own that sends the group SIGTERM when the driver dies. Two agents the raylet starts
-(the dashboard agent and the runtime-env agent) ignore it and lingered 60-90 s after a
-``kill -9`` of the driver, until they noticed the raylet was gone. A watch started with the
-local Ray waits on a pipe from the driver, in a session of its own (so that neither Ray's
-SIGTERM nor a terminal's Ctrl-C reaches it); when the pipe closes, the driver has ended, and
-the watch kills what is left of Ray in the driver's process group.
+``ray.init()`` starts the local Ray's processes as the driver's descendants, and they end with
+it, but two agents the raylet starts (the dashboard agent and the runtime-env agent) lingered
+60-90 s after a ``kill -9`` of the driver, until they noticed the raylet was gone. A watch
+started with the local Ray, in a session of its own (no signal to the driver's group reaches
+it), notes the driver's Ray descendants from time to time and waits on a pipe only the driver
+holds; when the pipe closes, the driver has ended, and the watch kills the Ray processes it
+noted (and what they started since) that are still alive. Descendants, not a process group:
+a test runner's workers or a shell's background jobs share one group, each with a Ray of its
+own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -20,32 +23,35 @@ import time
 from pathlib import Path
 
 GRACE_S = 1.0
-"""How long the watch leaves Ray's own shutdown (or its reaper) to end the processes first."""
+"""How long the watch leaves Ray's own shutdown to end the processes first."""
+NOTE_EVERY_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""When the watch notes the driver's descendants again (then every 30 s): Ray starts its
+agents with the raylet, at once; the workers started later end with the raylet."""
 
 _WATCHES: list[subprocess.Popen[bytes]] = []
 """The watches this process started: held for its lifetime, since a collected ``Popen`` would
 close its end of the pipe, and the watch would take the driver for dead."""
 
+Process = tuple[int, str]
+"""A process as the watch knows it: its pid and its start time (a pid may be reused)."""
+
 
 def watch_local_ray(ray_dir: str) -> None:
-    """Start the watch for the local Ray this driver just started (nothing where processes
-    and groups are not POSIX's): a process reading a pipe whose write end only this driver
-    holds, which closes when the driver exits, however it exits. ``ray_dir`` is Ray's package
-    folder: what the watch kills runs from there, or is a worker named ``ray::...``."""
-    if os.name != "posix":
+    """Start the watch for the local Ray this driver just started (nothing where ``/proc`` is
+    not there to read). ``ray_dir`` is Ray's package folder: what the watch kills runs from
+    there, or is a worker named ``ray::...``."""
+    if not Path("/proc/self/stat").exists():
         return
     _WATCHES.append(subprocess.Popen(
-        [sys.executable, "-m", __name__, str(os.getpgrp()), str(os.getpid()), ray_dir],
+        [sys.executable, "-m", __name__, str(os.getpid()), ray_dir],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     ))  # fmt: skip
 
 
-def ray_processes_of_group(pgid: int, spare: int, ray_dir: str) -> list[int]:
-    """The live processes of process group ``pgid`` that are Ray's (run from its package
-    folder ``ray_dir``, or a worker named ``ray::...``), all but ``spare``."""
-    folder = os.fsencode(ray_dir.rstrip("/") + "/")
-    found = []
+def _processes() -> dict[int, tuple[int, str, bytes]]:
+    """Every live process: pid -> (parent pid, start time, command line)."""
+    found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             stat = (proc / "stat").read_text()
@@ -53,21 +59,50 @@ def ray_processes_of_group(pgid: int, spare: int, ray_dir: str) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        pid = int(proc.name)
-        if fields[0] == "Z" or int(fields[2]) != pgid or pid == spare:
-            continue
-        if command.startswith(b"ray::") or folder in command:
-            found.append(pid)
+        if fields[0] != "Z":
+            found[int(proc.name)] = (int(fields[1]), fields[19], command)
+    return found
+
+
+def ray_descendants(roots: set[Process], ray_dir: str) -> set[Process]:
+    """The live processes descending from ``roots`` (each still the process it was) that are
+    Ray's: run from its package folder ``ray_dir``, or a worker named ``ray::...``."""
+    folder = os.fsencode(ray_dir.rstrip("/") + "/")
+    live = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in live.items():
+        children.setdefault(parent, []).append(pid)
+    todo = [pid for pid, start in roots if pid in live and live[pid][1] == start]
+    found: set[Process] = set()
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            _, start, command = live[child]
+            if command.startswith(b"ray::") or folder in command:
+                found.add((child, start))
     return found
 
 
 def main(argv: list[str]) -> int:
-    """The watch: block until the driver's pipe closes, then kill its group's Ray."""
-    pgid, driver, ray_dir = int(argv[0]), int(argv[1]), argv[2]
-    sys.stdin.buffer.read()  # EOF: the driver has exited (or been killed)
+    """The watch: note the driver's Ray descendants until its pipe closes, then kill them."""
+    driver, ray_dir = int(argv[0]), argv[1]
+    started = _processes().get(driver)
+    if started is None:  # the driver has ended already: its Ray's reaper saw to it
+        return 0
+    roots = {(driver, started[1])}
+    noted: set[Process] = set()
+    waits = iter(NOTE_EVERY_S)
+    while True:
+        noted |= ray_descendants(roots | noted, ray_dir)
+        ready, _, _ = select.select([sys.stdin], [], [], next(waits, NOTE_EVERY_S[-1]))
+        if ready and not os.read(sys.stdin.fileno(), 4096):  # EOF: the driver has ended
+            break
     time.sleep(GRACE_S)
-    for pid in ray_processes_of_group(pgid, driver, ray_dir):
-        with contextlib.suppress(OSError):  # ended meanwhile, or not ours to end
+    live = _processes()
+    left = {(pid, start) for pid, start in noted if pid in live and live[pid][1] == start}
+    for pid, _ in left | ray_descendants(left, ray_dir):
+        with contextlib.suppress(OSError):  # ended meanwhile
             os.kill(pid, signal.SIGKILL)
     return 0
 
