@@ -64,12 +64,25 @@ BEST_JSON = "best_config.json"
 
 @dataclass(frozen=True)
 class BestConfig:
-    """A searched recipe and its provenance, with helpers to use it.
+    """A searched recipe and its provenance, with helpers to train with it.
 
-    ``source`` is the file it was loaded from (``None``: built in memory); every export names
-    it, with whether the recipe is the measured one, so a file found later says what it is.
-    ``provenance`` may be given as a mapping (a snippet's written-out ``best`` does): it is
-    read with :meth:`Provenance.from_dict`, unknown fields refused.
+    Attributes:
+        config: The recipe (batch sizes, lr, weight decay, warmup, optimizer).
+        provenance: How it was measured (time to target, device, versions, trial); a mapping
+            is read by :meth:`Provenance.from_dict`, unknown fields refused.
+        source: The file it was loaded from (``None``: in memory); every export names it and
+            whether the recipe is the measured one, so a file found later says what it is.
+
+    Example::
+
+        import raybatch
+        from torch.utils.data import DataLoader
+
+        best = raybatch.load_best("runs/digits")  # a run directory or its best_config.yaml
+        loader = DataLoader(train_set, **best.dataloader_kwargs())
+        optimizer = best.build_optimizer(model.parameters())
+        scheduler = best.build_scheduler(optimizer)  # warmup, stepped per optimizer step
+        accumulate = best.config.accumulation_steps  # micro batches per optimizer step
     """
 
     config: TrialConfig

@@ -25,9 +25,21 @@ class Metric:
         low: Smallest possible value (``None``: unbounded).
         high: Largest possible value (``None``: unbounded).
 
-    Example:
-        >>> Metric("loss", "min", low=0.0)
-        Metric(name='loss', mode='min', low=0.0, high=None)
+    Example::
+
+        import torch
+        import raybatch
+        from raybatch.examples.digits import DigitsWorkload
+
+        class DigitsByLoss(DigitsWorkload):
+            metrics = (raybatch.Metric("loss", "min", low=0.0),)
+
+            @torch.no_grad()
+            def evaluate(self, model, batches):  # a number: the value of the first metric
+                losses = [torch.nn.functional.cross_entropy(model(x), y).item() for x, y in batches]
+                return sum(losses) / len(losses)
+
+        fn = raybatch.trainable(DigitsByLoss(), "digits_cnn_sgd", "loss<=0.3", max_time_s=60)
     """
 
     name: str
@@ -65,6 +77,15 @@ class Target:
         mode: ``max`` (reach ``metric >= value``, e.g. accuracy) or ``min`` (``metric <= value``,
             e.g. loss or perplexity).
         metric: The metric's name, for messages and reports.
+
+    Example::
+
+        import raybatch
+        from raybatch.examples.digits import workload
+
+        target = raybatch.Target.parse("accuracy>=0.97")  # the same as raybatch.Target(0.97)
+        target.reached(0.975)  # True
+        fn = raybatch.trainable(workload, "digits_cnn_sgd", target, max_time_s=60)
     """
 
     value: float

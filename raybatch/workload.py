@@ -59,6 +59,29 @@ class Workload(abc.ABC):
             (``--target 0.97``) means. Each states its direction and range, so a target that
             cannot be met (``--target 97`` for an accuracy in [0, 1]) is refused before any
             trial runs. Default: accuracy, higher is better, 0..1.
+
+    Example::
+
+        import torch
+        from torch.utils.data import TensorDataset, random_split
+        import raybatch
+
+        x = torch.randn(1280, 4)  # a toy task: is the sum of x positive?
+        train, val = random_split(TensorDataset(x, (x.sum(dim=1) > 0).long()), [1024, 256])
+
+        class Halfspace(raybatch.Workload):
+            name = "halfspace"
+
+            def build_model(self):  # built on the CPU; raybatch moves it
+                return torch.nn.Linear(4, 2)
+
+            def train_dataset(self):
+                return train
+
+            def val_dataset(self):
+                return val
+
+        fn = raybatch.trainable(Halfspace(), "generic_adamw", "accuracy>=0.95", max_time_s=60)
     """
 
     name: str = "workload"

@@ -46,6 +46,36 @@ def test_import_and_the_trial_reporter_load_no_heavy_dependency() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_every_public_class_says_how_it_is_used() -> None:
+    """What an engineer reads first, in an IDE or ``help()``: every public class (the errors
+    aside) opens with a one-sentence summary, then says what it takes (``Args:`` or
+    ``Attributes:``) and shows its use (``Example::``)."""
+    import inspect
+
+    checked, lacking = [], {}
+    for name in raybatch.__all__:
+        value = getattr(raybatch, name)
+        if not inspect.isclass(value) or issubclass(value, BaseException):
+            continue
+        checked.append(name)
+        lines = inspect.cleandoc(value.__doc__ or "").splitlines() or [""]
+        first, sections = lines[0], {line.strip() for line in lines}
+        problems = [
+            why
+            for why, ok in (
+                ("summary", first.endswith(".") and ". " not in first),
+                ("summary on one line", len(lines) == 1 or not lines[1].strip()),
+                ("Args: or Attributes:", bool(sections & {"Args:", "Attributes:"})),
+                ("Example::", bool(sections & {"Example::", "Example:"})),
+            )
+            if not ok
+        ]
+        if problems:
+            lacking[name] = problems
+    assert {"BestConfig", "RaybatchSearcher", "SearchSpace", "Workload"} <= set(checked)
+    assert lacking == {}
+
+
 def test_an_unknown_name_is_an_attribute_error() -> None:
     try:
         raybatch.no_such_thing  # noqa: B018

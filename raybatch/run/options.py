@@ -63,6 +63,15 @@ class SearchOptions:
             trial counts as hung (stuck in a step) and is stopped by the driver as
             ``censored``; it covers start-up, the probe and an evaluation, which the trial's
             clock excludes.
+
+    Example::
+
+        import raybatch
+        from raybatch.examples.digits import workload
+
+        options = raybatch.SearchOptions(trials=30, max_time_s=120, seed=1)
+        raybatch.search(workload, "digits_cnn_sgd", "accuracy>=0.97", "runs/digits", options)
+        best = raybatch.load_best("runs/digits")
     """
 
     trials: int = 20

@@ -58,8 +58,9 @@ def race_seed(config: dict[str, Any] | None) -> int | None:
 
 
 class CappingScheduler(FIFOScheduler):
-    """A FIFO scheduler that judges every trial at equal-time rungs and caps it at ``slack`` x
-    the incumbent's time.
+    """A FIFO scheduler that stops a trial as soon as it cannot beat the best time to target.
+
+    Every trial is judged at equal-time rungs and capped at ``slack`` x the incumbent's time.
 
     Args:
         slack: Multiple of the best time to target past which a trial is stopped.
@@ -77,6 +78,18 @@ class CappingScheduler(FIFOScheduler):
         horizon_s: The guess of the optimum's time to target the rungs are tied to until a
             trial has reached the target (``None``: no rungs before then).
         mode: The target's direction (``max`` or ``min``), to read the reported metric.
+
+    Example::
+
+        from ray import tune
+        import raybatch
+        from raybatch.examples.digits import workload
+
+        fn = raybatch.trainable(workload, "digits_cnn_sgd", "accuracy>=0.9", max_time_s=60)
+        scheduler = raybatch.CappingScheduler.for_trainable(fn, slack=1.5)  # fn's time cap
+        searcher = raybatch.RaybatchSearcher.for_trainable(fn)
+        config = tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=20)
+        tune.Tuner(fn, tune_config=config).fit()
     """
 
     def __init__(

@@ -65,6 +65,18 @@ class RaybatchSearcher(Searcher):
         gates: Asked in order before every launch (default: only what ran out of memory is
             refused: :class:`~raybatch.run.gates.LearnedOutOfMemory`).
         devices: How trials take devices (default: whole devices, room not checked).
+
+    Example::
+
+        from ray import tune
+        import raybatch
+        from raybatch.examples.digits import workload
+
+        fn = raybatch.trainable(workload, "digits_cnn_sgd", "accuracy>=0.9", max_time_s=60)
+        searcher = raybatch.RaybatchSearcher.for_trainable(fn, storage_url="sqlite:///optuna.db")
+        scheduler = raybatch.CappingScheduler.for_trainable(fn)
+        config = tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=20)
+        tune.Tuner(fn, tune_config=config).fit()  # then: optuna-dashboard sqlite:///optuna.db
     """
 
     def __init__(

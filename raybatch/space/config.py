@@ -68,6 +68,18 @@ class TrialConfig:
         reference_batch_size: Batch size the reference recipe was tuned at.
         reference_lr: Learning rate of the reference recipe.
         reference_weight_decay: Weight decay of the reference recipe.
+
+    Example::
+
+        import torch
+        import raybatch
+
+        recipe = raybatch.load_space("digits_cnn_sgd").derive(64, accumulation_steps=4)
+        print(recipe.explain())  # which rule gave each value, and from what
+        model = torch.nn.Linear(64, 10)  # your model
+        optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr,
+                                    weight_decay=recipe.weight_decay, **recipe.optimizer_kwargs)
+        assert raybatch.TrialConfig.from_dict(recipe.to_dict()) == recipe  # flat, JSON-safe
     """
 
     space: str

@@ -134,15 +134,32 @@ class Limits(_Model):
 class SearchSpace(_Model):
     """A batch-size search space: a reference recipe, scaling rules and the raw knobs.
 
-    Build it from a YAML file (:meth:`from_yaml`), a dict (:meth:`from_dict`) or keyword
-    arguments; every route raises :class:`raybatch.errors.SpaceError` naming the source,
-    the field and what is allowed.
+    Built from a file (:meth:`from_yaml`), a dict (:meth:`from_dict`) or keywords; each route
+    raises :class:`raybatch.errors.SpaceError` naming the source, the field and what is allowed.
+
+    Attributes:
+        name: Recorded in every recipe it derives (from a file: the file's stem by default).
+        description: One line, shown by ``raybatch spaces``.
+        sync_batchnorm: Convert BatchNorm to SyncBatchNorm in data-parallel trials.
+        reference: The recipe the rules scale from, tuned at one batch size.
+        rules: The scaling rule the LR and the weight decay each follow.
+        search: The raw knobs the searcher samples; the rest of a recipe is derived.
+        warmup: The LR warmup, longer as the LR scales up.
+        limits: Hard limits on every derived recipe (accumulation, dataset size).
+
+    Example::
+
+        import raybatch
+        from raybatch.examples.digits import workload
+
+        space = raybatch.SearchSpace.from_yaml("my_space.yaml")  # a preset: raybatch.load_space
+        print(space.derive(micro_batch_size=128, accumulation_steps=2).explain())
+        fn = raybatch.trainable(workload, space, "accuracy>=0.97", max_time_s=60)
     """
 
     name: str = Field(min_length=1)
     description: str = ""
-    sync_batchnorm: bool = False
-    """Convert BatchNorm to SyncBatchNorm in data-parallel trials (seed 003, Pitfall 6)."""
+    sync_batchnorm: bool = False  # seed 003, Pitfall 6
     reference: Reference
     rules: Rules
     search: Knobs
@@ -156,8 +173,7 @@ class SearchSpace(_Model):
             super().__init__(**data)
         except ValidationError as exc:
             raise SpaceError(_issues_from_pydantic(exc, type(self))) from None
-        issues = self._cross_field_issues()
-        if issues:
+        if issues := self._cross_field_issues():
             raise SpaceError(issues)
 
     # ---------------------------------------------------------------- construction
@@ -226,8 +242,7 @@ class SearchSpace(_Model):
         if issues:
             raise ConfigError(issues, self._source)
 
-        issues = self._limit_issues(m, a, w, lr_mult)
-        if issues:
+        if issues := self._limit_issues(m, a, w, lr_mult):
             raise ConfigError(issues, self._source)
         ref = self.reference
         effective = m * a * w
@@ -272,27 +287,23 @@ class SearchSpace(_Model):
         effective = m * a * w
         dataset = self.limits.dataset_size
         if dataset is not None and effective > dataset:
-            issues.append(
-                Issue(
-                    keys.EFFECTIVE_BATCH_SIZE,
-                    f"{effective} (micro {m} x accumulation {a} x world {w}) exceeds"
-                    f" limits.dataset_size = {dataset} training samples",
-                )
+            why = (
+                f"{effective} (micro {m} x accumulation {a} x world {w}) exceeds"
+                f" limits.dataset_size = {dataset} training samples"
             )
+            issues.append(Issue(keys.EFFECTIVE_BATCH_SIZE, why))
         ref = self.reference
         ratio = effective / ref.batch_size
         lr_scale = self.rules.lr.factor(ratio) * lr_mult
         warmup_samples = self.warmup_samples(lr_scale)
         if lr_scale >= self.warmup.required_from_scale and warmup_samples == 0:
-            issues.append(
-                Issue(
-                    keys.LR_MULTIPLIER,
-                    f"LR scale {lr_scale:.4g}x reaches warmup.required_from_scale ="
-                    f" {self.warmup.required_from_scale:g}x, where warmup is mandatory,"
-                    " but this space's warmup gives none (warmup.samples_per_scale ="
-                    f" {self.warmup.samples_per_scale:g})",
-                )
+            why = (
+                f"LR scale {lr_scale:.4g}x reaches warmup.required_from_scale ="
+                f" {self.warmup.required_from_scale:g}x, where warmup is mandatory,"
+                " but this space's warmup gives none (warmup.samples_per_scale ="
+                f" {self.warmup.samples_per_scale:g})"
             )
+            issues.append(Issue(keys.LR_MULTIPLIER, why))
         return issues
 
     def recipe_of(self, config: Mapping[str, Any]) -> TrialConfig:
@@ -385,46 +396,38 @@ class SearchSpace(_Model):
         s, limit = self.search, self.limits.max_accumulation_steps
         for i, a in enumerate(s.accumulation_steps):
             if a > limit:
-                issues.append(
-                    Issue(
-                        f"search.accumulation_steps[{i}]",
-                        f"{a} exceeds limits.max_accumulation_steps = {limit} (past it the"
-                        f" slowdown of accumulation rarely pays); allowed: 1..{limit}",
-                    )
+                why = (
+                    f"{a} exceeds limits.max_accumulation_steps = {limit} (past it the"
+                    f" slowdown of accumulation rarely pays); allowed: 1..{limit}"
                 )
+                issues.append(Issue(f"search.accumulation_steps[{i}]", why))
         dataset = self.limits.dataset_size
         largest = self.max_effective_batch_size()
         if dataset is not None and largest > dataset:
-            issues.append(
-                Issue(
-                    "limits.dataset_size",
-                    f"the largest effective batch of this space is {largest} (micro"
-                    f" {max(s.micro_batch_size)} x accumulation {max(s.accumulation_steps)}"
-                    f" x world {max(s.world_size)}), more than the {dataset} training"
-                    " samples; drop the largest choices",
-                )
+            why = (
+                f"the largest effective batch of this space is {largest} (micro"
+                f" {max(s.micro_batch_size)} x accumulation {max(s.accumulation_steps)}"
+                f" x world {max(s.world_size)}), more than the {dataset} training"
+                " samples; drop the largest choices"
             )
+            issues.append(Issue("limits.dataset_size", why))
         w = self.warmup
         if w.samples_per_scale > 0 and w.from_scale >= w.required_from_scale:
-            issues.append(
-                Issue(
-                    "warmup.from_scale",
-                    f"{w.from_scale:g} leaves LR scales from {w.required_from_scale:g}x"
-                    f" (warmup.required_from_scale) to {w.from_scale:g}x without warmup;"
-                    f" allowed: below {w.required_from_scale:g}",
-                )
+            why = (
+                f"{w.from_scale:g} leaves LR scales from {w.required_from_scale:g}x"
+                f" (warmup.required_from_scale) to {w.from_scale:g}x without warmup;"
+                f" allowed: below {w.required_from_scale:g}"
             )
+            issues.append(Issue("warmup.from_scale", why))
         top = self.max_lr_scale()
         if w.samples_per_scale == 0 and top >= w.required_from_scale:
-            issues.append(
-                Issue(
-                    "warmup.samples_per_scale",
-                    f"0 disables warmup, but this space scales the LR up to {top:.4g}x and"
-                    f" warmup is mandatory from {w.required_from_scale:g}x (a large LR jump"
-                    " without warmup risks divergence, Goyal et al. 2017);"
-                    " allowed: a positive number of samples",
-                )
+            why = (
+                f"0 disables warmup, but this space scales the LR up to {top:.4g}x and"
+                f" warmup is mandatory from {w.required_from_scale:g}x (a large LR jump"
+                " without warmup risks divergence, Goyal et al. 2017);"
+                " allowed: a positive number of samples"
             )
+            issues.append(Issue("warmup.samples_per_scale", why))
         return issues
 
 
