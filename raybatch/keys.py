@@ -123,6 +123,13 @@ TIME_MODEL_ERROR: Final = "time_model_error"
 """Instead, why it could not be measured (the trial itself still reached the target)."""
 GPU_SHARE: Final = "gpu_share"
 """The fraction of a GPU Ray assigned to the trial (``1/k`` when packed ``k`` to a GPU)."""
+GPU_NAME: Final = "gpu_name"
+"""The model of the GPU a trial ran on, as CUDA names it (``None`` on CPU)."""
+GPU_ID: Final = "gpu_id"
+"""The GPU a trial ran on, as Ray names it on its node: an index, or a UUID where
+``CUDA_VISIBLE_DEVICES`` names GPUs so (``None`` on CPU)."""
+NODE_IP: Final = "node_ip"
+"""The node a trial ran on (Ray Tune adds it to every result)."""
 PEAK_RESERVED_BYTES: Final = "peak_reserved_bytes"
 """Peak of the CUDA caching allocator's *reserved* memory (what an OOM is about);
 :data:`PEAK_MEMORY_BYTES` is the peak *allocated*, comparable with the trace's prediction."""

@@ -31,7 +31,8 @@ SPACE = raybatch.load_space("digits_cnn_sgd")
 def _rows() -> list[TrialRow]:
     recipe = SPACE.derive(32, 2, 1, 1.3)
     tune_result = {"time_to_target_s": 1.5, "samples_to_target": 4096, "throughput": 812.5,
-                   "val_accuracy": 0.97, "steps": 12}  # fmt: skip
+                   "val_accuracy": 0.97, "steps": 12, "gpu_name": "NVIDIA H100 80GB HBM3",
+                   "gpu_id": "3", "node_ip": "10.0.0.7"}  # fmt: skip
     return [
         TrialRow.from_result(
             recipe, keys.PHASE_SEARCH, "00012e45", TrialStatus.REACHED, tune_result
@@ -103,6 +104,23 @@ def test_a_csv_without_a_column_raybatch_writes_is_refused_as_damaged(tmp_path: 
         writer.writerow(_rows()[0].to_csv())
     with pytest.raises(RunDirError, match="its header lacks elapsed_to_target_s, predicted_time_s"):
         stored_rows(tmp_path, SPACE)
+
+
+def test_a_row_says_which_gpu_of_which_node_it_ran_on_and_an_older_csv_reads_without(
+    tmp_path: Path,
+) -> None:
+    """Each row records its GPU's model and id and its node (a cluster of mixed GPUs is read
+    right); a trials.csv written before those columns existed reads with them empty."""
+    row = _rows()[0]
+    assert (row.gpu_name, row.gpu_id, row.node_ip) == ("NVIDIA H100 80GB HBM3", "3", "10.0.0.7")
+    older = [c for c in COLUMNS if c not in (keys.GPU_NAME, keys.GPU_ID, keys.NODE_IP)]
+    with (tmp_path / TRIALS_CSV).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=older, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(row.to_csv())
+    back = stored_rows(tmp_path, SPACE)[0]
+    assert (back.gpu_name, back.gpu_id, back.node_ip) == (None, None, None)
+    assert back.time_to_target_s == row.time_to_target_s
 
 
 def test_a_malformed_cell_names_the_file_and_line(tmp_path: Path) -> None:

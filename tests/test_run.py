@@ -68,6 +68,8 @@ def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> 
     search_rows = [r for r in rows if r["phase"] == "search"]
     prescreened = [r for r in rows if r["phase"] == "prescreen"]
     assert len(search_rows) == 6
+    # Each says where it ran: its node (Tune's figure); its GPU, none on CPU.
+    assert all(r["node_ip"] and not r["gpu_name"] and not r["gpu_id"] for r in search_rows)
     assert all(r["status"] == "prescreened_out" for r in prescreened)
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{run_dir / 'optuna.db'}")
     waiting = optuna.trial.TrialState.WAITING  # plan points queued that no trial reached

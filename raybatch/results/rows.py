@@ -62,6 +62,9 @@ class TrialRow:
     started_at: float | None = None
     startup_s: float | None = None
     gpu_share: float | None = None
+    gpu_name: str | None = None
+    gpu_id: str | None = None
+    node_ip: str | None = None
     metric: float | None = None
     peak_memory_bytes: int | None = None
     throughput: float | None = None
@@ -218,7 +221,7 @@ COLUMNS: tuple[str, ...] = (keys.PHASE, keys.TRIAL_ID, keys.STATUS, *RECIPE_COLU
 REPORTED = (
     keys.TIME_TO_TARGET_S, keys.ELAPSED_TO_TARGET_S, keys.SAMPLES_TO_TARGET, keys.TRAIN_S,
     keys.EVAL_S, keys.ELAPSED_S, keys.HELD_S, keys.STARTED_AT, keys.STARTUP_S, keys.GPU_SHARE,
-    keys.METRIC,
+    keys.GPU_NAME, keys.GPU_ID, keys.NODE_IP, keys.METRIC,
     keys.PEAK_MEMORY_BYTES, keys.THROUGHPUT, keys.DATA_WAIT_FRACTION, keys.OBJECTIVE, keys.REASON,
 )  # fmt: skip
 """The columns a trial's own reports fill (:mod:`raybatch.trial.reporting`), and the driver's
@@ -229,7 +232,8 @@ _INTS = frozenset(
      keys.WARMUP_STEPS, keys.SAMPLES_TO_TARGET, keys.PEAK_MEMORY_BYTES, keys.CANDIDATE,
      keys.SEED}
 )  # fmt: skip
-_TEXTS = frozenset({keys.PHASE, keys.TRIAL_ID, keys.REASON})
+_TEXTS = frozenset({keys.PHASE, keys.TRIAL_ID, keys.REASON, keys.GPU_NAME, keys.GPU_ID,
+                    keys.NODE_IP})  # fmt: skip
 
 
 _ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
@@ -322,7 +326,9 @@ def stored_rows(run_dir: Path, space: SearchSpace) -> list[TrialRow]:
     return rows
 
 
-_REQUIRED = COLUMNS
+_ADDED = (keys.GPU_NAME, keys.GPU_ID, keys.NODE_IP)
+"""Columns a trials.csv written before they were added lacks: read as empty."""
+_REQUIRED = tuple(c for c in COLUMNS if c not in _ADDED)
 """Columns every trials.csv holds: raybatch writes them all, so a missing one is damage."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.memory.nvml import nvml, physical_handle
+from raybatch.trial.placement import assigned_gpu_ids
 
 
 class UtilizationMonitor:
@@ -113,10 +114,19 @@ class DeviceFigures:
     """
 
     def __init__(self, device: Any) -> None:
+        import torch  # deferred: the module is imported where torch may not be (a CLI's start)
+
         self.device = device
         self.monitor = (
             UtilizationMonitor(device.index or 0).start() if device.type == "cuda" else None
         )
+        self.gpu: dict[str, Any] = {}
+        """Which GPU this is (its model, and its id as Ray assigned it, else CUDA's index): a
+        trial's row says where it ran, so a cluster of mixed GPUs is read right."""
+        if self.monitor is not None:
+            ids = assigned_gpu_ids()
+            self.gpu = {keys.GPU_NAME: str(torch.cuda.get_device_name(device)),
+                        keys.GPU_ID: ids[0] if ids else str(device.index or 0)}  # fmt: skip
 
     def __call__(self) -> dict[str, Any]:
         import torch
@@ -124,6 +134,7 @@ class DeviceFigures:
         if self.monitor is None:
             return {}
         return {
+            **self.gpu,
             keys.PEAK_MEMORY_BYTES: int(torch.cuda.max_memory_allocated(self.device)),
             keys.PEAK_RESERVED_BYTES: int(torch.cuda.max_memory_reserved(self.device)),
             keys.GPU_UTILIZATION: self.monitor.mean(),
