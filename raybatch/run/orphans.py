@@ -72,12 +72,12 @@ def ray_descendants(roots: set[Process], ray_dir: str) -> set[Process]:
     children: dict[int, list[int]] = {}
     for pid, (parent, _, _) in live.items():
         children.setdefault(parent, []).append(pid)
-    todo = [pid for pid, start in roots if pid in live and live[pid][1] == start]
+    frontier = [pid for pid, start in roots if pid in live and live[pid][1] == start]
     found: set[Process] = set()
-    while todo:
-        pid = todo.pop()
+    while frontier:
+        pid = frontier.pop()
         for child in children.get(pid, []):
-            todo.append(child)
+            frontier.append(child)
             _, start, command = live[child]
             if command.startswith(b"ray::") or folder in command:
                 found.add((child, start))
