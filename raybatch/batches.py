@@ -8,16 +8,17 @@ permutation, as anyone writing the loop by hand does. So:
 
 - **tensor-backed data** (a ``TensorDataset``, or a ``Subset`` of one, any depth) is indexed
   in one call per batch with a shuffled permutation drawn from the trial's seeded generator;
-- **anything else** goes through ``DataLoader`` as before, which already fetches a batch in
-  one call when the dataset defines ``__getitems__`` (PyTorch's batched-fetch protocol), and
-  honours ``num_workers``;
+- **anything else** goes through ``DataLoader`` (an epoch's batches of indices at a time),
+  which fetches a batch in one call when the dataset defines ``__getitems__`` (PyTorch's
+  batched-fetch protocol), and honours ``num_workers``;
 - on CUDA, tensor-backed batches are gathered straight into pinned host memory (one copy,
   :func:`gather`) and copied with ``non_blocking=True``, so the copy overlaps the previous
   step instead of stalling the host;
 - evaluation batches are independent of the trial's micro batch (:func:`eval_batch_size`).
 
-Both paths drop the last short batch and, when data-parallel, give each rank a disjoint slice
-of the same permutation, as ``DistributedSampler(drop_last=True)`` does.
+Both paths read the same batches from one seeded permutation an epoch (:func:`_epochs`): the
+last short batch dropped and, when data-parallel, each rank a disjoint slice, as
+``DistributedSampler(drop_last=True)`` does; a resumed trial starts at the batch it was at.
 """
 
 from __future__ import annotations
@@ -81,66 +82,62 @@ def _to_device(batch: list[torch.Tensor], device: torch.device) -> list[torch.Te
     ]
 
 
-def _tensor_batches(
-    tensors: Sequence[torch.Tensor],
-    rows: torch.Tensor | None,
-    batch_size: int,
-    device: torch.device,
-    seed: int,
-    rank: int,
-    world_size: int,
-) -> Iterator[list[torch.Tensor]]:
+def _epochs(size: int, batch_size: int, seed: int, rank: int, world_size: int, start: int
+            ) -> Iterator[list[torch.Tensor]]:  # fmt: skip
+    """This rank's micro batches of row indices, an epoch at a time, from the ``start``-th on.
+
+    One seeded generator draws each epoch's permutation, as ``DistributedSampler(seed=...,
+    drop_last=True)`` would: the rows are cut to a multiple of the world size and each rank
+    takes every ``world_size``-th. Starting at ``start`` draws the epochs before it (a
+    permutation each, no data read), so a trial resumed from its checkpoint sees the batches
+    an uninterrupted one would.
+    """
     import torch
 
-    pinned = device.type == "cuda"
-    size = len(rows) if rows is not None else len(tensors[0])
     per_rank = size // world_size
+    per_epoch = per_rank // batch_size
     generator = torch.Generator().manual_seed(seed)
+    skip_epochs, offset = divmod(start, per_epoch)
+    for _ in range(skip_epochs):
+        torch.randperm(size, generator=generator)
     while True:
         order = torch.randperm(size, generator=generator)[: per_rank * world_size]
         mine = order[rank::world_size]
-        if rows is not None:
-            mine = rows[mine]
-        for start in range(0, per_rank - batch_size + 1, batch_size):
-            index = mine[start : start + batch_size]
+        yield [mine[i * batch_size : (i + 1) * batch_size] for i in range(offset, per_epoch)]
+        offset = 0
+
+
+def _tensor_batches(
+    tensors: Sequence[torch.Tensor],
+    rows: torch.Tensor | None,
+    epochs: Iterator[list[torch.Tensor]],
+    device: torch.device,
+) -> Iterator[list[torch.Tensor]]:
+    pinned = device.type == "cuda"
+    for epoch in epochs:
+        for index in epoch:
+            if rows is not None:
+                index = rows[index]
             yield _to_device([gather(t, index, pinned) for t in tensors], device)
 
 
 def _loader_batches(
     dataset: Dataset[Any],
-    batch_size: int,
+    epochs: Iterator[list[torch.Tensor]],
     device: torch.device,
-    seed: int,
     num_workers: int,
-    distributed: bool,
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> Iterator[Any]:
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler
+    """Through a ``DataLoader`` an epoch at a time (its workers, pinning and collate): the same
+    batches as the tensor path would index, in the same order."""
+    from torch.utils.data import DataLoader
 
-    sampler: DistributedSampler[Any] | None = (
-        DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
-        if distributed
-        else None
-    )
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=sampler is None,
-        sampler=sampler,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(seed),
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        collate_fn=collate,
-    )
-    epoch = 0
-    while True:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    for epoch in epochs:
+        loader = DataLoader(dataset, batch_sampler=[b.tolist() for b in epoch],
+                            num_workers=num_workers, pin_memory=device.type == "cuda",
+                            collate_fn=collate)  # fmt: skip
         for batch in loader:
             yield move_to(batch, device)
-        epoch += 1
 
 
 def train_batches(
@@ -153,9 +150,11 @@ def train_batches(
     rank: int = 0,
     world_size: int = 1,
     collate: Callable[[list[Any]], Any] | None = None,
+    start: int = 0,
 ) -> Iterator[Any]:
     """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch
-    (``collate``: the workload's, :meth:`raybatch.Workload.collate`).
+    (``collate``: the workload's, :meth:`raybatch.Workload.collate`), from the ``start``-th
+    micro batch on (a trial resumed from its checkpoint: :mod:`raybatch.trial.pause`).
 
     Raises:
         ConfigError: Not one full batch per rank fits in the dataset.
@@ -167,11 +166,11 @@ def train_batches(
             " samples)"
         )
         raise ConfigError([Issue("micro_batch_size", message)])
+    epochs = _epochs(size, batch_size, seed, rank, world_size, start)
     source = tensor_source(dataset)
     if source is not None and num_workers == 0 and collate is None:
-        return _tensor_batches(*source, batch_size, device, seed, rank, world_size)
-    return _loader_batches(dataset, batch_size, device, seed, num_workers, world_size > 1,
-                           collate)  # fmt: skip
+        return _tensor_batches(*source, epochs, device)
+    return _loader_batches(dataset, epochs, device, num_workers, collate)
 
 
 def eval_batch_size(requested: int | None, device: torch.device, micro_batch_size: int) -> int:

@@ -53,7 +53,8 @@ FAULTS: list[tuple[str, str, str]] = [
         " its own Ray stopped with it",
         "the driver ends at once (exit 130), the trials' workers killed, one line with the"
         " resume command; `raybatch resume` continues",
-        "every finished trial; the runs that were training are run again",
+        "every finished trial; the runs that were training go on from the state their last"
+        " evaluation saved (from their first step where none was saved yet)",
     ),
     (  # tests/test_resume.py: test_a_first_session_cut_short_by_a_kill_resumes_from_the_whole_copy
         # and test_a_tune_session_cut_short_by_a_kill_is_set_aside_before_restore
@@ -285,6 +286,24 @@ def test_a_copied_run_resumes_into_itself_and_leaves_the_original_alone(
     )
     told = {t.user_attrs.get("tune_trial_id") for t in study.trials} - {None}
     assert {r["trial_id"] for r in rows if r["phase"] == "search"} <= told
+
+
+@pytest.mark.slow
+def test_a_trial_cut_short_goes_on_from_its_last_save_not_from_its_first_step(
+    copied_run: dict[str, Any],
+) -> None:
+    """A trial training when the run was stopped, with a state saved at an evaluation before
+    (a checkpoint in the original), resumes from it: its first report in the resumed session
+    is past its first report before the kill. Its saves stay in the copy."""
+    import pandas as pd
+
+    original, copy = copied_run["original"] / "tune/search", copied_run["copy"] / "tune/search"
+    for trial in (p for p in copy.iterdir() if (p / "progress.csv").is_file()):
+        frame = pd.read_csv(trial / "progress.csv")
+        if not any((original / trial.name).glob("checkpoint_*")) or frame["pid"].nunique() < 2:
+            continue  # nothing saved when it was stopped, or it had ended before
+        again = frame[frame["pid"] == frame["pid"].iloc[-1]]
+        assert again[keys.STEPS].iloc[0] > frame[keys.STEPS].iloc[0], trial.name
 
 
 @pytest.mark.slow

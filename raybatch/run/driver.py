@@ -357,6 +357,8 @@ def _search_tuner(
             storage_path=str(experiment.parent),
             name="search",
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
+            # A trial's reports carry its state (raybatch.trial.pause): the last one is enough.
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=max(0, verbose - 1),  # Tune's table at 2 (--verbose) only
             callbacks=[
                 watch,

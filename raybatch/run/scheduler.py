@@ -42,6 +42,7 @@ from raybatch.run.rungs import (
     passes,
     rung_times,
 )
+from raybatch.run.tune_state import follow_storage
 from raybatch.run.warm import WarmSlots
 from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
@@ -302,6 +303,7 @@ class CappingScheduler(FIFOScheduler):
         self.__dict__.setdefault("warm", WarmSlots())
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        follow_storage(tune_controller, trial)  # a copied run's new trials stay in the copy
         self.warm.release(tune_controller, 1)  # its staging reserves a process of its own
         super().on_trial_add(tune_controller, trial)
 

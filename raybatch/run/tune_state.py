@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import pickletools
 import shutil
+from copy import copy as shallow_copy
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +262,33 @@ def restored_parts(tuner: Any) -> tuple[Any, Any]:
             " raybatch cannot point it at the run directory (tuner._local_tuner._tune_config)"
         )
     return tune_config.search_alg, run_config
+
+
+def follow_storage(tune_controller: Any, trial: Any) -> None:
+    """Point a trial Tune has just added at the run's own storage.
+
+    Restored from a copied or moved run directory, Tune re-points the trials it restores, but
+    builds each new one from the experiment its search algorithm saved, with the storage of the
+    directory the run was copied from: the trial's checkpoints (its saved state,
+    :mod:`raybatch.trial.pause`) would be written there. Re-pointed as Tune re-points a
+    restored trial (``Trial.set_storage``), they stay in the run's own directory.
+    """
+    storage = getattr(tune_controller, "_storage", None)
+    mine = getattr(trial, "storage", None)
+    if (
+        storage is None
+        or mine is None
+        or (
+            mine.storage_fs_path == storage.storage_fs_path
+            and mine.experiment_dir_name == storage.experiment_dir_name
+        )
+    ):
+        return
+    moved = shallow_copy(mine)
+    moved.storage_filesystem = storage.storage_filesystem
+    moved.storage_fs_path = storage.storage_fs_path
+    moved.experiment_dir_name = storage.experiment_dir_name
+    trial.set_storage(moved)
 
 
 def _sessions(experiment: Path) -> dict[str, dict[str, Path]]:

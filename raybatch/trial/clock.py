@@ -39,6 +39,7 @@ class TrialClock:
         self._start: float | None = None
         self._eval_s = 0.0
         self._data_wait_s = 0.0
+        self._resumed_elapsed_s = 0.0  # a resumed trial's training and evaluation so far
         self.held_since = time.perf_counter()
         """When the trial began holding its device (the wrapper sets its own entry): the
         origin of ``held_s``, a plain wall clock, never synchronised."""
@@ -47,9 +48,24 @@ class TrialClock:
         a process has it; ``None``: not measured)."""
 
     def start(self) -> TrialClock:
-        """Start the clock: right before the first training step."""
-        self._start = self.now()
+        """Start the clock: right before the first training step (a resumed trial's clock goes
+        on from the readings it was saved with: :meth:`resume`)."""
+        self._start = self.now() - self._resumed_elapsed_s
         return self
+
+    def state(self) -> dict[str, float]:
+        """The readings a paused trial keeps (a synchronised reading): it goes on from them."""
+        return {"elapsed_s": self.elapsed_s, "eval_s": self._eval_s,
+                "data_wait_s": self._data_wait_s,
+                "held_s": time.perf_counter() - self.held_since}  # fmt: skip
+
+    def resume(self, state: dict[str, float]) -> None:
+        """Go on from a paused trial's readings (:meth:`state`): its training, evaluation and
+        held seconds count on from where they were, before :meth:`start` starts it again."""
+        self._resumed_elapsed_s = float(state["elapsed_s"])
+        self._eval_s = float(state["eval_s"])
+        self._data_wait_s = float(state["data_wait_s"])
+        self.held_since -= float(state["held_s"])
 
     @property
     def started(self) -> bool:

@@ -33,6 +33,7 @@ from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.trial.ema import WeightAverage
+from raybatch.trial.pause import Saver, rng_state, set_rng_state
 from raybatch.trial.reporting import TrialReporter
 from raybatch.trial.validation import EARLY_FRACTION, Validation, subset_of
 from raybatch.workload import Workload
@@ -122,6 +123,8 @@ class _Parts:
     ema: Any
     scaler: Any
     dist: _Distributed | None
+    taken: int = 0
+    """Micro batches taken so far: where the data goes on for a resumed trial."""
 
     def evaluated(self) -> nn.Module:
         return self.ema.module if self.ema is not None else self.model
@@ -164,8 +167,10 @@ def _train_batches(
     device: torch.device,
     options: LoopOptions,
     dist: _Distributed | None,
+    start: int = 0,
 ) -> Iterator[Any]:
-    """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch."""
+    """Training micro batches on ``device``, epoch after epoch, reshuffled each epoch, from the
+    ``start``-th on (a resumed trial)."""
     return train_batches(
         workload.train_dataset(),
         config.micro_batch_size,
@@ -175,7 +180,42 @@ def _train_batches(
         rank=dist.rank if dist is not None else 0,
         world_size=dist.world_size if dist is not None else 1,
         collate=workload.collate(),
+        start=start,
     )
+
+
+def _state(parts: _Parts, reporter: TrialReporter) -> dict[str, Any]:
+    """What a paused trial keeps (:mod:`raybatch.trial.pause`)."""
+    return {
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": parts.scheduler.state_dict(),
+        "ema": (
+            None
+            if parts.ema is None
+            else {"module": parts.ema.module.state_dict(), "updates": parts.ema.updates}
+        ),
+        "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
+        "rng": rng_state(),
+        "micro_steps": parts.taken,
+        "reporter": reporter.state(),
+    }
+
+
+def _restore(parts: _Parts, state: dict[str, Any], reporter: TrialReporter) -> int:
+    """Go on from :func:`_state`: the parts, the generators and the reporter as they were; the
+    micro batches taken so far."""
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.scheduler.load_state_dict(state["scheduler"])
+    if parts.ema is not None and state["ema"] is not None:
+        parts.ema.module.load_state_dict(state["ema"]["module"])
+        parts.ema.updates = int(state["ema"]["updates"])
+    if parts.scaler is not None and state["scaler"] is not None:
+        parts.scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    reporter.restore(state["reporter"])
+    return int(state["micro_steps"])
 
 
 def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
@@ -288,19 +328,42 @@ def train(
     options: LoopOptions,
     distributed: bool = False,
     at_target: Callable[[nn.Module, torch.optim.Optimizer, Any], dict[str, Any]] | None = None,
+    resume: dict[str, Any] | None = None,
+    save: bool = False,
 ) -> None:
     """Train ``config`` until the reporter says stop (target, budget, divergence).
 
     ``at_target`` runs on the trained model, its optimizer and its fp16 scaler (or ``None``)
     once the target is reached, before the final report, which carries what it returns
-    (:attr:`TrialReporter.at_target`).
+    (:attr:`TrialReporter.at_target`). ``resume`` is a paused trial's state, to go on from;
+    ``save``: evaluations' reports carry the state (:mod:`raybatch.trial.pause`; one process).
     """
     seed_everything(options.seed)
     parts = _build(workload, config, device, options, distributed)
     if at_target is not None:
         reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer,
                                                parts.scaler)  # fmt: skip
-    it = _train_batches(workload, config, device, options, parts.dist)
+    parts.taken = _restore(parts, resume, reporter) if resume is not None else 0
+    saver = Saver(lambda: _state(parts, reporter)) if save else None
+    reporter.channel.saver = saver
+    try:
+        _run(workload, config, reporter, device, options, parts)
+    finally:
+        reporter.channel.saver = None
+        if saver is not None:
+            saver.close()
+
+
+def _run(
+    workload: Workload,
+    config: TrialConfig,
+    reporter: TrialReporter,
+    device: torch.device,
+    options: LoopOptions,
+    parts: _Parts,
+) -> None:
+    """The loop itself, from the micro batches ``parts`` has taken on."""
+    it = _train_batches(workload, config, device, options, parts.dist, start=parts.taken)
     eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)
     # The validation set and its collate, read once: every evaluation iterates them afresh.
     val_set, collate = workload.val_dataset(), workload.eval_collate()
@@ -311,10 +374,9 @@ def train(
                                                      collate),
         reporter.target,
     )  # fmt: skip
-    every_step = reads_loss_every_step(device, distributed)
+    every_step = reads_loss_every_step(device, parts.dist is not None)
     accumulation = config.accumulation_steps
     samples_per_step = config.micro_batch_size * accumulation * config.world_size
-    micro_steps = 0
     window = _LossWindow(device, on_device=not every_step)
     parts.trained.train()
     reporter.start()
@@ -322,8 +384,8 @@ def train(
         wait_start = time.perf_counter()
         batch = next(it)
         reporter.add_data_wait(time.perf_counter() - wait_start)
-        micro_steps += 1
-        boundary = micro_steps % accumulation == 0
+        parts.taken += 1
+        boundary = parts.taken % accumulation == 0
         # Inside an accumulation window DDP need not all-reduce: only the boundary syncs.
         no_sync: Any = nullcontext()
         if parts.dist is not None and not boundary:

@@ -49,10 +49,18 @@ def _refuse_nonpositive(**values: float) -> None:
         raise OptionError(issues)
 
 
-def _tune_report(metrics: dict[str, Any]) -> None:
+def _tune_report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
     from ray import tune
 
-    tune.report(metrics)
+    if checkpoint_dir is None:
+        tune.report(metrics)
+    else:  # Tune keeps it in the trial's storage; a paused or resumed trial goes on from it
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
+
+
+Saver = Callable[[float], "str | None"]
+"""Saves the trial's state at an evaluation at so many seconds of training, into a directory
+it returns (``None``: not this time): :func:`raybatch.trial.pause.saver`."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,11 @@ class ReportChannel:
     ) -> None:
         self.report_fn = report_fn or _tune_report
         self.extra = extra
+        self.saver: Saver | None = None
+        """Set by a loop that can go on from a checkpoint (raybatch's own, in one process),
+        where reports go to Tune: an evaluation's report carries the state it saves."""
+        self.report_with_state: Callable[[dict[str, Any], str], None] = _tune_report
+        """Where a report goes with the directory of a saved state (Tune's checkpoint)."""
         # A loop of the user's own evaluates what it evaluates; raybatch's reads an early
         # subset far from the target and says so (raybatch.trial.validation).
         self.notes: dict[str, Any] = {keys.EVAL_WHOLE: True}
@@ -119,6 +132,15 @@ class ReportChannel:
         if self.extra is not None:
             out.update(self.extra())
         return out
+
+    def send(self, report: dict[str, Any], evaluation: bool) -> None:
+        """Send ``report``; an evaluation's goes with the trial's saved state where a saver
+        is set and saves now (the report's training time decides)."""
+        saved = self.saver(float(report[keys.TRAIN_S])) if evaluation and self.saver else None
+        if saved is None:
+            self.report_fn(report)
+        else:
+            self.report_with_state(report, saved)
 
     def close(self) -> None:
         """Release what ``extra`` holds (e.g. an NVML sampling thread), if it can be closed."""
@@ -352,7 +374,23 @@ class TrialReporter:
         self.reports += 1
         out = {**self.metrics(), keys.HEARTBEAT: heartbeat}
         self.cadence.reported(float(out[keys.TRAIN_S]))
-        self.channel.report_fn(out)
+        # An evaluation that goes on may be where the trial is paused: its state goes along.
+        self.channel.send(out, evaluation=not heartbeat and not self.stopped)
+
+    _KEPT = ("samples_seen", "steps", "reports", "metric", "loss", "initial_loss", "values")
+
+    def state(self) -> dict[str, Any]:
+        """What a paused trial's reporter keeps: its counts, last values, marks and clock."""
+        return {**{name: getattr(self, name) for name in self._KEPT},
+                "cadence": dict(vars(self.cadence)), "clock": self.clock.state()}  # fmt: skip
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state`: call before :meth:`start`, which starts the clock from the
+        saved readings."""
+        for name in self._KEPT:
+            setattr(self, name, state[name])
+        vars(self.cadence).update(state["cadence"])
+        self.clock.resume(state["clock"])
 
     def __enter__(self) -> TrialReporter:
         return self.start()

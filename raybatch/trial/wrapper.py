@@ -44,6 +44,7 @@ from raybatch.trial.cadence import time_marks
 from raybatch.trial.clock import TrialClock
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
+from raybatch.trial.pause import checkpointing
 from raybatch.trial.placement import (
     assigned_gpu_share,
     limit_packed_memory,
@@ -188,7 +189,8 @@ def run_trial(
         limit_packed_memory(device, settings.gpu_budget_bytes, settings.cuda_context_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
             measure = at_target_measure(workload, space, recipe, device, config, reporter.step_s)
-            train(workload, recipe, reporter, device, options, at_target=measure)
+            train(workload, recipe, reporter, device, options, at_target=measure,
+                  **checkpointing(to_tune=report_fn is None))  # fmt: skip
     except Exception as exc:  # a failure ends this trial with a reason, never the search
         reporter.fail(exc, "while training" if reporter.started else "before training")
     except BaseException:  # Tune stopping the trial (a SystemExit out of its report call)

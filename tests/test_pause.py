@@ -1,0 +1,148 @@
+"""A trial paused at an evaluation goes on where it was: the same batches, the same random
+draws, the same curve, its clock and counts from where they stood."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import raybatch
+from raybatch import Target, keys
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.trial.loop import LoopOptions, train
+from raybatch.trial.pause import STATE_FILE, Saver, load
+from raybatch.trial.reporting import TrialReporter
+
+SPACE = raybatch.load_space("digits_cnn_sgd")
+RECIPE = SPACE.derive(32, 2)  # accumulation: the data position is in micro batches
+EVERY = 256
+
+
+def _reporter(reports: list[dict[str, Any]], saves: list[str], keep: Path) -> TrialReporter:
+    reporter = TrialReporter(Target(2.0), eval_every_samples=EVERY, max_time_s=300,
+                             max_samples=EVERY * 8, report_fn=reports.append)  # fmt: skip
+
+    def with_state(report: dict[str, Any], directory: str) -> None:
+        kept = keep / f"save{len(saves)}"
+        shutil.copytree(directory, kept)  # as Tune copies it into the trial's storage
+        saves.append(str(kept))
+        reports.append(report)
+
+    reporter.channel.report_with_state = with_state
+    return reporter
+
+
+def _evaluations(reports: list[dict[str, Any]]) -> dict[int, float]:
+    return {r[keys.SAMPLES_SEEN]: r[keys.METRIC] for r in reports
+            if not r[keys.HEARTBEAT] and r[keys.METRIC] is not None}  # fmt: skip
+
+
+class _Checkpoint:
+    """What ``ray.tune.get_checkpoint()`` gives back: a directory to read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def as_directory(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext(self.path)
+
+
+def test_a_trial_resumed_from_a_save_follows_the_curve_of_one_never_paused(
+    tmp_path: Path,
+) -> None:
+    workload = DigitsWorkload()
+    options = LoopOptions(seed=5, ema_decay=0.9)
+    whole: list[dict[str, Any]] = []
+    saves: list[str] = []
+    reporter = _reporter(whole, saves, tmp_path)
+    train(workload, RECIPE, reporter, torch.device("cpu"), options, save=True)
+    assert len(saves) >= 2  # saves sqrt(3) apart in training time, at evaluations
+    state = load(_Checkpoint(saves[1]))
+    assert state is not None and state["micro_steps"] > 0
+
+    resumed: list[dict[str, Any]] = []
+    again = _reporter(resumed, [], tmp_path / "again")
+    train(DigitsWorkload(), RECIPE, again, torch.device("cpu"), options, resume=state)
+    saved_at = state["reporter"]["samples_seen"]
+    before = {s: m for s, m in _evaluations(whole).items() if s > saved_at}
+    after = _evaluations(resumed)
+    assert before and after.keys() == before.keys()
+    for samples, metric in before.items():
+        assert after[samples] == pytest.approx(metric, abs=1e-6)
+    assert again.samples_seen == reporter.samples_seen and again.steps == reporter.steps
+    clock = state["reporter"]["clock"]
+    first = next(r for r in resumed if not r[keys.HEARTBEAT])
+    assert first[keys.TRAIN_S] > clock["elapsed_s"] - clock["eval_s"]  # its clock went on
+
+
+def test_saves_come_at_evaluations_a_factor_apart_and_only_the_last_is_kept(
+    tmp_path: Path,
+) -> None:
+    saver = Saver(lambda: {"x": 1}, ratio=2.0)
+    first = saver(1.0)
+    assert first is not None and (Path(first) / STATE_FILE).is_file()
+    assert saver(1.5) is None  # too soon after the last
+    second = saver(2.5)
+    assert second is not None and not Path(first).exists()
+    saver.close()
+    assert not Path(second).exists()
+
+
+def test_a_save_that_cannot_be_read_trains_the_trial_afresh(tmp_path: Path) -> None:
+    (tmp_path / STATE_FILE).write_bytes(b"not a torch file")
+    assert load(_Checkpoint(str(tmp_path))) is None
+    assert load(_Checkpoint(str(tmp_path / "gone"))) is None
+    assert load(None) is None
+
+
+@pytest.mark.slow
+def test_a_trial_tune_pauses_goes_on_from_its_last_save_not_from_its_first_step(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Tune's own PAUSE, as its schedulers issue it: the trial's process ends, and when Tune
+    runs it again it reads the state its last evaluation saved; its counts and clock go on."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class PauseOnce(FIFOScheduler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.paused_at: int | None = None
+
+        def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]
+                            ) -> str:  # fmt: skip
+            if self.paused_at is None and result.get(keys.SAMPLES_SEEN, 0) >= 4 * EVERY:
+                self.paused_at = int(result[keys.SAMPLES_SEEN])
+                return TrialScheduler.PAUSE
+            return TrialScheduler.CONTINUE
+
+    fn = raybatch.trainable(DigitsWorkload(), SPACE, target=1.0, max_time_s=300,
+                            max_samples=EVERY * 12, eval_every_samples=EVERY)  # fmt: skip
+    scheduler = PauseOnce()
+    tuner = tune.Tuner(
+        raybatch.with_resources(fn, gpus_per_trial=0, cpus_per_trial=1),
+        param_space={"micro_batch_size": 32, "accumulation_steps": 2},
+        tune_config=tune.TuneConfig(scheduler=scheduler),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="pause", verbose=0,
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+    )  # fmt: skip
+    [result] = list(tuner.fit())
+    assert scheduler.paused_at is not None
+    frame = result.metrics_dataframe
+    processes = list(dict.fromkeys(frame["pid"]))
+    assert len(processes) == 2  # paused: its process ended, and another went on
+    samples = list(frame[keys.SAMPLES_SEEN])
+    first_again = samples[list(frame["pid"]).index(processes[1])]
+    # From a save (one at an evaluation, at or before the pause), not from its first step;
+    # its clock went on from the save's training seconds.
+    assert EVERY < first_again <= scheduler.paused_at + EVERY
+    again = frame[frame["pid"] == processes[1]]
+    assert again[keys.TRAIN_S].iloc[0] > frame[keys.TRAIN_S].iloc[0]
+    assert result.metrics[keys.STATUS] == "censored"
+    assert result.metrics[keys.SAMPLES_SEEN] == EVERY * 12
