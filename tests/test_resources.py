@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -245,11 +246,13 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
     monkeypatch.setattr(budget_module, "read_device_memory", lambda index: None)  # the head
     space = raybatch.load_space("digits_cnn_sgd")
     predicted = MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64))
-    for model, budget_view in (("A100", view.of_model("A100")), (None, view)):
-        resources = trial_resources(DigitsWorkload(), space, "auto", gpu_model=model)
-        share = resources(space.derive(64).to_dict())["gpu"]
-        expected = gpu_fraction(predicted, budget_view.budget().bytes)  # type: ignore[union-attr]
-        assert 0 < share == expected
+    resources = trial_resources(DigitsWorkload(), space, "auto", gpu_model="A100")
+    share = resources(space.derive(64).to_dict())["gpu"]
+    expected = gpu_fraction(predicted, view.of_model("A100").budget().bytes)  # type: ignore[union-attr]
+    assert 0 < share == expected
+    # Two models and none pinned: refused, as the CLI refuses it, saying how to pin one.
+    with pytest.raises(OptionError, match=r"mixes GPU models \(A100, T4\).*gpu_model='A100'"):
+        trial_resources(DigitsWorkload(), space, "auto")
     # A larger CUDA context: the budget leaves room for it and each share pays it.
     context = 6 * gib
     resources = trial_resources(
@@ -352,6 +355,57 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
     assert plan.cuda and plan.searcher.devices.context_bytes == measured
     assert received == {"trainable": measured, "resources": measured}
     assert plan.budget == view.budget(context_bytes=measured).bytes  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_carry_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``with_resources(fn, "auto")`` of a trainable with no budget, on a Ray cluster with
+    GPUs: one model (mixed ones refused unless pinned), its CUDA context measured, its budget
+    read; the trainable it hands Tune carries both, so every packed trial caps its allocator
+    with the figures its share was computed from. A fixed share is said to turn capping off."""
+    import raybatch
+    import raybatch.run.hardware as hardware
+    from raybatch.examples.digits import workload
+    from raybatch.memory.nvml import DeviceMemory
+    from raybatch.trial.settings import parts_of
+
+    gib = 2**30
+    a100 = DeviceMemory("A100", 40 * gib, 38 * gib, 2 * gib, 0)
+    t4 = DeviceMemory("T4", 16 * gib, 14 * gib, 2 * gib, 0)
+    view = hardware.ClusterView((
+        hardware.NodeView("w", "10.0.0.2", 8, 1, (a100,), accelerator_types=("A100",)),
+        hardware.NodeView("t", "10.0.0.3", 8, 1, (t4,), accelerator_types=("T4",)),
+    ))  # fmt: skip
+    measured = 700 * 2**20
+
+    def context(view: Any, model: str | None, notes: list[str]) -> int:
+        notes.append(f"CUDA context measured on {model}: 700 MiB per trial")
+        return measured
+
+    monkeypatch.setattr("raybatch.run.resources.read_cluster", lambda: view)
+    monkeypatch.setattr("raybatch.run.resources.cluster_context_bytes", context)
+    mixed = raybatch.trainable(workload, "digits_cnn_sgd", target=0.9, max_time_s=5)
+    with pytest.raises(OptionError, match=r"gpu_model='A100'"):
+        raybatch.with_resources(mixed, "auto")
+    fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.9, max_time_s=5,
+                            gpu_model="A100")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="raybatch.run.resources"):
+        resourced = raybatch.with_resources(fn, "auto")
+    settings = parts_of(resourced).settings  # what every trial runs with
+    budget = view.of_model("A100").budget(context_bytes=measured)
+    assert budget is not None and settings.gpu_budget_bytes == budget.bytes
+    assert settings.cuda_context_bytes == measured
+    assert "CUDA context measured on A100" in caplog.text
+    space = raybatch.load_space("digits_cnn_sgd")
+    predicted = MemoryEstimator.for_space(workload, space).predict(space.derive(64))
+    asked = resourced._resources(space.derive(64).to_dict())
+    assert asked["gpu"] == gpu_fraction(predicted, budget.bytes, context_bytes=measured)
+    assert parts_of(fn).settings.gpu_budget_bytes is None  # the user's own is left as it was
+    with caplog.at_level(logging.WARNING, logger="raybatch.run.resources"):
+        raybatch.with_resources(fn, 0.5)
+    assert "gpus_per_trial=0.5: every trial shares its GPU" in caplog.text
 
 
 def test_with_resources_reads_a_trainables_settings_and_refuses_a_plain_function() -> None:

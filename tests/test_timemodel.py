@@ -121,3 +121,20 @@ def test_the_time_models_ranking_is_said_only_when_it_means_something() -> None:
     assert said == ("the time model ranked the 5 trials that reached the target with Spearman"
                     " 0.80 against their measured times")  # fmt: skip
     assert ranking_note(None, [2.0]) is None
+
+
+def test_a_trial_sharing_its_gpu_says_why_it_measures_no_time_model() -> None:
+    """Packed, its step times are its neighbours' too: asked for the model, it reports why it
+    measured none (the plan logs it and asks the next trial), never a model from shared steps."""
+    from raybatch import keys
+    from raybatch.examples.tabular import TabularWorkload
+    from raybatch.timemodel.measure import PACKED, at_target_measure
+
+    space = raybatch.load_space("tabular_mlp_adamw")
+    recipe = space.derive(64)
+    asked = {keys.MICRO_BATCH_SIZE: 64, keys.MEASURE_TIME_MODEL: True}
+    cpu = torch.device("cpu")
+    measure = at_target_measure(TabularWorkload(), space, recipe, cpu, asked, lambda: 0.01,
+                                packed=True)  # fmt: skip
+    assert measure is not None and measure(None, None, None) == {keys.TIME_MODEL_ERROR: PACKED}
+    assert at_target_measure(TabularWorkload(), space, recipe, cpu, {}, lambda: 0.01) is None

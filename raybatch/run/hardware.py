@@ -390,13 +390,21 @@ def gpu_request(
     return gpus
 
 
-def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> ClusterView:
+def one_gpu_model(
+    view: ClusterView,
+    model: str | None,
+    notes: list[str],
+    pin: str = "--gpu-model (e.g. --gpu-model {})",
+) -> ClusterView:
     """The cluster a GPU search runs on: one GPU model, since times to target from different
     models cannot be ranked, capped or confirmed against each other.
 
+    ``pin`` is how the caller chooses one (the CLI's ``--gpu-model``; the trainable's
+    ``gpu_model=``), shown with a model of the cluster.
+
     Raises:
         OptionError: The cluster mixes models and none was chosen, or the chosen one is not
-            there; the message names the models and ``--gpu-model``.
+            there; the message names the models and how to choose one (``pin``).
     """
 
     models = view.gpu_models()
@@ -405,7 +413,7 @@ def one_gpu_model(view: ClusterView, model: str | None, notes: list[str]) -> Clu
             message = (
                 f"the cluster mixes GPU models ({', '.join(models)}): times to target on"
                 " different GPUs cannot be ranked against each other; choose one with"
-                f" --gpu-model (e.g. --gpu-model {models[0]})"
+                f" {pin.format(models[0])}"
             )
             raise OptionError([Issue("gpu_model", message)])
         return view

@@ -11,20 +11,24 @@ a CPU) each, so the Tune trial itself asks for almost nothing.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.hardware import read_cluster
+from raybatch.run.gpu_budget import cluster_context_bytes
+from raybatch.run.hardware import one_gpu_model, read_cluster
 from raybatch.run.options import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
 from raybatch.space.config import RECIPE_KEYS, TrialConfig, carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import MAX_TRIALS_PER_GPU, model_resource
-from raybatch.trial.settings import parts_of
+from raybatch.trial.settings import TrialSettings, parts_of
+from raybatch.trial.wrapper import trainable_of
 from raybatch.workload import Workload
 
 REUSE_ACTORS = True
@@ -36,6 +40,8 @@ last one's process instead (Ray resets the function trainable), so the workload'
 and the warm process carry over; each trial still frees its GPU memory when it ends
 (:func:`raybatch.memory.probe.release_memory`), and a trial whose CUDA context broke ends its
 process (:func:`raybatch.trial.wrapper.run_trial`), so the next one starts clean."""
+
+log = logging.getLogger(__name__)
 
 DRIVER_CPUS = 0.01
 """What the Tune trial of a data-parallel run holds itself: it only waits on its Ray Train
@@ -100,7 +106,8 @@ def trial_resources(
             pays its own.
 
     Raises:
-        OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number.
+        OptionError: ``gpus_per_trial`` is neither ``"auto"`` nor a non-negative number; or,
+            ``"auto"`` on a cluster of mixed GPU models, none is pinned (``gpu_model``).
         BudgetUnavailableError: ``"auto"`` without a budget and without NVML.
     """
     if not gpus_per_trial_ok(gpus_per_trial):
@@ -146,7 +153,7 @@ def _budget(memory_budget: str | int | None, gpu_model: str | None, context_byte
 
     if memory_budget is None and ray.is_initialized():
         view = read_cluster()
-        pinned = view.of_model(gpu_model) if gpu_model else view
+        pinned = one_gpu_model(view, gpu_model, [], pin=PIN) if view.gpus > 0 else view
         found = pinned.budget(context_bytes=context_bytes)
         if found is not None:
             return found.bytes
@@ -167,22 +174,75 @@ def with_resources(
     resources cannot disagree with the trials. ``estimator``: one already built for the
     workload (default: built here where ``gpus_per_trial="auto"`` needs one).
 
+    With ``"auto"`` and no budget in the settings, connected to a Ray cluster with GPUs, the
+    cluster is read as ``raybatch search`` reads it (:func:`measured_on_cluster`): one GPU
+    model, one trial's CUDA context measured on it, the budget from the GPUs' NVML; the
+    trainable returned carries them, so each packed trial caps its allocator with them.
+
     For a trainable of your own, ``tune.with_resources(fn, trial_resources(workload, space,
     ...))`` takes the same parts one by one.
 
     Raises:
         NotATrainableError: ``trainable`` was not made by :func:`raybatch.trainable`.
+        OptionError: The cluster mixes GPU models and the trainable pins none.
     """
     from ray import tune
 
     parts = parts_of(trainable, "give Tune tune.with_resources(fn, trial_resources(workload,"
                      " space, ...)) instead")  # fmt: skip
     s = parts.settings
+    if gpus_per_trial == "auto" and s.gpu_budget_bytes is None:
+        measured = measured_on_cluster(s)
+        if measured != s:
+            parts = replace(parts, settings=measured)
+            trainable, s = trainable_of(parts), measured
+    elif gpus_per_trial != "auto" and 0 < float(gpus_per_trial) < 1:
+        log.warning(FIXED_SHARE.format(share=float(gpus_per_trial)))
     resources = trial_resources(
         parts.workload, parts.space, gpus_per_trial, cpus_per_trial, s.budget_bytes, estimator,
         s.gpu_model, s.cuda_context_bytes,
     )  # fmt: skip
     return tune.with_resources(trainable, resources)  # type: ignore[arg-type]
+
+
+FIXED_SHARE = (
+    "gpus_per_trial={share:g}: every trial shares its GPU, so its clock runs at its"
+    " neighbours' pace; the capping scheduler neither caps such trials nor takes them as the"
+    " incumbent, no time model is measured in one, and their times are compared only with"
+    " runs shared alike. Give 'auto' (trials alone where they do not fit side by side) or 1"
+    " for times measured alone."
+)
+"""What a fixed fractional share turns off, said once when the resources are built."""
+
+PIN = "gpu_model (e.g. raybatch.trainable(..., gpu_model={!r}))"
+"""How a plugin user pins the trials to one GPU model (the CLI's ``--gpu-model``)."""
+
+
+def measured_on_cluster(settings: TrialSettings) -> TrialSettings:
+    """``settings`` with one trial's GPU budget and CUDA context measured on the Ray cluster's
+    GPUs, as ``raybatch search`` measures them (:mod:`raybatch.run.gpu_budget`), each figure
+    said in a log line; unchanged where Ray is not running or has no GPU.
+
+    Raises:
+        OptionError: The cluster mixes GPU models and ``settings`` pins none.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return settings
+    view = read_cluster()
+    if view.gpus <= 0:
+        return settings
+    notes: list[str] = []
+    view = one_gpu_model(view, settings.gpu_model, notes, pin=PIN)
+    context = settings.cuda_context_bytes
+    if context == CUDA_CONTEXT_OVERHEAD_BYTES:  # the assumed figure: measure it
+        context = cluster_context_bytes(view, settings.gpu_model, notes)
+    budget = view.budget(settings.memory_budget, context_bytes=context)
+    for note in notes:
+        log.info(note)
+    return replace(settings, cuda_context_bytes=context,
+                   gpu_budget_bytes=budget.bytes if budget is not None else None)  # fmt: skip
 
 
 def _recipe(space: SearchSpace, config: dict[str, Any]) -> TrialConfig:

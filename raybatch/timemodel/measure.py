@@ -188,6 +188,9 @@ def measure_at_target(
     return TimeModel(noise, micro_s, opt_s, cost_s=time.perf_counter() - start)
 
 
+PACKED = "not measured: the trial shared its GPU, and its step times would be its neighbours' too"
+
+
 def at_target_measure(
     workload: Workload,
     space: SearchSpace,
@@ -195,13 +198,18 @@ def at_target_measure(
     device: torch.device,
     config: dict[str, Any],
     step_s: Callable[[], float],
+    packed: bool = False,
 ) -> Callable[[nn.Module, torch.optim.Optimizer, Any], dict[str, Any]] | None:
     """What :func:`raybatch.trial.loop.train` runs once the trial reaches the target, when the
     searcher asked this trial for it (``config``'s :data:`~raybatch.keys.MEASURE_TIME_MODEL`):
     the time model, as the JSON text its final report carries (:data:`raybatch.keys.TIME_MODEL`).
-    ``step_s`` reads the trial's training seconds per optimizer step at that moment."""
+    ``step_s`` reads the trial's training seconds per optimizer step at that moment. A
+    ``packed`` trial (sharing its GPU) says why it measures nothing: its step times would be
+    its neighbours' too."""
     if not config.get(keys.MEASURE_TIME_MODEL):
         return None
+    if packed:
+        return lambda *_: {keys.TIME_MODEL_ERROR: PACKED}
 
     def measure(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> dict[str, Any]:
         found = measure_at_target(

@@ -5,14 +5,11 @@ it in ``tune.Tuner`` like any other (wrap it in :func:`raybatch.with_resources` 
 GPUs/CPUs). For each trial it:
 
 1. derives the recipe from the trial's raw knobs with the space's rules;
-2. gates memory before the clock starts: on CUDA one real probe step; on a CPU-only machine
-   with a ``memory_budget``, the trace pre-screen. Too big ends the trial as
-   ``infeasible_memory`` with the numbers, costing no training time;
-3. trains with raybatch's loop (:mod:`raybatch.trial.loop`), evaluating at fixed sample marks, and
-   stops at the target, the time/sample cap, or divergence;
-4. reports at every evaluation and ends with exactly one terminal status (see
-   :mod:`raybatch.status`). Failures inside the trial — out of memory mid-training, a crash —
-   end *the trial* with a reason; they never raise into Ray, so the search goes on.
+2. gates memory before the clock starts (on CUDA a real probe step; on CPU with a
+   ``memory_budget`` the trace): too big ends it ``infeasible_memory``, at no training time;
+3. trains with raybatch's loop (:mod:`raybatch.trial.loop`) to the target, its caps or a
+   divergence, reporting at every evaluation, and ends with one terminal status
+   (:mod:`raybatch.status`): a failure inside it ends *the trial* with a reason, never the search.
 
 ``world_size > 1`` runs the trial data-parallel through Ray Train's ``TorchTrainer`` (gloo on
 CPU, NCCL on GPU), launched from inside the Tune trial (Ray Train V2's pattern); rank 0's
@@ -65,9 +62,8 @@ if TYPE_CHECKING:
 EVALS_PER_EPOCH = 4
 
 _broken: list[str] = []
-"""Why this process can no longer run a trial (a CUDA context broken by a sticky error), once
-it cannot. Tune reuses a trial's process (:data:`raybatch.run.resources.REUSE_ACTORS`): the
-next trial refuses it with :class:`WorkerLostError`, so Tune runs it in a fresh process."""
+"""Why this process can no longer run a trial (a CUDA context broken by a sticky error): Tune
+reuses processes, so the next trial refuses it (:class:`WorkerLostError`) for a fresh one."""
 
 
 def default_eval_every(train_size: int, space: SearchSpace) -> int:
@@ -188,7 +184,8 @@ def run_trial(
             release_memory(device)
         limit_packed_memory(device, settings.gpu_budget_bytes, settings.cuda_context_bytes)
         if _memory_gate(workload, recipe, settings, device, reporter):
-            measure = at_target_measure(workload, space, recipe, device, config, reporter.step_s)
+            measure = at_target_measure(workload, space, recipe, device, config, reporter.step_s,
+                                        packed=0 < (share or 0) < 1)  # fmt: skip
             train(workload, recipe, reporter, device, options, at_target=measure,
                   **checkpointing(to_tune=report_fn is None))  # fmt: skip
     except Exception as exc:  # a failure ends this trial with a reason, never the search
@@ -480,21 +477,24 @@ def trainable(
     from raybatch.space.search_space import SearchSpace
 
     resolved = space if isinstance(space, SearchSpace) else load_space(space)
-    # The closure below carries the workload to Ray's workers: send its code by value, so a
-    # workload from a file, a script or a notebook works on every node (raybatch.shipping).
-    ship_by_value(workload)
-    trial_settings = settings_of(
-        resolve_target(target, workload.metrics), resolved.sync_batchnorm, **settings
-    )
+    ship_by_value(workload)  # a workload from a file, script or notebook reaches every node
+    target = resolve_target(target, workload.metrics)
+    parts = TrialParts(workload, resolved, settings_of(target, resolved.sync_batchnorm, **settings))
+    return trainable_of(parts)
+
+
+def trainable_of(parts: TrialParts) -> Callable[[dict[str, Any]], None]:
+    """The function trainable of ``parts``, carrying them (:func:`~raybatch.trial.settings.
+    parts_of`): what :func:`trainable` returns, and :func:`raybatch.with_resources` rebuilds
+    with the budget and CUDA context it measured on the cluster."""
 
     def raybatch_trial(config: dict[str, Any]) -> None:
-        run_trial(workload, resolved, trial_settings, config)
+        run_trial(parts.workload, parts.space, parts.settings, config)
 
-    raybatch_trial.__name__ = f"raybatch_{workload.name}"
+    raybatch_trial.__name__ = f"raybatch_{parts.workload.name}"
     raybatch_trial.__qualname__ = raybatch_trial.__name__
-    # What RaybatchSearcher.for_trainable and with_resources read back (one settings object).
-    setattr(raybatch_trial, PARTS_ATTRIBUTE, TrialParts(workload, resolved, trial_settings))
+    setattr(raybatch_trial, PARTS_ATTRIBUTE, parts)
     return raybatch_trial
 
 
-__all__ = ["default_eval_every", "run_trial", "trainable"]
+__all__ = ["default_eval_every", "run_trial", "trainable", "trainable_of"]
