@@ -88,12 +88,14 @@ def test_a_metric_validation_step_does_not_log_is_named(job: Path) -> None:
 def _search_from_elsewhere(tmp_path: Path, workload: str, space: str, target: str,
                            max_time_s: int) -> str:  # fmt: skip
     """Two trials of ``raybatch search`` run from a folder beside the user's, through the CLI:
-    one at least reaches, and the winner records the target. Returns what it said (stderr)."""
+    one at least reaches, and the winner records the target. Returns what it said (stderr).
+    A sample cap bounds a trial that cannot reach; the time cap is one no loaded machine hits."""
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "raybatch", "search", workload, "--space", space,
          "--target", target, "--trials", "2", "--max-time-per-trial", str(max_time_s),
+         "--max-samples-per-trial", "100000",
          "--confirm-seeds", "0", "--run-dir", "run", "--quiet"],
         capture_output=True, text=True, cwd=cwd, check=False, timeout=300,
     )  # fmt: skip
@@ -114,7 +116,7 @@ def test_cli_search_of_a_lightning_job_from_another_folder(job: Path, tmp_path: 
     """Searched as it is, and what its code does that the trials do not is said at the start:
     its configure_optimizers() returns a StepLR the search's warmup replaces."""
     workload = "../user/search_me.py:workload"
-    said = _search_from_elsewhere(tmp_path, workload, "tabular_mlp_adamw", "val_acc>=0.9", 15)
+    said = _search_from_elsewhere(tmp_path, workload, "tabular_mlp_adamw", "val_acc>=0.9", 120)
     left_out = ("raybatch: not used by the search: DigitsClassifier.configure_optimizers()'s LR"
                 " scheduler (StepLR)")  # fmt: skip
     assert left_out in said and said.index(left_out) < said.index("raybatch: searching:")
@@ -314,7 +316,8 @@ def test_python_search_of_a_lightning_job(job: Path, tmp_path: Path) -> None:
     from raybatch.run.options import SearchOptions
 
     workload = load_workload(f"{job}:workload")
-    options = SearchOptions(trials=2, max_time_s=15.0, confirm_seeds=0, gpus_per_trial=0)
+    options = SearchOptions(trials=2, max_time_s=120.0, max_samples=100_000, confirm_seeds=0,
+                            gpus_per_trial=0)  # fmt: skip
     result = raybatch.search(workload, "tabular_mlp_adamw", "val_acc>=0.9", tmp_path / "run",
                              options, verbose=0)  # fmt: skip
     assert any(r.status.value == "reached" for r in result.rows), result.rows

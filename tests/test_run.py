@@ -35,10 +35,13 @@ def finished_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) ->
     run_dir = tmp_path_factory.mktemp("run") / "digits"
     # No time model: the plan and the files under test do not need one (tests of the prior
     # measure it; this fixture is shared by a dozen tests and its minute is the suite's).
-    # A cap with room for a loaded machine: every trial here reaches the target (the LR is
-    # fixed) and stops there, or is capped behind the best, so only a slow machine uses it.
-    options = SearchOptions(trials=6, max_time_s=15.0, memory_budget=budget, gpus_per_trial=0,
-                            confirm_top=1, confirm_seeds=2, seed=0, prior=False)  # fmt: skip
+    # Every trial here reaches the target (the LR is fixed) and stops there, or is capped
+    # behind the best: the caps only bound what cannot reach. A sample cap, not a time cap,
+    # so that a loaded machine (a 15 s cap censored the confirmation's runs beside two busy
+    # processes) changes no outcome.
+    options = SearchOptions(trials=6, max_time_s=60.0, max_samples=100_000, memory_budget=budget,
+                            gpus_per_trial=0, confirm_top=1, confirm_seeds=2, seed=0,
+                            prior=False)  # fmt: skip
     # The LR fixed, so the plan is short (the max batch, a ladder point) and TPE suggests the
     # rest, some of them over the budget.
     data = SPACE.model_dump()

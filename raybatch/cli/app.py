@@ -243,6 +243,7 @@ def search_command(
     max_time_per_trial: Annotated[
         float, typer.Option("--max-time-per-trial", help="Training-time cap per trial, seconds.")
     ] = 60.0,
+    max_samples_per_trial: cli_args.MaxSamplesOpt = None,
     eval_every: Annotated[
         int | None, typer.Option("--eval-every", metavar="SAMPLES", help=cli_args.EVAL_EVERY_HELP)
     ] = None,
@@ -255,12 +256,7 @@ def search_command(
     confirm_seeds: ConfirmSeedsOpt = 1,
     no_prior: NoPriorOpt = False,
     zone: cli_args.ZoneOpt = 0.1,
-    hang_grace: Annotated[
-        float,
-        typer.Option(
-            "--hang-grace", help="Seconds past the time cap after which a trial counts as hung."
-        ),
-    ] = 300.0,
+    hang_grace: cli_args.HangGraceOpt = 300.0,
     gpu_model: GpuModelOpt = None,
     verbose: cli_args.VerboseOpt = False,
 ) -> None:
@@ -275,6 +271,7 @@ def search_command(
             options = SearchOptions(
                 trials=trials,
                 max_time_s=max_time_per_trial,
+                max_samples=max_samples_per_trial,
                 memory_budget=memory_budget,
                 gpus_per_trial=None if gpus_per_trial is None else cli_args.gpus(gpus_per_trial),
                 cpus_per_trial=cpus_per_trial,

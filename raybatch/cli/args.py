@@ -44,6 +44,20 @@ ConfirmTopOpt = Annotated[
 ConfirmSeedsOpt = Annotated[
     int, typer.Option("--confirm-seeds", help="At most this many fresh seeds in the race.")
 ]
+HangGraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--hang-grace", help="Seconds past the time cap after which a trial counts as hung."
+    ),
+]
+MaxSamplesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-samples-per-trial",
+        metavar="SAMPLES",
+        help="Training-sample cap per trial (a cap that does not depend on the machine's speed).",
+    ),
+]
 NoPriorOpt = Annotated[
     bool,
     typer.Option(
@@ -73,6 +87,7 @@ def gpus(text: str) -> str | float:
 SEARCH_FLAGS = {
     "trials": "--trials",
     "max_time_s": "--max-time-per-trial",
+    "max_samples": "--max-samples-per-trial",
     "memory_budget": "--memory-budget",
     "gpus_per_trial": "--gpus-per-trial",
     "gpu_model": "--gpu-model",

@@ -283,6 +283,7 @@ def _plan(
     # resources below read what they need from it, as a plugin user's parts do.
     fn = trainable(
         workload, space, target, max_time_s=options.max_time_s, seed=options.seed,
+        max_samples=options.max_samples,
         eval_every_samples=options.eval_every_samples, data_parallel_gpus=cuda,
         memory_budget=None if cuda else budget, gpu_budget_bytes=budget if cuda else None,
         gpu_model=options.gpu_model if cuda else None, cuda_context_bytes=context,

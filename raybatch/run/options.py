@@ -27,6 +27,9 @@ class SearchOptions:
         max_time_s: Cap on each trial's training time (evaluation excluded); censored and
             capped trials score 10x this (:attr:`TrialSettings.penalty
             <raybatch.trial.settings.TrialSettings.penalty>`, as the trials' settings hold it).
+        max_samples: Cap on each trial's training samples (``None``: none): a trial past it is
+            censored, as at the time cap. Unlike the time cap, it does not depend on how fast
+            the machine is (a busy machine reaches the time cap sooner in samples).
         memory_budget: Per-GPU budget for the pre-screen (default: NVML on a GPU machine;
             none on a CPU machine, where trials run on CPUs).
         gpus_per_trial: ``"auto"`` (a fraction from the estimate), a number, or 0.
@@ -76,6 +79,7 @@ class SearchOptions:
 
     trials: int = 20
     max_time_s: float = 60.0
+    max_samples: int | None = None
     memory_budget: str | int | None = None
     gpus_per_trial: str | float | None = None
     cpus_per_trial: float = 1.0
@@ -130,6 +134,7 @@ def _problems(o: SearchOptions) -> list[tuple[str, str]]:
 
     need("trials", _is_int(o.trials) and o.trials >= 1, "an integer >= 1")
     need("max_time_s", _is_number(o.max_time_s) and o.max_time_s > 0, "a positive number")
+    need("max_samples", _none_or(o.max_samples, 1), "an integer >= 1 or None")
     gpus = o.gpus_per_trial
     need("gpus_per_trial", gpus is None or gpus_per_trial_ok(gpus), GPUS_PER_TRIAL_ALLOWED)
     need("cpus_per_trial", _is_number(o.cpus_per_trial) and o.cpus_per_trial > 0, "> 0")
