@@ -326,7 +326,9 @@ def _search_tuner(
         )
         # Tune restores the searcher and callbacks pickled when the search started, with the
         # paths of that run directory: pointed here, a copied or moved run resumes into itself.
-        tuned, run_config = restored_parts(tuner)
+        tuned, run_config, restored = restored_parts(tuner)
+        if isinstance(restored, CappingScheduler):  # its new trials go here, not to the original
+            restored.experiment = (str(experiment.parent), experiment.name)
         searcher = tuned.search if isinstance(tuned, SearchThenRace) else tuned
         if not isinstance(searcher, RaybatchSearcher):
             why = "holds no raybatch searcher: this is not a raybatch search's experiment"
@@ -343,6 +345,7 @@ def _search_tuner(
             run_config.stop = watch
         run_config.verbose = max(0, verbose - 1)  # this session's, not the first one's
         return tuner
+    scheduler.experiment = (str(experiment.parent), experiment.name)
     # The race runs in this Tuner once the search's trials ended, on their warm processes.
     plan.tuned = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight)
     return tune.Tuner(

@@ -134,6 +134,9 @@ class CappingScheduler(FIFOScheduler):
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
         self.warm = WarmSlots()
         """Keeps an ended trial's process for the next while the searcher waits."""
+        self.experiment: tuple[str, str] | None = None
+        """The run's experiment folder (storage path, name), where the driver says it is: each
+        trial Tune adds is kept there (:func:`~raybatch.run.tune_state.follow_storage`)."""
 
     @classmethod
     def for_trainable(
@@ -301,9 +304,10 @@ class CappingScheduler(FIFOScheduler):
         self.__dict__.update(state)
         self.__dict__.setdefault("_ended", set())
         self.__dict__.setdefault("warm", WarmSlots())
+        self.__dict__.setdefault("experiment", None)
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
-        follow_storage(tune_controller, trial)  # a copied run's new trials stay in the copy
+        follow_storage(trial, self.experiment)  # a copied run's new trials stay in the copy
         self.warm.release(tune_controller, 1)  # its staging reserves a process of its own
         super().on_trial_add(tune_controller, trial)
 

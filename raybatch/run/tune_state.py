@@ -247,9 +247,9 @@ def repair_state(experiment: Path, run_dir: Path) -> list[str]:
     return notes
 
 
-def restored_parts(tuner: Any) -> tuple[Any, Any]:
-    """The search algorithm and ``RunConfig`` a restored ``Tuner`` will run: Tune unpickled
-    them from ``tuner.pkl`` as they were when the search started, paths included. Ray Tune has
+def restored_parts(tuner: Any) -> tuple[Any, Any, Any]:
+    """The search algorithm, ``RunConfig`` and scheduler a restored ``Tuner`` will run: Tune
+    unpickled them from ``tuner.pkl`` as they were when the search started. Ray Tune has
     no public way to replace them, so they are read where ``Tuner.restore`` put them; a Ray
     that keeps them elsewhere fails here, rather than resume into another run directory.
     """
@@ -261,11 +261,12 @@ def restored_parts(tuner: Any) -> tuple[Any, Any]:
             "this version of Ray Tune keeps a restored Tuner's search algorithm elsewhere:"
             " raybatch cannot point it at the run directory (tuner._local_tuner._tune_config)"
         )
-    return tune_config.search_alg, run_config
+    return tune_config.search_alg, run_config, tune_config.scheduler
 
 
-def follow_storage(tune_controller: Any, trial: Any) -> None:
-    """Point a trial Tune has just added at the run's own storage.
+def follow_storage(trial: Any, experiment: tuple[str, str] | None) -> None:
+    """Point a trial Tune has just added at the run's own experiment folder, ``experiment``
+    (the storage path and the experiment's name; ``None``: left as Tune made it).
 
     Restored from a copied or moved run directory, Tune re-points the trials it restores, but
     builds each new one from the experiment its search algorithm saved, with the storage of the
@@ -273,21 +274,14 @@ def follow_storage(tune_controller: Any, trial: Any) -> None:
     :mod:`raybatch.trial.pause`) would be written there. Re-pointed as Tune re-points a
     restored trial (``Trial.set_storage``), they stay in the run's own directory.
     """
-    storage = getattr(tune_controller, "_storage", None)
     mine = getattr(trial, "storage", None)
-    if (
-        storage is None
-        or mine is None
-        or (
-            mine.storage_fs_path == storage.storage_fs_path
-            and mine.experiment_dir_name == storage.experiment_dir_name
-        )
-    ):
+    if experiment is None or mine is None:
+        return
+    path, name = experiment
+    if (mine.storage_fs_path, mine.experiment_dir_name) == (path, name):
         return
     moved = shallow_copy(mine)
-    moved.storage_filesystem = storage.storage_filesystem
-    moved.storage_fs_path = storage.storage_fs_path
-    moved.experiment_dir_name = storage.experiment_dir_name
+    moved.storage_fs_path, moved.experiment_dir_name = path, name
     trial.set_storage(moved)
 
 
