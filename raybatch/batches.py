@@ -81,7 +81,7 @@ def _to_device(batch: list[torch.Tensor], device: torch.device) -> list[torch.Te
 
 
 def _epochs(size: int, batch_size: int, seed: int, rank: int, world_size: int, start: int
-            ) -> Iterator[list[torch.Tensor]]:  # fmt: skip
+            ) -> Iterator[tuple[int, list[torch.Tensor]]]:  # fmt: skip
     """This rank's micro batches of row indices, an epoch at a time, from the ``start``-th on.
 
     One seeded generator draws each epoch's permutation, as ``DistributedSampler(seed=...,
@@ -95,25 +95,25 @@ def _epochs(size: int, batch_size: int, seed: int, rank: int, world_size: int, s
     per_rank = size // world_size
     per_epoch = per_rank // batch_size
     generator = torch.Generator().manual_seed(seed)
-    skip_epochs, offset = divmod(start, per_epoch)
-    for _ in range(skip_epochs):
+    epoch, offset = divmod(start, per_epoch)
+    for _ in range(epoch):
         torch.randperm(size, generator=generator)
     while True:
         order = torch.randperm(size, generator=generator)[: per_rank * world_size]
         mine = order[rank::world_size]
-        yield [mine[i * batch_size : (i + 1) * batch_size] for i in range(offset, per_epoch)]
-        offset = 0
+        yield epoch, [mine[i * batch_size : (i + 1) * batch_size] for i in range(offset, per_epoch)]
+        epoch, offset = epoch + 1, 0
 
 
 def _tensor_batches(
     tensors: Sequence[torch.Tensor],
     rows: torch.Tensor | None,
-    epochs: Iterator[list[torch.Tensor]],
+    epochs: Iterator[tuple[int, list[torch.Tensor]]],
     device: torch.device,
 ) -> Iterator[list[torch.Tensor]]:
     pinned = device.type == "cuda"
-    for epoch in epochs:
-        for index in epoch:
+    for _, batches in epochs:
+        for index in batches:
             if rows is not None:
                 index = rows[index]
             yield _to_device([gather(t, index, pinned) for t in tensors], device)
@@ -121,19 +121,24 @@ def _tensor_batches(
 
 def _loader_batches(
     dataset: Dataset[Any],
-    epochs: Iterator[list[torch.Tensor]],
+    epochs: Iterator[tuple[int, list[torch.Tensor]]],
     device: torch.device,
     num_workers: int,
+    seed: int,
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> Iterator[Any]:
     """Through a ``DataLoader`` an epoch at a time (its workers, pinning and collate): the same
-    batches as the tensor path would index, in the same order."""
+    batches as the tensor path would index, in the same order. Each epoch's loader has a
+    generator of its own (its workers' seeds), so it draws nothing from the global one: a
+    trial resumed mid-epoch sees the random draws an uninterrupted one would."""
+    import torch
     from torch.utils.data import DataLoader
 
-    for epoch in epochs:
-        loader = DataLoader(dataset, batch_sampler=[b.tolist() for b in epoch],
+    for epoch, batches in epochs:
+        generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        loader = DataLoader(dataset, batch_sampler=[b.tolist() for b in batches],
                             num_workers=num_workers, pin_memory=device.type == "cuda",
-                            collate_fn=collate)  # fmt: skip
+                            collate_fn=collate, generator=generator)  # fmt: skip
         for batch in loader:
             yield move_to(batch, device)
 
@@ -168,7 +173,7 @@ def train_batches(
     source = tensor_source(dataset)
     if source is not None and num_workers == 0 and collate is None:
         return _tensor_batches(*source, epochs, device)
-    return _loader_batches(dataset, epochs, device, num_workers, collate)
+    return _loader_batches(dataset, epochs, device, num_workers, seed, collate)
 
 
 def eval_batch_size(requested: int | None, device: torch.device, micro_batch_size: int) -> int:

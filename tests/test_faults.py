@@ -298,12 +298,16 @@ def test_a_trial_cut_short_goes_on_from_its_last_save_not_from_its_first_step(
     import pandas as pd
 
     original, copy = copied_run["original"] / "tune/search", copied_run["copy"] / "tune/search"
+    checked = 0
     for trial in (p for p in copy.iterdir() if (p / "progress.csv").is_file()):
         frame = pd.read_csv(trial / "progress.csv")
         if not any((original / trial.name).glob("checkpoint_*")) or frame["pid"].nunique() < 2:
             continue  # nothing saved when it was stopped, or it had ended before
         again = frame[frame["pid"] == frame["pid"].iloc[-1]]
         assert again[keys.STEPS].iloc[0] > frame[keys.STEPS].iloc[0], trial.name
+        checked += 1
+    if not checked:  # the kill's moment is random: said, not passed silently
+        pytest.skip("no trial was training with a save when this run was stopped")
 
 
 @pytest.mark.slow

@@ -18,13 +18,32 @@ from raybatch.trial.pause import STATE_FILE, Saver, load
 from raybatch.trial.reporting import TrialReporter
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
+
+
+class NoisyDigits(DigitsWorkload):
+    """Dropout (a resumed trial must draw what an uninterrupted one draws) and a validation
+    set large enough for early evaluations on a subset (where its validation stands is part of
+    the state)."""
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(super().build_model(), torch.nn.Dropout(0.3))
+
+    def val_dataset(self) -> Any:
+        from torch.utils.data import TensorDataset
+
+        parts = [self.train_dataset(), super().val_dataset()]
+        tensors = [torch.cat([p.tensors[i] for p in parts for _ in range(2)]) for i in (0, 1)]
+        return TensorDataset(*tensors)  # 3,594 items: a subset of 1,000 early
+
+
 RECIPE = SPACE.derive(32, 2)  # accumulation: the data position is in micro batches
 EVERY = 256
 
 
 def _reporter(reports: list[dict[str, Any]], saves: list[str], keep: Path) -> TrialReporter:
-    reporter = TrialReporter(Target(2.0), eval_every_samples=EVERY, max_time_s=300,
-                             max_samples=EVERY * 8, report_fn=reports.append)  # fmt: skip
+    # Near the target (the whole set read from then on) a few marks before reaching it.
+    reporter = TrialReporter(Target(0.9), eval_every_samples=EVERY, max_time_s=300,
+                             max_samples=EVERY * 40, report_fn=reports.append)  # fmt: skip
 
     def with_state(report: dict[str, Any], directory: str) -> None:
         kept = keep / f"save{len(saves)}"
@@ -54,21 +73,30 @@ class _Checkpoint:
 
 
 def test_a_trial_resumed_from_a_save_follows_the_curve_of_one_never_paused(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    workload = DigitsWorkload()
+    import functools
+
+    import raybatch.trial.loop as loop
+
+    # A save at every evaluation (not sqrt(3) apart in training time): the same saves on any
+    # machine, however fast.
+    monkeypatch.setattr(loop, "Saver", functools.partial(Saver, ratio=1.0))
+    workload = NoisyDigits()
     options = LoopOptions(seed=5, ema_decay=0.9)
     whole: list[dict[str, Any]] = []
     saves: list[str] = []
     reporter = _reporter(whole, saves, tmp_path)
     train(workload, RECIPE, reporter, torch.device("cpu"), options, save=True)
-    assert len(saves) >= 2  # saves sqrt(3) apart in training time, at evaluations
-    state = load(_Checkpoint(saves[1]))
-    assert state is not None and state["micro_steps"] > 0
+    assert len(saves) == len(_evaluations(whole)) - 1  # each evaluation it went on from
+    states = [load(_Checkpoint(path)) for path in saves]
+    # The first save past the switch to the whole validation set, with evaluations after it.
+    state = next(s for s in states[:-1] if s is not None and not s["validation"]["on_subset"])
+    assert state["micro_steps"] > 0 and state["validation"]["near"]
 
     resumed: list[dict[str, Any]] = []
     again = _reporter(resumed, [], tmp_path / "again")
-    train(DigitsWorkload(), RECIPE, again, torch.device("cpu"), options, resume=state)
+    train(NoisyDigits(), RECIPE, again, torch.device("cpu"), options, resume=state)
     saved_at = state["reporter"]["samples_seen"]
     before = {s: m for s, m in _evaluations(whole).items() if s > saved_at}
     after = _evaluations(resumed)
@@ -81,17 +109,31 @@ def test_a_trial_resumed_from_a_save_follows_the_curve_of_one_never_paused(
     assert first[keys.TRAIN_S] > clock["elapsed_s"] - clock["eval_s"]  # its clock went on
 
 
-def test_saves_come_at_evaluations_a_factor_apart_and_only_the_last_is_kept(
+def test_saves_come_at_evaluations_a_factor_apart_and_none_is_kept_after_its_report(
     tmp_path: Path,
 ) -> None:
     saver = Saver(lambda: {"x": 1}, ratio=2.0)
-    first = saver(1.0)
-    assert first is not None and (Path(first) / STATE_FILE).is_file()
-    assert saver(1.5) is None  # too soon after the last
-    second = saver(2.5)
-    assert second is not None and not Path(first).exists()
-    saver.close()
+    assert saver.due(1.0)
+    first = saver.save(1.0)
+    assert (Path(first) / STATE_FILE).is_file()
+    assert not saver.due(1.5) and saver.due(2.5)  # too soon after the last; then due
+    second = saver.save(2.5)
+    assert not Path(first).exists()
+    saver.close()  # after Tune copied it with the report
     assert not Path(second).exists()
+
+
+def test_a_state_that_does_not_fit_the_trial_trains_it_afresh(tmp_path: Path) -> None:
+    """Another format, or a model changed since the save: said, and trained from the first
+    step (never a trial that fails for its own save, run again by Tune to fail again)."""
+    reports: list[dict[str, Any]] = []
+    reporter = _reporter(reports, [], tmp_path)
+    stale = {"format": 0, "model": {}}
+    train(NoisyDigits(), RECIPE, reporter, torch.device("cpu"), LoopOptions(seed=5),
+          resume=stale)  # fmt: skip
+    evaluations = _evaluations(reports)
+    assert min(evaluations) == EVERY  # from its first step
+    assert reporter.stopped
 
 
 def test_a_save_that_cannot_be_read_trains_the_trial_afresh(tmp_path: Path) -> None:

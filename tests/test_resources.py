@@ -363,8 +363,9 @@ def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_car
 ) -> None:
     """``with_resources(fn, "auto")`` of a trainable with no budget, on a Ray cluster with
     GPUs: one model (mixed ones refused unless pinned), its CUDA context measured, its budget
-    read; the trainable it hands Tune carries both, so every packed trial caps its allocator
-    with the figures its share was computed from. A fixed share is said to turn capping off."""
+    read; the trainable carries both from then on, so every packed trial caps its allocator
+    with the figures its share was computed from, and a searcher built from it pre-screens
+    with them. A fixed share is said to turn capping off; a bad one is refused by name."""
     import raybatch
     import raybatch.run.hardware as hardware
     from raybatch.examples.digits import workload
@@ -393,7 +394,10 @@ def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_car
                             gpu_model="A100")  # fmt: skip
     with caplog.at_level(logging.INFO, logger="raybatch.run.resources"):
         resourced = raybatch.with_resources(fn, "auto")
-    settings = parts_of(resourced).settings  # what every trial runs with
+    # What every trial runs with, and what a searcher built from fn pre-screens with.
+    settings = parts_of(resourced).settings
+    assert parts_of(fn).settings == settings
+    searcher = raybatch.RaybatchSearcher.for_trainable(fn)
     budget = view.of_model("A100").budget(context_bytes=measured)
     assert budget is not None and settings.gpu_budget_bytes == budget.bytes
     assert settings.cuda_context_bytes == measured
@@ -402,10 +406,14 @@ def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_car
     predicted = MemoryEstimator.for_space(workload, space).predict(space.derive(64))
     asked = resourced._resources(space.derive(64).to_dict())
     assert asked["gpu"] == gpu_fraction(predicted, budget.bytes, context_bytes=measured)
-    assert parts_of(fn).settings.gpu_budget_bytes is None  # the user's own is left as it was
+    fits = [g for g in searcher.gates if getattr(g, "budget_bytes", None) is not None]
+    assert [g.budget_bytes for g in fits] == [budget.bytes]  # type: ignore[attr-defined]
+    assert searcher.devices.context_bytes == measured
     with caplog.at_level(logging.WARNING, logger="raybatch.run.resources"):
         raybatch.with_resources(fn, 0.5)
     assert "gpus_per_trial=0.5: every trial shares its GPU" in caplog.text
+    with pytest.raises(OptionError, match="gpus_per_trial"):
+        raybatch.with_resources(fn, "half")
 
 
 def test_with_resources_reads_a_trainables_settings_and_refuses_a_plain_function() -> None:

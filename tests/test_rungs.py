@@ -51,3 +51,18 @@ def test_a_rung_judged_stays_judged_when_the_rungs_move_a_little() -> None:
     assert judged_near({1.0}, 1.5, eta=3)  # within sqrt(3)
     assert not judged_near({1.0}, 3.0, eta=3)
     assert not judged_near(set(), 1.0, eta=3)
+
+
+def test_a_curve_run_again_from_an_earlier_point_keeps_what_it_showed_before_it() -> None:
+    """A trial resumed from its save (or retried from its start) reports an earlier training
+    time than its last: its curve up to there stands, the rest is shown again, and rungs past
+    that point are judged again."""
+    curve = Trajectory("max")
+    for t, v in ((1.0, 0.1), (2.0, 0.2), (3.0, 0.3)):
+        curve.add(t, v)
+    curve.judged.update({1.5, 2.5})
+    curve.add(2.0, 0.2)  # from a save at 2 s
+    assert curve.times == [1.0, 2.0, 2.0] and curve.judged == {1.5}
+    assert curve.value_at(1.5) == pytest.approx(0.15)
+    curve.add(0.5, 0.05)  # from its start: nothing before it
+    assert curve.times == [0.5] and curve.judged == set()

@@ -27,8 +27,7 @@ from raybatch.run.options import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
 from raybatch.space.config import RECIPE_KEYS, TrialConfig, carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.trial.placement import MAX_TRIALS_PER_GPU, model_resource
-from raybatch.trial.settings import TrialSettings, parts_of
-from raybatch.trial.wrapper import trainable_of
+from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialSettings, parts_of
 from raybatch.workload import Workload
 
 REUSE_ACTORS = True
@@ -176,8 +175,9 @@ def with_resources(
 
     With ``"auto"`` and no budget in the settings, connected to a Ray cluster with GPUs, the
     cluster is read as ``raybatch search`` reads it (:func:`measured_on_cluster`): one GPU
-    model, one trial's CUDA context measured on it, the budget from the GPUs' NVML; the
-    trainable returned carries them, so each packed trial caps its allocator with them.
+    model, one trial's CUDA context measured on it, the budget from the GPUs' NVML. The
+    trainable carries them from then on: each packed trial caps its allocator with them, and a
+    searcher built from it (:meth:`RaybatchSearcher.for_trainable`) pre-screens with them.
 
     For a trainable of your own, ``tune.with_resources(fn, trial_resources(workload, space,
     ...))`` takes the same parts one by one.
@@ -193,10 +193,14 @@ def with_resources(
     s = parts.settings
     if gpus_per_trial == "auto" and s.gpu_budget_bytes is None:
         measured = measured_on_cluster(s)
-        if measured != s:
-            parts = replace(parts, settings=measured)
-            trainable, s = trainable_of(parts), measured
-    elif gpus_per_trial != "auto" and 0 < float(gpus_per_trial) < 1:
+        if measured != s:  # what the trials run with, and a searcher built from fn reads
+            setattr(trainable, PARTS_ATTRIBUTE, replace(parts, settings=measured))
+            s = measured
+    elif (
+        gpus_per_trial != "auto"
+        and gpus_per_trial_ok(gpus_per_trial)
+        and 0 < float(gpus_per_trial) < 1
+    ):
         log.warning(FIXED_SHARE.format(share=float(gpus_per_trial)))
     resources = trial_resources(
         parts.workload, parts.space, gpus_per_trial, cpus_per_trial, s.budget_bytes, estimator,

@@ -58,8 +58,12 @@ class Trajectory:
         value = self.sign * float(metric)
         if value != value:  # NaN: no progress
             return
-        if self.times and train_s < self.times[-1]:  # a retried trial starts its clock again
-            self.times, self.best, self.judged = [], [], set()
+        if self.times and train_s < self.times[-1]:
+            # Run again from an earlier point: from its save (raybatch.trial.pause), or from
+            # its start (a retry with none). What it showed up to that point stands.
+            kept = bisect.bisect_right(self.times, train_s)
+            self.times, self.best = self.times[:kept], self.best[:kept]
+            self.judged = {t for t in self.judged if t <= train_s}
         if self.best and value < self.best[-1]:
             value = self.best[-1]
         self.times.append(float(train_s))

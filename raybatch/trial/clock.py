@@ -54,18 +54,17 @@ class TrialClock:
         return self
 
     def state(self) -> dict[str, float]:
-        """The readings a paused trial keeps (a synchronised reading): it goes on from them."""
+        """The readings a paused trial keeps (a synchronised reading): it goes on from them.
+        Not its held seconds: those are each process's own (the cost's spans and sessions are
+        built from them, :mod:`raybatch.results.cost`)."""
         return {"elapsed_s": self.elapsed_s, "eval_s": self._eval_s,
-                "data_wait_s": self._data_wait_s,
-                "held_s": time.perf_counter() - self.held_since}  # fmt: skip
+                "data_wait_s": self._data_wait_s}  # fmt: skip
 
     def resume(self, state: dict[str, float]) -> None:
-        """Go on from a paused trial's readings (:meth:`state`): its training, evaluation and
-        held seconds count on from where they were, before :meth:`start` starts it again."""
-        self._resumed_elapsed_s = float(state["elapsed_s"])
-        self._eval_s = float(state["eval_s"])
-        self._data_wait_s = float(state["data_wait_s"])
-        self.held_since -= float(state["held_s"])
+        """Go on from a paused trial's readings (:meth:`state`): its training and evaluation
+        seconds count on from where they were, once :meth:`start` starts it again."""
+        elapsed, eval_s, waited = (float(state[k]) for k in ("elapsed_s", "eval_s", "data_wait_s"))
+        self._resumed_elapsed_s, self._eval_s, self._data_wait_s = elapsed, eval_s, waited
 
     @property
     def started(self) -> bool:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -29,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.batches import eval_batch_size, eval_batches, train_batches
+from raybatch.errors import first_line
 from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_scheduler
 from raybatch.trial.ema import WeightAverage
-from raybatch.trial.pause import Saver, rng_state, set_rng_state
+from raybatch.trial.pause import Saver, capture, restore, set_rng_state
 from raybatch.trial.reporting import TrialReporter
 from raybatch.trial.validation import EARLY_FRACTION, Validation, subset_of
 from raybatch.workload import Workload
@@ -41,6 +43,8 @@ from raybatch.workload import Workload
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -184,40 +188,6 @@ def _train_batches(
     )
 
 
-def _state(parts: _Parts, reporter: TrialReporter) -> dict[str, Any]:
-    """What a paused trial keeps (:mod:`raybatch.trial.pause`)."""
-    return {
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
-        "scheduler": parts.scheduler.state_dict(),
-        "ema": (
-            None
-            if parts.ema is None
-            else {"module": parts.ema.module.state_dict(), "updates": parts.ema.updates}
-        ),
-        "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
-        "rng": rng_state(),
-        "micro_steps": parts.taken,
-        "reporter": reporter.state(),
-    }
-
-
-def _restore(parts: _Parts, state: dict[str, Any], reporter: TrialReporter) -> int:
-    """Go on from :func:`_state`: the parts, the generators and the reporter as they were; the
-    micro batches taken so far."""
-    parts.model.load_state_dict(state["model"])
-    parts.optimizer.load_state_dict(state["optimizer"])
-    parts.scheduler.load_state_dict(state["scheduler"])
-    if parts.ema is not None and state["ema"] is not None:
-        parts.ema.module.load_state_dict(state["ema"]["module"])
-        parts.ema.updates = int(state["ema"]["updates"])
-    if parts.scaler is not None and state["scaler"] is not None:
-        parts.scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
-    reporter.restore(state["reporter"])
-    return int(state["micro_steps"])
-
-
 def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
     """The accumulation boundary: clip, step (scaled under fp16), schedule, zero, EMA."""
     import torch
@@ -338,20 +308,51 @@ def train(
     (:attr:`TrialReporter.at_target`). ``resume`` is a paused trial's state, to go on from;
     ``save``: evaluations' reports carry the state (:mod:`raybatch.trial.pause`; one process).
     """
-    seed_everything(options.seed)
-    parts = _build(workload, config, device, options, distributed)
+    parts, validation = _start(workload, config, device, options, distributed, reporter)
+    rng = None
+    if resume is not None:
+        try:
+            restore(parts, validation, reporter, resume)
+            rng = resume["rng"]
+        except Exception as exc:  # another format, another model: trained afresh, said
+            log.warning(f"the trial's saved state does not fit it ({type(exc).__name__}:"
+                        f" {first_line(exc)}): it trains again from its first step")  # fmt: skip
+            parts, validation = _start(workload, config, device, options, distributed, reporter)
     if at_target is not None:
         reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer,
                                                parts.scaler)  # fmt: skip
-    parts.taken = _restore(parts, resume, reporter) if resume is not None else 0
-    saver = Saver(lambda: _state(parts, reporter)) if save else None
+    saver = Saver(functools.partial(capture, parts, validation, reporter)) if save else None
     reporter.channel.saver = saver
     try:
-        _run(workload, config, reporter, device, options, parts)
+        _run(workload, config, reporter, device, options, parts, validation, rng)
     finally:
         reporter.channel.saver = None
         if saver is not None:
             saver.close()
+
+
+def _start(
+    workload: Workload,
+    config: TrialConfig,
+    device: torch.device,
+    options: LoopOptions,
+    distributed: bool,
+    reporter: TrialReporter,
+) -> tuple[_Parts, Validation]:
+    """The trial's parts, seeded, and its validation (the set and its collate read once:
+    every evaluation iterates them afresh)."""
+    seed_everything(options.seed)
+    parts = _build(workload, config, device, options, distributed)
+    eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)
+    val_set, collate = workload.val_dataset(), workload.eval_collate()
+    early = subset_of(val_set, options.early_eval)
+    validation = Validation(
+        functools.partial(eval_batches, val_set, eval_batch, device, collate),
+        None if early is None else functools.partial(eval_batches, early, eval_batch, device,
+                                                     collate),
+        reporter.target,
+    )  # fmt: skip
+    return parts, validation
 
 
 def _run(
@@ -361,24 +362,19 @@ def _run(
     device: torch.device,
     options: LoopOptions,
     parts: _Parts,
+    validation: Validation,
+    rng: dict[str, Any] | None,
 ) -> None:
-    """The loop itself, from the micro batches ``parts`` has taken on."""
+    """The loop itself, from the micro batches ``parts`` has taken on; a resumed trial's
+    generators (``rng``) put back last, right before its clock starts."""
     it = _train_batches(workload, config, device, options, parts.dist, start=parts.taken)
-    eval_batch = eval_batch_size(options.eval_batch_size, device, config.micro_batch_size)
-    # The validation set and its collate, read once: every evaluation iterates them afresh.
-    val_set, collate = workload.val_dataset(), workload.eval_collate()
-    early = subset_of(val_set, options.early_eval)
-    validation = Validation(
-        functools.partial(eval_batches, val_set, eval_batch, device, collate),
-        None if early is None else functools.partial(eval_batches, early, eval_batch, device,
-                                                     collate),
-        reporter.target,
-    )  # fmt: skip
     every_step = reads_loss_every_step(device, parts.dist is not None)
     accumulation = config.accumulation_steps
     samples_per_step = config.micro_batch_size * accumulation * config.world_size
     window = _LossWindow(device, on_device=not every_step)
     parts.trained.train()
+    if rng is not None:
+        set_rng_state(rng)
     reporter.start()
     while not reporter.stopped:
         wait_start = time.perf_counter()

@@ -29,6 +29,8 @@ SAVE_RATIO = 3**0.5
 than the last save (the time marks' spacing, :data:`~raybatch.trial.cadence.TIME_MARK_RATIO`):
 about ten saves a trial, and one resumed at a rung repeats at most 42 % of its training."""
 STATE_FILE = "raybatch_trial.pt"
+STATE_FORMAT = 1
+"""The saved state's layout: a save of another is not read (the trial trains afresh)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -56,13 +58,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Saver:
-    """Saves the trial's state at an evaluation, :data:`SAVE_RATIO` apart in training time.
+    """Saves the trial's state at evaluations, :data:`SAVE_RATIO` apart in training time.
 
     Each save is a fresh directory, handed to Tune with the evaluation's report (Tune copies it
-    into the trial's storage before the report returns); the one before is deleted then.
+    into the trial's storage before the report returns), then deleted (:meth:`close`).
 
     Args:
-        capture: Returns the state to save (the loop's parts, its data position, the reporter).
+        capture: Returns the state to save (:func:`capture`).
         ratio: The least factor of training time between two saves.
     """
 
@@ -72,9 +74,12 @@ class Saver:
         self.saved_at_s: float | None = None
         self.directory: str | None = None
 
-    def __call__(self, train_s: float) -> str | None:
-        if self.saved_at_s is not None and train_s < self.saved_at_s * self.ratio:
-            return None
+    def due(self, train_s: float) -> bool:
+        """Whether an evaluation at ``train_s`` seconds of training saves."""
+        return self.saved_at_s is None or train_s >= self.saved_at_s * self.ratio
+
+    def save(self, train_s: float) -> str:
+        """Write the state into a fresh directory; its path."""
         import torch
 
         self.close()
@@ -88,6 +93,55 @@ class Saver:
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
+
+
+def capture(parts: Any, validation: Any, reporter: Any) -> dict[str, Any]:
+    """What a paused trial keeps: the loop's parts (model, optimizer, warmup schedule, weight
+    average, fp16 scaler), the micro batches taken, where its validation stands, its reporter
+    and the random generators."""
+    ema = parts.ema
+    return {
+        "format": STATE_FORMAT,
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": parts.scheduler.state_dict(),
+        "ema": None if ema is None else {"module": ema.module.state_dict(), "updates": ema.updates},
+        "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
+        "micro_steps": parts.taken,
+        "validation": {
+            "first": validation.first,
+            "near": validation.near,
+            "on_subset": validation.on_subset,
+        },
+        "reporter": reporter.state(),
+        "rng": rng_state(),
+    }
+
+
+def restore(parts: Any, validation: Any, reporter: Any, state: dict[str, Any]) -> None:
+    """Put the loop's parts, its validation and its reporter back as :func:`capture` saw them
+    (the generators are put back by the loop, last, right before its clock starts).
+
+    Raises:
+        ValueError: A state of another format. Any error here leaves the parts half loaded:
+            the loop builds them again and trains afresh.
+    """
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(f"a saved state of format {state.get('format')!r}, not {STATE_FORMAT}")
+    parts.model.load_state_dict(state["model"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.scheduler.load_state_dict(state["scheduler"])
+    if parts.ema is not None and state["ema"] is not None:
+        parts.ema.module.load_state_dict(state["ema"]["module"])
+        parts.ema.updates = int(state["ema"]["updates"])
+    if parts.scaler is not None and state["scaler"] is not None:
+        parts.scaler.load_state_dict(state["scaler"])
+    kept = state["validation"]
+    validation.first, validation.near = kept["first"], bool(kept["near"])
+    if not kept["on_subset"]:
+        validation.early = None
+    reporter.restore(state["reporter"])  # last: it fails whole or not at all
+    parts.taken = int(state["micro_steps"])
 
 
 def load(checkpoint: Any) -> dict[str, Any] | None:
@@ -142,5 +196,6 @@ def checkpointing(to_tune: bool) -> dict[str, Any]:
     return {"resume": saved_state(), "save": storage_reachable()}
 
 
-__all__ = ["SAVE_RATIO", "STATE_FILE", "Saver", "checkpointing", "load", "rng_state",
-           "saved_state", "set_rng_state", "storage_reachable"]  # fmt: skip
+__all__ = ["SAVE_RATIO", "STATE_FILE", "STATE_FORMAT", "Saver", "capture", "checkpointing",
+           "load", "restore", "rng_state", "saved_state", "set_rng_state",
+           "storage_reachable"]  # fmt: skip

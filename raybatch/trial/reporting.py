@@ -38,6 +38,7 @@ from raybatch.status import TrialStatus
 from raybatch.trial.cadence import NEAR_MARK_RATIO, Cadence
 from raybatch.trial.clock import TrialClock
 from raybatch.trial.limits import TrialLimits, failure
+from raybatch.trial.pause import Saver
 
 ReportFn = Callable[[dict[str, Any]], None]
 
@@ -56,11 +57,6 @@ def _tune_report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> 
         tune.report(metrics)
     else:  # Tune keeps it in the trial's storage; a paused or resumed trial goes on from it
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
-
-
-Saver = Callable[[float], "str | None"]
-"""Saves the trial's state at an evaluation at so many seconds of training, into a directory
-it returns (``None``: not this time): :func:`raybatch.trial.pause.saver`."""
 
 
 @dataclass(frozen=True)
@@ -133,14 +129,19 @@ class ReportChannel:
             out.update(self.extra())
         return out
 
-    def send(self, report: dict[str, Any], evaluation: bool) -> None:
+    def send(self, report: dict[str, Any], evaluation: bool, clock: TrialClock) -> None:
         """Send ``report``; an evaluation's goes with the trial's saved state where a saver
-        is set and saves now (the report's training time decides)."""
-        saved = self.saver(float(report[keys.TRAIN_S])) if evaluation and self.saver else None
-        if saved is None:
+        is set and due (the report's training time decides). Saving, and Tune's copy of the
+        save, are timed as evaluation: no training, never in the objective."""
+        train_s = float(report[keys.TRAIN_S])
+        if not (evaluation and self.saver is not None and self.saver.due(train_s)):
             self.report_fn(report)
-        else:
-            self.report_with_state(report, saved)
+            return
+        with clock.evaluating():
+            try:
+                self.report_with_state(report, self.saver.save(train_s))
+            finally:
+                self.saver.close()
 
     def close(self) -> None:
         """Release what ``extra`` holds (e.g. an NVML sampling thread), if it can be closed."""
@@ -375,7 +376,7 @@ class TrialReporter:
         out = {**self.metrics(), keys.HEARTBEAT: heartbeat}
         self.cadence.reported(float(out[keys.TRAIN_S]))
         # An evaluation that goes on may be where the trial is paused: its state goes along.
-        self.channel.send(out, evaluation=not heartbeat and not self.stopped)
+        self.channel.send(out, not heartbeat and not self.stopped, self.clock)
 
     _KEPT = ("samples_seen", "steps", "reports", "metric", "loss", "initial_loss", "values")
 
@@ -386,11 +387,14 @@ class TrialReporter:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Go on from :meth:`state`: call before :meth:`start`, which starts the clock from the
-        saved readings."""
-        for name in self._KEPT:
-            setattr(self, name, state[name])
-        vars(self.cadence).update(state["cadence"])
-        self.clock.resume(state["clock"])
+        saved readings. Read whole before anything is set: a state it cannot read changes
+        nothing."""
+        kept = {name: state[name] for name in self._KEPT}
+        cadence = dict(state["cadence"])
+        self.clock.resume(state["clock"])  # whole or not at all
+        for name, value in kept.items():
+            setattr(self, name, value)
+        vars(self.cadence).update(cadence)
 
     def __enter__(self) -> TrialReporter:
         return self.start()

@@ -484,12 +484,12 @@ def trainable(
 
 
 def trainable_of(parts: TrialParts) -> Callable[[dict[str, Any]], None]:
-    """The function trainable of ``parts``, carrying them (:func:`~raybatch.trial.settings.
-    parts_of`): what :func:`trainable` returns, and :func:`raybatch.with_resources` rebuilds
-    with the budget and CUDA context it measured on the cluster."""
+    """The function trainable of ``parts``, which runs with the parts it carries when called
+    (:func:`raybatch.with_resources` gives it the budget and context measured on a cluster)."""
 
     def raybatch_trial(config: dict[str, Any]) -> None:
-        run_trial(parts.workload, parts.space, parts.settings, config)
+        now: TrialParts = getattr(raybatch_trial, PARTS_ATTRIBUTE)
+        run_trial(now.workload, now.space, now.settings, config)
 
     raybatch_trial.__name__ = f"raybatch_{parts.workload.name}"
     raybatch_trial.__qualname__ = raybatch_trial.__name__
