@@ -81,7 +81,7 @@ def test_a_trial_resumed_from_a_save_follows_the_curve_of_one_never_paused(
 
     # A save at every evaluation (not sqrt(3) apart in training time): the same saves on any
     # machine, however fast.
-    monkeypatch.setattr(loop, "Saver", functools.partial(Saver, ratio=1.0))
+    monkeypatch.setattr(loop, "Saver", functools.partial(Saver, ratio=1.0, share=1e9))
     workload = NoisyDigits()
     options = LoopOptions(seed=5, ema_decay=0.9)
     whole: list[dict[str, Any]] = []
@@ -121,6 +121,9 @@ def test_saves_come_at_evaluations_a_factor_apart_and_none_is_kept_after_its_rep
     assert not Path(first).exists()
     saver.close()  # after Tune copied it with the report
     assert not Path(second).exists()
+    # A dear save waits for more training: 5 % of the training since the last at most.
+    saver.cost_s = 1.0
+    assert not saver.due(10.0) and saver.due(22.5)
 
 
 def test_a_state_that_does_not_fit_the_trial_trains_it_afresh(tmp_path: Path) -> None:

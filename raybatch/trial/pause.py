@@ -27,7 +27,11 @@ log = logging.getLogger(__name__)
 SAVE_RATIO = 3**0.5
 """An evaluation saves the trial's state when it comes this factor or more later in training
 than the last save (the time marks' spacing, :data:`~raybatch.trial.cadence.TIME_MARK_RATIO`):
-about ten saves a trial, and one resumed at a rung repeats at most 42 % of its training."""
+one resumed at a rung repeats at most 42 % of its training..."""
+SAVE_SHARE = 0.05
+"""...and when the training since the last save is at least 20 times what that save cost
+(writing it, and Tune's copy): saving costs at most 5 % of the training it keeps. On the real
+benchmark's two-second trainings, ten saves a trial had held the devices 2-7 s a search more."""
 STATE_FILE = "raybatch_trial.pt"
 STATE_FORMAT = 1
 """The saved state's layout: a save of another is not read (the trial trains afresh)."""
@@ -66,17 +70,29 @@ class Saver:
     Args:
         capture: Returns the state to save (:func:`capture`).
         ratio: The least factor of training time between two saves.
+        share: The most a save may cost, as a share of the training since the last.
     """
 
-    def __init__(self, capture: Callable[[], dict[str, Any]], ratio: float = SAVE_RATIO) -> None:
+    def __init__(
+        self,
+        capture: Callable[[], dict[str, Any]],
+        ratio: float = SAVE_RATIO,
+        share: float = SAVE_SHARE,
+    ) -> None:
         self.capture = capture
         self.ratio = ratio
+        self.share = share
         self.saved_at_s: float | None = None
+        self.cost_s = 0.0
+        """What the last save cost, in wall seconds (set by whoever hands it to Tune)."""
         self.directory: str | None = None
 
     def due(self, train_s: float) -> bool:
         """Whether an evaluation at ``train_s`` seconds of training saves."""
-        return self.saved_at_s is None or train_s >= self.saved_at_s * self.ratio
+        last = self.saved_at_s
+        if last is None:
+            return True
+        return train_s >= last * self.ratio and (train_s - last) * self.share >= self.cost_s
 
     def save(self, train_s: float) -> str:
         """Write the state into a fresh directory; its path."""

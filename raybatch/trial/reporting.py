@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -138,10 +139,12 @@ class ReportChannel:
             self.report_fn(report)
             return
         with clock.evaluating():
+            started = time.perf_counter()
             try:
                 self.report_with_state(report, self.saver.save(train_s))
             finally:
                 self.saver.close()
+                self.saver.cost_s = time.perf_counter() - started
 
     def close(self) -> None:
         """Release what ``extra`` holds (e.g. an NVML sampling thread), if it can be closed."""
