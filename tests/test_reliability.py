@@ -258,8 +258,8 @@ def test_a_trial_hung_inside_a_step_is_stopped_by_the_driver_and_the_search_goes
     data["search"]["lr_multiplier"] = None
     space = SearchSpace.from_dict(data)
     # Caps with room for a loaded machine, where three workers' start-up on two busy cores
-    # took over 20 s (taken for hung at 10 + 10): only the hung trial waits them out.
-    options = SearchOptions(trials=3, max_time_s=10, hang_grace_s=40, gpus_per_trial=0,
+    # took over 20 s (taken for hung at 10 + 10): only the hung trial waits out the 35 s.
+    options = SearchOptions(trials=3, max_time_s=5, hang_grace_s=30, gpus_per_trial=0,
                             cpus_per_trial=0.5, max_concurrent=3, capping=False,
                             confirm_seeds=0, prior=False)  # fmt: skip
     started = time.monotonic()

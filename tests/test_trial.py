@@ -209,9 +209,10 @@ def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
         return set(Path(tempfile.gettempdir()).glob("raybatch-train-*"))
 
     before = train_dirs()
-    # A low target: what is tested is that both workers train and are counted, not how well;
-    # data-parallel steps on gloo over 2 cores take about a second each.
-    fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, eval_every_samples=512)
+    # A low target and a few steps' samples: what is tested is that both workers train and
+    # are counted, not how well; data-parallel steps on gloo over 2 cores take a second each.
+    fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, eval_every_samples=512,
+                            max_samples=256 * 6)  # fmt: skip
     tuner = tune.Tuner(
         raybatch.with_resources(fn, gpus_per_trial=0),
         param_space={"micro_batch_size": 64, "accumulation_steps": 2, "world_size": 2},

@@ -480,21 +480,17 @@ def trainable(
     ship_by_value(workload)  # a workload from a file, script or notebook reaches every node
     target = resolve_target(target, workload.metrics)
     parts = TrialParts(workload, resolved, settings_of(target, resolved.sync_batchnorm, **settings))
-    return trainable_of(parts)
-
-
-def trainable_of(parts: TrialParts) -> Callable[[dict[str, Any]], None]:
-    """The function trainable of ``parts``, which runs with the parts it carries when called
-    (:func:`raybatch.with_resources` gives it the budget and context measured on a cluster)."""
 
     def raybatch_trial(config: dict[str, Any]) -> None:
+        # The parts it carries when called: with_resources sets the budget and the context
+        # measured on a cluster on the function itself.
         now: TrialParts = getattr(raybatch_trial, PARTS_ATTRIBUTE)
         run_trial(now.workload, now.space, now.settings, config)
 
-    raybatch_trial.__name__ = f"raybatch_{parts.workload.name}"
+    raybatch_trial.__name__ = f"raybatch_{workload.name}"
     raybatch_trial.__qualname__ = raybatch_trial.__name__
     setattr(raybatch_trial, PARTS_ATTRIBUTE, parts)
     return raybatch_trial
 
 
-__all__ = ["default_eval_every", "run_trial", "trainable", "trainable_of"]
+__all__ = ["default_eval_every", "run_trial", "trainable"]
