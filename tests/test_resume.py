@@ -183,7 +183,7 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     total is what was asked, and ``best_config.yaml`` is what a fresh analysis of the stored
     trials gives.
     """
-    trials, rng = 6, random.Random(6)
+    trials, rng = 4, random.Random(6)
     run_dir = tmp_path / "run"
     search = (
         "search", "raybatch.examples.digits:workload", "--target", "0.97",
