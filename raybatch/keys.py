@@ -115,7 +115,7 @@ ALONE: Final = "alone"
 trial that ran out of memory while packed)."""
 MEASURE_TIME_MODEL: Final = "measure_time_model"
 """In a trial's config: once it reaches the target, measure the search's time model on its
-trained model (:mod:`raybatch.timemodel.measure`); the searcher asks one trial at a time."""
+trained model (:mod:`raybatch.timemodel.measure`); the searcher asks every trial until one has."""
 TIME_MODEL: Final = "time_model"
 """In the final report of a trial asked to measure it: the time model, as JSON text
 (:meth:`raybatch.timemodel.model.TimeModel.to_dict`)."""

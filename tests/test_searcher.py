@@ -751,21 +751,22 @@ def test_the_driver_built_searcher_carries_the_largest_batchs_best_lr_to_the_lad
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_model_for_the_ladder(
+def test_the_driver_built_searcher_has_every_trial_measure_the_time_model_until_one_has(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The time model is measured inside a trial once it reaches the target: one running trial
-    at a time is asked (a capped one passes the request on), what it brings back survives the
-    searcher's checkpoint, and the ladder is ranked by it (here: the smallest batches, where
-    the geometric ladder without a model would run 64 and 16). Each phase says so as it
-    begins: the time model measured, the ladder, then TPE."""
+    """The time model is measured inside a trial once it reaches the target: every trial
+    launched until one has is asked (the one asked first is often stopped while the one beside
+    it reaches), the first model back is kept and no trial is asked after it, what it brings
+    back survives the searcher's checkpoint, and the ladder is ranked by it (here: the
+    smallest batches, where the geometric ladder without a model would run 64 and 16). Each
+    phase says so as it begins: the time model measured, the ladder, then TPE."""
     from raybatch.timemodel.model import MeasuredTimeModel, NoiseScale, TimeModel
 
     caplog.set_level(logging.INFO, logger=LOGGER)
     searcher = _driver_searcher(tmp_path, prior=True)
     asked = [searcher.suggest("o0"), searcher.suggest("o1")]
     assert all(isinstance(c, dict) for c in asked)
-    assert [bool(c.get(keys.MEASURE_TIME_MODEL)) for c in asked] == [True, False]  # type: ignore[union-attr]
+    assert [bool(c.get(keys.MEASURE_TIME_MODEL)) for c in asked] == [True, True]  # type: ignore[union-attr]
     searcher.on_trial_complete("o0", _result("capped"))
     third = searcher.suggest("o2")
     assert isinstance(third, dict) and third.get(keys.MEASURE_TIME_MODEL) is True
@@ -775,13 +776,18 @@ def test_the_driver_built_searcher_has_one_trial_at_a_time_measure_the_time_mode
     model = TimeModel(NoiseScale(0.0, 0.0, 0.0, 16, 128, 16), micro_s, 0.001, cost_s=0.5)
     measured = {**_result("reached", 2.0), keys.TIME_MODEL: json.dumps(model.to_dict())}
     searcher.on_trial_complete("o2", measured)
-    searcher.on_trial_complete("o1", _result("reached", 2.0))
-    assert searcher.plan.time_model == MeasuredTimeModel(model, "o2")
+    later = TimeModel(NoiseScale(9.0, 8.0, 10.0, 16, 128, 16), micro_s, 0.001, cost_s=0.5)
+    searcher.on_trial_complete("o1", {**_result("reached", 2.0),
+                                      keys.TIME_MODEL: json.dumps(later.to_dict())})  # fmt: skip
+    assert searcher.plan.time_model == MeasuredTimeModel(model, "o2")  # the first one back
+    fourth = searcher.suggest("o3")
+    assert isinstance(fourth, dict) and keys.MEASURE_TIME_MODEL not in fourth
+    searcher.on_trial_complete("o3", _result("reached", 2.0))
     searcher.save(str(tmp_path / "searcher.pkl"))
     restored = _driver_searcher(tmp_path, prior=True)
     restored.restore(str(tmp_path / "searcher.pkl"))
     assert restored.plan.time_model == searcher.plan.time_model
-    launched = _run_reaching(restored, range(3, 3 + len(restored.plan.opening.points) - 3 + 4))
+    launched = _run_reaching(restored, range(4, 4 + len(restored.plan.opening.points) - 4 + 4))
     ladder = launched[-4:]
     assert {m for m, _, _ in ladder} == {16, 32}
     assert isinstance(restored.suggest("tpe"), dict)

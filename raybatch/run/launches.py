@@ -108,7 +108,6 @@ class Launches:
         # Measured alone on its device: a packed trial's step times are its neighbours' too.
         if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
             config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
-            self.plan.measuring = trial_id
         self.devices.take(trial_id, recipe, config)
         return config
 

@@ -8,7 +8,8 @@ runs before TPE takes over, kept apart from the pre-screen, placement and Optuna
    out of memory for real is replaced by the next smaller micro batch, so that the largest
    batch that *really* fits is swept;
 2. **the time model** (:mod:`raybatch.timemodel.model`), measured inside the search's first trial
-   that reaches the target (:mod:`raybatch.timemodel.measure`): one trial at a time is asked;
+   that reaches the target (:mod:`raybatch.timemodel.measure`): every trial launched before one
+   has is asked;
 3. **the ladder** (:class:`raybatch.run.seeding.Ladder`), queued once every opening point has
    ended: the LR multiplier that was fastest at the largest batch, carried to the batches the
    model predicts fastest (a geometric ladder without one).
@@ -73,7 +74,6 @@ class Plan:
         self.time_model: MeasuredTimeModel | None = None
         """The time model a trial measured at the target, and which trial, once one has."""
         self.time_model_problem: str | None = None  # why the asked trial could not measure it
-        self.measuring: str | None = None  # the Tune trial asked to measure it, while it runs
         self.said_tpe = False  # the line that TPE suggests from here, once a session
 
     @property
@@ -105,27 +105,28 @@ class Plan:
         self.opening.restore(state)
         model, self.time_model_problem = state["time_model"], state["time_model_problem"]
         self.time_model = None if model is None else MeasuredTimeModel.from_dict(model)
-        self.measuring = None  # a trial asked before the interruption is asked again
         self.said_tpe = False
 
     # ------------------------------------------------------------------ the time model
 
     def wants_time_model(self, recipe: TrialConfig) -> bool:
-        """Whether a trial launched now is asked to measure the time model at the target: one
-        trial at a time, until one has, while the ladder still needs it; never a data-parallel
-        one (its model lives in its workers)."""
+        """Whether a trial launched now is asked to measure the time model at the target: every
+        trial, until one has, while the ladder still needs it; never a data-parallel one (its
+        model lives in its workers). Not one at a time: the trial asked is often one the
+        scheduler stops, while one launched beside it reaches (a real search on a digits CNN
+        ran its ladder without a model so). Each asked trial that reaches measures it, in about
+        a second of its device time; the first model to come back is the one kept."""
         ladder = self.ladder
         return (
             ladder is not None and ladder.measure and ladder.model is None
-            and self.time_model is None and self.measuring is None
-            and recipe.world_size == 1 and not self.record.ladder_queued()
+            and self.time_model is None and recipe.world_size == 1
+            and not self.record.ladder_queued()
         )  # fmt: skip
 
     def ended(self, trial_id: str, result: dict[str, Any]) -> None:
-        """A Tune trial ended: the one asked to measure the model brings it back (or why not).
-        So does one asked before an interruption and run again by Tune after the resume."""
-        if trial_id == self.measuring:
-            self.measuring = None
+        """A Tune trial ended: one asked to measure the model brings it back (or why not), the
+        first kept. So does one asked before an interruption and run again by Tune after the
+        resume."""
         text = result.get(keys.TIME_MODEL)
         if text and self.time_model is None:
             self.time_model = MeasuredTimeModel(TimeModel.from_dict(json.loads(text)), trial_id)

@@ -168,8 +168,8 @@ class Ladder:
             ``None``: the geometric ladder, unless one is measured.
         size: Recipes on the ladder (each at two LRs, see :meth:`points`).
         measure: Have the search measure the model inside its first trial that reaches the
-            target (:class:`~raybatch.run.searcher.RaybatchSearcher` asks one trial at a time
-            until one has); ``False``: the model given, or the geometric ladder.
+            target (:class:`~raybatch.run.searcher.RaybatchSearcher` asks every trial it
+            launches until one has); ``False``: the model given, or the geometric ladder.
     """
 
     def __init__(
