@@ -24,8 +24,8 @@ Strategies:
   time (rungs at ``max_t / 3^k``, reduction factor 3) over random and TPE suggestions;
 - ``hyperband``: Optuna's ``HyperbandPruner`` on training time (whole seconds) with TPE;
 - ``raybatch``: the shipped searcher (the plan, the ladder from the time model -- measured
-  inside the trial the searcher asks, once it reaches the target, with the member's
-  noise-scale error, its passes charged to that trial -- the pre-screen with the member's
+  inside each trial the searcher asks that reaches the target, the first kept, with the
+  member's noise-scale error, its passes charged to that trial -- the pre-screen with the member's
   imperfect estimate and the 20% probe margin, then TPE) and the shipped capping scheduler
   (slack 1.2, equal-time rungs with the hedged 10 % zone and eta 3, trials beside each other
   judged before any incumbent);
@@ -374,7 +374,7 @@ def run_tpe(member: Member, rng: random.Random, n: int, seed: int, early: str | 
 def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: bool
               ) -> RaybatchSearcher:  # fmt: skip
     """raybatch's searcher for ``member`` as the driver builds it (the time model measured in
-    the trial the searcher asks, :func:`run_raybatch`)."""
+    the trials the searcher asks, :func:`run_raybatch`)."""
     space = sim_space()
     # Without the pre-screen there is no estimate anywhere: the opening's "largest batch" is
     # the space's largest, and only OOMs (remembered, replaced) teach the search what fits.

@@ -125,7 +125,8 @@ def test_the_time_models_ranking_is_said_only_when_it_means_something() -> None:
 
 def test_a_trial_sharing_its_gpu_says_why_it_measures_no_time_model() -> None:
     """Packed, its step times are its neighbours' too: asked for the model, it reports why it
-    measured none (the plan logs it and asks the next trial), never a model from shared steps."""
+    measured none (the plan logs it; the trials after it are asked too), never a model from
+    shared steps."""
     from raybatch import keys
     from raybatch.examples.tabular import TabularWorkload
     from raybatch.timemodel.measure import PACKED, at_target_measure

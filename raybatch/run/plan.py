@@ -73,7 +73,7 @@ class Plan:
         self.ladder = ladder
         self.time_model: MeasuredTimeModel | None = None
         """The time model a trial measured at the target, and which trial, once one has."""
-        self.time_model_problem: str | None = None  # why the asked trial could not measure it
+        self.time_model_problem: str | None = None  # why the last asked trial to say measured none
         self.said_tpe = False  # the line that TPE suggests from here, once a session
 
     @property
@@ -131,9 +131,12 @@ class Plan:
         if text and self.time_model is None:
             self.time_model = MeasuredTimeModel(TimeModel.from_dict(json.loads(text)), trial_id)
             said = f" (gradient noise scale {self.time_model.model.noise.b_simple:.4g})"
-            log.info(f"time model measured in trial {trial_id}{said}: the ladder's batches"
-                     " come from it once the opening has ended")  # fmt: skip
-        elif result.get(keys.TIME_MODEL_ERROR):
+            late = self.record.ladder_queued()  # queued without a model: a geometric one ran
+            when = (": the ladder was queued before it (a geometric one); it is kept for the"
+                    " record and the predictions" if late else
+                    ": the ladder's batches come from it once the opening has ended")  # fmt: skip
+            log.info(f"time model measured in trial {trial_id}{said}{when}")
+        elif self.time_model is None and result.get(keys.TIME_MODEL_ERROR):
             self.time_model_problem = str(result[keys.TIME_MODEL_ERROR])
             log.info(f"time model not measured in trial {trial_id}: {self.time_model_problem}")
 

@@ -2,7 +2,7 @@
 
 - ``model``: :class:`~raybatch.timemodel.model.TimeModel`, time to target from the gradient
   noise scale (McCandlish et al. 2018) and measured step times, up to a constant;
-- ``measure``: measuring it inside the trial the searcher asks, once that trial reaches the
+- ``measure``: measuring it inside a trial the searcher asks, once that trial reaches the
   target (its own device, its trained weights; the trial's training batches);
 - ``prediction``: the search's record of it: the run directory's ``prior.json``, the note
   saying where it was measured, and each row's ``predicted_time_s``.

@@ -31,7 +31,7 @@ class TimeModelKept(Protocol):
     time_model: MeasuredTimeModel | None
     """The model and the trial that measured it; ``None``: none did."""
     time_model_problem: str | None
-    """Why the trial asked could not measure it, where one said."""
+    """Why an asked trial (the last to say) could not measure it, where one said."""
 
 
 def time_model_found(
