@@ -124,7 +124,19 @@ Trial = dict[str, Any]  # knobs + outcome + cost
 def _outcome(member: Member, knobs: tuple[int, int, float], rng: random.Random,
              cap_s: float | None = None, stop: Any = None) -> Trial:  # fmt: skip
     micro, accumulation, multiplier = knobs
-    return {"knobs": knobs, **member.run(micro, accumulation, multiplier, rng, cap_s, stop)}
+    return {"knobs": knobs, "warm_s": _warm_s(member, knobs),
+            **member.run(micro, accumulation, multiplier, rng, cap_s, stop)}  # fmt: skip
+
+
+def _warm_s(member: Member, knobs: tuple[int, int, float]) -> float:
+    """The training seconds the recipe's LR ramps up for: its warmup steps (the space's rule,
+    as the product derives them) at the member's step time."""
+    micro, accumulation, multiplier = knobs
+    steps = _SPACE.derive(micro, accumulation, lr_multiplier=multiplier).warmup_steps
+    return steps * member.step_time(micro, accumulation)
+
+
+_SPACE = sim_space()
 
 
 def _finder_cost(member: Member) -> float:
@@ -149,12 +161,17 @@ class _Capping:
 
     def __init__(self, zone: float | None, max_time_s: float) -> None:
         self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone)
+        self.warm_s: dict[str, float] = {}  # trial -> the training seconds its warmup lasts
+
+    def launched(self, trial_id: str, warm_s: float) -> None:
+        self.warm_s[trial_id] = warm_s
 
     def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False) -> bool:
         reached = progress is not None and progress >= 1.0
+        warming = t < self.warm_s.get(trial_id, 0.0)  # as raybatch's loop says it
         result = {keys.STATUS: "reached" if reached else "running", keys.TRAIN_S: t,
                   keys.METRIC: progress, keys.TIME_TO_TARGET_S: t if reached else None,
-                  keys.HEARTBEAT: beat}  # fmt: skip
+                  keys.HEARTBEAT: beat, keys.WARMING_UP: warming}  # fmt: skip
         trial = SimpleNamespace(trial_id=trial_id)
         stop = self.scheduler.on_trial_result(None, trial, result) == TrialScheduler.STOP
         return stop and not reached
@@ -229,6 +246,8 @@ def simulate_search(member: Member, rng: random.Random, n: int,
             return False
         full = _outcome(member, knobs, rng)  # uncapped; the rule decides where it ends
         order.append(trial_id)
+        if hasattr(rule, "launched"):  # the capping scheduler reads the warmup from reports
+            rule.launched(trial_id, full["warm_s"])
         running[trial_id] = {"knobs": knobs, "full": full, "i": 0, "start": clock,
                              "reports": _reports(member, full)}  # fmt: skip
         return True

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from raybatch import SearchSpace, Target
+from raybatch import SearchSpace, Target, keys
 from raybatch.space.config import warmup_factor
 from raybatch.status import TrialStatus
 from raybatch.trial.clock import TrialClock
@@ -102,6 +102,30 @@ def test_learning_rate_follows_the_warmup_during_training() -> None:
                              report_fn=lambda m: None)  # fmt: skip
     train(Recording(), recipe, reporter, torch.device("cpu"), LoopOptions())
     assert lrs == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.04, 0.04])
+
+
+def test_each_evaluation_says_whether_the_lr_still_ramps_up() -> None:
+    """What the capping scheduler reads to leave a rung reached mid-warmup alone: evaluated
+    every 32 samples (one step), a recipe with 4 warmup steps says it ramps up until its
+    fourth step is done, then not."""
+    space = SearchSpace.from_dict(
+        {
+            "name": "warm",
+            "reference": {"batch_size": 8, "lr": 0.01, "optimizer": "sgd"},
+            "rules": {"lr": "linear"},
+            "search": {"micro_batch_size": [32]},
+            "warmup": {"samples_per_scale": 32},
+        }
+    )
+    recipe = space.derive(32)
+    reports: list[dict[str, Any]] = []
+    reporter = TrialReporter(2.0, eval_every_samples=32, max_time_s=60, max_samples=7 * 32,
+                             report_fn=reports.append)  # fmt: skip
+    train(MLPWorkload(), recipe, reporter, torch.device("cpu"), LoopOptions())
+    marks = [(r[keys.STEPS], r[keys.WARMING_UP]) for r in reports
+             if not r[keys.HEARTBEAT] and keys.WARMING_UP in r]  # fmt: skip
+    assert marks and all(warming == (steps < 4) for steps, warming in marks), marks
+    assert {w for _, w in marks} == {True, False}
 
 
 def test_micro_batch_larger_than_the_data_is_an_error_not_a_silent_empty_loop() -> None:

@@ -130,6 +130,7 @@ class CappingScheduler(FIFOScheduler):
         """Tune trial -> the zone of the rung it was stopped at (hedged: wider early)."""
         self._trajectories: dict[str, Trajectory] = {}
         self._ended: set[str] = set()  # trials whose curves have ended (completed, stopped)
+        self._warming: dict[str, float] = {}  # trial -> training time of its last warmup mark
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
         self.warm = WarmSlots()
@@ -188,6 +189,7 @@ class CappingScheduler(FIFOScheduler):
         # capped at slack x the first run on its seed to reach, and never moves the search's B.
         seed = race_seed(getattr(trial, "config", None))
         trajectory = self._follow(trial.trial_id, result) if seed is None else None
+        self._warm(trial.trial_id, result)
         if result.get(keys.STATUS) == TrialStatus.REACHED.value:
             self._reached(seed, result.get(keys.TIME_TO_TARGET_S))
             return TrialScheduler.CONTINUE
@@ -234,15 +236,31 @@ class CappingScheduler(FIFOScheduler):
             return []
         return rung_times(self.horizon_s, self.eta, GUESS_RUNG_COUNT)
 
+    def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
+        """Remember how far into its training an evaluation still found the trial's LR ramping
+        up (:data:`~raybatch.keys.WARMING_UP`; a trial whose loop does not say is taken as
+        warm)."""
+        trained = result.get(keys.TRAIN_S)
+        if result.get(keys.WARMING_UP) and not result.get(keys.HEARTBEAT) and trained is not None:
+            self._warming[trial_id] = max(self._warming.get(trial_id, 0.0), float(trained))
+
     def _failed_rung(self, trial_id: str, trajectory: Trajectory, trained: float) -> float | None:
         """The first rung up to ``trained`` this trial fails at (``None``: it goes on). A rung
         judges a trial once, beside other curves; one it got to first is judged again at its
-        next evaluation, and a faster incumbent moves the rungs earlier."""
+        next evaluation, and a faster incumbent moves the rungs earlier. A rung the trial
+        reached still in its warmup passes it: its curve there shows how long its LR ramps
+        up, which grows with the batch's LR scale, not how fast the recipe trains (a real
+        search stopped nine of twelve trials at chance accuracy, most mid-warmup, at the
+        earliest rung)."""
         if self.zone is None:
             return None
         rungs = self.rungs()
+        warming_until = self._warming.get(trial_id, 0.0)
         for index, rung_s in enumerate(rungs):
             if rung_s > trained or judged_near(trajectory.judged, rung_s, self.eta):
+                continue
+            if rung_s <= warming_until:
+                trajectory.judged.add(rung_s)
                 continue
             zone = hedged_zone(self.zone, self.eta, len(rungs) - 1 - index, self.hedge)
             verdict = passes(trajectory, rung_s, self._others(trial_id), zone, self.eta)
@@ -296,6 +314,7 @@ class CappingScheduler(FIFOScheduler):
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
         self._trajectories.pop(trial.trial_id, None)
+        self._warming.pop(trial.trial_id, None)
         super().on_trial_error(tune_controller, trial)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -303,6 +322,7 @@ class CappingScheduler(FIFOScheduler):
         # the same run format lacks what was added since, and resumes with it empty.
         self.__dict__.update(state)
         self.__dict__.setdefault("_ended", set())
+        self.__dict__.setdefault("_warming", {})
         self.__dict__.setdefault("warm", WarmSlots())
         self.__dict__.setdefault("experiment", None)
 

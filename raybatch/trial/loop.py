@@ -405,4 +405,5 @@ def _run(
         if stopped:
             break
         if reporter.eval_due:
+            reporter.note(keys.WARMING_UP, reporter.steps < config.warmup_steps)
             _evaluate(parts, workload, validation, device, reporter)
