@@ -106,8 +106,8 @@ def test_learning_rate_follows_the_warmup_during_training() -> None:
 
 def test_each_evaluation_says_whether_the_lr_still_ramps_up() -> None:
     """What the capping scheduler reads to leave a rung reached mid-warmup alone: evaluated
-    every 32 samples (one step), a recipe with 4 warmup steps says it ramps up until its
-    fourth step is done, then not."""
+    every 32 samples (one step), a recipe with 4 warmup steps says it ramps up exactly while
+    the LR its next step takes is below the recipe's."""
     space = SearchSpace.from_dict(
         {
             "name": "warm",
@@ -118,13 +118,23 @@ def test_each_evaluation_says_whether_the_lr_still_ramps_up() -> None:
         }
     )
     recipe = space.derive(32)
-    reports: list[dict[str, Any]] = []
+    optimizers: list[torch.optim.Optimizer] = []
+
+    class Keeping(MLPWorkload):
+        def build_optimizer(self, model: torch.nn.Module, config: Any) -> torch.optim.Optimizer:
+            optimizers.append(super().build_optimizer(model, config))
+            return optimizers[-1]
+
+    marks: list[tuple[float, bool]] = []  # (the LR the next step takes, what the report says)
+
+    def report(r: dict[str, Any]) -> None:
+        if not r[keys.HEARTBEAT] and keys.WARMING_UP in r:
+            marks.append((optimizers[0].param_groups[0]["lr"], r[keys.WARMING_UP]))
+
     reporter = TrialReporter(2.0, eval_every_samples=32, max_time_s=60, max_samples=7 * 32,
-                             report_fn=reports.append)  # fmt: skip
-    train(MLPWorkload(), recipe, reporter, torch.device("cpu"), LoopOptions())
-    marks = [(r[keys.STEPS], r[keys.WARMING_UP]) for r in reports
-             if not r[keys.HEARTBEAT] and keys.WARMING_UP in r]  # fmt: skip
-    assert marks and all(warming == (steps < 4) for steps, warming in marks), marks
+                             report_fn=report)  # fmt: skip
+    train(Keeping(), recipe, reporter, torch.device("cpu"), LoopOptions())
+    assert marks and all(warming == (lr < recipe.lr * 0.999) for lr, warming in marks), marks
     assert {w for _, w in marks} == {True, False}
 
 

@@ -202,21 +202,20 @@ def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
 def test_a_rung_reached_in_warmup_passes_and_the_next_one_after_it_judges() -> None:
     """A larger batch ramps its LR up for longer: mid-warmup its curve shows the ramp, not the
     recipe (a real search stopped nine of twelve trials at chance accuracy, most mid-warmup).
-    The same slow curve (0.2 at 1.2 s, 0.3 at 3.3 s), once still warming up at its first
-    evaluation past the 1 s rung and once not: the warm one is stopped at 1 s, the warming
-    one goes on there and is judged at the 3 s rung, reached after its warmup ended (stopped:
-    0.3 is far behind the incumbent's 0.7). A heartbeat's flag repeats the last evaluation's
-    and moves nothing."""
+    The same slow curve (0.2 at 1.2 s, 0.25 at 2 s, 0.3 at 3.3 s), once saying nothing of a
+    warmup and once still warming up at 1.2 s: the first is stopped at the 1 s rung; the
+    second is not judged there (nor at 2 s, its first evaluation past the warmup: its value at
+    1 s would be read from the warmup) and is stopped at the 3 s rung, 0.3 being far behind
+    the incumbent's 0.7 there."""
     warm, warming = CappingScheduler(zone=0.1, hedge=0.0), CappingScheduler(zone=0.1, hedge=0.0)
     for s in (warm, warming):
         _incumbent(s)
     assert warm.on_trial_result(None, _trial("t"), _report(1.2, 0.2)) == TrialScheduler.STOP
-    still = {**_report(1.2, 0.2), keys.WARMING_UP: True}
-    assert warming.on_trial_result(None, _trial("t"), still) == TrialScheduler.CONTINUE
-    beat = {**_report(2.5, 0.2), keys.WARMING_UP: True, keys.HEARTBEAT: True}
-    assert warming.on_trial_result(None, _trial("t"), beat) == TrialScheduler.CONTINUE
-    after = {**_report(3.3, 0.3), keys.WARMING_UP: False}
-    assert warming.on_trial_result(None, _trial("t"), after) == TrialScheduler.STOP
+    curve = [(1.2, 0.2, True, TrialScheduler.CONTINUE), (2.0, 0.25, False, TrialScheduler.CONTINUE),
+             (3.3, 0.3, False, TrialScheduler.STOP)]  # fmt: skip
+    for t, value, flag, verdict in curve:
+        said = {**_report(t, value), keys.WARMING_UP: flag}
+        assert warming.on_trial_result(None, _trial("t"), said) == verdict, t
     assert warming.capped_at_rung == {"t": 3.0} and warm.capped_at_rung == {"t": 1.0}
 
 

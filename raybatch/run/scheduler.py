@@ -130,7 +130,7 @@ class CappingScheduler(FIFOScheduler):
         """Tune trial -> the zone of the rung it was stopped at (hedged: wider early)."""
         self._trajectories: dict[str, Trajectory] = {}
         self._ended: set[str] = set()  # trials whose curves have ended (completed, stopped)
-        self._warming: dict[str, float] = {}  # trial -> training time of its last warmup mark
+        self._warming: dict[str, float] = {}  # trial -> its first evaluation past its warmup
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
         self.warm = WarmSlots()
@@ -237,30 +237,36 @@ class CappingScheduler(FIFOScheduler):
         return rung_times(self.horizon_s, self.eta, GUESS_RUNG_COUNT)
 
     def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
-        """Remember how far into its training an evaluation still found the trial's LR ramping
-        up (:data:`~raybatch.keys.WARMING_UP`; a trial whose loop does not say is taken as
-        warm)."""
+        """Follow the trial's warmup from its evaluations (:data:`~raybatch.keys.WARMING_UP`;
+        a trial whose loop does not say is taken as warm): while its LR ramps up no rung judges
+        it, and once an evaluation finds the warmup over, no rung up to that evaluation does
+        (its value there is interpolated from the warmup). A trial run again from its start
+        warms up again."""
         trained = result.get(keys.TRAIN_S)
-        if result.get(keys.WARMING_UP) and not result.get(keys.HEARTBEAT) and trained is not None:
-            self._warming[trial_id] = max(self._warming.get(trial_id, 0.0), float(trained))
+        if result.get(keys.HEARTBEAT) or trained is None or keys.WARMING_UP not in result:
+            return
+        if result[keys.WARMING_UP]:
+            self._warming[trial_id] = math.inf
+        elif self._warming.get(trial_id) == math.inf:
+            self._warming[trial_id] = float(trained)
 
     def _failed_rung(self, trial_id: str, trajectory: Trajectory, trained: float) -> float | None:
         """The first rung up to ``trained`` this trial fails at (``None``: it goes on). A rung
         judges a trial once, beside other curves; one it got to first is judged again at its
         next evaluation, and a faster incumbent moves the rungs earlier. A rung the trial
-        reached still in its warmup passes it: its curve there shows how long its LR ramps
-        up, which grows with the batch's LR scale, not how fast the recipe trains (a real
-        search stopped nine of twelve trials at chance accuracy, most mid-warmup, at the
-        earliest rung)."""
+        reached in its warmup (up to its first evaluation past it) does not judge it: its curve
+        there shows how long its LR ramps up, which grows with the batch's LR scale, not how
+        fast the recipe trains (a real search stopped nine of twelve trials at chance accuracy,
+        most mid-warmup, at the earliest rung). Nor is that rung counted as judged: a rung
+        that moves near it later still judges the trial once it is warm."""
         if self.zone is None:
             return None
         rungs = self.rungs()
-        warming_until = self._warming.get(trial_id, 0.0)
+        warm_from = self._warming.get(trial_id, 0.0)
         for index, rung_s in enumerate(rungs):
-            if rung_s > trained or judged_near(trajectory.judged, rung_s, self.eta):
+            if rung_s > trained or rung_s <= warm_from:  # not yet; or passed in its warmup
                 continue
-            if rung_s <= warming_until:
-                trajectory.judged.add(rung_s)
+            if judged_near(trajectory.judged, rung_s, self.eta):
                 continue
             zone = hedged_zone(self.zone, self.eta, len(rungs) - 1 - index, self.hedge)
             verdict = passes(trajectory, rung_s, self._others(trial_id), zone, self.eta)

@@ -33,7 +33,7 @@ from raybatch.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.errors import first_line
 from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
-from raybatch.space.config import TrialConfig, warmup_scheduler
+from raybatch.space.config import TrialConfig, warmup_factor, warmup_scheduler
 from raybatch.trial.ema import WeightAverage
 from raybatch.trial.pause import Saver, capture, restore, set_rng_state
 from raybatch.trial.reporting import TrialReporter
@@ -405,5 +405,7 @@ def _run(
         if stopped:
             break
         if reporter.eval_due:
-            reporter.note(keys.WARMING_UP, reporter.steps < config.warmup_steps)
+            # The schedule's own steps (an fp16 step the scaler skipped does not move it).
+            ramp = warmup_factor(parts.scheduler.last_epoch, config.warmup_steps)
+            reporter.note(keys.WARMING_UP, ramp < 1.0)
             _evaluate(parts, workload, validation, device, reporter)
