@@ -128,7 +128,7 @@ def test_each_evaluation_says_whether_the_lr_still_ramps_up() -> None:
     marks: list[tuple[float, bool]] = []  # (the LR the next step takes, what the report says)
 
     def report(r: dict[str, Any]) -> None:
-        if not r[keys.HEARTBEAT] and keys.WARMING_UP in r:
+        if not r[keys.HEARTBEAT] and r[keys.WARMING_UP] is not None:
             marks.append((optimizers[0].param_groups[0]["lr"], r[keys.WARMING_UP]))
 
     reporter = TrialReporter(2.0, eval_every_samples=32, max_time_s=60, max_samples=7 * 32,

@@ -243,7 +243,7 @@ class CappingScheduler(FIFOScheduler):
         (its value there is interpolated from the warmup). A trial run again from its start
         warms up again."""
         trained = result.get(keys.TRAIN_S)
-        if result.get(keys.HEARTBEAT) or trained is None or keys.WARMING_UP not in result:
+        if result.get(keys.HEARTBEAT) or trained is None or result.get(keys.WARMING_UP) is None:
             return
         if result[keys.WARMING_UP]:
             self._warming[trial_id] = math.inf

@@ -110,8 +110,9 @@ class ReportChannel:
         self.report_with_state: Callable[[dict[str, Any], str], None] = _tune_report
         """Where a report goes with the directory of a saved state (Tune's checkpoint)."""
         # A loop of the user's own evaluates what it evaluates; raybatch's reads an early
-        # subset far from the target and says so (raybatch.trial.validation).
-        self.notes: dict[str, Any] = {keys.EVAL_WHOLE: True}
+        # subset far from the target and says so (raybatch.trial.validation). Whether the LR
+        # still ramps up is unknown (None) until a loop says (raybatch's does, at each mark).
+        self.notes: dict[str, Any] = {keys.EVAL_WHOLE: True, keys.WARMING_UP: None}
 
     def carry_at_target(self, measure: Callable[[], dict[str, Any]]) -> None:
         """Carry what ``measure`` returns from now on; its failure is a note, never the trial's:
