@@ -45,9 +45,10 @@ from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload
 from raybatch.space.config import TrialConfig, warmup_factor
 from raybatch.space.search_space import SearchSpace
+from raybatch.trial.cadence import default_eval_every
 from raybatch.trial.loop import seed_everything
 from raybatch.trial.settings import TrialSettings
-from raybatch.trial.wrapper import default_eval_every, run_trial
+from raybatch.trial.wrapper import run_trial
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "loop_overhead.json"

@@ -21,9 +21,9 @@ measures is off by a per-member factor of up to 2x either way, and its measureme
 two members do *not* follow McCandlish's model, so a wrong prior is tested: on one the steps
 rise again past a batch, on the other the best LR moves with the batch faster than the rule.
 
-**Trajectories.** Every trial is evaluated at the same sample marks and training-time marks
-(as raybatch's loop does: :func:`raybatch.trial.reporting.time_marks`), and near the target
-at most 15 % apart (:data:`raybatch.trial.reporting.NEAR_MARK_RATIO`).
+**Trajectories.** Every trial is evaluated where raybatch's loop evaluates, by its own
+:class:`raybatch.trial.cadence.Cadence`: at training-time marks, at least once an epoch, and
+near the target at most 15 % apart (:data:`raybatch.trial.cadence.NEAR_MARK_RATIO`).
 Its progress at a mark is the fraction of its samples to target done, read through a curve
 ``p ** shape`` whose shape depends on the recipe (a recipe with a larger LR scale warms up
 longer and starts slower, then catches up), with evaluation noise; the target is met when the
@@ -43,7 +43,7 @@ import raybatch
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.timemodel.model import NoiseScale, TimeModel
-from raybatch.trial.cadence import NEAR_MARK_RATIO, time_marks
+from raybatch.trial.cadence import BACKSTOP_EVALS_PER_EPOCH, Cadence, time_marks
 from raybatch.trial.validation import NEAR_PROGRESS
 
 MICRO = [8, 16, 32, 64, 128, 256, 512]
@@ -171,9 +171,10 @@ class Member:
         return self.steps(256, 1, best) * 256 / 8
 
     def mark_samples(self) -> float:
-        """Samples between evaluations: a quarter epoch, the same for every recipe, as
-        raybatch's default sample marks are."""
-        return self.epoch_samples() / 4
+        """The most samples between two evaluations: an epoch, as raybatch's default sample
+        marks are beside its time marks (:data:`~raybatch.trial.cadence.
+        BACKSTOP_EVALS_PER_EPOCH`)."""
+        return self.epoch_samples() / BACKSTOP_EVALS_PER_EPOCH
 
     def held_before_training(self) -> float:
         """What a trial holds its device for before its clock starts (start-up, data, the
@@ -216,25 +217,25 @@ class Member:
         needed = self.steps(micro, accumulation, multiplier) * batch
         shape = self.shape(micro, accumulation, multiplier)
         limit = self.max_time_s if cap_s is None else min(cap_s, self.max_time_s)
-        every = self.mark_samples()
         marks: list[tuple[float, float]] = []
-        samples = 0.0
-        next_sample_mark = every
-        # The product's training-time marks beside its sample marks, as its reporter has them.
-        timed = [t for t in time_marks(self.max_time_s) if t > startup]
+        # The product's own cadence: its training-time marks, its sample marks a backstop
+        # beside them (counted from the last evaluation), its near-target marks.
+        cadence = Cadence(
+            max(1, round(self.mark_samples())),
+            self.max_time_s,
+            eval_at_s=[t for t in time_marks(self.max_time_s) if t > startup],
+        )
 
         def held(train: float) -> float:
             return self.held_before_training() + train + len(marks) * self.eval_cost()
 
         while True:
-            at_sample_mark = next_sample_mark * per_sample + startup
-            if timed and timed[0] < at_sample_mark:
-                t = timed.pop(0)
+            at_sample_mark = cadence.next_mark * per_sample + startup
+            if cadence.eval_at_s and cadence.eval_at_s[0] < at_sample_mark:
+                t = cadence.eval_at_s[0]
                 samples = (t - startup) / per_sample
             else:
-                samples, t = next_sample_mark, at_sample_mark
-                next_sample_mark += every
-                timed = [m for m in timed if m > t]
+                samples, t = cadence.next_mark, at_sample_mark
             if t > limit:
                 status = "capped" if cap_s is not None and cap_s < self.max_time_s else "censored"
                 return {"status": status, "time": None, "cost": held(limit), "train": limit,
@@ -245,10 +246,11 @@ class Member:
                         "marks": marks}  # fmt: skip
             progress = (samples / needed) ** shape * (1 + rng.gauss(0, 0.02))
             marks.append((t, min(progress, 0.999)))
+            cadence.passed(int(samples))
             first = marks[0][1]
             if first >= 1 or (marks[-1][1] - first) / (1 - first) >= NEAR_PROGRESS:
-                # Near the target, as the product's loop is: the next mark 15 % later at most.
-                timed = sorted({*timed, t * NEAR_MARK_RATIO})
+                cadence.near_target()  # as the product's loop: the next 15 % later at most
+            cadence.trained(t)
             if stop is not None and stop(t, marks[-1][1]):
                 return {"status": "capped", "time": None, "cost": held(t), "train": t,
                         "marks": marks}  # fmt: skip

@@ -102,11 +102,36 @@ def test_a_near_mark_is_added_only_where_there_are_time_marks() -> None:
     timed = Cadence(eval_every_samples=10_000, max_time_s=60.0, eval_at_s=(0.5, 4.0))
     timed.near_target()
     timed.trained(2.0)
-    assert timed.eval_at_s == [pytest.approx(2.0 * NEAR_MARK_RATIO), 4.0]
+    assert timed.eval_at_s == [pytest.approx(2.0 * NEAR_MARK_RATIO)]
     users = Cadence(eval_every_samples=10_000, max_time_s=60.0)
     users.near_target()
     users.trained(2.0)
     assert users.eval_at_s == [] and not users.time_mark_passed(1e9)
+
+
+def test_beside_time_marks_sample_marks_count_from_the_last_evaluation() -> None:
+    """With time marks, sample marks are a backstop (at most that many samples between two
+    evaluations), not a grid that adds evaluations a few steps after a time mark's; alone
+    (a cadence the user chose) they stay a grid."""
+    timed = Cadence(eval_every_samples=100, max_time_s=60.0, eval_at_s=(0.5, 4.0))
+    assert timed.time_mark_passed(0.6)
+    timed.passed(70)  # the time mark's evaluation: the next sample mark 100 samples later
+    assert not timed.due(100) and not timed.due(169) and timed.due(170)
+    grid = Cadence(eval_every_samples=100, max_time_s=60.0)
+    grid.passed(70)
+    assert grid.due(100)
+
+
+def test_near_the_target_each_evaluation_sets_the_only_time_mark_afresh() -> None:
+    """Each evaluation near the target sets the next at most 15 % later; the one an earlier
+    evaluation set, and the geometric marks, are dropped: they would fire a few steps after an
+    evaluation another mark brought (a digits CNN evaluated in pairs 0.03-0.1 s apart)."""
+    cadence = Cadence(eval_every_samples=10_000, max_time_s=60.0, eval_at_s=(0.5, 2.2, 4.0))
+    cadence.near_target()
+    cadence.trained(2.0)
+    assert cadence.eval_at_s == [pytest.approx(2.0 * NEAR_MARK_RATIO)]
+    cadence.trained(2.1)  # brought by a sample mark before 2.3 s
+    assert cadence.eval_at_s == [pytest.approx(2.1 * NEAR_MARK_RATIO)]
 
 
 def test_a_heartbeat_is_due_after_heartbeat_s_of_training_since_the_last_report() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ from raybatch import SearchSpace, Target, keys
 from raybatch.errors import WorkerLostError
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.status import TrialStatus
+from raybatch.trial.cadence import BACKSTOP_EVALS_PER_EPOCH, default_eval_every
 from raybatch.trial.loop import LoopOptions
 from raybatch.trial.reporting import TrialReporter
 from raybatch.trial.settings import TrialSettings
-from raybatch.trial.wrapper import default_eval_every, run_trial
+from raybatch.trial.wrapper import run_trial
 
 from .workloads import DigitsOOMAtLargeBatch
 
@@ -71,9 +73,9 @@ def test_digits_reaches_its_target_with_consistent_fields() -> None:
     _reporter, reports = _run({"micro_batch_size": 64, "accumulation_steps": 2})
     final = reports[-1]
     assert final[keys.STATUS] == "reached", final[keys.REASON]
-    mark = default_eval_every(len(DIGITS.train_dataset()), SPACE)
-    assert mark == 1024  # a quarter epoch (359) rounded up to the largest effective batch
-    assert final[keys.SAMPLES_TO_TARGET] % mark == 0
+    epoch = default_eval_every(len(DIGITS.train_dataset()), SPACE, BACKSTOP_EVALS_PER_EPOCH)
+    assert epoch == 2048  # an epoch (1437) rounded up to the largest effective batch
+    assert default_eval_every(len(DIGITS.train_dataset()), SPACE) == 1024  # a quarter, alone
     assert final[keys.TIME_TO_TARGET_S] <= final[keys.ELAPSED_S]
     assert final[keys.TRAIN_S] < final[keys.ELAPSED_S]  # evaluation is timed apart
     assert final[keys.STEPS] * 128 == final[keys.SAMPLES_SEEN]
@@ -81,9 +83,11 @@ def test_digits_reaches_its_target_with_consistent_fields() -> None:
     assert final[keys.OBJECTIVE] == final[keys.TIME_TO_TARGET_S]
     assert 0.0 <= final[keys.DATA_WAIT_FRACTION] < 1.0 and final[keys.THROUGHPUT] > 0
     assert [r[keys.STATUS] for r in reports[:-1]] == ["running"] * (len(reports) - 1)
-    # Evaluations at every mark (heartbeats between them, on a slow machine, repeat the last).
+    # Evaluations at the time marks, and at least once an epoch's samples (heartbeats between
+    # them, on a slow machine, repeat the last).
     marks = [m for m in dict.fromkeys(r[keys.EVAL_MARK] for r in reports) if m]
-    assert marks == [mark * (i + 1) for i in range(len(marks))]
+    assert marks[-1] == final[keys.SAMPLES_TO_TARGET]
+    assert all(0 < b - a <= epoch for a, b in itertools.pairwise([0, *marks]))
 
 
 def test_too_high_a_learning_rate_diverges_quickly() -> None:

@@ -37,7 +37,10 @@ VerboseOpt = Annotated[
 ]  # fmt: skip
 
 
-EVAL_EVERY_HELP = "Evaluate every SAMPLES training samples (default: about a quarter epoch)."
+EVAL_EVERY_HELP = (
+    "Evaluate every SAMPLES training samples, a fixed grid (default: at training-time marks,"
+    " and at least once an epoch)."
+)
 ConfirmTopOpt = Annotated[
     int, typer.Option("--confirm-top", help="Best recipes that may enter the race (0: none).")
 ]

@@ -57,7 +57,8 @@ class SearchOptions:
             reach; one at a time, the leader first, on one); no round at all where the
             search's runs show one ahead by more than the indifference zone, and two agreeing
             pairs (the search's run and one round) or a pair within the zone end it sooner.
-        eval_every_samples: Sample-mark spacing (default: about a quarter epoch).
+        eval_every_samples: Sample-mark spacing, a fixed grid (default: training-time marks,
+            and at least one evaluation an epoch).
         max_failures: Ray retries of a trial whose worker died.
         gpu_model: On a cluster that mixes GPU models, the one every trial runs on (Ray's
             ``accelerator_type``, e.g. ``A100``): times to target measured on different GPUs

@@ -2,12 +2,16 @@
 
 Three kinds of mark, each for a reader of the reports:
 
-- sample marks, every ``eval_every_samples`` training samples: the same for every batch size,
-  so all are judged at the same points;
-- training-time marks (:func:`time_marks`), read on the host clock between sample marks: the
-  equal-time rungs (:mod:`raybatch.run.rungs`) need an evaluation near each whatever the
-  batch size, and near the target they come at most 15 % apart (:data:`NEAR_MARK_RATIO`), so a
+- training-time marks (:func:`time_marks`), read on the host clock: the equal-time rungs
+  (:mod:`raybatch.run.rungs`) need an evaluation near each whatever the batch size, and near
+  the target each evaluation sets the next at most 15 % later (:data:`NEAR_MARK_RATIO`), so a
   time to target is read close to the crossing;
+- sample marks, ``eval_every_samples`` training samples apart. Beside time marks they are a
+  backstop: at most that many samples between two evaluations, counted from the last one
+  (where the time marks are far apart, late in a long cap). Alone (a cadence the user chose)
+  they are a fixed grid, the same for every batch size. Evaluations are not free: on a small
+  task they held a quarter of a search's device time when quarter-epoch marks ran beside the
+  time marks and near-target marks piled up (two evaluations a few steps apart);
 - heartbeats (:func:`heartbeat_for`): a report of the training time without an evaluation, so
   the capping scheduler can stop a trial whose next mark is far off (it acts only on a report).
 
@@ -17,7 +21,12 @@ A :class:`Cadence` only says what is due; the reporter reads the clock and repor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raybatch.space.search_space import SearchSpace
 
 HEARTBEATS = 32
 """Reports between marks per time cap, at least: a trial capped at ``slack x`` the incumbent is
@@ -40,10 +49,28 @@ TIME_MARKS_BELOW_CAP = 10
 any trial has reached (the cap / 81), and below B/9 wherever B lies above the cap / 27."""
 
 
+EVALS_PER_EPOCH = 4
+"""Sample marks per epoch where they are a trial's only marks (a data-parallel trial's: its
+workers agree on sample counts, not on a host clock; a cadence the user chose is kept)."""
+BACKSTOP_EVALS_PER_EPOCH = 1
+"""Beside the training-time marks, sample marks are a backstop: an evaluation at least once an
+epoch (:class:`Cadence`). Quarter epochs there doubled a small task's
+evaluations for no rung's sake (a digits CNN: 32 evaluations, half its training time)."""
+
+
+def default_eval_every(train_size: int, space: SearchSpace, per_epoch: int = EVALS_PER_EPOCH
+                       ) -> int:  # fmt: skip
+    """About ``1/per_epoch`` of an epoch, rounded up to a multiple of the largest effective
+    batch."""
+    share = max(train_size // per_epoch, 1)
+    largest = space.max_effective_batch_size()
+    return math.ceil(share / largest) * largest
+
+
 def time_marks(max_time_s: float) -> list[float]:
     """Evaluation marks on training time, geometric up to the time cap: the equal-time rungs
     (:mod:`raybatch.run.rungs`) need an evaluation near each, whatever the batch size, where a
-    sample mark (a quarter epoch) may come only after the first rungs have passed."""
+    sample mark (an epoch apart) may come only after the first rungs have passed."""
     return [max_time_s / TIME_MARK_RATIO**k for k in range(TIME_MARKS_BELOW_CAP, 0, -1)]
 
 
@@ -57,7 +84,8 @@ class Cadence:
     """The marks of one trial: when an evaluation is due, and when a heartbeat is.
 
     Args:
-        eval_every_samples: An evaluation is due each time this many more samples are seen.
+        eval_every_samples: An evaluation is due each time this many more samples are seen:
+            on a fixed grid without time marks, since the last evaluation with them.
         max_time_s: The trial's time cap, which sets the default ``heartbeat_s``.
         heartbeat_s: Between marks, report at least once per this many seconds of training
             (default: :func:`heartbeat_for` ``max_time_s``).
@@ -103,7 +131,11 @@ class Cadence:
         return train_s - self.reported_train_s >= self.heartbeat_s
 
     def passed(self, samples_seen: int) -> None:
-        """An evaluation at ``samples_seen``: the sample marks move past it, none is owed."""
+        """An evaluation at ``samples_seen``: none is owed. On a grid (no time marks) the sample
+        marks move past it; as a backstop the next comes ``eval_every_samples`` after it."""
+        if self._timed:
+            self.last_mark = samples_seen
+            self.next_mark = samples_seen + self.eval_every_samples
         while self.next_mark <= samples_seen:
             self.last_mark = self.next_mark
             self.next_mark += self.eval_every_samples
@@ -111,10 +143,12 @@ class Cadence:
 
     def trained(self, train_s: float) -> None:
         """An evaluation at ``train_s`` of training: the time marks it passed are dropped (not
-        owed), and near the target the next is set ``ratio`` x ``train_s`` at the latest."""
+        owed). Near the target the next is ``ratio`` x ``train_s``, the only time mark left:
+        each evaluation sets it afresh, so the one an earlier evaluation set, and a time mark
+        between, would only add an evaluation a few steps after this one."""
         self.eval_at_s = [t for t in self.eval_at_s if t > train_s]
         if self._near_ratio is not None and train_s > 0:
-            self.eval_at_s = sorted({*self.eval_at_s, train_s * self._near_ratio})
+            self.eval_at_s = [train_s * self._near_ratio]
 
     def reported(self, train_s: float) -> None:
         """A report carried ``train_s``: the next heartbeat is due ``heartbeat_s`` after it."""
@@ -122,12 +156,15 @@ class Cadence:
 
 
 __all__ = [
+    "BACKSTOP_EVALS_PER_EPOCH",
+    "EVALS_PER_EPOCH",
     "HEARTBEATS",
     "HEARTBEAT_MAX_S",
     "NEAR_MARK_RATIO",
     "TIME_MARKS_BELOW_CAP",
     "TIME_MARK_RATIO",
     "Cadence",
+    "default_eval_every",
     "heartbeat_for",
     "time_marks",
 ]

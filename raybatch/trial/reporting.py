@@ -77,9 +77,9 @@ class ReporterOptions:
             that a scheduler can cap a trial whose next mark is far off: the capping rule
             reads ``train_s``, and it can act only on a report.
         eval_at_s: Training times at which an evaluation is also due
-            (:func:`~raybatch.trial.cadence.time_marks`), besides the sample marks; read on
-            the host clock between marks, so no device sync. Only where budgets are checked
-            between marks.
+            (:func:`~raybatch.trial.cadence.time_marks`); the sample marks are then a
+            backstop, counted from the last evaluation. Read on the host clock between marks,
+            so no device sync. Only where budgets are checked between marks.
     """
 
     divergence_factor: float = 10.0
@@ -161,7 +161,8 @@ class TrialReporter:
     Args:
         target: The value to reach (a float means ``Target(value)``, higher is better).
         eval_every_samples: Evaluate each time this many more training samples have been
-            seen — the same for every batch size, so all are judged at the same points.
+            seen: a fixed grid, the same for every batch size; beside ``eval_at_s`` time
+            marks, counted from the last evaluation (:class:`~raybatch.trial.cadence.Cadence`).
         max_time_s: Cap on training time (evaluation excluded); past it, ``censored``.
         max_samples: Optional sample budget; past it, ``censored``.
         report_fn: Where reports go (:class:`ReportChannel`; default ``ray.tune.report``).

@@ -38,9 +38,10 @@ class TrialSettings:
         max_time_s: Cap on a trial's training time (evaluation excluded); a censored trial's
             objective is 10x this (PAR-10).
         max_samples: Optional sample budget per trial.
-        eval_every_samples: Sample mark spacing; ``None`` picks about a quarter epoch,
-            rounded up to a multiple of the space's largest effective batch so that, for
-            power-of-two batch choices, every trial evaluates exactly on the marks.
+        eval_every_samples: Sample mark spacing, a fixed grid with no time marks; ``None``
+            evaluates at training-time marks, with at least one evaluation an epoch (a
+            data-parallel trial: a quarter epoch), rounded up to a multiple of the space's
+            largest effective batch (:func:`~raybatch.trial.cadence.default_eval_every`).
         divergence_factor: Loss above this multiple of the initial loss is divergence.
         memory_budget: Bytes (or "8GiB") for the CPU-side pre-screen when no GPU is present.
         device: ``auto`` (the GPU Ray assigned to the trial, else CPU: never merely a visible

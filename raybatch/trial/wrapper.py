@@ -18,7 +18,6 @@ reports reach Tune.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -37,7 +36,12 @@ from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 from raybatch.timemodel.measure import at_target_measure
 from raybatch.trial import process_age
-from raybatch.trial.cadence import time_marks
+from raybatch.trial.cadence import (
+    BACKSTOP_EVALS_PER_EPOCH,
+    EVALS_PER_EPOCH,
+    default_eval_every,
+    time_marks,
+)
 from raybatch.trial.clock import TrialClock
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
@@ -59,18 +63,9 @@ from raybatch.workload import Workload
 if TYPE_CHECKING:
     from raybatch.space.search_space import SearchSpace
 
-EVALS_PER_EPOCH = 4
-
 _broken: list[str] = []
 """Why this process can no longer run a trial (a CUDA context broken by a sticky error): Tune
 reuses processes, so the next trial refuses it (:class:`WorkerLostError`) for a fresh one."""
-
-
-def default_eval_every(train_size: int, space: SearchSpace) -> int:
-    """About a quarter epoch, rounded up to a multiple of the largest effective batch."""
-    quarter = max(train_size // EVALS_PER_EPOCH, 1)
-    largest = space.max_effective_batch_size()
-    return math.ceil(quarter / largest) * largest
 
 
 def _set_threads_to_assigned_cpus() -> None:
@@ -108,13 +103,14 @@ def _reporter(
     """
     import torch
 
+    # The rungs' training-time marks, sample marks a backstop beside them; a cadence the user
+    # chose (an evaluation may be dear) is kept as given.
+    timed = clock is None and settings.eval_every_samples is None
     eval_every = settings.eval_every_samples or default_eval_every(
         len(workload.train_dataset()),  # type: ignore[arg-type]
         space,
+        BACKSTOP_EVALS_PER_EPOCH if timed else EVALS_PER_EPOCH,
     )
-    # The rungs' training-time marks beside the default sample marks; a cadence the user chose
-    # (an evaluation may be dear) is kept as given.
-    timed = clock is None and settings.eval_every_samples is None
     return TrialReporter(
         settings.target,
         eval_every_samples=eval_every,
@@ -493,4 +489,4 @@ def trainable(
     return raybatch_trial
 
 
-__all__ = ["default_eval_every", "run_trial", "trainable"]
+__all__ = ["run_trial", "trainable"]
