@@ -178,6 +178,20 @@ def test_rungs_stop_trials_early_without_losing_the_optimum() -> None:
         assert max(s["regret"] for s in with_rungs) <= 1.05
 
 
+def test_the_rung_replay_drives_the_shipped_scheduler_over_the_real_curves(tmp_path: Path) -> None:
+    """Replayed on the committed real curves: without rungs, capping on the final time alone
+    never stops the fastest recipe drawn (its own run reaches first), and the shipped rule
+    stops trials earlier than that, so it costs less."""
+    data = _load("rung_replay").main(draws=3, out=tmp_path / "rung_replay.json")
+    assert json.loads((tmp_path / "rung_replay.json").read_text())["cases"] == data["cases"]
+    for rules in data["cases"].values():
+        assert set(rules) == {"shipped", "zone_unhedged", "level_or_top_third", "no_rungs"}
+        assert rules["no_rungs"]["fastest_drawn_stopped"] == 0.0
+        assert rules["no_rungs"]["median_regret"] == 1.0
+        shipped, none = rules["shipped"], rules["no_rungs"]
+        assert shipped["median_cost_trainings"] < none["median_cost_trainings"]
+
+
 def test_simulator_members_cover_the_cases_the_benchmark_needs() -> None:
     simulator = _load("simulator")
     cases = {}
