@@ -1,6 +1,6 @@
 """Time to target across batch recipes for the bundled digits example: optimal is not maximal.
 
-Runs raybatch's own trial (``run_trial``: probe-free CPU loop, fixed sample marks, the
+Runs raybatch's own trial (``run_trial``: probe-free CPU loop, its default marks, the
 ``digits_cnn_sgd`` rules) for a grid of micro batch x accumulation at the rule-scaled LR,
 three seeds each, on one torch thread, and records the median time to 97% validation accuracy.
 

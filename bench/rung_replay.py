@@ -17,9 +17,10 @@ the cost), and the regret of the fastest recipe that reached against the fastest
 drawn (each recipe's one grid run: what the rule saw is what it is judged by), median and 90th
 percentile, with the share of draws where the fastest drawn was stopped.
 
-The curves are the grid's as measured (its evaluation marks), warmups not flagged (the grid's
-reports predate the flag): the shipped rule, which judges no trial in its warmup, can only do
-better than it does here.
+The curves are the grid's as measured, at the evaluation marks of the commit the real
+benchmark ran at (recorded under ``source``), and no warmup is flagged (the grid keeps no
+warmup flag): the shipped rule, which judges no trial at a rung in its warmup, stops no earlier
+than here, so its cost can only be higher; its regret may differ either way.
 
 Run: .venv/bin/python bench/rung_replay.py   (after bench/real_training.py; writes
 bench/results/rung_replay.json)
@@ -99,8 +100,8 @@ class ReplayedCase:
         if reached:
             t = marks[-1][0]
             return {"status": "reached", "time": t, "cost": t, "train": t, "marks": marks}
-        return {"status": "censored", "time": None, "cost": self.max_time_s,
-                "train": self.max_time_s, "marks": marks}  # fmt: skip
+        end = max(self.max_time_s, marks[-1][0] if marks else 0.0)  # the cap read at a step
+        return {"status": "censored", "time": None, "cost": end, "train": end, "marks": marks}
 
 
 def name_of(micro: int, multiplier: float) -> str:

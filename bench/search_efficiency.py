@@ -4,12 +4,12 @@ charged alike, the shipped decision code driven on a simulated clock.
 One code path: only the training and its clock are simulated (:mod:`simulator`). The search is
 :func:`simulate_search`: one trial at a time (a default search on one GPU) and two (on this
 machine's two slots),
-each trial's reports -- its evaluation marks (fixed sample marks, the same for every recipe)
-and its heartbeats between them -- delivered in clock order across the running trials to the
-shipped :class:`~raybatch.run.scheduler.CappingScheduler` (or a peer's early-stopping rule),
-the suggestions from the shipped :class:`~raybatch.run.searcher.RaybatchSearcher` built as
-the driver builds it (or from a peer's sampler). A budget's figures are read off the first N
-trials of one run (in launch order).
+each trial's reports -- its evaluation marks (where the product's own cadence puts them:
+:mod:`simulator`) and its heartbeats between them -- delivered in clock order across the
+running trials to the shipped :class:`~raybatch.run.scheduler.CappingScheduler` (or a peer's
+early-stopping rule), the suggestions from the shipped
+:class:`~raybatch.run.searcher.RaybatchSearcher` built as the driver builds it (or from a peer's
+sampler). A budget's figures are read off the first N trials of one run (in launch order).
 
 Strategies:
 

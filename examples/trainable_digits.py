@@ -2,8 +2,8 @@
 
 ``raybatch.trainable`` turns the digits workload, its space and a target accuracy into a Tune
 function trainable: each trial derives its recipe, trains with raybatch's loop, evaluates at
-fixed sample marks, and ends with a status (reached, censored, capped, diverged,
-infeasible_memory, error) and an ``objective`` (time to target, or 10x the cap).
+training-time marks (and at least once an epoch), and ends with a status (reached, censored,
+capped, diverged, infeasible_memory, error) and an ``objective`` (time to target, or 10x the cap).
 
 The rest follows from that one call:
 

@@ -94,6 +94,8 @@ the first trial a process runs has them, a later one none."""
 SAMPLES_SEEN: Final = "samples_seen"
 STEPS: Final = "steps"
 EVAL_MARK: Final = "eval_mark"
+"""The samples at the last evaluation's mark: on a fixed grid (a cadence the user gave), the
+grid mark passed; beside training-time marks, the samples seen at that evaluation."""
 TIME_TO_TARGET_S: Final = "time_to_target_s"
 """The objective: training time (evaluations excluded) until the target was first met."""
 ELAPSED_TO_TARGET_S: Final = "elapsed_to_target_s"

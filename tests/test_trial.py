@@ -90,6 +90,28 @@ def test_digits_reaches_its_target_with_consistent_fields() -> None:
     assert all(0 < b - a <= epoch for a, b in itertools.pairwise([0, *marks]))
 
 
+def test_only_the_default_cadence_evaluates_on_training_time() -> None:
+    """By default a trial evaluates at training-time marks, with at least one evaluation an
+    epoch; a cadence the user gives, or a data-parallel trial's (its workers agree on samples,
+    not on a host clock), is a fixed grid of sample marks with no time marks."""
+    from raybatch.trial.cadence import EVALS_PER_EPOCH, time_marks
+    from raybatch.trial.wrapper import _reporter
+
+    size, cpu = len(DIGITS.train_dataset()), torch.device("cpu")
+    default = _reporter(DIGITS, SPACE, TrialSettings(Target(0.97), max_time_s=60.0), cpu, None)
+    assert default.cadence.eval_at_s == time_marks(60.0)
+    assert default.cadence.eval_every_samples == default_eval_every(
+        size, SPACE, BACKSTOP_EVALS_PER_EPOCH)  # fmt: skip
+    quarter = default_eval_every(size, SPACE, EVALS_PER_EPOCH)
+    for settings, clock in (
+        (TrialSettings(Target(0.97), max_time_s=60.0), lambda: 0.0),  # data-parallel
+        (TrialSettings(Target(0.97), max_time_s=60.0, eval_every_samples=512), None),
+    ):
+        grid = _reporter(DIGITS, SPACE, settings, cpu, None, clock)
+        assert grid.cadence.eval_at_s == []
+        assert grid.cadence.eval_every_samples == (settings.eval_every_samples or quarter)
+
+
 def test_too_high_a_learning_rate_diverges_quickly() -> None:
     data = SPACE.model_dump()
     data["reference"]["lr"] = 50.0

@@ -70,8 +70,14 @@ def default_eval_every(train_size: int, space: SearchSpace, per_epoch: int = EVA
 def time_marks(max_time_s: float) -> list[float]:
     """Evaluation marks on training time, geometric up to the time cap: the equal-time rungs
     (:mod:`raybatch.run.rungs`) need an evaluation near each, whatever the batch size, where a
-    sample mark (an epoch apart) may come only after the first rungs have passed."""
-    return [max_time_s / TIME_MARK_RATIO**k for k in range(TIME_MARKS_BELOW_CAP, 0, -1)]
+    sample mark (an epoch apart) may come only after the first rungs have passed. From the cap
+    / ``sqrt(3)`` on they are :data:`NEAR_MARK_RATIO` apart, as near the target: there each
+    evaluation decides whether the trial reaches before its cap, and an epoch can be longer
+    than the 42 % of the cap left (a trial that crossed the target there was censored)."""
+    marks = [max_time_s / TIME_MARK_RATIO**k for k in range(TIME_MARKS_BELOW_CAP, 0, -1)]
+    while marks[-1] * NEAR_MARK_RATIO < max_time_s:
+        marks.append(marks[-1] * NEAR_MARK_RATIO)
+    return marks
 
 
 def heartbeat_for(max_time_s: float) -> float:
