@@ -309,6 +309,25 @@ def _layer(module: str) -> int:
     raise AssertionError(f"{module} stands in no layer: give it a floor in LAYERS")
 
 
+def test_the_layout_names_every_module_in_its_room() -> None:
+    """``docs/layout.md`` is the map a maintainer reads first: every module of a room is named
+    in that room's entry (a module left out is a room nobody finds)."""
+    from pathlib import Path
+
+    package = Path(raybatch.__file__).parent
+    layout = (package.parent / "docs" / "layout.md").read_text()
+    entries = {e.split("`", 2)[1].rstrip("/"): e for e in layout.split("\n- ")[1:] if "`" in e}
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if path.name == "__init__.py" or parts[0] in ("examples", "_search_spaces"):
+            continue
+        where = layout if len(parts) == 1 else entries.get(parts[0], "")
+        if f"`{path.name}`" not in where:
+            missing.append("/".join(parts))
+    assert missing == [], f"docs/layout.md does not name: {missing}"
+
+
 def test_every_import_runs_down_the_layers_or_along_one() -> None:
     """No arrow runs back up, lazy imports and ``TYPE_CHECKING`` ones included; and no module
     below the command line leans on the package's face (``import raybatch``)."""
