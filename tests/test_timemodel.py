@@ -87,7 +87,11 @@ def test_a_trial_asked_for_the_time_model_measures_it_at_the_target_off_its_cloc
     reports: list[dict[str, Any]] = []
     config = {keys.MICRO_BATCH_SIZE: 64, keys.ACCUMULATION_STEPS: 2,
               keys.MEASURE_TIME_MODEL: True}  # fmt: skip
-    settings = TrialSettings(Target(0.8), max_time_s=60.0)
+    # A fixed grid of sample marks: the model is measured where the trial reached, and with
+    # the default training-time marks (read on the host clock) that point, and the noise
+    # scale's interval there, moved with the machine's speed (its upper end was unbounded on
+    # a fresh clone's run).
+    settings = TrialSettings(Target(0.8), max_time_s=60.0, eval_every_samples=1024)
     run_trial(TabularWorkload(), space, settings, config, report_fn=reports.append)
     final = reports[-1]
     assert final[keys.STATUS] == "reached", final[keys.REASON]
