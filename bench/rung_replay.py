@@ -5,7 +5,8 @@ holds; how well early ranks hold is a property of real curves, not of the simula
 This replays the real benchmark's grid (``bench/results/real_training.json``: every micro
 batch at each LR, one run each, its curve of metric against training time) through the
 shipped :class:`~raybatch.run.scheduler.CappingScheduler`, built as the driver builds it
-(:meth:`~raybatch.run.scheduler.CappingScheduler.for_time_cap`), on the simulated benchmark's
+(:meth:`~raybatch.run.scheduler.CappingScheduler.for_time_cap`, through the simulated
+benchmark's ``_Capping``), on the simulated benchmark's
 clock (:func:`search_efficiency.simulate_search`: two slots, marks in clock order, heartbeats
 between them). Only the rule's settings vary.
 
@@ -44,7 +45,6 @@ from provenance import measured_at, write_result
 import raybatch
 from raybatch import keys
 from raybatch.run.rungs import DEFAULT_ZONE, HEDGE
-from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.seeding import opening_points
 
 REAL = Path(__file__).parent / "results" / "real_training.json"
@@ -134,10 +134,7 @@ def replay(case: ReplayedCase, order: list[str], rule: dict[str, Any], seed: int
         micro, multiplier = name.split("@")
         return int(micro), 1, float(multiplier)
 
-    capping = se._Capping(rule["zone"], case.max_time_s)
-    capping.scheduler = CappingScheduler.for_time_cap(
-        case.max_time_s, None, slack=se.SLACK, zone=rule["zone"], hedge=rule["hedge"]
-    )
+    capping = se._Capping(rule["zone"], case.max_time_s, hedge=rule["hedge"])
     trials = se.simulate_search(case, random.Random(seed), len(order), suggest,  # type: ignore[arg-type]
                                 lambda _t, _r: None, capping, SLOTS)  # fmt: skip
     reached = [(t["time"], name_of(t["knobs"][0], t["knobs"][2]))
@@ -149,11 +146,6 @@ def replay(case: ReplayedCase, order: list[str], rule: dict[str, Any], seed: int
         "regret": case.times[picked] / case.times[drawn] if picked else math.inf,
         "fastest_drawn_stopped": all(n != drawn for _, n in reached),
     }
-
-
-def _p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
 def main(draws: int = 40, real: Path = REAL, out: Path = RESULTS) -> dict[str, Any]:
@@ -173,7 +165,7 @@ def main(draws: int = 40, real: Path = REAL, out: Path = RESULTS) -> dict[str, A
             cases[name][rule_name] = {
                 "median_cost_trainings": statistics.median(r["cost_trainings"] for r in runs),
                 "median_regret": statistics.median(regrets),
-                "p90_regret": _p90(regrets),
+                "p90_regret": se._p90(regrets),
                 "fastest_drawn_stopped": sum(r["fastest_drawn_stopped"] for r in runs) / draws,
             }
             row = cases[name][rule_name]

@@ -159,8 +159,10 @@ class _Capping:
     eta until a trial reaches) and fed each mark as Tune feeds it (``on_trial_result``, then
     ``on_trial_complete``)."""
 
-    def __init__(self, zone: float | None, max_time_s: float) -> None:
-        self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone)
+    def __init__(self, zone: float | None, max_time_s: float, **settings: Any) -> None:
+        """``settings``: the scheduler's other arguments (``hedge``, ...), where a rule varies."""
+        self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone,
+                                                       **settings)  # fmt: skip
         self.warm_s: dict[str, float] = {}  # trial -> the training seconds its warmup lasts
 
     def launched(self, trial_id: str, warm_s: float) -> None:
