@@ -231,6 +231,42 @@ def test_a_dead_cluster_address_fails_in_seconds_and_writes_nothing(tmp_path: Pa
     assert not (tmp_path / "run").exists()
 
 
+SMALL_DATA = """
+import torch
+from torch.utils.data import TensorDataset
+from raybatch.examples.tabular import FEATURES, TabularWorkload
+
+class Small(TabularWorkload):
+    name = "small_tabular"
+
+    def train_dataset(self):
+        return TensorDataset(torch.randn(400, FEATURES), torch.zeros(400, dtype=torch.long))
+
+workload = Small()
+"""
+
+
+def test_micro_batches_larger_than_the_training_set_are_named_before_ray_starts(
+    tmp_path: Path,
+) -> None:
+    # A preset written for 20,000 samples, a user's 400: the opening's largest batches would
+    # fail in every trial; said at once, with the space's field and the choices to drop.
+    (tmp_path / "small.py").write_text(SMALL_DATA)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "search", "small.py:workload", "--space",
+         "tabular_mlp_adamw", "--target", "0.9", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1, proc.stderr
+    assert "tabular_mlp_adamw.yaml: search.micro_batch_size: 512, 1024 larger than" in errors[0]
+    assert "small_tabular's training set (400 samples)" in errors[0]
+    assert time.perf_counter() - start < 60
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [

@@ -49,6 +49,7 @@ from raybatch.results.rows import (
 from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH
+from raybatch.run.datafit import check_batches_fit_data
 from raybatch.run.diskfull import disk_full_said
 from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.gates import for_settings
@@ -122,6 +123,7 @@ def search(
             [Issue(RUN_FILE, "exists: this directory holds a run; use resume, or another dir")],
             str(path),
         )
+    check_batches_fit_data(workload, space)  # before Ray starts: a batch the data cannot fill
     # A cluster that does not answer fails in seconds, before the run directory is written.
     if options.address is not None:
         init_ray(options.address)
