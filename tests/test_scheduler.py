@@ -219,6 +219,28 @@ def test_a_rung_reached_in_warmup_passes_and_the_next_one_after_it_judges() -> N
     assert warming.capped_at_rung == {"t": 3.0} and warm.capped_at_rung == {"t": 1.0}
 
 
+def test_a_trial_still_warming_up_at_a_third_of_the_incumbents_time_is_judged_there() -> None:
+    """Once a trial has reached the target in 9 s, a trial whose warmup lasts past 3 s (a large
+    batch at a large LR) is judged at the 3 s rung like any other: 0.3 there, where the
+    incumbent had 0.7, stops it. The 1 s rung still spares it. Before any trial has reached,
+    no rung judges a trial in its warmup."""
+    s = CappingScheduler(zone=0.1, hedge=0.0)
+    _incumbent(s)
+    curve = [(1.2, 0.05, TrialScheduler.CONTINUE), (3.3, 0.3, TrialScheduler.STOP)]
+    for t, value, verdict in curve:
+        said = {**_report(t, value), keys.WARMING_UP: True}
+        assert s.on_trial_result(None, _trial("t"), said) == verdict, t
+    assert s.capped_at_rung == {"t": 3.0}
+
+    guessing = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    for t, m in ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)):
+        guessing.on_trial_result(None, _trial("ahead"), _report(t, m))
+    for t, value in ((1.2, 0.05), (3.3, 0.3)):
+        said = {**_report(t, value), keys.WARMING_UP: True}
+        assert guessing.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
+    assert guessing.capped_at_rung == {}
+
+
 def test_a_lone_trial_goes_on_as_the_first_at_every_rung() -> None:
     """No other curve reached the rung: the first trial there always goes on (only its own
     time cap, or a later incumbent's, stops it)."""

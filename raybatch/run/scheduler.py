@@ -36,6 +36,7 @@ from raybatch.run.rungs import (
     DEFAULT_ZONE,
     GUESS_RUNG_COUNT,
     HEDGE,
+    WARMUP_JUDGED_BELOW_TOP,
     Trajectory,
     hedged_zone,
     judged_near,
@@ -254,21 +255,24 @@ class CappingScheduler(FIFOScheduler):
         """The first rung up to ``trained`` this trial fails at (``None``: it goes on). A rung
         judges a trial once, beside other curves; one it got to first is judged again at its
         next evaluation, and a faster incumbent moves the rungs earlier. A rung the trial
-        reached in its warmup (up to its first evaluation past it) does not judge it: its curve
-        there shows how long its LR ramps up, which grows with the batch's LR scale, not how
-        fast the recipe trains (a real search stopped nine of twelve trials at chance accuracy,
-        most mid-warmup, at the earliest rung). Nor is that rung counted as judged: a rung
-        that moves near it later still judges the trial once it is warm."""
+        reached in its warmup (up to its first evaluation past it) does not judge it, below
+        ``B/eta`` (:meth:`_judges_warmup`): its curve there shows how long its LR ramps up,
+        which grows with the batch's LR scale, not how fast the recipe trains (a real search
+        stopped nine of twelve trials at chance accuracy, most mid-warmup, at the earliest
+        rung). Nor is that rung counted as judged: a rung that moves near it later still
+        judges the trial once it is warm."""
         if self.zone is None:
             return None
         rungs = self.rungs()
         warm_from = self._warming.get(trial_id, 0.0)
         for index, rung_s in enumerate(rungs):
-            if rung_s > trained or rung_s <= warm_from:  # not yet; or passed in its warmup
+            below_top = len(rungs) - 1 - index
+            spared = rung_s <= warm_from and not self._judges_warmup(below_top)
+            if rung_s > trained or spared:  # not yet; or passed in its warmup
                 continue
             if judged_near(trajectory.judged, rung_s, self.eta):
                 continue
-            zone = hedged_zone(self.zone, self.eta, len(rungs) - 1 - index, self.hedge)
+            zone = hedged_zone(self.zone, self.eta, below_top, self.hedge)
             verdict = passes(trajectory, rung_s, self._others(trial_id), zone, self.eta)
             if verdict is None:
                 continue
@@ -277,6 +281,20 @@ class CappingScheduler(FIFOScheduler):
                 self.rung_zones[trial_id] = zone
                 return rung_s
         return None
+
+    def _judges_warmup(self, below_top: int) -> bool:
+        """Whether the rung ``below_top`` rungs under the highest judges a trial still in its
+        warmup: once a trial has reached the target in ``B``, the rungs from ``B/eta`` on
+        (:data:`~raybatch.run.rungs.WARMUP_JUDGED_BELOW_TOP`). The warmup grows with the LR
+        scale, and a large batch at a large LR can warm up for longer than the optimum trains
+        (the benchmark's wide MLP: micro batch 1024 at 4x the rule's LR warms up over 2.8
+        epochs, where its best recipe reaches the target in about 2): spared at every rung,
+        such a trial ran to ``slack x B`` whatever its curve showed (a real search: 12 trials,
+        7 of them warming up past ``B/eta``, every one trained to ``B`` or beyond). A third of
+        the measured optimum's training is spent at a recipe's own LR ramp only if the recipe
+        is slow: what its curve shows there is how fast it trains. Before any trial has
+        reached, ``B`` is only a bound and every rung spares the warmup."""
+        return self.best_time_to_target_s is not None and below_top <= WARMUP_JUDGED_BELOW_TOP
 
     def _others(self, trial_id: str) -> list[Trajectory]:
         """The curves a trial is judged against: once a trial has reached the target, every
