@@ -276,7 +276,9 @@ def test_a_trial_hung_inside_a_step_is_stopped_by_the_driver_and_the_search_goes
     told = [t for t in study.trials if t.user_attrs.get("tune_trial_id") == hung[0]["trial_id"]]
     assert told[0].user_attrs[STATUS_ATTR] == "censored"
     assert told[0].value == penalty(options.max_time_s)
-    assert result.best is not None
+    # The search went on to its verdict: a winner where another trial reached the target (on
+    # a slow or loaded machine both may end at their 5 s cap first: no winner, said, no error).
+    assert (result.best is not None) == any(s == "reached" for s, _ in others), others
 
 
 def test_errors_raised_on_purpose_share_one_base() -> None:
