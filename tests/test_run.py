@@ -145,7 +145,7 @@ def test_reference_recipe_and_max_batch_baseline_are_among_the_trials(
     )
 
 
-CLOCKED_EVAL_EVERY = 256
+CLOCKED_EVAL_EVERY = 64
 
 
 @pytest.fixture(scope="module")
