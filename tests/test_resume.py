@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
+from ray.tune import Callback
 
 from raybatch.export import load_best
 from raybatch.results.rows import read_trials_csv
@@ -29,9 +31,11 @@ from raybatch.run.study import STATUS_ATTR
 from raybatch.run.tune_state import (
     CUT_FOLDER,
     WHOLE_FOLDER,
+    KeepWhole,
     check_restorable,
     keep_whole,
     restore_whole,
+    save_on_change,
     set_aside_cut_sessions,
 )
 
@@ -368,3 +372,47 @@ def test_a_session_cut_short_is_put_back_whole_from_the_copy_kept_at_each_step(
     (experiment / f"experiment_state-{newer}.json").write_text("{")
     assert restore_whole(experiment) == []
     assert set_aside_cut_sessions(experiment) == [newer]
+
+
+class _CountSaves(Callback):
+    """Counts Ray Tune's saves of its experiment state (each asks every callback its state)."""
+
+    saves = 0
+
+    def get_state(self) -> dict[str, Any] | None:
+        type(self).saves += 1
+        return {}
+
+
+def _report_often(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    for i in range(40):
+        time.sleep(0.02)
+        tune.report({"i": i})
+
+
+@pytest.mark.slow
+def test_tune_saves_a_raybatch_experiment_when_a_restore_would_read_something_new(
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's Tune settings (every step saved, ``TUNE_GLOBAL_CHECKPOINT_S`` 0) with
+    :func:`save_on_change`: a trial's 40 results are not 40 saves, while its start and its end
+    are saved (the state read back holds it finished); an experiment without the run's
+    :class:`KeepWhole` (a user's own Tuner in the same process) still saves at every step."""
+    from ray import tune
+
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0")
+    save_on_change()
+    saves: dict[str, int] = {}
+    for name, callbacks in (("raybatch", [KeepWhole(tmp_path / "raybatch")]), ("own", [])):
+        _CountSaves.saves = 0
+        run_config = tune.RunConfig(
+            name=name, storage_path=str(tmp_path), callbacks=[*callbacks, _CountSaves()]
+        )
+        tuner = tune.Tuner(_report_often, run_config=run_config)
+        assert not tuner.fit().errors
+        saves[name] = _CountSaves.saves
+        state = json.loads(max((tmp_path / name).glob("experiment_state-*.json")).read_text())
+        assert [json.loads(t[0])["status"] for t in state["trial_data"]] == ["TERMINATED"]
+    assert saves["raybatch"] <= 6 < 40 <= saves["own"], saves

@@ -77,7 +77,13 @@ from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import nothing_fits
 from raybatch.run.signals import interruptible
 from raybatch.run.study import SearchStudy, check_study_file, runs_recorded
-from raybatch.run.tune_state import TUNER_FILE, KeepWhole, repair_state, restored_parts
+from raybatch.run.tune_state import (
+    TUNER_FILE,
+    KeepWhole,
+    repair_state,
+    restored_parts,
+    save_on_change,
+)
 from raybatch.run.untold import TellUntold
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
@@ -210,6 +216,7 @@ def _quiet_tune() -> None:
     # Save Ray Tune's experiment state at every step, not every few minutes: a driver killed
     # between two saves would otherwise forget trials that had finished, and re-run them.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
+    save_on_change()  # ...but only the steps that changed what a restore reads
     # A hung trial that the scheduler stops cannot answer the stop request; Ray Tune kills
     # its actor after this many seconds (default 600), and only then frees its resources.
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "30")

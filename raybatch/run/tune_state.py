@@ -79,8 +79,9 @@ def keep_whole(staging: Path, experiment: Path) -> bool:
 
 
 class KeepWhole(Callback):
-    """At the end of each of Tune's steps (its state just saved, every step: the driver sets
-    ``TUNE_GLOBAL_CHECKPOINT_S`` to 0), keep a whole copy of it (:func:`keep_whole`).
+    """At the end of each of Tune's steps, keep a whole copy of the state it saved last
+    (:func:`keep_whole`; it saves whenever a restore would read something new:
+    :func:`save_on_change`).
 
     Args:
         experiment: The experiment's folder in the run directory (``tune/search``).
@@ -94,6 +95,50 @@ class KeepWhole(Callback):
         staging = getattr(storage, "experiment_driver_staging_path", None)
         if staging:
             keep_whole(Path(staging), self.experiment)
+
+
+def save_on_change() -> None:
+    """Have Ray Tune save a raybatch experiment's state when it changed, not at every step.
+
+    The driver sets ``TUNE_GLOBAL_CHECKPOINT_S`` to 0, so that a driver killed right after a
+    trial ended does not forget it; but Tune's loop steps at every result and every 0.1 s
+    without one, and each step then wrote the whole state (trials, searcher, callbacks), synced
+    it into the run directory, and had :class:`KeepWhole` copy it: a third of a core on a
+    2-core machine, taken from the trials it runs beside. What a restore reads changes only
+    when a trial is added, changes status, or saves a checkpoint (a running trial starts again
+    from its last checkpoint; the study holds its evaluations), so a step that changed none of
+    these writes nothing. A forced save (Tune's last, at the end of a run) is always written.
+    Only experiments with a :class:`KeepWhole` among their callbacks are affected (a user's own
+    Tuner in the same process keeps Tune's behaviour); once per process."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    every_step = TuneController.checkpoint
+    if getattr(every_step, "saves_on_change", False):
+        return
+
+    def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
+        mark = _restorable_mark(self)
+        if force or mark is None or mark != getattr(self, "_raybatch_saved", None):
+            every_step(self, force=force, wait=wait)
+            self._raybatch_saved = mark
+
+    checkpoint.saves_on_change = True  # type: ignore[attr-defined]
+    TuneController.checkpoint = checkpoint  # type: ignore[method-assign]
+
+
+def _restorable_mark(controller: Any) -> tuple[Any, ...] | None:
+    """What a restore of a raybatch experiment reads that can change between steps: each
+    trial's id, status and latest checkpoint. ``None`` (save as Tune would) for an experiment
+    without :class:`KeepWhole`, or where Tune's insides are not as expected."""
+    try:
+        if not any(isinstance(c, KeepWhole) for c in controller._callbacks._callbacks):
+            return None
+        return tuple(
+            (t.trial_id, t.status, getattr(t.checkpoint, "path", None))
+            for t in controller.get_trials()
+        )
+    except AttributeError:
+        return None
 
 
 def _same(path: Path, copy: Path) -> bool:
