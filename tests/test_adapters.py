@@ -305,7 +305,7 @@ def test_cli_search_of_a_hugging_face_model_from_another_folder(tmp_path: Path) 
     (tmp_path / "user").mkdir()
     _init(tmp_path / "user", "huggingface")
     workload, space = "../user/job.py:workload", "../user/job_space.yaml"
-    _search_from_elsewhere(tmp_path, workload, space, "accuracy>=0.9", 30)
+    _search_from_elsewhere(tmp_path, workload, space, "accuracy>=0.9", 120)
 
 
 @pytest.mark.slow

