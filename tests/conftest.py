@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
+
 # Every Ray a test starts without an address is its own: the suite runs in two processes
 # (pytest -n 2), and Ray's default would join whichever Ray already runs on this machine (the
 # other process's), which dies with that process. Subprocesses (examples, the CLI) inherit it.
@@ -30,6 +32,7 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
+        _system_config=LOCAL_SYSTEM_CONFIG,  # as a search's own Ray: no idle workers prestarted
         _temp_dir=str(tmp_path_factory.mktemp("ray")),
     )
     yield

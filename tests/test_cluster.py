@@ -32,7 +32,8 @@ CLUSTER = textwrap.dedent(
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
+        head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False,
+                        "_system_config": {"prestart_worker_first_driver": False}},
     )
     for model in ("A100", "H100"):  # two GPU models, as Ray labels them
         cluster.add_node(num_cpus=2, num_gpus=2, resources={f"accelerator_type:{model}": 1})
@@ -308,3 +309,25 @@ def test_a_trial_that_runs_out_of_memory_while_packed_is_retried_alone_once(
     assert alone["status"] in ("reached", "censored"), alone["reason"]
     [(state, constraints)] = out["optuna"]  # one Optuna trial for both runs
     assert state == "COMPLETE" and constraints == {"memory": 0.0}
+
+
+def test_a_ray_of_our_own_prestarts_no_idle_workers(tmp_path: Path) -> None:
+    """The Ray a search starts for itself is told not to prestart idle workers for its driver:
+    a search's trials never ran in them (two processes started and were ended unused)."""
+    probe = textwrap.dedent(
+        """
+        import ray
+        from ray._private.state import state
+        from raybatch.run.cluster import init_ray
+
+        assert init_ray(None)
+        print(state.get_system_config().get("prestart_worker_first_driver"), flush=True)
+        ray.shutdown()
+        """
+    )
+    script = tmp_path / "probe.py"
+    script.write_text(probe)
+    own = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert own.stdout.strip().splitlines()[-1] == "False"

@@ -35,7 +35,8 @@ CLUSTER = textwrap.dedent(
     # The head holds no CPU: every trial runs on a worker node.
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False},
+        head_node_args={"num_cpus": 0, "include_dashboard": False,
+                        "_system_config": {"prestart_worker_first_driver": False}},
     )
     doomed = cluster.add_node(num_cpus=2, num_gpus=1)  # a GPU-declared worker
     cluster.add_node(num_cpus=2)

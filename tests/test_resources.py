@@ -119,9 +119,11 @@ CLUSTER_SCRIPT = textwrap.dedent(
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory.estimator import MemoryEstimator
     from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES as CONTEXT
+    from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
     from raybatch.run.resources import gpu_fraction, trial_resources
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "num_gpus": 1, "_system_config": LOCAL_SYSTEM_CONFIG})
     cluster.add_node(num_cpus=2, num_gpus=1)
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     space = raybatch.load_space("digits_cnn_sgd")

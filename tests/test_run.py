@@ -336,7 +336,8 @@ import json, subprocess, sys
 import ray
 from ray.cluster_utils import Cluster
 
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 0, "_system_config": {"prestart_worker_first_driver": False}})
 cluster.add_node(num_cpus=2)
 cluster.wait_for_nodes()
 proc = subprocess.run(
