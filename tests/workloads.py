@@ -151,11 +151,12 @@ class SlowStepWorkload(DigitsOOMAtLargeBatch):
     """Every training step takes 0.3 s longer: it runs past any short time cap."""
 
     name = "slow_step"
+    STEP_SLEEP_S = 0.3
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         import time
 
-        time.sleep(0.3)
+        time.sleep(self.STEP_SLEEP_S)
         return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
 
 
