@@ -29,11 +29,12 @@ CLUSTER = textwrap.dedent(
     """
     import sys
     from ray.cluster_utils import Cluster
+    from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
 
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False,
-                        "_system_config": {"prestart_worker_first_driver": False}},
+                        "_system_config": LOCAL_SYSTEM_CONFIG},
     )
     for model in ("A100", "H100"):  # two GPU models, as Ray labels them
         cluster.add_node(num_cpus=2, num_gpus=2, resources={f"accelerator_type:{model}": 1})

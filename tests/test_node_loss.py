@@ -31,12 +31,13 @@ CLUSTER = textwrap.dedent(
     import ray
     from ray._private.state import actors  # the GCS's actor table (no dashboard here)
     from ray.cluster_utils import Cluster
+    from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
 
     # The head holds no CPU: every trial runs on a worker node.
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 0, "include_dashboard": False,
-                        "_system_config": {"prestart_worker_first_driver": False}},
+                        "_system_config": LOCAL_SYSTEM_CONFIG},
     )
     doomed = cluster.add_node(num_cpus=2, num_gpus=1)  # a GPU-declared worker
     cluster.add_node(num_cpus=2)

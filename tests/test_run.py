@@ -335,9 +335,10 @@ CLUSTER_SEARCH = """
 import json, subprocess, sys
 import ray
 from ray.cluster_utils import Cluster
+from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
 
 cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 0, "_system_config": {"prestart_worker_first_driver": False}})
+    "num_cpus": 0, "_system_config": LOCAL_SYSTEM_CONFIG})
 cluster.add_node(num_cpus=2)
 cluster.wait_for_nodes()
 proc = subprocess.run(
