@@ -199,24 +199,51 @@ def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
     assert flat.on_trial_result(None, _trial("slow"), slow) == TrialScheduler.STOP
 
 
-def test_a_rung_reached_in_warmup_passes_and_the_next_one_after_it_judges() -> None:
+def test_a_rung_reached_in_warmup_is_judged_at_the_first_evaluation_past_it() -> None:
     """A larger batch ramps its LR up for longer: mid-warmup its curve shows the ramp, not the
     recipe (a real search stopped nine of twelve trials at chance accuracy, most mid-warmup).
     The same slow curve (0.2 at 1.2 s, 0.25 at 2 s, 0.3 at 3.3 s), once saying nothing of a
     warmup and once still warming up at 1.2 s: the first is stopped at the 1 s rung; the
-    second is not judged there (nor at 2 s, its first evaluation past the warmup: its value at
-    1 s would be read from the warmup) and is stopped at the 3 s rung, 0.3 being far behind
-    the incumbent's 0.7 there."""
+    second is not judged there, but at 2 s, its first evaluation past the warmup, against the
+    incumbent's curve at 2 s (0.55), with the 1 s rung's zone: 0.25 is far behind."""
     warm, warming = CappingScheduler(zone=0.1, hedge=0.0), CappingScheduler(zone=0.1, hedge=0.0)
     for s in (warm, warming):
         _incumbent(s)
     assert warm.on_trial_result(None, _trial("t"), _report(1.2, 0.2)) == TrialScheduler.STOP
-    curve = [(1.2, 0.2, True, TrialScheduler.CONTINUE), (2.0, 0.25, False, TrialScheduler.CONTINUE),
-             (3.3, 0.3, False, TrialScheduler.STOP)]  # fmt: skip
+    curve = [(1.2, 0.2, True, TrialScheduler.CONTINUE), (2.0, 0.25, False, TrialScheduler.STOP)]
     for t, value, flag, verdict in curve:
         said = {**_report(t, value), keys.WARMING_UP: flag}
         assert warming.on_trial_result(None, _trial("t"), said) == verdict, t
-    assert warming.capped_at_rung == {"t": 3.0} and warm.capped_at_rung == {"t": 1.0}
+    assert warming.capped_at_rung == {"t": 2.0} and warm.capped_at_rung == {"t": 1.0}
+
+
+def test_a_trial_within_the_zone_past_its_warmup_goes_on_and_is_not_judged_there_again(
+) -> None:  # fmt: skip
+    """Past its warmup at 2 s with 0.53 (the incumbent had 0.55 at 2 s, 0.52 at 2/1.1 s): within
+    the zone, it goes on; the next evaluation is judged at the rungs only."""
+    s = CappingScheduler(zone=0.1, hedge=0.0)
+    _incumbent(s)
+    for t, value, flag in ((1.2, 0.2, True), (2.0, 0.53, False), (2.5, 0.6, False)):
+        said = {**_report(t, value), keys.WARMING_UP: flag}
+        assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
+    assert s.capped_at_rung == {} and s._warm_judged == {"t"}
+
+
+def test_before_any_reaches_a_recipe_that_diverges_after_a_long_warmup_is_stopped_there(
+) -> None:  # fmt: skip
+    """No incumbent (the guess 9 s: rungs at 1/9 .. 3 s), and a trial warming up until 4 s,
+    past the highest rung, then at chance accuracy (its LR diverged once the ramp was over):
+    judged at 4 s against its running neighbour (0.8 there), it is stopped, instead of running
+    at chance to its time cap (a real search: two such trials ran their 15 s cap at 0.1)."""
+    s = CappingScheduler(slack=1.2, zone=0.1, horizon_s=9.0)
+    for t, m in ((0.5, 0.3), (2.0, 0.6), (4.0, 0.8), (4.5, 0.82)):
+        s.on_trial_result(None, _trial("ahead"), _report(t, m))
+    for t, value, flag, verdict in ((1.5, 0.1, True, TrialScheduler.CONTINUE),
+                                    (3.5, 0.1, True, TrialScheduler.CONTINUE),
+                                    (4.2, 0.1, False, TrialScheduler.STOP)):  # fmt: skip
+        said = {**_report(t, value), keys.WARMING_UP: flag}
+        assert s.on_trial_result(None, _trial("t"), said) == verdict, t
+    assert s.capped_at_rung == {"t": 4.2} and s.cap_s is None
 
 
 def test_a_trial_still_warming_up_at_a_third_of_the_incumbents_time_is_judged_there() -> None:
@@ -280,6 +307,24 @@ def test_before_any_reaches_only_running_neighbours_judge_so_the_best_running_cu
     assert s.capped_at_rung == {}
     _incumbent(s)  # once a trial has reached, every curve seen judges
     assert s.on_trial_result(None, _trial("c"), _report(1.2, 0.2)) == TrialScheduler.STOP
+
+
+def test_before_any_reaches_a_lone_trial_is_judged_against_a_curve_that_ran_its_whole_cap(
+) -> None:  # fmt: skip
+    """One slot (one GPU): nothing runs beside a trial. A curve that ran to its own time cap
+    short of the target judges it: behind a recipe that could not reach, it cannot either (a
+    real search ran six of twelve trials to their cap). One stopped at a rung does not."""
+    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
+    for t, m in ((0.4, 0.3), (1.2, 0.6), (9.0, 0.85)):
+        s.on_trial_result(None, _trial("ran_out"), _report(t, m))
+    s.on_trial_complete(None, _trial("ran_out"), {keys.STATUS: "censored", keys.TRAIN_S: 9.0})
+    assert s.on_trial_result(None, _trial("ahead"), _report(1.2, 0.62)) == TrialScheduler.CONTINUE
+    assert s.on_trial_result(None, _trial("behind"), _report(1.2, 0.2)) == TrialScheduler.STOP
+    assert s.capped_at_rung == {"behind": pytest.approx(1.0)}
+    # The trial stopped there is no yardstick for the next: only a curve that ran its cap is.
+    s.on_trial_complete(None, _trial("ahead"), {keys.STATUS: "running", keys.TRAIN_S: 1.2})
+    s.on_trial_complete(None, _trial("behind"), {keys.STATUS: "capped", keys.TRAIN_S: 1.2})
+    assert s.on_trial_result(None, _trial("next"), _report(1.2, 0.58)) == TrialScheduler.CONTINUE
 
 
 def test_without_a_zone_only_the_final_time_caps() -> None:

@@ -131,6 +131,8 @@ class CappingScheduler(FIFOScheduler):
         """Tune trial -> the zone of the rung it was stopped at (hedged: wider early)."""
         self._trajectories: dict[str, Trajectory] = {}
         self._ended: set[str] = set()  # trials whose curves have ended (completed, stopped)
+        self._ran_out: set[str] = set()  # ended at their own time cap, short of the target
+        self._warm_judged: set[str] = set()  # judged at their first evaluation past warmup
         self._warming: dict[str, float] = {}  # trial -> its first evaluation past its warmup
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
@@ -248,6 +250,7 @@ class CappingScheduler(FIFOScheduler):
             return
         if result[keys.WARMING_UP]:
             self._warming[trial_id] = math.inf
+            self._warm_judged.discard(trial_id)
         elif self._warming.get(trial_id) == math.inf:
             self._warming[trial_id] = float(trained)
 
@@ -259,24 +262,36 @@ class CappingScheduler(FIFOScheduler):
         ``B/eta`` (:meth:`_judges_warmup`): its curve there shows how long its LR ramps up,
         which grows with the batch's LR scale, not how fast the recipe trains (a real search
         stopped nine of twelve trials at chance accuracy, most mid-warmup, at the earliest
-        rung). Nor is that rung counted as judged: a rung that moves near it later still
-        judges the trial once it is warm."""
+        rung). Those rungs are not lost: the trial is judged once at its first evaluation past
+        the warmup, against the others' curves at that training time, with the zone of the
+        highest rung it was spared at (a recipe whose LR diverged once the ramp was over ran
+        at chance accuracy to its time cap, the rungs behind it). Nor is a spared rung
+        counted as judged: a rung that moves near it later still judges the trial."""
         if self.zone is None:
             return None
         rungs = self.rungs()
         warm_from = self._warming.get(trial_id, 0.0)
+        judged: list[tuple[float, float, bool]] = []  # (training time, zone, past warmup)
+        spared_zone = None  # the zone of the highest rung its warmup spared
         for index, rung_s in enumerate(rungs):
             below_top = len(rungs) - 1 - index
-            spared = rung_s <= warm_from and not self._judges_warmup(below_top)
-            if rung_s > trained or spared:  # not yet; or passed in its warmup
-                continue
-            if judged_near(trajectory.judged, rung_s, self.eta):
+            if rung_s > trained:  # not yet
                 continue
             zone = hedged_zone(self.zone, self.eta, below_top, self.hedge)
+            if rung_s <= warm_from and not self._judges_warmup(below_top):
+                spared_zone = zone  # passed in its warmup: judged once it is warm
+            elif not judged_near(trajectory.judged, rung_s, self.eta):
+                judged.append((rung_s, zone, False))
+        if spared_zone is not None and warm_from <= trained and trial_id not in self._warm_judged:
+            judged.insert(0, (warm_from, spared_zone, True))
+        for rung_s, zone, past_warmup in judged:
             verdict = passes(trajectory, rung_s, self._others(trial_id), zone, self.eta)
             if verdict is None:
                 continue
-            trajectory.judged.add(rung_s)
+            if past_warmup:
+                self._warm_judged.add(trial_id)
+            else:
+                trajectory.judged.add(rung_s)
             if not verdict:
                 self.rung_zones[trial_id] = zone
                 return rung_s
@@ -299,12 +314,16 @@ class CappingScheduler(FIFOScheduler):
     def _others(self, trial_id: str) -> list[Trajectory]:
         """The curves a trial is judged against: once a trial has reached the target, every
         other seen, running or ended (capped ones included: what they showed up to their stop
-        is evidence at the rungs they got to); before, only the trials running beside it.
-        Judged against ended curves too, with no incumbent to bound the search, every trial
-        can fall behind some curve at some rung while early curves cross: a real search (six
-        trials, four at a time, on a loaded machine) had all six stopped and none reached.
-        Against running ones only, the best running curve always goes on."""
-        ended = self._ended if self.best_time_to_target_s is None else set()
+        is evidence at the rungs they got to); before, the trials running beside it and those
+        that ran to their own time cap short of the target. Judged against curves stopped at
+        a rung too, with no incumbent to bound the search, every trial can fall behind some
+        curve at some rung while early curves cross: a real search (six trials, four at a
+        time, on a loaded machine) had all six stopped and none reached. A curve that ran its
+        whole time cap is another matter: a trial clearly behind a recipe that could not reach
+        the target in the cap cannot either, and without it a lone trial (one slot: one GPU)
+        had nothing to be judged against and ran to its cap (a real search: six of twelve
+        trials ran their 15 s cap at levels a finished curve had shown seconds earlier)."""
+        ended = self._ended - self._ran_out if self.best_time_to_target_s is None else set()
         return [t for other, t in self._trajectories.items()
                 if other != trial_id and other not in ended]  # fmt: skip
 
@@ -346,6 +365,8 @@ class CappingScheduler(FIFOScheduler):
         # the same run format lacks what was added since, and resumes with it empty.
         self.__dict__.update(state)
         self.__dict__.setdefault("_ended", set())
+        self.__dict__.setdefault("_ran_out", set())
+        self.__dict__.setdefault("_warm_judged", set())
         self.__dict__.setdefault("_warming", {})
         self.__dict__.setdefault("warm", WarmSlots())
         self.__dict__.setdefault("experiment", None)
@@ -358,6 +379,8 @@ class CappingScheduler(FIFOScheduler):
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
         self.warm.keep(tune_controller, trial)
         self._ended.add(trial.trial_id)
+        if result and result.get(keys.STATUS) == TrialStatus.CENSORED.value:
+            self._ran_out.add(trial.trial_id)
         # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
