@@ -65,6 +65,17 @@ def test_search_writes_every_file_of_the_run_directory(finished_run: dict[str, A
 
 
 @pytest.mark.slow
+def test_the_runs_log_is_not_filled_with_tunes_warning_that_its_state_is_saved_often(
+    finished_run: dict[str, Any],
+) -> None:  # fmt: skip
+    """Tune's state is saved whenever a trial saves a checkpoint (deliberately: a resume reads
+    it), and Tune warned of it at every save, three lines each (111 of a real search's 111
+    lines of log)."""
+    log = (finished_run["run_dir"] / "search.log").read_text()
+    assert "snapshotting has been triggered" not in log
+
+
+@pytest.mark.slow
 def test_trials_csv_and_the_optuna_study_agree(finished_run: dict[str, Any]) -> None:
     run_dir = finished_run["run_dir"]
     rows = read_trials_csv(run_dir / "trials.csv")

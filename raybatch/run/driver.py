@@ -217,6 +217,9 @@ def _quiet_tune() -> None:
     # between two saves would otherwise forget trials that had finished, and re-run them.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     save_on_change()  # ...but only the steps that changed what a restore reads
+    # Tune forces a save whenever a trial saved a checkpoint (num_to_keep=1), which is what a
+    # resume needs, and warned of it at every such save: three lines each, the run's log full.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # A hung trial that the scheduler stops cannot answer the stop request; Ray Tune kills
     # its actor after this many seconds (default 600), and only then frees its resources.
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "30")
