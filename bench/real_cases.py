@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from raybatch.examples.datacache import cached_split
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.examples.tabular import TabularWorkload, mlp
 from raybatch.metric import Metric
@@ -67,6 +68,11 @@ FRIEDMAN_FEATURES = 10
 
 @cache
 def _friedman() -> tuple[TensorDataset, TensorDataset]:
+    return cached_split("friedman1", _build_friedman, n_samples=24_000,
+                        features=FRIEDMAN_FEATURES, noise=1.0, seed=0)  # fmt: skip
+
+
+def _build_friedman() -> tuple[TensorDataset, TensorDataset]:
     from sklearn.datasets import make_friedman1
 
     x, y = make_friedman1(n_samples=24_000, n_features=FRIEDMAN_FEATURES, noise=1.0,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from raybatch.examples.datacache import cached_split
 from raybatch.workload import Workload
 
 TRAIN_SIZE = 1437
@@ -23,6 +24,11 @@ TRAIN_SIZE = 1437
 
 @cache
 def _split() -> tuple[TensorDataset, TensorDataset]:
+    """The split, built once per machine (:mod:`raybatch.examples.datacache`)."""
+    return cached_split("digits", _build, test_size=0.2, random_state=0, stratified=True)
+
+
+def _build() -> tuple[TensorDataset, TensorDataset]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from raybatch.examples.datacache import cached_split
 from raybatch.workload import Workload
 
 TRAIN_SIZE = 20_000
@@ -39,25 +40,32 @@ def generated_split(
     """scikit-learn's ``make_classification`` points (``informative`` of ``features``
     informative, 8 redundant, 2 clusters a class) as float32 features and int64 labels, the
     first ``train_size`` for training and the next ``val_size`` for validation: the data of this
-    example and of :mod:`raybatch.examples.wide`, which differ only in these arguments."""
-    from sklearn.datasets import make_classification
+    example and of :mod:`raybatch.examples.wide`, which differ only in these arguments. Built
+    once per machine (:mod:`raybatch.examples.datacache`)."""
 
-    x, y = make_classification(
-        n_samples=train_size + val_size,
-        n_features=features,
-        n_informative=informative,
-        n_redundant=8,
-        n_classes=classes,
-        n_clusters_per_class=2,
-        class_sep=class_sep,
-        random_state=seed,
-    )
-    inputs = torch.tensor(x, dtype=torch.float32)
-    labels = torch.tensor(y, dtype=torch.long)
-    return (
-        TensorDataset(inputs[:train_size], labels[:train_size]),
-        TensorDataset(inputs[train_size:], labels[train_size:]),
-    )
+    def build() -> tuple[TensorDataset, TensorDataset]:
+        from sklearn.datasets import make_classification
+
+        x, y = make_classification(
+            n_samples=train_size + val_size,
+            n_features=features,
+            n_informative=informative,
+            n_redundant=8,
+            n_classes=classes,
+            n_clusters_per_class=2,
+            class_sep=class_sep,
+            random_state=seed,
+        )
+        inputs = torch.tensor(x, dtype=torch.float32)
+        labels = torch.tensor(y, dtype=torch.long)
+        return (
+            TensorDataset(inputs[:train_size], labels[:train_size]),
+            TensorDataset(inputs[train_size:], labels[train_size:]),
+        )
+
+    return cached_split("make_classification", build, train_size=train_size, val_size=val_size,
+                        features=features, classes=classes, informative=informative,
+                        class_sep=class_sep, seed=seed)  # fmt: skip
 
 
 @cache
