@@ -65,10 +65,10 @@ def is_user_module(module: ModuleType) -> bool:
     top = name.partition(".")[0]
     if top in _NEVER or top in sys.stdlib_module_names or top in sys.builtin_module_names:
         return False
+    if top in _distribution_packages():  # before the file's real path: most modules are theirs
+        return False
     file = _module_file(module)
     if file is None:
-        return False
-    if top in _distribution_packages():
         return False
     return not file.startswith(_library_roots())
 
