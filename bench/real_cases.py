@@ -68,21 +68,22 @@ FRIEDMAN_FEATURES = 10
 
 @cache
 def _friedman() -> tuple[TensorDataset, TensorDataset]:
-    return cached_split("friedman1", _build_friedman, n_samples=24_000,
+    return cached_split("friedman1", _build_friedman, n_samples=24_000, train_size=20_000,
                         features=FRIEDMAN_FEATURES, noise=1.0, seed=0)  # fmt: skip
 
 
-def _build_friedman() -> tuple[TensorDataset, TensorDataset]:
+def _build_friedman(n_samples: int, train_size: int, features: int, noise: float, seed: int
+                    ) -> tuple[TensorDataset, TensorDataset]:  # fmt: skip
     from sklearn.datasets import make_friedman1
 
-    x, y = make_friedman1(n_samples=24_000, n_features=FRIEDMAN_FEATURES, noise=1.0,
-                          random_state=0)  # fmt: skip
-    features = torch.tensor(x, dtype=torch.float32)
+    x, y = make_friedman1(n_samples=n_samples, n_features=features, noise=noise,
+                          random_state=seed)  # fmt: skip
+    inputs = torch.tensor(x, dtype=torch.float32)
     targets = torch.tensor(y, dtype=torch.float32)
     targets = (targets - targets.mean()) / targets.std()
     return (
-        TensorDataset(features[:20_000], targets[:20_000]),
-        TensorDataset(features[20_000:], targets[20_000:]),
+        TensorDataset(inputs[:train_size], targets[:train_size]),
+        TensorDataset(inputs[train_size:], targets[train_size:]),
     )
 
 

@@ -58,11 +58,14 @@ def test_a_split_is_keyed_by_its_arguments(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert cache_path("x", {"seed": 0}) != cache_path("x", {"seed": 1})
     assert cache_path("x", {"seed": 0}) != cache_path("y", {"seed": 0})
-    one = cached_split("x", lambda: _split(1.0), seed=0)
-    two = cached_split("x", lambda: _split(2.0), seed=1)
+    given: list[dict[str, object]] = []
+    cached_split("z", lambda **args: given.append(args) or _split(0.0), seed=3, size=2)
+    assert given == [{"seed": 3, "size": 2}]  # the key is what the data are built from
+    one = cached_split("x", lambda **_: _split(1.0), seed=0)
+    two = cached_split("x", lambda **_: _split(2.0), seed=1)
     assert float(one[0].tensors[0][0, 0]) == 1.0 and float(two[0].tensors[0][0, 0]) == 2.0
     # Built before with these arguments: read back, not built again.
-    again = cached_split("x", lambda: _split(9.0), seed=0)
+    again = cached_split("x", lambda **_: _split(9.0), seed=0)
     assert torch.equal(again[0].tensors[0], one[0].tensors[0])
     assert torch.equal(again[1].tensors[1], one[1].tensors[1])
 
@@ -71,12 +74,12 @@ def test_a_damaged_cache_file_is_built_again_and_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    cached_split("x", lambda: _split(1.0), seed=0)
+    cached_split("x", lambda **_: _split(1.0), seed=0)
     path = cache_path("x", {"seed": 0})
     path.write_bytes(path.read_bytes()[:100])  # cut short, as by a full disk
-    rebuilt = cached_split("x", lambda: _split(3.0), seed=0)
+    rebuilt = cached_split("x", lambda **_: _split(3.0), seed=0)
     assert float(rebuilt[0].tensors[0][0, 0]) == 3.0
-    assert float(cached_split("x", lambda: _split(4.0), seed=0)[0].tensors[0][0, 0]) == 3.0
+    assert float(cached_split("x", lambda **_: _split(4.0), seed=0)[0].tensors[0][0, 0]) == 3.0
 
 
 def test_a_cache_folder_that_cannot_be_written_still_gives_the_data(
@@ -85,7 +88,7 @@ def test_a_cache_folder_that_cannot_be_written_still_gives_the_data(
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     monkeypatch.setenv(CACHE_ENV, str(blocked / "cache"))
-    train, val = cached_split("x", lambda: _split(5.0), seed=0)
+    train, val = cached_split("x", lambda **_: _split(5.0), seed=0)
     assert float(train.tensors[0][0, 0]) == 5.0 and len(val) == 1
     assert not list(tmp_path.glob(".*.pt.*"))  # no half-written file left about
 

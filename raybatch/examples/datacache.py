@@ -57,16 +57,17 @@ def cache_path(name: str, params: dict[str, Any]) -> Path:
     return cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 
-def cached_split(name: str, build: Callable[[], Split], **params: Any) -> Split:
-    """The split ``build()`` makes from ``params``, read from the cache where it was built
-    before (on this machine, by this scikit-learn), else built and kept there."""
+def cached_split(name: str, build: Callable[..., Split], **params: Any) -> Split:
+    """The split ``build(**params)`` makes, read from the cache where it was built before (on
+    this machine, by this scikit-learn), else built and kept there. The arguments are the key:
+    the data are what they say."""
     path = cache_path(name, params)
     try:
         saved = torch.load(path, weights_only=True)
         return TensorDataset(*saved["train"]), TensorDataset(*saved["val"])
     except UNREADABLE:  # absent, cut short or of another layout: built again below
         pass
-    train, val = build()
+    train, val = build(**params)
     _keep(path, {"train": list(train.tensors), "val": list(val.tensors)})
     return train, val
 

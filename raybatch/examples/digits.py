@@ -25,15 +25,18 @@ TRAIN_SIZE = 1437
 @cache
 def _split() -> tuple[TensorDataset, TensorDataset]:
     """The split, built once per machine (:mod:`raybatch.examples.datacache`)."""
-    return cached_split("digits", _build, test_size=0.2, random_state=0, stratified=True)
+    return cached_split("digits", _build, test_size=0.2, random_state=0)
 
 
-def _build() -> tuple[TensorDataset, TensorDataset]:
+def _build(test_size: float, random_state: int) -> tuple[TensorDataset, TensorDataset]:
+    """scikit-learn's digits, split stratified by label."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
-    x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    x_tr, x_va, y_tr, y_va = train_test_split(
+        x, y, test_size=test_size, random_state=random_state, stratify=y
+    )
 
     def dataset(images: Any, labels: Any) -> TensorDataset:
         pixels = torch.tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0

@@ -40,39 +40,33 @@ def generated_split(
     """scikit-learn's ``make_classification`` points (``informative`` of ``features``
     informative, 8 redundant, 2 clusters a class) as float32 features and int64 labels, the
     first ``train_size`` for training and the next ``val_size`` for validation: the data of this
-    example and of :mod:`raybatch.examples.wide`, which differ only in these arguments. Built
-    once per machine (:mod:`raybatch.examples.datacache`)."""
+    example and of :mod:`raybatch.examples.wide`, which differ only in these arguments (each
+    built once per machine: :mod:`raybatch.examples.datacache`)."""
+    from sklearn.datasets import make_classification
 
-    def build() -> tuple[TensorDataset, TensorDataset]:
-        from sklearn.datasets import make_classification
-
-        x, y = make_classification(
-            n_samples=train_size + val_size,
-            n_features=features,
-            n_informative=informative,
-            n_redundant=8,
-            n_classes=classes,
-            n_clusters_per_class=2,
-            class_sep=class_sep,
-            random_state=seed,
-        )
-        inputs = torch.tensor(x, dtype=torch.float32)
-        labels = torch.tensor(y, dtype=torch.long)
-        return (
-            TensorDataset(inputs[:train_size], labels[:train_size]),
-            TensorDataset(inputs[train_size:], labels[train_size:]),
-        )
-
-    return cached_split("make_classification", build, train_size=train_size, val_size=val_size,
-                        features=features, classes=classes, informative=informative,
-                        class_sep=class_sep, seed=seed)  # fmt: skip
+    x, y = make_classification(
+        n_samples=train_size + val_size,
+        n_features=features,
+        n_informative=informative,
+        n_redundant=8,
+        n_classes=classes,
+        n_clusters_per_class=2,
+        class_sep=class_sep,
+        random_state=seed,
+    )
+    inputs = torch.tensor(x, dtype=torch.float32)
+    labels = torch.tensor(y, dtype=torch.long)
+    return (
+        TensorDataset(inputs[:train_size], labels[:train_size]),
+        TensorDataset(inputs[train_size:], labels[train_size:]),
+    )
 
 
 @cache
 def _split() -> tuple[TensorDataset, TensorDataset]:
-    return generated_split(
-        TRAIN_SIZE, VAL_SIZE, FEATURES, CLASSES, informative=16, class_sep=1.0, seed=0
-    )
+    return cached_split("make_classification", generated_split, train_size=TRAIN_SIZE,
+                        val_size=VAL_SIZE, features=FEATURES, classes=CLASSES, informative=16,
+                        class_sep=1.0, seed=0)  # fmt: skip
 
 
 def mlp(hidden: int = 256, features: int = FEATURES, outputs: int = CLASSES) -> nn.Module:

@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from raybatch.examples.datacache import cached_split
 from raybatch.examples.tabular import generated_split, mlp
 from raybatch.workload import Workload
 
@@ -32,9 +33,9 @@ CLASSES = 10
 
 @cache
 def _split() -> tuple[TensorDataset, TensorDataset]:
-    return generated_split(
-        TRAIN_SIZE, VAL_SIZE, FEATURES, CLASSES, informative=24, class_sep=1.2, seed=1
-    )
+    return cached_split("make_classification", generated_split, train_size=TRAIN_SIZE,
+                        val_size=VAL_SIZE, features=FEATURES, classes=CLASSES, informative=24,
+                        class_sep=1.2, seed=1)  # fmt: skip
 
 
 class WideWorkload(Workload):
