@@ -22,6 +22,10 @@ from raybatch.workload import load_workload
 pytest.importorskip("lightning")
 
 JOB = Path(__file__).parent / "lightning_job.py"
+SAMPLES = 300_000
+"""What bounds a trial these tests expect to reach: a sample budget (the Lightning job reached at
+69,632 samples, the Hugging Face ones at 4,096-8,192), with the time cap far past it; a time
+cap is what a loaded machine runs out of first."""
 WORKLOAD = """
 from raybatch.adapters.lightning import LightningWorkload
 from lightning_job import DigitsClassifier, DigitsData
@@ -63,7 +67,7 @@ def test_the_module_trains_as_written_with_the_recipes_lr_and_its_own_optimizer(
     assert getattr(workload.eval_collate(), "__name__", None) == "as_dict"
 
     reports: list[dict[str, Any]] = []
-    settings = TrialSettings(Target(0.9, metric="val_acc"), max_time_s=60.0)
+    settings = TrialSettings(Target(0.9, metric="val_acc"), max_time_s=600.0, max_samples=SAMPLES)
     config = {keys.MICRO_BATCH_SIZE: 64, keys.ACCUMULATION_STEPS: 2}
     run_trial(workload, space, settings, config, report_fn=reports.append)
     final = reports[-1]
@@ -246,7 +250,7 @@ def test_a_hugging_face_model_trains_with_its_collator_and_compute_metrics() -> 
     assert workload.loss(model, batch) > 0  # idx left out
 
     reports: list[dict[str, Any]] = []
-    settings = TrialSettings(Target(0.9), max_time_s=90.0)
+    settings = TrialSettings(Target(0.9), max_time_s=600.0, max_samples=SAMPLES)
     run_trial(workload, space, settings, {keys.MICRO_BATCH_SIZE: 32}, report_fn=reports.append)
     final = reports[-1]
     assert final[keys.STATUS] == "reached", final[keys.REASON]
@@ -282,7 +286,7 @@ def test_each_starting_point_of_init_workload_trains_to_its_target_as_written(
     space = raybatch.load_space(str(tmp_path / "job_space.yaml"))
     target = raybatch.metric.resolve_target(f"{metric}>=0.9", workload.metrics)
     reports: list[dict[str, Any]] = []
-    settings = TrialSettings(target, max_time_s=90.0)
+    settings = TrialSettings(target, max_time_s=600.0, max_samples=SAMPLES)
     run_trial(workload, space, settings, {keys.MICRO_BATCH_SIZE: 64}, report_fn=reports.append)
     assert reports[-1][keys.STATUS] == "reached", reports[-1][keys.REASON]
 

@@ -18,6 +18,9 @@ from raybatch.workload import load_workload
 
 LOSS = Metric("loss", "min", low=0.0)
 BOTH = (ACCURACY, LOSS)
+SAMPLES = 50_000
+"""What bounds the template's trials: a sample budget (they reached at 8,192 samples), with the
+time cap far past it; a time cap is what a loaded machine runs out of first."""
 
 
 def test_a_bare_number_means_the_first_metric_in_its_direction() -> None:
@@ -86,7 +89,7 @@ def test_init_workload_writes_the_file_and_its_space_and_never_overwrites(tmp_pa
 def _trial(workload: Any, target: Target, micro: int) -> tuple[Any, list[dict[str, Any]]]:
     reports: list[dict[str, Any]] = []
     space = raybatch.load_space(str(workload.space_path))
-    settings = TrialSettings(target, max_time_s=20.0)
+    settings = TrialSettings(target, max_time_s=600.0, max_samples=SAMPLES)
     config = {keys.MICRO_BATCH_SIZE: micro}
     return run_trial(workload, space, settings, config, report_fn=reports.append), reports
 
