@@ -38,10 +38,13 @@ def finished_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) ->
     # Every trial here reaches the target (the LR is fixed) and stops there, or is capped
     # behind the best: the caps only bound what cannot reach. A sample cap, not a time cap,
     # so that a loaded machine (a 15 s cap censored the confirmation's runs beside two busy
-    # processes) changes no outcome.
+    # processes) changes no outcome. No rungs either (``zone=None``; the tests of the rungs are
+    # in test_scheduler.py and the clocked run below): two trials compared at equal training
+    # *seconds* are compared by how the machine shared its cores between them, and beside two
+    # busy loops every trial of this search was stopped at a rung before any reached.
     options = SearchOptions(trials=6, max_time_s=60.0, max_samples=100_000, memory_budget=budget,
                             gpus_per_trial=0, confirm_top=1, confirm_seeds=2, seed=0,
-                            prior=False)  # fmt: skip
+                            prior=False, zone=None)  # fmt: skip
     # The LR fixed, so the plan is short (the max batch, a ladder point) and TPE suggests the
     # rest, some of them over the budget.
     data = SPACE.model_dump()
