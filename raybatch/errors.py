@@ -163,6 +163,11 @@ class ClusterUnreachableError(RaybatchError):
     """No Ray cluster answers at the address given (``--address``)."""
 
 
+class RayStartError(RaybatchError):
+    """The Ray a search starts for itself could not start on this machine (its temporary
+    folder cannot be made, or its processes did not come up in Ray's 30 s)."""
+
+
 class TrialDeviceError(RaybatchError):
     """Ray gave a trial a GPU that its process cannot use (a torch without CUDA there)."""
 

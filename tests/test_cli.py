@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -229,6 +230,31 @@ def test_a_dead_cluster_address_fails_in_seconds_and_writes_nothing(tmp_path: Pa
     assert "Traceback" not in proc.stderr
     assert seconds < 30
     assert not (tmp_path / "run").exists()
+
+
+def test_a_local_ray_that_cannot_start_ends_in_one_line_and_leaves_no_run(tmp_path: Path) -> None:
+    """Ray's temporary folder under a file: a real local start that fails (as one whose
+    processes time out on a machine too busy) is said in one line, and the run directory holds
+    no run, so the same command is accepted once Ray can start."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybatch", "search", "raybatch.examples.digits:workload",
+         "--run-dir", str(tmp_path / "run"), "--trials", "2", "--target", "0.9"],
+        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120,
+        env={**os.environ, "RAY_TMPDIR": str(blocker / "ray")},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("raybatch:")]
+    assert lines == [
+        f"raybatch: error: a local Ray could not start: [Errno 20] Not a directory:"
+        f" '{blocker / 'ray'}' (Ray's temporary folder: RAY_TMPDIR, or the system's temporary"
+        " folder); nothing ran: once Ray can start here, run the same command again"
+    ], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert time.perf_counter() - start < 60
+    assert not (tmp_path / "run" / "run.json").exists()  # the same command is accepted again
 
 
 SMALL_DATA = """

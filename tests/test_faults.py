@@ -95,6 +95,12 @@ FAULTS: list[tuple[str, str, str]] = [
         "refused before any trial, exit 2: no micro batch fits, and what the smallest needs",
         "no run is written: the same command runs once the budget is fixed",
     ),
+    (  # tests/test_cli.py: test_a_local_ray_that_cannot_start_ends_in_one_line_and_leaves_no_run
+        "the search's own Ray cannot start (its temporary folder cannot be made, its processes"
+        " time out on a machine too busy)",
+        "refused before any trial, exit 2, in one line with Ray's cause",
+        "no run is written: the same command runs once Ray can start (`resume` likewise)",
+    ),
     (
         "no trial reaches the target (all diverge)",
         "exit 1 with why in one line; the report says the same and links no best_config.yaml",

@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 
-from raybatch.errors import ClusterUnreachableError, first_line
+from raybatch.errors import ClusterUnreachableError, RayStartError, first_line
 from raybatch.run.orphans import watch_local_ray
 
 CONNECT_TIMEOUT_S = 5.0
@@ -56,6 +56,18 @@ LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 """Ray's settings for a Ray this process starts (a cluster's own are its operator's)."""
 
 
+def _why(exc: Exception) -> str:
+    """What a failed local start most likely means, for the one line that says it."""
+    if isinstance(exc, OSError):
+        return " (Ray's temporary folder: RAY_TMPDIR, or the system's temporary folder)"
+    if "timed out" in str(exc):
+        return (
+            " (its processes did not come up within Ray's 30 s: the machine may be too busy;"
+            " try again when it is less loaded)"
+        )
+    return ""
+
+
 def init_ray(address: str | None) -> bool:
     """Connect to ``address`` (default: start a Ray of our own); a no-op when Ray is already up.
 
@@ -64,6 +76,7 @@ def init_ray(address: str | None) -> bool:
 
     Raises:
         ClusterUnreachableError: Nothing answers at the address.
+        RayStartError: A Ray of our own could not start here (what it had started is shut down).
     """
     import ray
 
@@ -85,6 +98,11 @@ def init_ray(address: str | None) -> bool:
         raise ClusterUnreachableError(
             f"no Ray cluster answers at {address}: {first_line(exc)}"
         ) from None
+    except Exception as exc:  # Ray raises a bare Exception when its node times out
+        if address != "local":
+            raise
+        ray.shutdown()  # the processes it had started before it failed
+        raise RayStartError(f"a local Ray could not start: {first_line(exc)}{_why(exc)}") from None
     if address == "local":  # its processes: none may outlive a driver killed outright
         watch_local_ray(os.path.dirname(ray.__file__))
     if callable(before) and threading.current_thread() is threading.main_thread():

@@ -30,6 +30,7 @@ from raybatch.errors import (
     Issue,
     NothingFitsError,
     RaybatchError,
+    RayStartError,
     RunDirError,
     SearchInterrupted,
     TrialsFailedError,
@@ -399,7 +400,14 @@ def _execute(
 ) -> SearchResult:
     session = time.time()  # this driver's session: the cost's wall clock stops at its gaps
     _quiet_tune()
-    started_ray = init_ray(options.address)
+    try:
+        started_ray = init_ray(options.address)
+    except RayStartError as exc:  # before any trial: as a refusal in the plan, nothing lost
+        if not resume:
+            forget_run_files(path)
+        again = f"`raybatch resume {path}`" if resume else "the same command"
+        raise RayStartError(f"{exc}; nothing ran: once Ray can start here, run {again} again"
+                            ) from None  # fmt: skip
     plan = _plan_or_forget(path, resume, workload, space, target, options)
     plan.sessions = plan.searcher.record.add_session(session)
     notes = plan.notes = [*(notes or []), *plan.notes]
