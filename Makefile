@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/search_efficiency.py
 	$(BIN)/python bench/real_training.py
 	$(BIN)/python bench/rung_replay.py
+	$(BIN)/python bench/near_ties.py
 	$(BIN)/python bench/prescreen_cost.py
 	$(BIN)/python bench/space_overhead.py
 	$(BIN)/python bench/plugin_overhead.py

@@ -537,6 +537,41 @@ def _rung_replay(data: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _near_ties(data: dict[str, Any]) -> list[str]:
+    out = [
+        "## Where a real search's training goes",
+        "",
+        "`bench/near_ties.py`, from the real benchmark's committed searches (no run of its own):"
+        " each search's training split by how far each of its trials trained against B, the"
+        " search's own fastest time to target (up to each trial's last evaluation). Past B/3:"
+        " trials the rungs could not tell from the best by the last rung below B, or that"
+        " reached. Floors: the training if every trial but the fastest had stopped at B/3 (or"
+        " B/9) at the latest, whatever its curve, which no rung rule goes under. Confirmation:"
+        " the training the rows hold beyond the trials' curves (the race's runs, and training"
+        " past a trial's last evaluation); other: what the slots held beyond training"
+        " (evaluation, start-up beyond one process per slot, gaps). Medians of the searches, in"
+        " trainings of the grid's best; paid: slots x wall clock less one process start per"
+        " slot.",
+        "",
+        "| workload | trials past B/3 | their share | training | floor at B/3 | floor at B/9"
+        " | confirmation | other | paid |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, case in data["cases"].items():
+        m = case["median"]
+        if not m:
+            out.append(f"| {name} | no search reached |" + " |" * 7)
+            continue
+        out.append(
+            f"| {name} | {m['past_last_rung']:g} of {data['settings']['trials']}"
+            f" | {m['past_last_rung_share']:.0%} | {m['train_trainings']:.1f}"
+            f" | {m['floor_stopped_at_b_over_eta']:.1f} | {m['floor_stopped_at_b_over_eta2']:.1f}"
+            f" | {m['race_trainings']:.1f} | {m['other_trainings']:.1f}"
+            f" | {m['cost_trainings_wall_warm']:.1f} |"
+        )
+    return [*out, ""]
+
+
 def _prescreen_cost(data: dict[str, Any]) -> list[str]:
     out = [
         "## Pre-screen cost: landing on the largest batch that fits",
@@ -635,6 +670,7 @@ def render() -> str:
         ("real_training", _real_training),
         ("noise_scale", _noise_scale),
         ("rung_replay", _rung_replay),
+        ("near_ties", _near_ties),
         ("loop_overhead", _loop_overhead),
         ("digits_batch_sweep", _digits_sweep),
         ("prescreen_cost", _prescreen_cost),

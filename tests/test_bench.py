@@ -438,3 +438,24 @@ def test_every_figure_says_what_code_it_measured() -> None:
     page = (BENCH.parent / "docs" / "benchmarks.md").read_text()
     sections = page.count("\n## ")
     assert page.count("Code measured:") == sections  # one beside every section's figures
+
+
+def test_the_near_tie_split_accounts_for_every_training_second_of_the_real_searches(
+    tmp_path: Path,
+) -> None:
+    """On the committed real searches: the split adds up (the trials past the last rung are
+    part of the training, the floors lie under it and over the best run alone), and the
+    parts with the other costs make up what the search paid."""
+    data = _load("near_ties").main(out=tmp_path / "near_ties.json")
+    assert json.loads((tmp_path / "near_ties.json").read_text())["cases"] == data["cases"]
+    for case in data["cases"].values():
+        for s in case["searches"]:
+            if s["best_s"] is None:
+                continue
+            best = s["best_s"] / case["unit_s"]
+            assert 0 < s["past_last_rung"] <= s["trials"] == 12
+            assert s["past_last_rung_trainings"] <= s["train_trainings"] + 1e-9
+            assert best <= s["floor_stopped_at_b_over_eta2"] <= s["floor_stopped_at_b_over_eta"]
+            assert s["floor_stopped_at_b_over_eta"] <= s["train_trainings"] + 1e-9
+            paid = s["train_trainings"] + s["race_trainings"] + s["other_trainings"]
+            assert abs(paid - s["cost_trainings_wall_warm"]) < 1e-6
