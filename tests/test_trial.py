@@ -261,10 +261,11 @@ def test_world_size_two_trains_data_parallel_on_gloo_and_counts_both_workers(
 def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_workers(
     ray_session: None, tmp_path: Path
 ) -> None:
-    """World size 2 under a budget nothing fits: each worker's gate says so, Ray Train stops
-    every rank, and the trial ends ``infeasible_memory`` (what the searcher learns from), not
-    ``error``. World size 4 on this 3-CPU Ray cannot be placed: it ends at once, with the count,
-    instead of waiting for a placement group until the hang guard."""
+    """World size 2 under a budget nothing fits: on CPUs every rank's gate is the same trace,
+    decided in the trial before Ray Train starts a worker, and the trial ends
+    ``infeasible_memory`` (what the searcher learns from), not ``error``. World size 4 on this
+    3-CPU Ray cannot be placed: it ends at once, with the count, instead of waiting for a
+    placement group until the hang guard."""
     from ray import tune
 
     fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, memory_budget="1MiB")
@@ -281,6 +282,29 @@ def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_worke
     unplaced = by_world[4]
     assert unplaced[keys.STATUS] == "error"
     assert unplaced[keys.REASON] == "cannot be placed: needs 4 CPUs, the cluster has 3"
+
+
+def test_a_rank_that_ran_out_of_memory_ends_the_data_parallel_run_for_memory() -> None:
+    """What Ray Train gives back when a rank's gate (a real probe, on GPUs) or its training ran
+    out of memory, as the exception its worker raised or only as its text inside a Ray error,
+    is read as a memory failure (``infeasible_memory``), never as an error of the recipe."""
+    from raybatch.errors import WorkerMemoryError
+    from raybatch.trial.wrapper import _memory_failure
+
+    raised = WorkerMemoryError("rank 1: micro batch 64 does not fit")
+    wrapped = RuntimeError("Training failed")
+    wrapped.__cause__ = raised
+    assert _memory_failure(wrapped) == "rank 1: micro batch 64 does not fit"
+    from ray.exceptions import RayTaskError
+
+    text = RayTaskError(
+        "_RayTrainWorker__execute",
+        "Traceback (most recent call last):\n  ...\nraybatch.errors.WorkerMemoryError: out of"
+        " memory while training: CUDA out of memory",
+        ValueError("the worker's exception, not deserialised"),
+    )
+    assert _memory_failure(text) == "out of memory while training: CUDA out of memory"
+    assert _memory_failure(RuntimeError("a loader crashed")) is None
 
 
 def test_a_data_parallel_workers_probe_counts_ddp_gradient_buckets() -> None:

@@ -398,6 +398,15 @@ def _run_distributed(
     if problem is not None:
         reporter.finish(TrialStatus.ERROR, f"cannot be placed: {problem}")
         return reporter
+    if not use_gpu and settings.memory_budget is not None:
+        # On CPUs every rank's gate is the same trace of the same recipe: decided here, before
+        # Ray Train starts workers only to say so each (a gated trial held 18 s for it).
+        import torch
+
+        gate = _Silent(settings)
+        if not _memory_gate(workload, recipe, settings, torch.device("cpu"), gate):
+            reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"data-parallel run: {gate.reason}")
+            return reporter
     storage = tempfile.mkdtemp(prefix="raybatch-train-")  # Ray Train's own files, this run's
     trainer = TorchTrainer(
         _worker,
