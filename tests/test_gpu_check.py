@@ -315,3 +315,31 @@ def test_the_stored_space_gives_only_stored_recipes() -> None:
         stored.recipe_of({"micro_batch_size": 64, "accumulation_steps": 2})
     with pytest.raises(KeyError, match=r"run python bench/gpu_recipes\.py"):
         stored.recipe_of({"micro_batch_size": 65})
+
+
+def test_a_known_miss_is_said_and_recorded_but_only_a_new_miss_turns_the_check_red(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target missed as known (the memory ratios, waiting on issue 49's trace work) is
+    printed and recorded with why, and leaves the exit status green; any other miss beside it
+    turns it red; a known miss met again says to drop it."""
+    t = _load("gpu_targets")
+    monkeypatch.setenv("RAYBATCH_RESULTS_DIR", str(tmp_path))
+    check = "gpu_memory_accuracy"
+    ratio = t.at_least("min_predicted_over_allocated", 0.74, 0.95)
+    at = {"commit": "abc", "clean": None, "date": "d"}
+    assert t.finish(check, {"benchmark": check}, [ratio, t.holds("no_oom", True)], at) == 0
+    out = capsys.readouterr().out
+    assert f"{check}: KNOWN  min_predicted_over_allocated: 0.74 (target >= 0.95) -- known" in out
+    assert f"{check}: 1 targets met, 1 known miss(es)" in out
+    targets = json.loads((tmp_path / f"{check}.json").read_text())["targets"]
+    assert targets["min_predicted_over_allocated"]["met"] is False
+    assert "issue 49" in targets["min_predicted_over_allocated"]["known_miss"]
+    regression = t.holds("no_admitted_oom", False)
+    assert t.exit_status([ratio, regression], check) == t.MISSED
+    assert t.exit_status([ratio], "gpu_check") == t.MISSED  # known for one check only
+    mended = t.at_least("min_predicted_over_allocated", 0.97, 0.95)
+    assert "a known miss met: drop it" in t.summary(check, [mended])
+    # Every known miss names a target its check states (a renamed one would stay quiet).
+    for (name, goal), why in t.KNOWN_MISSES.items():
+        assert f'"{goal}"' in (BENCH / f"{name}.py").read_text() and "issue" in why
