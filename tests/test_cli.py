@@ -250,7 +250,7 @@ def test_a_local_ray_that_cannot_start_ends_in_one_line_and_leaves_no_run(tmp_pa
     assert lines == [
         f"raybatch: error: a local Ray could not start: [Errno 20] Not a directory:"
         f" '{blocker / 'ray'}' (Ray's temporary folder: RAY_TMPDIR, or the system's temporary"
-        " folder); nothing ran: once Ray can start here, run the same command again"
+        " folder); nothing ran: once Ray can start here, run the command again"
     ], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert time.perf_counter() - start < 60

@@ -58,7 +58,7 @@ LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 def _why(exc: Exception) -> str:
     """What a failed local start most likely means, for the one line that says it."""
-    if isinstance(exc, OSError):
+    if isinstance(exc, OSError) and exc.filename:  # a file of its session it cannot write
         return " (Ray's temporary folder: RAY_TMPDIR, or the system's temporary folder)"
     if "timed out" in str(exc):
         return (
@@ -102,7 +102,10 @@ def init_ray(address: str | None) -> bool:
         if address != "local":
             raise
         ray.shutdown()  # the processes it had started before it failed
-        raise RayStartError(f"a local Ray could not start: {first_line(exc)}{_why(exc)}") from None
+        raise RayStartError(
+            f"a local Ray could not start: {first_line(exc)}{_why(exc)}; nothing ran: once Ray"
+            " can start here, run the command again"
+        ) from None
     if address == "local":  # its processes: none may outlive a driver killed outright
         watch_local_ray(os.path.dirname(ray.__file__))
     if callable(before) and threading.current_thread() is threading.main_thread():

@@ -30,7 +30,6 @@ from raybatch.errors import (
     Issue,
     NothingFitsError,
     RaybatchError,
-    RayStartError,
     RunDirError,
     SearchInterrupted,
     TrialsFailedError,
@@ -258,10 +257,11 @@ class _Plan:
     sessions: list[float] = field(default_factory=list)  # when each driver session started
 
 
-def _plan_or_forget(path: Path, resume: bool, *args: Any) -> _Plan:
-    """:func:`_plan`; a new search refused there leaves no run behind (run it again as is)."""
+def _plan_or_forget(path: Path, resume: bool, *args: Any) -> tuple[bool, _Plan]:
+    """Ray up (whether this call started it), then :func:`_plan`; a new search refused at either
+    (its own Ray unable to start: ``RayStartError``) leaves no run behind (run it again as is)."""
     try:
-        return _plan(path, *args)
+        return init_ray(args[-1].address), _plan(path, *args)
     except RaybatchError:
         if not resume:
             forget_run_files(path)
@@ -400,15 +400,7 @@ def _execute(
 ) -> SearchResult:
     session = time.time()  # this driver's session: the cost's wall clock stops at its gaps
     _quiet_tune()
-    try:
-        started_ray = init_ray(options.address)
-    except RayStartError as exc:  # before any trial: as a refusal in the plan, nothing lost
-        if not resume:
-            forget_run_files(path)
-        again = f"`raybatch resume {path}`" if resume else "the same command"
-        raise RayStartError(f"{exc}; nothing ran: once Ray can start here, run {again} again"
-                            ) from None  # fmt: skip
-    plan = _plan_or_forget(path, resume, workload, space, target, options)
+    started_ray, plan = _plan_or_forget(path, resume, workload, space, target, options)
     plan.sessions = plan.searcher.record.add_session(session)
     notes = plan.notes = [*(notes or []), *plan.notes]
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)

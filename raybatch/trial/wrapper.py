@@ -399,8 +399,7 @@ def _run_distributed(
         reporter.finish(TrialStatus.ERROR, f"cannot be placed: {problem}")
         return reporter
     if not use_gpu and settings.memory_budget is not None:
-        # On CPUs every rank's gate is the same trace of the same recipe: decided here, before
-        # Ray Train starts workers only to say so each (a gated trial held 18 s for it).
+        # On CPUs each rank's gate is this same trace: here, before Ray Train starts a worker.
         import torch
 
         gate = _Silent(settings)
