@@ -105,6 +105,36 @@ def test_the_time_cap_counts_training_only() -> None:
     assert "time cap of 5 s of training" in reports[-1][keys.REASON]
 
 
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_report_that_waits_is_not_training_where_the_device_waits_too(on_device: bool) -> None:
+    """Ray Train's report waits for its controller's poll (2 s by default), and a report's wait
+    had entered the time to target: after an evaluation, and anywhere on a CPU, the wait is
+    timed apart; a heartbeat on a device is not, since its queued steps train meanwhile."""
+    clock = Clock()
+    reports: list[dict[str, Any]] = []
+
+    def waits(report: dict[str, Any]) -> None:
+        reports.append(report)
+        clock.now += 2.0  # the report blocks for two seconds
+
+    synchronize = (lambda: None) if on_device else None
+    run = TrialReporter(Target(0.9), report_fn=waits, eval_every_samples=100, max_time_s=100.0,
+                        options=ReporterOptions(heartbeat_s=1.0),
+                        clock=TrialClock(synchronize, clock)).start()  # fmt: skip
+    clock.now += 1.0
+    run.add(samples=10, steps=1)  # a heartbeat: 1 s trained, then a 2 s wait
+    assert reports[-1][keys.HEARTBEAT]
+    clock.now += 0.5
+    run.add(samples=90, steps=1)
+    clock.now += 0.5
+    run.report(0.5)  # an evaluation: 2 s trained, then a 2 s wait
+    run.add(samples=10, steps=1)
+    clock.now += 1.0
+    assert run.report(0.95)  # 1 s more
+    waited = 2.0 if on_device else 0.0  # the heartbeat's wait, where the device trained on
+    assert reports[-1][keys.TIME_TO_TARGET_S] == pytest.approx(3.0 + waited)
+
+
 def test_the_device_is_synchronised_at_marks_never_between_them() -> None:
     """On CUDA a sync per step makes small launch-bound batches look slow: between marks the
     time cap is read from the host clock; only marks, heartbeats (one per 0.31 s of a 10 s

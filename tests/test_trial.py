@@ -289,12 +289,12 @@ def test_a_rank_that_ran_out_of_memory_ends_the_data_parallel_run_for_memory() -
     out of memory, as the exception its worker raised or only as its text inside a Ray error,
     is read as a memory failure (``infeasible_memory``), never as an error of the recipe."""
     from raybatch.errors import WorkerMemoryError
-    from raybatch.trial.wrapper import _memory_failure
+    from raybatch.trial.failures import memory_failure
 
     raised = WorkerMemoryError("rank 1: micro batch 64 does not fit")
     wrapped = RuntimeError("Training failed")
     wrapped.__cause__ = raised
-    assert _memory_failure(wrapped) == "rank 1: micro batch 64 does not fit"
+    assert memory_failure(wrapped) == "rank 1: micro batch 64 does not fit"
     from ray.exceptions import RayTaskError
 
     text = RayTaskError(
@@ -303,8 +303,8 @@ def test_a_rank_that_ran_out_of_memory_ends_the_data_parallel_run_for_memory() -
         " memory while training: CUDA out of memory",
         ValueError("the worker's exception, not deserialised"),
     )
-    assert _memory_failure(text) == "out of memory while training: CUDA out of memory"
-    assert _memory_failure(RuntimeError("a loader crashed")) is None
+    assert memory_failure(text) == "out of memory while training: CUDA out of memory"
+    assert memory_failure(RuntimeError("a loader crashed")) is None
 
 
 def test_a_data_parallel_workers_probe_counts_ddp_gradient_buckets() -> None:
@@ -354,13 +354,13 @@ def test_a_data_parallel_run_that_lost_a_worker_is_told_apart_from_a_failing_rec
     from ray import exceptions as ray_errors
     from ray.train.base_trainer import TrainingFailedError
 
-    from raybatch.trial.wrapper import _lost_worker
+    from raybatch.trial.failures import lost_worker
 
     died = ray_errors.NodeDiedError("node 10.0.0.3 died")
     wrapped = TrainingFailedError("Training failed")
     wrapped.__cause__ = died
-    assert _lost_worker(wrapped) == "NodeDiedError: node 10.0.0.3 died"
-    assert _lost_worker(ray_errors.RayActorError()) is not None
+    assert lost_worker(wrapped) == "NodeDiedError: node 10.0.0.3 died"
+    assert lost_worker(ray_errors.RayActorError()) is not None
     recipe_fault = TrainingFailedError("Training failed")
     recipe_fault.__cause__ = ValueError("bad shape")
-    assert _lost_worker(recipe_fault) is None
+    assert lost_worker(recipe_fault) is None

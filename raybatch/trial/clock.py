@@ -110,6 +110,17 @@ class TrialClock:
         finally:
             self._eval_s += self.now() - start
 
+    @contextmanager
+    def idle(self) -> Iterator[None]:
+        """Time host work while the device has nothing queued (a report after an evaluation,
+        or anywhere on a CPU): as an evaluation, never in ``train_s``, read on the host clock
+        alone (there is nothing to wait for)."""
+        start = self.now(synchronize=False)
+        try:
+            yield
+        finally:
+            self._eval_s += self.now(synchronize=False) - start
+
     def add_data_wait(self, seconds: float) -> None:
         """Time spent waiting for the next batch from the input pipeline."""
         self._data_wait_s += seconds

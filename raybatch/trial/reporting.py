@@ -133,11 +133,18 @@ class ReportChannel:
 
     def send(self, report: dict[str, Any], evaluation: bool, clock: TrialClock) -> None:
         """Send ``report``; an evaluation's goes with the trial's saved state where a saver
-        is set and due (the report's training time decides). Saving, and Tune's copy of the
-        save, are timed as evaluation: no training, never in the objective."""
+        is set and due (the report's training time decides). Reporting (at an evaluation, or
+        anywhere on a CPU), saving, and Tune's copy of the save are timed as evaluation: no
+        training, never in the objective (Ray Train's report waits for its controller's poll,
+        which had entered a data-parallel trial's time to target). A heartbeat on a device is
+        not: the device trains on its queued steps while the host reports."""
         train_s = float(report[keys.TRAIN_S])
         if not (evaluation and self.saver is not None and self.saver.due(train_s)):
-            self.report_fn(report)
+            if evaluation or clock.synchronize is None:  # the device idle: no training meanwhile
+                with clock.idle():
+                    self.report_fn(report)
+            else:  # a heartbeat on a device, whose queued steps run meanwhile: not waited for
+                self.report_fn(report)
             return
         with clock.evaluating():
             started = time.perf_counter()

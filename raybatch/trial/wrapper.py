@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.errors import WorkerLostError, WorkerMemoryError, first_line
+from raybatch.errors import WorkerLostError, WorkerMemoryError
 from raybatch.memory.probe import is_out_of_memory, model_bytes, probe, release_memory
 from raybatch.memory.sizes import format_bytes, parse_size
 from raybatch.metric import Target, resolve_target
@@ -43,6 +43,7 @@ from raybatch.trial.cadence import (
     time_marks,
 )
 from raybatch.trial.clock import TrialClock
+from raybatch.trial.failures import lost_worker, memory_failure
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.pause import checkpointing
@@ -62,6 +63,11 @@ from raybatch.workload import Workload
 # on a machine without it); trainable() imports the space where it loads one.
 if TYPE_CHECKING:
     from raybatch.space.search_space import SearchSpace
+
+REPORT_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+REPORT_POLL_S = 0.2
+"""How often Ray Train's controller takes the ranks' reports in a data-parallel trial (a
+setting of the user's own stays)."""
 
 _broken: list[str] = []
 """Why this process can no longer run a trial (a CUDA context broken by a sticky error): Tune
@@ -323,53 +329,6 @@ class _Silent(TrialReporter):
         )
 
 
-def _failures(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what it wraps: a Ray Train worker group's per-rank failures, a controller's
-    failure, Ray task errors' causes, and ``__cause__`` chains."""
-    seen: list[BaseException] = []
-    unread = [exc]
-    while unread:
-        e = unread.pop()
-        if any(e is s for s in seen):
-            continue
-        seen.append(e)
-        unread.extend(getattr(e, "worker_failures", {}).values())
-        for attr in ("controller_failure", "cause", "__cause__"):
-            inner = getattr(e, attr, None)
-            if isinstance(inner, BaseException):
-                unread.append(inner)
-    return seen
-
-
-def _memory_failure(exc: BaseException) -> str | None:
-    """The reason when a data-parallel run failed for memory on some rank, else ``None``."""
-
-    failures = _failures(exc)
-    for e in failures:
-        if isinstance(e, WorkerMemoryError) or is_out_of_memory(e):
-            return first_line(e)
-    # A worker's exception may come back only as text inside a Ray error: find its line.
-    for e in failures:
-        for line in str(e).splitlines():
-            for name in (WorkerMemoryError.__name__, "OutOfMemoryError"):
-                if f"{name}: " in line:
-                    return line.split(f"{name}: ", 1)[1].strip()
-    return None
-
-
-def _lost_worker(exc: BaseException) -> str | None:
-    """The reason when a data-parallel run failed because a worker's actor, process or node
-    died (Ray's own errors, anywhere in what ``exc`` wraps), else ``None``."""
-    from ray import exceptions as ray_errors
-
-    lost = (ray_errors.RayActorError, ray_errors.NodeDiedError, ray_errors.WorkerCrashedError,
-            ray_errors.LocalRayletDiedError)  # fmt: skip
-    for e in _failures(exc):
-        if isinstance(e, lost):
-            return f"{type(e).__name__}: {first_line(e)}"
-    return None
-
-
 def _run_distributed(
     workload: Workload,
     space: SearchSpace,
@@ -430,11 +389,15 @@ def _run_distributed(
             callbacks=[TuneReportCallback()],  # type: ignore[list-item]
         ),
     )
+    # Ray Train's controller takes a rank's report once a poll (its queue holds one), every 2 s
+    # by default: each report blocked the ranks up to 2 s (a six-step trial held 22 s of wall
+    # clock, and 1 s of it entered its training time). Ray Train passes the setting on to it.
+    os.environ.setdefault(REPORT_POLL_ENV, str(REPORT_POLL_S))
     try:
         trainer.fit()
     except Exception as exc:
-        memory = _memory_failure(exc)
-        lost = None if memory is not None else _lost_worker(exc)
+        memory = memory_failure(exc)
+        lost = None if memory is not None else lost_worker(exc)
         if memory is not None:
             reporter.finish(TrialStatus.INFEASIBLE_MEMORY, f"data-parallel run: {memory}")
         elif lost is not None:  # the node, not the recipe: Tune's retry, as for one trial
