@@ -44,7 +44,7 @@ def split(search: dict[str, Any], unit_s: float, eta: float = DEFAULT_ETA) -> di
     if best is None:
         return {"trials": len(trained), "best_s": None, "train_trainings": total / unit_s}
     past = [t for t in trained if t > best / eta]
-    fastest = trained.index(min(trained, key=lambda t: abs(t - best)))  # the best one's run
+    fastest = [c["time_to_target_s"] for c in search["curves"]].index(best)  # its own run
 
     def floor(rung_s: float) -> float:
         return sum(t if i == fastest else min(t, rung_s) for i, t in enumerate(trained))

@@ -257,11 +257,11 @@ class _Plan:
     sessions: list[float] = field(default_factory=list)  # when each driver session started
 
 
-def _plan_or_forget(path: Path, resume: bool, *args: Any) -> tuple[bool, _Plan]:
-    """Ray up (whether this call started it), then :func:`_plan`; a new search refused at either
-    (its own Ray unable to start: ``RayStartError``) leaves no run behind (run it again as is)."""
+def _plan_or_forget(path: Path, resume: bool, workload: Workload, space: SearchSpace,
+                    target: Target, options: SearchOptions) -> tuple[bool, _Plan]:  # fmt: skip
+    """Ray up, then :func:`_plan`; a new search refused at either leaves no run (run it again)."""
     try:
-        return init_ray(args[-1].address), _plan(path, *args)
+        return init_ray(options.address), _plan(path, workload, space, target, options)
     except RaybatchError:
         if not resume:
             forget_run_files(path)

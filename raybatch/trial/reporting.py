@@ -26,7 +26,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -140,10 +140,10 @@ class ReportChannel:
         not: the device trains on its queued steps while the host reports."""
         train_s = float(report[keys.TRAIN_S])
         if not (evaluation and self.saver is not None and self.saver.due(train_s)):
-            if evaluation or clock.synchronize is None:  # the device idle: no training meanwhile
-                with clock.idle():
-                    self.report_fn(report)
-            else:  # a heartbeat on a device, whose queued steps run meanwhile: not waited for
+            # The device idle (after an evaluation, or a CPU): no training while it reports; a
+            # heartbeat on a device trains on its queued steps meanwhile.
+            idle = evaluation or clock.synchronize is None
+            with clock.idle() if idle else nullcontext():
                 self.report_fn(report)
             return
         with clock.evaluating():
