@@ -19,7 +19,11 @@ from raybatch import keys
 PAR_FACTOR = 10.0
 HANG_GRACE_S = 300.0
 """Seconds past a trial's time cap without a report after which it counts as hung: they cover
-start-up, the probe and an evaluation, which the trial's clock excludes."""
+an evaluation and its report, which the trial's clock excludes."""
+HANG_STARTUP_S = 300.0
+"""Seconds a trial may take, beyond its hang window, before its first report: its worker's
+start, ``build_model``, the data and the memory probe. A slow start is not a hang, and timed
+apart it need not widen the window every later report is held to."""
 INDIFFERENCE_ZONE = 0.10
 """The regret a search accepts: recipes within 10 % of each other's time are "within noise"
 (the rungs' zone, the race's, and the verdict's all read it from here)."""

@@ -114,6 +114,7 @@ def test_a_trial_that_keeps_reporting_is_not_hung_however_long_it_runs(
     monkeypatch.setattr(hang.time, "monotonic", lambda: now[0])
     s = CappingScheduler(hang_after_s=10.0)
     talking, silent = _running("talking"), _running("silent")
+    silent.last_result = {keys.STATUS: "running", keys.TRAIN_S: 0.5}  # reported once, then not
     controller = _Controller(talking, silent)
     s.choose_trial_to_run(controller)  # both first seen at t=0
     for t in range(2, 30, 2):

@@ -710,6 +710,23 @@ def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window
     assert placement_allowance(single) == 1.0
 
 
+def test_a_trial_starting_up_is_given_the_startup_allowance_on_top_of_its_hang_window() -> None:
+    """A slow ``build_model`` is not a hang: before its first report a trial may be silent
+    for its window plus the start-up allowance; from its first report on, the window alone."""
+    from types import SimpleNamespace
+
+    from raybatch.run.hang import HangGuard
+
+    guard = HangGuard(after_s=8.0, startup_s=100.0)
+    tune_fields = {"trial_id": "a", "pid": 1234, "hostname": "n"}
+    starting = SimpleNamespace(config={}, last_result=tune_fields)
+    assert guard.window_s(starting) == 108.0
+    reported = SimpleNamespace(config={}, last_result={**tune_fields, keys.STATUS: "running"})
+    assert guard.window_s(reported) == 8.0
+    placing = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result=tune_fields)
+    assert guard.window_s(placing) == 116.0  # two windows waiting for its workers, and start-up
+
+
 def _driver_searcher(tmp_path: Path, prior: bool = False) -> RaybatchSearcher:
     """The searcher exactly as ``raybatch search`` builds it: through the driver's own plan
     (the opening points leave out ``world_size``, a single-choice knob of this space, while

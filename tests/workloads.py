@@ -161,7 +161,8 @@ class SlowStepWorkload(DigitsOOMAtLargeBatch):
 
 
 class HangsAtMaxBatch(DigitsOOMAtLargeBatch):
-    """At the largest micro batch (256), the third training step never returns.
+    """At the largest micro batch (256), the first training step after an evaluation never
+    returns: the trial has reported, then hangs mid-training.
 
     As a stuck NCCL collective or a deadlocked data loader does: a blocking call that no
     per-step check inside the trial can interrupt.
@@ -169,13 +170,20 @@ class HangsAtMaxBatch(DigitsOOMAtLargeBatch):
 
     name = "hangs_at_max_batch"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.evaluated = False
+
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         import time
 
-        self.calls += 1
-        if batch[0].shape[0] >= 256 and self.calls >= 3:
+        if batch[0].shape[0] >= 256 and self.evaluated:
             time.sleep(3600)
         return super(DigitsOOMAtLargeBatch, self).loss(model, batch)
+
+    def evaluate(self, model: nn.Module, batches: Any) -> Any:
+        self.evaluated = True
+        return super().evaluate(model, batches)
 
 
 class KillsItsWorkerOnce(DigitsOOMAtLargeBatch):

@@ -65,8 +65,9 @@ class SearchOptions:
             cannot be ranked against each other, so a mixed cluster without it is refused.
         hang_grace_s: Seconds past ``max_time_s`` without a report after which a running
             trial counts as hung (stuck in a step) and is stopped by the driver as
-            ``censored``; it covers start-up, the probe and an evaluation, which the trial's
-            clock excludes.
+            ``censored``; it covers an evaluation and its report, which the trial's clock
+            excludes. Before its first report a trial has
+            :data:`~raybatch.status.HANG_STARTUP_S` more (its start-up: model, data, probe).
 
     Example::
 
