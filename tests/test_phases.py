@@ -30,6 +30,26 @@ def _phases(tmp_path: Path, trials: int = 3, **kw: Any) -> SearchThenRace:
     return SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight)
 
 
+@pytest.mark.usefixtures("ray_session")
+def test_the_slots_said_run_and_raced_are_the_clusters_room_or_max_concurrent_under_it(
+    tmp_path: Path,
+) -> None:
+    """One figure for the start line ("N at a time"), Tune's max_concurrent_trials and the
+    race's slots: it said the cluster's room (2) under --max-concurrent 1 while Tune ran one."""
+    from raybatch.examples.digits import workload
+    from raybatch.metric import resolve_target
+    from raybatch.run.driver import _plan
+
+    target = resolve_target("accuracy>=0.9", workload.metrics)
+    room = 3  # the test session's Ray: 3 CPUs, one a trial
+    for asked, slots in ((1, 1), (None, room), (room + 5, room)):
+        options = SearchOptions(trials=2, prior=False, max_concurrent=asked)
+        plan = _plan(tmp_path / str(asked), workload, SPACE, target, options)
+        assert plan.in_flight == slots
+        race = SearchThenRace.for_search(plan.searcher, options, False, plan.in_flight)
+        assert race.at_once == min(2, slots)  # a race meets two recipes at once at most
+
+
 def _ended(phases: SearchThenRace, trial_id: str, time_s: float | None) -> None:
     """A run ends: reached in ``time_s`` of training, or capped before the target."""
     result = {keys.TRIAL_ID: trial_id, keys.STATUS: "reached" if time_s else "running",

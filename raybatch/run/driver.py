@@ -252,7 +252,7 @@ class _Plan:
     trainable: Callable[[dict[str, Any]], Any]  # raybatch.trainable's: it carries the settings
     resourced: Any  # what tune.with_resources returns (a trainable Tune wraps)
     notes: list[str] = field(default_factory=list)
-    in_flight: int = 1  # trials the cluster can run at once (Tune's max_concurrent_trials)
+    in_flight: int = 1  # trials run at once: the cluster's room, or --max-concurrent under it
     tuned: Any = None  # what Tune holds: the search, then the race (SearchThenRace)
     sessions: list[float] = field(default_factory=list)  # when each driver session started
 
@@ -313,10 +313,10 @@ def _plan(
         devices=devices,
     )  # fmt: skip
     resourced = with_resources(fn, gpus, options.cpus_per_trial, estimator=estimator)
-    hardware = view.describe(cuda)
+    hardware, room = view.describe(cuda), view.trials_at_once(gpus, options.cpus_per_trial)
     return _Plan(
         gpus, cuda, hardware, budget, estimator, baseline, reference, searcher, fn, resourced,
-        notes, view.trials_at_once(gpus, options.cpus_per_trial),
+        notes, min(options.max_concurrent or room, room),
     )  # fmt: skip
 
 
@@ -367,7 +367,7 @@ def _search_tuner(
             search_alg=plan.tuned,
             scheduler=scheduler,
             num_samples=options.trials + 2 * len(plan.tuned.seeds),  # two runs a race round
-            max_concurrent_trials=options.max_concurrent or plan.in_flight,
+            max_concurrent_trials=plan.in_flight,
             reuse_actors=REUSE_ACTORS,
         ),
         run_config=tune.RunConfig(

@@ -83,9 +83,10 @@ class SearchThenRace(Searcher):
     def for_search(cls, search: RaybatchSearcher, options: SearchOptions, cuda: bool,
                    in_flight: int) -> SearchThenRace:  # fmt: skip
         """As the driver builds it: the race side by side on CPU slots as the search ran
-        (``--max-concurrent``, else the trials the cluster runs at once); on GPUs one run at a
-        time, each on a whole GPU (the search's slots may have been shares of one)."""
-        slots = 1 if cuda else options.max_concurrent or in_flight
+        (``in_flight``: the trials the cluster runs at once, or ``--max-concurrent`` under
+        that); on GPUs one run at a time, each on a whole GPU (the search's slots may have
+        been shares of one)."""
+        slots = 1 if cuda else in_flight
         return cls(search, options, slots, whole_gpus=cuda)
 
     def set_search_properties(self, metric: str | None, mode: str | None,
