@@ -13,7 +13,7 @@ import pytest
 
 import raybatch
 from raybatch import Target, keys
-from raybatch.errors import WorkloadError
+from raybatch.errors import OptionError, WorkloadError
 from raybatch.results.rows import read_trials_csv
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
@@ -150,6 +150,25 @@ def test_init_space_writes_the_modules_own_recipe_as_the_reference(job: Path) ->
     again = subprocess.run(run, capture_output=True, text=True, cwd=job.parent, check=False)
     assert again.returncode == 2 and "exists; choose another name (--out)" in again.stderr
     assert path.read_text() == text
+
+
+def test_init_space_refuses_an_existing_file_before_it_imports_the_workload(
+    tmp_path: Path,
+) -> None:
+    """Said in a second, not after the workload's imports (Lightning's alone take seconds):
+    the file named by --out, or the default beside a workload file, is checked first."""
+    from raybatch.cli.template import write_space_for
+
+    job = tmp_path / "job.py"
+    job.write_text("raise RuntimeError('the workload was imported')\n")
+    for out, existing in (
+        ("mine.yaml", tmp_path / "mine.yaml"),
+        (None, tmp_path / "job_space.yaml"),
+    ):
+        existing.write_text("kept\n")
+        with pytest.raises(OptionError, match="exists; choose another name"):
+            write_space_for(f"{job}:workload", out and str(tmp_path / out))
+        assert existing.read_text() == "kept\n"
 
 
 def test_init_space_refuses_a_workload_of_raybatchs_own_and_an_unknown_optimizer(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raybatch.errors import Issue, OptionError
-from raybatch.space.infer import FoundRecipe, write_space
+from raybatch.space.infer import FoundRecipe, refuse_existing, write_space
 from raybatch.workload import load_workload
 
 _MAKE_DATA_BODY = """\
@@ -355,11 +355,17 @@ def write_space_for(workload: str, out: str | None) -> tuple[Path, FoundRecipe]:
             recipe a space can hold.
         OptionError: The file exists.
     """
-    loaded = load_workload(workload)
     file = workload.rsplit(":", 1)[0]
-    default = (Path(file).with_name(f"{Path(file).stem}_space.yaml") if file.endswith(".py")
-               else Path(f"{loaded.name}_space.yaml"))  # fmt: skip
+    if out:
+        known: Path | None = Path(out)
+    elif file.endswith(".py"):
+        known = Path(file).with_name(f"{Path(file).stem}_space.yaml")
+    else:
+        known = None  # a module's is named after its workload, known once it is loaded
+    if known is not None:
+        refuse_existing(known)  # in a second, not after the workload's imports (Lightning: 5 s)
+    loaded = load_workload(workload)
     found = loaded.found_recipe()
-    path = write_space(found, loaded.name, Path(out) if out else default)
+    path = write_space(found, loaded.name, known or Path(f"{loaded.name}_space.yaml"))
     assert found is not None  # write_space refused a workload without one
     return path, found

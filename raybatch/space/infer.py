@@ -135,6 +135,16 @@ def space_yaml(found: FoundRecipe, name: str, description: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def refuse_existing(path: Path) -> None:
+    """A space is never written over a file.
+
+    Raises:
+        OptionError: ``path`` exists.
+    """
+    if path.exists():
+        raise OptionError([Issue("(file)", "exists; choose another name (--out)")], str(path))
+
+
 def write_space(found: FoundRecipe | None, name: str, path: Path) -> Path:
     """Write the space of a workload's own recipe (:meth:`raybatch.Workload.found_recipe`) at
     ``path``, never over a file, checked first by reading it as a search will.
@@ -149,8 +159,7 @@ def write_space(found: FoundRecipe | None, name: str, path: Path) -> Path:
             f"{name} is a workload of raybatch's own: its recipe is its space; start from a"
             " preset (`raybatch spaces`) or `raybatch init-workload`"
         )
-    if path.exists():
-        raise OptionError([Issue("(file)", "exists; choose another name (--out)")], str(path))
+    refuse_existing(path)
     rule = "linear" if found.optimizer is OptimizerFamily.SGD else "sqrt"
     text = space_yaml(found, name, f"{name}: the recipe its own code trains with"
                       f" ({found.optimizer.value}), {rule} rules")  # fmt: skip
