@@ -153,6 +153,11 @@ def _confirming(run_dir: Path) -> bool:
     return _told(run_dir, "raybatch-confirmation") >= 1
 
 
+def _sessions(run_dir: Path) -> int:
+    """Driver sessions the run's study has recorded the start of."""
+    return len(sessions_recorded(run_dir / "optuna.db", STUDY_NAME))
+
+
 def _told(run_dir: Path, study: str = "raybatch") -> int:
     """Launched trials the driver has told the Optuna study about (written as they end).
 
@@ -196,10 +201,12 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
         "--zone", "100",  # every pair within the zone: the race runs whatever the times
     )  # fmt: skip
     finished_before_kills: set[str] = set()
+    # Each point also waits for its own session's record: a resume killed before it recorded
+    # its start (the first session's graceful stop can tell the third trial) ran nothing.
     points = [
         lambda: _told(run_dir) >= 1,
-        lambda: _told(run_dir) >= 3,
-        lambda: _confirming(run_dir),
+        lambda: _told(run_dir) >= 3 and _sessions(run_dir) >= 2,
+        lambda: _confirming(run_dir) and _sessions(run_dir) >= 3,
     ]
     runs = [search, ("resume", str(run_dir)), ("resume", str(run_dir))]
     signals = [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL]
