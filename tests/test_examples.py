@@ -20,7 +20,7 @@ def test_tune_digits_example_finds_a_recipe_that_reaches_the_target(tmp_path: Pa
             sys.executable,
             str(EXAMPLES / "tune_digits_with_space.py"),
             "--trials",
-            "3",
+            "2",
             "--storage",
             str(tmp_path),
         ],
@@ -30,14 +30,14 @@ def test_tune_digits_example_finds_a_recipe_that_reaches_the_target(tmp_path: Pa
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3 trials (" in proc.stdout and "best: reached" in proc.stdout
+    assert "2 trials (" in proc.stdout and "best: reached" in proc.stdout
     assert "effective batch" in proc.stdout and "lr " in proc.stdout
 
 
 @pytest.mark.slow
 def test_builtin_trainable_example_runs_a_search_with_statuses(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "trainable_digits.py"), "--trials", "3",
+        [sys.executable, str(EXAMPLES / "trainable_digits.py"), "--trials", "2",
          "--storage", str(tmp_path)],
         capture_output=True,
         text=True,
