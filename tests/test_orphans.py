@@ -74,3 +74,23 @@ def test_the_watch_kills_the_drivers_ray_descendants_once_its_pipe_closes_and_on
                 os.kill(pid, signal.SIGKILL)
         bystander.kill()
         bystander.wait()
+
+
+def test_a_command_ends_with_its_status_and_every_line_it_wrote() -> None:
+    """The console script ends without the interpreter's teardown, and loses nothing of
+    what it said: buffered output (a pipe, not a terminal) and its log are flushed, and its
+    exit status is the command's, as ``sys.exit`` gives it; an exception is not swallowed."""
+    cases = {
+        "print('said', end=''); import logging, sys; logging.getLogger().warning('logged');"
+        " sys.exit(3)": (3, "said", "logged"),
+        "import sys; sys.exit('refused')": (1, "", "refused"),
+        "print('done')": (0, "done\n", ""),
+        "raise KeyError('a bug')": (1, "", "KeyError: 'a bug'"),
+    }
+    for body, (status, out, err) in cases.items():
+        code = ("from raybatch.cli.quick_exit import run_then_exit\n"
+                f"run_then_exit(lambda: exec({body!r}))")  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == status, (body, proc.stderr)
+        assert proc.stdout == out and err in proc.stderr, (body, proc.stdout, proc.stderr)

@@ -216,10 +216,15 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     assert len(finished_before_kills) == trials  # the last kill came after the search phase
     assert not (run_dir / "best_config.yaml").exists()  # ... and before the end
 
-    resumed = _cli("resume", str(run_dir), "--quiet")
+    resumed = _cli("resume", str(run_dir), "--quiet", start_new_session=True)
     out, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err[-3000:]
     assert "best config:" in out
+    # It ended at once after its last line, its Ray left to end with it: nothing is left.
+    deadline = time.time() + 30
+    while _in_session(resumed.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _in_session(resumed.pid), _in_session(resumed.pid)
     # --quiet drops Ray's table, not raybatch's own lines: the race says what it runs.
     assert re.search(r"raybatch: race run \d+: ", err)
     # It says at once what it keeps: every search trial and the race's runs that had ended.

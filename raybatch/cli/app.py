@@ -35,6 +35,7 @@ from raybatch.cli.args import (
     SpaceArg,
     SpaceOpt,
 )
+from raybatch.cli.quick_exit import run_then_exit
 from raybatch.errors import (
     BudgetUnavailableError,
     DiskFullError,
@@ -489,8 +490,9 @@ def check_command(
 
 
 def main() -> None:
-    """Console-script entry point (``raybatch``)."""
-    app()
+    """Console-script entry point (``raybatch``): the command, then an immediate exit
+    (:mod:`raybatch.cli.quick_exit`: the prompt comes back seconds sooner)."""
+    run_then_exit(app)
 
 
 if __name__ == "__main__":

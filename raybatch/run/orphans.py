@@ -49,6 +49,11 @@ def watch_local_ray(ray_dir: str) -> None:
     ))  # fmt: skip
 
 
+def watching() -> bool:
+    """Whether this process started a watch: its local Ray ends with it, however it ends."""
+    return bool(_WATCHES)
+
+
 def _processes() -> dict[int, tuple[int, str, bytes]]:
     """Every live process: pid -> (parent pid, start time, command line)."""
     found = {}
