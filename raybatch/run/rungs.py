@@ -37,12 +37,6 @@ bound that may be far above the optimum's time: the rungs then go one further do
 81 .. the cap / 3), so that trials started together are compared early."""
 
 
-WARMUP_JUDGED_BELOW_TOP = 1
-"""Once a trial has reached the target, the rungs from ``B/eta`` up (at most this many below
-the highest) judge a trial still in its warmup; the earlier ones spare it
-(:meth:`~raybatch.run.scheduler.CappingScheduler._judges_warmup` says why)."""
-
-
 class Trajectory:
     """A trial's best metric so far against its training time, in the target's direction.
 
@@ -154,7 +148,6 @@ __all__ = [
     "DEFAULT_ZONE",
     "GUESS_RUNG_COUNT",
     "RUNG_COUNT",
-    "WARMUP_JUDGED_BELOW_TOP",
     "Trajectory",
     "hedged_zone",
     "judged_near",
