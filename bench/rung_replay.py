@@ -20,8 +20,9 @@ percentile, with the share of draws where the fastest drawn was stopped.
 
 The curves are the grid's as measured, at the evaluation marks of the commit the real
 benchmark ran at (recorded under ``source``), and no warmup is flagged (the grid keeps no
-warmup flag): the shipped rule, which judges no trial at a rung in its warmup, stops no earlier
-than here, so its cost can only be higher; its regret may differ either way.
+warmup flag): the shipped rule judges a trial in its warmup at every rung once a trial has
+reached the target, as here, but not before (it judges it once, past its warmup), so its cost
+can only be higher; its regret may differ either way.
 
 Run: .venv/bin/python bench/rung_replay.py   (after bench/real_training.py; writes
 bench/results/rung_replay.json)

@@ -75,9 +75,10 @@ EVAL_WHOLE: Final = "eval_whole"
 """Whether the last evaluation read the whole validation set (False: the fixed early subset,
 far from the target; :mod:`raybatch.trial.validation`)."""
 WARMING_UP: Final = "warming_up"
-"""Whether the trial's LR was still below its peak (its warmup) at its last evaluation: a rung
-does not judge it before its warmup has ended (:class:`~raybatch.run.scheduler.CappingScheduler`);
-``None`` where the loop does not say (a loop of the user's own): judged as warm."""
+"""Whether the trial's LR was still below its peak (its warmup) at its last evaluation: before
+any trial has reached the target, a rung does not judge it before its warmup has ended
+(:class:`~raybatch.run.scheduler.CappingScheduler`); ``None`` where the loop does not say (a
+loop of the user's own): judged as warm."""
 HEARTBEAT: Final = "heartbeat"
 """True on a report sent between evaluation marks (training time only, no new evaluation):
 the final cap may act on it, the levels of the metric are judged at evaluations only."""

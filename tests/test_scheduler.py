@@ -229,13 +229,51 @@ def test_a_rung_reached_in_warmup_is_judged_at_the_first_evaluation_past_it() ->
 def test_a_trial_within_the_zone_past_its_warmup_goes_on_and_is_not_judged_there_again(
 ) -> None:  # fmt: skip
     """Past its warmup at 2 s with 0.53 (its neighbour had 0.55 at 2 s, 0.52 at 2/1.1 s):
-    within the zone, it goes on; the next evaluation is judged at the rungs only."""
+    within the zone, it goes on. A far faster trial then runs beside (0.95 at 2 s): judged
+    again at 2 s, 0.53 would be stopped; its next evaluation (2.5 s, before the 3 s rung) is
+    not, and it goes on."""
     s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
     _neighbour(s)
-    for t, value, flag in ((1.2, 0.2, True), (2.0, 0.53, False), (2.5, 0.6, False)):
+    for t, value, flag in ((1.2, 0.2, True), (2.0, 0.53, False)):
         said = {**_report(t, value), keys.WARMING_UP: flag}
         assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
-    assert s.capped_at_rung == {} and s._warm_judged == {"t"}
+    for t, m in ((1.0, 0.8), (2.0, 0.95), (2.6, 0.97)):
+        s.on_trial_result(None, _trial("fast"), _report(t, m))
+    said = {**_report(2.5, 0.6), keys.WARMING_UP: False}
+    assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
+    assert "t" not in s.capped_at_rung and s._warm_judged == {"t"}
+
+
+def test_a_trial_still_warming_up_when_the_first_trial_reaches_is_judged_at_every_rung(
+) -> None:  # fmt: skip
+    """Spared at the guess's rungs while warming up (0.05 at 1.2 s, beside a neighbour), a
+    trial is judged at the new 1 s rung once a trial reaches the target in 9 s: still warming
+    at 1.5 s with 0.06, where the others had 0.4 at 1 s, it is stopped there."""
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    _neighbour(s)
+    said = {**_report(1.2, 0.05), keys.WARMING_UP: True}
+    assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
+    _incumbent(s)
+    said = {**_report(1.5, 0.06), keys.WARMING_UP: True}
+    assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.STOP
+    assert s.capped_at_rung == {"t": 1.0}
+
+
+def test_a_trial_judged_past_its_warmup_before_the_first_reach_is_not_judged_on_its_ramp_after(
+) -> None:  # fmt: skip
+    """Judged once past its warmup at 2 s (0.56, its neighbour 0.55) before any trial reached,
+    a trial is ahead of the incumbent that then reaches in 9 s (0.55 at 2 s, 0.625 at 2.5 s):
+    at 2.5 s with 0.66 it goes on. The 1 s rung, inside the warmup its judgment covered, does
+    not judge it on its ramp's 0.05."""
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    _neighbour(s)
+    for t, value, flag in ((1.2, 0.05, True), (2.0, 0.56, False)):
+        said = {**_report(t, value), keys.WARMING_UP: flag}
+        assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
+    _incumbent(s)
+    said = {**_report(2.5, 0.66), keys.WARMING_UP: False}
+    assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
+    assert "t" not in s.capped_at_rung
 
 
 def test_before_any_reaches_a_recipe_that_diverges_after_a_long_warmup_is_stopped_there(
@@ -266,6 +304,15 @@ def test_once_a_trial_has_reached_every_rung_judges_a_trial_still_warming_up() -
     said = {**_report(1.2, 0.05), keys.WARMING_UP: True}
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.STOP
     assert s.capped_at_rung == {"t": 1.0}
+    # The 3 s rung too: 0.38 at 1.2 s is within the zone at 1 s (the incumbent had 0.36 at
+    # 1/1.1 s), then 0.3 at 3.3 s, still warming, where the incumbent had 0.7 at 3 s.
+    for t, value, verdict in (
+        (1.2, 0.38, TrialScheduler.CONTINUE),
+        (3.3, 0.3, TrialScheduler.STOP),
+    ):
+        said = {**_report(t, value), keys.WARMING_UP: True}
+        assert s.on_trial_result(None, _trial("u"), said) == verdict, t
+    assert s.capped_at_rung["u"] == 3.0
 
     guessing = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
     for t, m in ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)):

@@ -240,10 +240,11 @@ class CappingScheduler(FIFOScheduler):
 
     def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
         """Follow the trial's warmup from its evaluations (:data:`~raybatch.keys.WARMING_UP`;
-        a trial whose loop does not say is taken as warm): while its LR ramps up no rung judges
-        it, and once an evaluation finds the warmup over, no rung up to that evaluation does
-        (its value there is interpolated from the warmup). A trial run again from its start
-        warms up again."""
+        a trial whose loop does not say is taken as warm): before any trial has reached the
+        target, while its LR ramps up no rung judges it, and once an evaluation finds the
+        warmup over, no rung up to that evaluation does (its value there is interpolated from
+        the warmup); once one has, every rung judges it (:meth:`_judges_warmup`). A trial run
+        again from its start warms up again."""
         trained = result.get(keys.TRAIN_S)
         if result.get(keys.HEARTBEAT) or trained is None or result.get(keys.WARMING_UP) is None:
             return
@@ -270,6 +271,9 @@ class CappingScheduler(FIFOScheduler):
             return None
         rungs = self.rungs()
         warm_from = self._warming.get(trial_id, 0.0)
+        # Judged once past its warmup before any trial reached: that judgment stands for the
+        # rungs up to it, which its LR ramp would otherwise be judged at once B appears.
+        covered = trial_id in self._warm_judged
         judged: list[tuple[float, float, bool]] = []  # (training time, zone, past warmup)
         spared_zone = None  # the zone of the highest rung its warmup spared
         for index, rung_s in enumerate(rungs):
@@ -277,7 +281,7 @@ class CappingScheduler(FIFOScheduler):
             if rung_s > trained:  # not yet
                 continue
             zone = hedged_zone(self.zone, self.eta, below_top, self.hedge)
-            if rung_s <= warm_from and not self._judges_warmup():
+            if rung_s <= warm_from and (covered or not self._judges_warmup()):
                 spared_zone = zone  # passed in its warmup: judged once it is warm
             elif not judged_near(trajectory.judged, rung_s, self.eta):
                 judged.append((rung_s, zone, False))
@@ -363,6 +367,7 @@ class CappingScheduler(FIFOScheduler):
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
         self._trajectories.pop(trial.trial_id, None)
         self._warming.pop(trial.trial_id, None)
+        self._warm_judged.discard(trial.trial_id)
         super().on_trial_error(tune_controller, trial)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
