@@ -259,6 +259,24 @@ def test_a_trial_still_warming_up_when_the_first_trial_reaches_is_judged_at_ever
     assert s.capped_at_rung == {"t": 1.0}
 
 
+def test_a_trial_warm_before_the_first_reach_is_judged_there_once_not_on_its_ramp() -> None:
+    """Its warmup over at 2 s (0.56) where no other curve had got that far (its neighbour's
+    ends at 1 s), a trial's judgment past the warmup is still owed when a trial reaches the
+    target in 9 s: at 2.5 s (0.66) it is judged at 2 s against the incumbent's 0.55 there and
+    goes on; the 1 s rung, inside its warmup, does not judge it on its ramp's 0.05."""
+    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    for t, m in ((0.25, 0.1), (1.0, 0.4)):
+        s.on_trial_result(None, _trial("beside"), _report(t, m))
+    for t, value, flag in ((1.2, 0.05, True), (2.0, 0.56, False)):
+        said = {**_report(t, value), keys.WARMING_UP: flag}
+        assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
+    assert s._warm_judged == set()  # nothing to judge it against at 2 s yet
+    _incumbent(s)
+    said = {**_report(2.5, 0.66), keys.WARMING_UP: False}
+    assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
+    assert "t" not in s.capped_at_rung and s._warm_judged == {"t"}
+
+
 def test_a_trial_judged_past_its_warmup_before_the_first_reach_is_not_judged_on_its_ramp_after(
 ) -> None:  # fmt: skip
     """Judged once past its warmup at 2 s (0.56, its neighbour 0.55) before any trial reached,
@@ -305,7 +323,8 @@ def test_once_a_trial_has_reached_every_rung_judges_a_trial_still_warming_up() -
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.STOP
     assert s.capped_at_rung == {"t": 1.0}
     # The 3 s rung too: 0.38 at 1.2 s is within the zone at 1 s (the incumbent had 0.36 at
-    # 1/1.1 s), then 0.3 at 3.3 s, still warming, where the incumbent had 0.7 at 3 s.
+    # 1/1.1 s), then 0.3 at 3.3 s (its best so far 0.38), still warming, where the incumbent
+    # had 0.7 at 3 s.
     for t, value, verdict in (
         (1.2, 0.38, TrialScheduler.CONTINUE),
         (3.3, 0.3, TrialScheduler.STOP),
@@ -463,11 +482,12 @@ def test_a_scheduler_pickled_before_warm_slots_and_the_running_guard_resumes() -
 
     s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
     state = dict(s.__dict__)
-    del state["_ended"], state["warm"]
+    del state["_ended"], state["warm"], state["_warm_judged"], state["_warm_before_reach"]
     old = CappingScheduler.__new__(CappingScheduler)
     old.__dict__.update(state)
     restored = pickle.loads(pickle.dumps(old))
     assert restored.warm.reserved == 0 and restored._ended == set()
+    assert restored._warm_judged == set() and restored._warm_before_reach == set()
     assert restored.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == (
         TrialScheduler.CONTINUE
     )

@@ -132,6 +132,7 @@ class CappingScheduler(FIFOScheduler):
         self._ended: set[str] = set()  # trials whose curves have ended (completed, stopped)
         self._ran_out: set[str] = set()  # ended at their own time cap, short of the target
         self._warm_judged: set[str] = set()  # judged at their first evaluation past warmup
+        self._warm_before_reach: set[str] = set()  # warmup over before any trial reached
         self._warming: dict[str, float] = {}  # trial -> its first evaluation past its warmup
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
@@ -251,8 +252,11 @@ class CappingScheduler(FIFOScheduler):
         if result[keys.WARMING_UP]:
             self._warming[trial_id] = math.inf
             self._warm_judged.discard(trial_id)
+            self._warm_before_reach.discard(trial_id)
         elif self._warming.get(trial_id) == math.inf:
             self._warming[trial_id] = float(trained)
+            if self.best_time_to_target_s is None:
+                self._warm_before_reach.add(trial_id)
 
     def _failed_rung(self, trial_id: str, trajectory: Trajectory, trained: float) -> float | None:
         """The first rung up to ``trained`` this trial fails at (``None``: it goes on). A rung
@@ -271,9 +275,10 @@ class CappingScheduler(FIFOScheduler):
             return None
         rungs = self.rungs()
         warm_from = self._warming.get(trial_id, 0.0)
-        # Judged once past its warmup before any trial reached: that judgment stands for the
-        # rungs up to it, which its LR ramp would otherwise be judged at once B appears.
-        covered = trial_id in self._warm_judged
+        # Warm before any trial reached: its one judgment past the warmup (done, or still owed
+        # where no other curve had got that far) stands for the rungs up to it, which its LR
+        # ramp would otherwise be judged at once B appears.
+        covered = trial_id in self._warm_before_reach
         judged: list[tuple[float, float, bool]] = []  # (training time, zone, past warmup)
         spared_zone = None  # the zone of the highest rung its warmup spared
         for index, rung_s in enumerate(rungs):
@@ -368,6 +373,7 @@ class CappingScheduler(FIFOScheduler):
         self._trajectories.pop(trial.trial_id, None)
         self._warming.pop(trial.trial_id, None)
         self._warm_judged.discard(trial.trial_id)
+        self._warm_before_reach.discard(trial.trial_id)
         super().on_trial_error(tune_controller, trial)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -378,6 +384,7 @@ class CappingScheduler(FIFOScheduler):
         self.__dict__.setdefault("_ran_out", set())
         self.__dict__.setdefault("_warm_judged", set())
         self.__dict__.setdefault("_warming", {})
+        self.__dict__.setdefault("_warm_before_reach", set(self.__dict__["_warm_judged"]))
         self.__dict__.setdefault("warm", WarmSlots())
         self.__dict__.setdefault("experiment", None)
 
