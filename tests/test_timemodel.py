@@ -124,6 +124,13 @@ def test_the_time_models_ranking_is_said_only_when_it_means_something() -> None:
     said = ranking_note(0.8, [1.0, 1.5, 2.0, 3.0, 4.0])
     assert said == ("the time model ranked the 5 trials that reached the target with Spearman"
                     " 0.80 against their measured times")  # fmt: skip
+    # A weak or reversed ranking is said to be one, not left as a bare figure.
+    weak = ranking_note(0.16, [1.0, 1.5, 2.0, 3.0, 4.0])
+    assert weak is not None and weak.endswith(
+        "weak, its order little better than chance on this task"
+    )
+    reversed_ = ranking_note(-0.79, [1.0, 1.5, 2.0, 3.0, 4.0])
+    assert reversed_ is not None and "the reverse of what was measured" in reversed_
     assert ranking_note(None, [2.0]) is None
 
 

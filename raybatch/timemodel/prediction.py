@@ -63,6 +63,10 @@ four values, and a single swap reads as -0.5."""
 MIN_SPREAD = 1.2
 """Reached times closer than this (slowest / fastest) differ by run-to-run noise: their order,
 and so a rank correlation with them, is noise too."""
+WEAK_RANKING = 0.5
+"""Below this rank correlation the note says what it means: the model's order was little
+better than chance (or, below 0, the reverse of what was measured), so the batches it put
+first were no better bets than others; the winner is chosen from the measured times anyway."""
 
 
 def ranking_note(rho: float | None, times: list[float]) -> str | None:
@@ -80,8 +84,13 @@ def ranking_note(rho: float | None, times: list[float]) -> str | None:
                 " time model ranked them says nothing")  # fmt: skip
     if rho is None:
         return None
-    return (f"the time model ranked the {len(times)} trials that reached the target with"
+    said = (f"the time model ranked the {len(times)} trials that reached the target with"
             f" Spearman {rho:.2f} against their measured times")  # fmt: skip
+    if rho < 0:
+        return f"{said}: the reverse of what was measured, its order no guide on this task"
+    if rho < WEAK_RANKING:
+        return f"{said}: weak, its order little better than chance on this task"
+    return said
 
 
 def write_predictions(
