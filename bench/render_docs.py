@@ -860,7 +860,7 @@ def demo() -> str:
     return "\n".join([
         "```console",
         f"$ {data['command']} --run-dir runs/tabular",
-        "...Ray Tune's live progress table...",
+        "...its progress on stderr: a line per phase and per trial...",
         *data["output"],
         "best config: runs/tabular/best_config.yaml",
         "report:      runs/tabular/report.html",
