@@ -148,14 +148,6 @@ def _in_session(sid: int) -> list[str]:
     return found
 
 
-def _confirming(run_dir: Path, trials: int) -> bool:
-    """The confirmation is next or under way: every search trial has been told, and the race
-    (two runs, one at a time, in the search's own Tuner) has not ended. Not "a race run has
-    ended": the second run, capped at slack x the first on its seed, can end and the verdict
-    be written within the half second a kill may wait (CI found best_config.yaml written)."""
-    return _told(run_dir) >= trials
-
-
 def _sessions(run_dir: Path) -> int:
     """Driver sessions the run's study has recorded the start of."""
     return len(sessions_recorded(run_dir / "optuna.db", STUDY_NAME))
@@ -210,9 +202,13 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     points = [
         lambda: _told(run_dir) >= 1,
         lambda: _told(run_dir) >= 2 and _sessions(run_dir) >= 2,
-        lambda: _confirming(run_dir, trials) and _sessions(run_dir) >= 3,
+        # Every search trial told: the race is next or under way. Not "a race run has ended":
+        # the second run, capped at slack x the first on its seed, and the verdict can end within
+        # the half second a kill may wait (CI found best_config.yaml written), so this kill comes
+        # at once, with the race's two runs, one at a time, all that is left.
+        lambda: _told(run_dir) >= trials and _sessions(run_dir) >= 3,
     ]
-    waits = [0.5, 0.5, 0.0]  # the last at once: the race's two short runs are all that is left
+    waits = [0.5, 0.5, 0.0]
     runs = [search, ("resume", str(run_dir)), ("resume", str(run_dir))]
     signals = [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL]
     for point, args, how, wait in zip(points, runs, signals, waits, strict=True):

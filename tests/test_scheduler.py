@@ -130,11 +130,16 @@ def _report(train_s: float, metric: float) -> dict[str, object]:
     return {keys.STATUS: "running", keys.TRAIN_S: train_s, keys.METRIC: metric}
 
 
+def _curve(s: CappingScheduler, name: str, points: tuple[tuple[float, float], ...]) -> None:
+    """Trial ``name`` reports its evaluations, ``(training seconds, metric)`` in order."""
+    for t, m in points:
+        s.on_trial_result(None, _trial(name), _report(t, m))
+
+
 def _incumbent(s: CappingScheduler) -> None:
     """A trial that reaches 0.9 at 9 s, through 0.1 at 0.25 s, 0.4 at 1 s and 0.7 at 3 s: the
     rungs are then at 1, 3 and 9 s."""
-    for t, m in ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)):
-        s.on_trial_result(None, _trial("inc"), _report(t, m))
+    _curve(s, "inc", ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)))
     s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0,
                                               keys.TRAIN_S: 9.0, keys.METRIC: 0.9})  # fmt: skip
 
@@ -203,8 +208,7 @@ def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
 def _neighbour(s: CappingScheduler) -> None:
     """A trial running beside, not yet at the target: 0.1 at 0.25 s, 0.4 at 1 s, 0.55 at 2 s
     and 0.7 at 3 s (no trial has reached: the rungs are the guess's)."""
-    for t, m in ((0.25, 0.1), (1.0, 0.4), (2.0, 0.55), (3.0, 0.7)):
-        s.on_trial_result(None, _trial("beside"), _report(t, m))
+    _curve(s, "beside", ((0.25, 0.1), (1.0, 0.4), (2.0, 0.55), (3.0, 0.7)))
 
 
 def test_a_rung_reached_in_warmup_is_judged_at_the_first_evaluation_past_it() -> None:
@@ -237,8 +241,7 @@ def test_a_trial_within_the_zone_past_its_warmup_goes_on_and_is_not_judged_there
     for t, value, flag in ((1.2, 0.2, True), (2.0, 0.53, False)):
         said = {**_report(t, value), keys.WARMING_UP: flag}
         assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
-    for t, m in ((1.0, 0.8), (2.0, 0.95), (2.6, 0.97)):
-        s.on_trial_result(None, _trial("fast"), _report(t, m))
+    _curve(s, "fast", ((1.0, 0.8), (2.0, 0.95), (2.6, 0.97)))
     said = {**_report(2.5, 0.6), keys.WARMING_UP: False}
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
     assert "t" not in s.capped_at_rung and s._warm_judged == {"t"}
@@ -265,8 +268,7 @@ def test_a_trial_warm_before_the_first_reach_is_judged_there_once_not_on_its_ram
     target in 9 s: at 2.5 s (0.66) it is judged at 2 s against the incumbent's 0.55 there and
     goes on; the 1 s rung, inside its warmup, does not judge it on its ramp's 0.05."""
     s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
-    for t, m in ((0.25, 0.1), (1.0, 0.4)):
-        s.on_trial_result(None, _trial("beside"), _report(t, m))
+    _curve(s, "beside", ((0.25, 0.1), (1.0, 0.4)))
     for t, value, flag in ((1.2, 0.05, True), (2.0, 0.56, False)):
         said = {**_report(t, value), keys.WARMING_UP: flag}
         assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
@@ -301,8 +303,7 @@ def test_before_any_reaches_a_recipe_that_diverges_after_a_long_warmup_is_stoppe
     judged at 4 s against its running neighbour (0.8 there), it is stopped, instead of running
     at chance to its time cap (a real search: two such trials ran their 15 s cap at 0.1)."""
     s = CappingScheduler(slack=1.2, zone=0.1, horizon_s=9.0)
-    for t, m in ((0.5, 0.3), (2.0, 0.6), (4.0, 0.8), (4.5, 0.82)):
-        s.on_trial_result(None, _trial("ahead"), _report(t, m))
+    _curve(s, "ahead", ((0.5, 0.3), (2.0, 0.6), (4.0, 0.8), (4.5, 0.82)))
     for t, value, flag, verdict in ((1.5, 0.1, True, TrialScheduler.CONTINUE),
                                     (3.5, 0.1, True, TrialScheduler.CONTINUE),
                                     (4.2, 0.1, False, TrialScheduler.STOP)):  # fmt: skip
@@ -334,8 +335,7 @@ def test_once_a_trial_has_reached_every_rung_judges_a_trial_still_warming_up() -
     assert s.capped_at_rung["u"] == 3.0
 
     guessing = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
-    for t, m in ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)):
-        guessing.on_trial_result(None, _trial("ahead"), _report(t, m))
+    _curve(guessing, "ahead", ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)))
     for t, value in ((1.2, 0.05), (3.3, 0.3)):
         said = {**_report(t, value), keys.WARMING_UP: True}
         assert guessing.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
@@ -373,8 +373,7 @@ def test_before_any_reaches_only_running_neighbours_judge_so_the_best_running_cu
     real search: six trials, four at a time, none reached). Before any reaches, a trial is
     judged against the trials running beside it; after, against every curve seen."""
     s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
-    for t, m in ((0.4, 0.3), (1.2, 0.6)):
-        s.on_trial_result(None, _trial("gone"), _report(t, m))
+    _curve(s, "gone", ((0.4, 0.3), (1.2, 0.6)))
     s.on_trial_complete(None, _trial("gone"), {keys.STATUS: "running", keys.TRAIN_S: 1.2})
     # Far behind the ended curve at the 1 s rung, but nothing running is ahead: it goes on.
     assert s.on_trial_result(None, _trial("b"), _report(1.2, 0.2)) == TrialScheduler.CONTINUE
@@ -389,8 +388,7 @@ def test_before_any_reaches_a_lone_trial_is_judged_against_a_curve_that_ran_its_
     short of the target judges it: behind a recipe that could not reach, it cannot either (a
     real search ran six of twelve trials to their cap). One stopped at a rung does not."""
     s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
-    for t, m in ((0.4, 0.3), (1.2, 0.6), (9.0, 0.85)):
-        s.on_trial_result(None, _trial("ran_out"), _report(t, m))
+    _curve(s, "ran_out", ((0.4, 0.3), (1.2, 0.6), (9.0, 0.85)))
     s.on_trial_complete(None, _trial("ran_out"), {keys.STATUS: "censored", keys.TRAIN_S: 9.0})
     assert s.on_trial_result(None, _trial("ahead"), _report(1.2, 0.62)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("behind"), _report(1.2, 0.2)) == TrialScheduler.STOP
@@ -411,8 +409,7 @@ def test_without_a_zone_only_the_final_time_caps() -> None:
 
 def test_rungs_read_a_loss_target_as_lower_is_better() -> None:
     s = CappingScheduler(zone=0.1, hedge=0.0, mode="min")
-    for t, m in ((1.0, 1.0), (3.0, 0.6)):
-        s.on_trial_result(None, _trial("inc"), _report(t, m))
+    _curve(s, "inc", ((1.0, 1.0), (3.0, 0.6)))
     s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0})
     assert s.on_trial_result(None, _trial("a"), _report(3.2, 0.58)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("b"), _report(3.2, 1.2)) == TrialScheduler.STOP
