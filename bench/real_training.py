@@ -50,7 +50,9 @@ from raybatch.examples.wide import WideWorkload
 from raybatch.metric import Target, resolve_target
 from raybatch.results.cost import search_cost
 from raybatch.run.options import SearchOptions
+from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
 from raybatch.run.scheduler import race_seed
+from raybatch.run.sessions import slots_recorded
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import spearman
 from raybatch.trial.settings import TrialSettings
@@ -94,7 +96,8 @@ def _search(name: str, workload: Workload, ref: str, target: float | str, space:
     result = raybatch.search(workload, space, target, run_dir, options, ref, verbose=0)
     wall = time.perf_counter() - start
     points = {"max_batch": result.baseline or {}, "reference": result.reference or {}}
-    spent = search_cost(result.rows, 1.0)  # seconds; in trainings once the grid ran
+    # Seconds (in trainings once the grid ran), over the slots the search had, as it says it.
+    spent = search_cost(result.rows, 1.0, slots=slots_recorded(run_dir / OPTUNA_DB, STUDY_NAME))
     curves = _search_curves(run_dir)
     if result.best is None:  # said in the record, not raised: the other searches still count
         print(f"{name}: search {seed} found no recipe that reached {target} every time")

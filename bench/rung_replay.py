@@ -45,6 +45,7 @@ from provenance import measured_at, write_result
 
 import raybatch
 from raybatch import keys
+from raybatch.run.options import SearchOptions
 from raybatch.run.rungs import DEFAULT_ZONE, HEDGE
 from raybatch.run.seeding import opening_points
 
@@ -53,14 +54,17 @@ RESULTS = Path(__file__).parent / "results" / "rung_replay.json"
 TRIALS = 12
 SLOTS = 2
 RULES: dict[str, dict[str, Any]] = {
-    "shipped": {"zone": DEFAULT_ZONE, "hedge": HEDGE},
-    "zone_unhedged": {"zone": DEFAULT_ZONE, "hedge": 0.0},
-    "level_or_top_third": {"zone": 0.0, "hedge": 0.0},
-    "no_rungs": {"zone": None, "hedge": HEDGE},
+    "shipped": {"zone": DEFAULT_ZONE, "hedge": HEDGE, "pause": SearchOptions().pause},
+    "stopped_not_paused": {"zone": DEFAULT_ZONE, "hedge": HEDGE, "pause": False},
+    "zone_unhedged": {"zone": DEFAULT_ZONE, "hedge": 0.0, "pause": False},
+    "level_or_top_third": {"zone": 0.0, "hedge": 0.0, "pause": False},
+    "no_rungs": {"zone": None, "hedge": HEDGE, "pause": False},
 }
-"""The shipped rule, its zone unhedged (10 % at every rung), no zone at all (a trial goes on
-only while level with the best curve or in the top third: ASHA's rule with ties kept), and
-capping on the final time alone."""
+"""The shipped rule (a trial behind at a rung below the top paused, :mod:`raybatch.run.
+promotion`), the same stopping trials instead of pausing them (the rule before pauses), its
+zone unhedged (10 % at every rung), no zone at all (a trial goes on only while level with the
+best curve or in the top third: ASHA's rule with ties kept), and capping on the final time
+alone."""
 
 
 class ReplayedCase:
@@ -135,7 +139,8 @@ def replay(case: ReplayedCase, order: list[str], rule: dict[str, Any], seed: int
         micro, multiplier = name.split("@")
         return int(micro), 1, float(multiplier)
 
-    capping = se._Capping(rule["zone"], case.max_time_s, hedge=rule["hedge"])
+    capping = se._Capping(rule["zone"], case.max_time_s, hedge=rule["hedge"],
+                          pause=rule["pause"])  # fmt: skip
     trials = se.simulate_search(case, random.Random(seed), len(order), suggest,  # type: ignore[arg-type]
                                 lambda _t, _r: None, capping, SLOTS)  # fmt: skip
     reached = [(t["time"], name_of(t["knobs"][0], t["knobs"][2]))

@@ -164,19 +164,42 @@ class _Capping:
         self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone,
                                                        **settings)  # fmt: skip
         self.warm_s: dict[str, float] = {}  # trial -> the training seconds its warmup lasts
+        self.searcher: Any = None  # told of pauses, as Tune's searcher is (run_raybatch's)
+        self.trials: Any = None  # the search's trials as Tune lists them (simulate_search's)
 
     def launched(self, trial_id: str, warm_s: float) -> None:
         self.warm_s[trial_id] = warm_s
 
-    def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False) -> bool:
+    def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False
+             ) -> bool | str:  # fmt: skip
         reached = progress is not None and progress >= 1.0
         warming = t < self.warm_s.get(trial_id, 0.0)  # as raybatch's loop says it
         result = {keys.STATUS: "reached" if reached else "running", keys.TRAIN_S: t,
                   keys.METRIC: progress, keys.TIME_TO_TARGET_S: t if reached else None,
                   keys.HEARTBEAT: beat, keys.WARMING_UP: warming}  # fmt: skip
         trial = SimpleNamespace(trial_id=trial_id)
-        stop = self.scheduler.on_trial_result(None, trial, result) == TrialScheduler.STOP
-        return stop and not reached
+        view = None if self.trials is None else SimpleNamespace(get_trials=self.trials)
+        decision = self.scheduler.on_trial_result(view, trial, result)
+        if reached or decision == TrialScheduler.CONTINUE:
+            return False
+        if decision == TrialScheduler.PAUSE:
+            if self.searcher is not None:  # as the scheduler tells Tune's searcher
+                self.searcher.on_pause(trial_id)
+            return "pause"
+        return True
+
+    def next_to_run(self, pending: bool, running: int) -> tuple[str | None, bool]:
+        """As the scheduler's ``choose_trial_to_run`` decides (a chosen trial resumes)."""
+        chosen, stop = self.scheduler.next_to_run(pending, running)
+        if chosen is not None:
+            self.scheduler.resume(chosen)
+            if self.searcher is not None:
+                self.searcher.on_unpause(chosen)
+        return chosen, stop
+
+    def removed(self, trial_id: str) -> None:
+        """A paused trial stopped for good (Tune's ``on_trial_remove``)."""
+        self.scheduler.on_trial_remove(None, SimpleNamespace(trial_id=trial_id))
 
     def end(self, trial_id: str, reached_s: float | None) -> None:
         status = "reached" if reached_s is not None else "censored"
@@ -238,21 +261,62 @@ def simulate_search(member: Member, rng: random.Random, n: int,
     trials in launch order, each with what it held its device for (``cost``)."""
     clock = 0.0
     running: dict[str, dict[str, Any]] = {}
+    paused: dict[str, dict[str, Any]] = {}
     trials: dict[str, Trial] = {}
     order: list[str] = []
+    pending: list[tuple[str, tuple[int, int, float]]] = []  # suggested, not yet run (Tune's queue)
+    pauses = hasattr(rule, "next_to_run")
+    if pauses:
+        rule.scheduler.slots = slots  # as the driver tells it
 
-    def launch() -> bool:
-        trial_id = f"t{len(order)}"
-        knobs = suggest(trial_id)
-        if knobs is None:
-            return False
+        def listed() -> list[SimpleNamespace]:  # what Tune's controller lists, as it lists it
+            ask()
+            listing = [(t, "RUNNING") for t in running] + [(t, "PAUSED") for t in paused]
+            listing += [(t, "PENDING") for t, _ in pending]
+            return [SimpleNamespace(trial_id=t, status=status) for t, status in listing]
+
+        rule.trials = listed
+
+    def launch(knobs: tuple[int, int, float], trial_id: str) -> None:
         full = _outcome(member, knobs, rng)  # uncapped; the rule decides where it ends
         order.append(trial_id)
         if hasattr(rule, "launched"):  # the capping scheduler reads the warmup from reports
             rule.launched(trial_id, full["warm_s"])
         running[trial_id] = {"knobs": knobs, "full": full, "i": 0, "start": clock,
-                             "reports": _reports(member, full)}  # fmt: skip
-        return True
+                             "reports": _reports(member, full), "starts": 1}  # fmt: skip
+
+    def ask() -> None:
+        """A suggestion asked for while none waits (Tune keeps one pending a slot)."""
+        if not pending and len(order) + len(pending) < n:
+            trial_id = f"t{len(order)}"
+            knobs = suggest(trial_id)
+            if knobs is not None:
+                pending.append((trial_id, knobs))
+
+    def fill() -> None:
+        """Free slots get work as Tune gives it: a suggestion is asked for while none waits,
+        then the scheduler may choose a paused trial over it (a promotion), or stop the paused
+        ones no rung will pass; otherwise the suggestion runs."""
+        while len(running) < slots:
+            ask()
+            if pauses and paused:
+                chosen, stop = rule.next_to_run(bool(pending), len(running))
+                if stop:
+                    for trial_id in list(paused):
+                        rule.removed(trial_id)
+                        run = paused.pop(trial_id)
+                        running[trial_id] = run
+                        finish(trial_id, "capped", run["paused_at"], None)
+                    continue
+                if chosen is not None:
+                    run = paused.pop(chosen)
+                    run["start"] = clock - run["paused_at"]  # a start-up, then on from its save
+                    run["starts"] += 1
+                    running[chosen] = run
+                    continue
+            if not pending:
+                return
+            launch(pending[0][1], pending.pop(0)[0])
 
     def finish(trial_id: str, status: str, train: float, reached_s: float | None) -> None:
         run = running.pop(trial_id)
@@ -260,14 +324,14 @@ def simulate_search(member: Member, rng: random.Random, n: int,
         marks = [m for m in full["marks"] if m[0] <= train]
         cost = full["cost"] if status == full["status"] else (
             member.held_before_training() + train + len(marks) * member.eval_cost())  # fmt: skip
+        cost += (run["starts"] - 1) * member.held_before_training()  # each resume starts up
         trial = {"knobs": run["knobs"], "status": status, "time": reached_s, "cost": cost,
                  "train": train, "marks": marks}  # fmt: skip
         trials[trial_id] = trial
         rule.end(trial_id, reached_s)
         tell(trial_id, trial)
 
-    while len(running) < slots and len(order) < n and launch():
-        pass
+    fill()
     while running:
 
         def next_at(item: tuple[str, dict[str, Any]]) -> float:
@@ -283,17 +347,20 @@ def simulate_search(member: Member, rng: random.Random, n: int,
         if run["i"] < len(reports):
             t, progress, beat = reports[run["i"]]
             run["i"] += 1
+            verdict = False
             if progress is not None and progress >= 1.0:
                 rule.mark(trial_id, t, progress)
                 finish(trial_id, "reached", t, t)
-            elif rule.mark(trial_id, t, progress, beat):
+            elif (verdict := rule.mark(trial_id, t, progress, beat)) == "pause":
+                run["paused_at"] = t
+                paused[trial_id] = running.pop(trial_id)
+            elif verdict:
                 finish(trial_id, "capped", t, None)
             else:
                 continue
         else:  # ran out of marks without reaching: censored at its cap, or oom / diverged
             finish(trial_id, run["full"]["status"], run["full"]["train"], None)
-        while len(running) < slots and len(order) < n and launch():
-            pass
+        fill()
     return [trials[i] for i in order]
 
 
@@ -448,7 +515,10 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
         searcher.on_trial_complete(trial_id, result)
         trial["prescreened"] = len(searcher.prescreened)
 
-    rule = _Capping(DEFAULT_ZONE if fidelity else None, member.max_time_s)
+    # As the driver builds it: trials behind at a rung paused (SearchOptions().pause).
+    rule = _Capping(DEFAULT_ZONE if fidelity else None, member.max_time_s,
+                    pause=SearchOptions().pause)  # fmt: skip
+    rule.searcher = searcher
     return simulate_search(member, rng, n, suggest, tell, rule, slots)
 
 

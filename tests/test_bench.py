@@ -185,7 +185,8 @@ def test_the_rung_replay_drives_the_shipped_scheduler_over_the_real_curves(tmp_p
     data = _load("rung_replay").main(draws=3, out=tmp_path / "rung_replay.json")
     assert json.loads((tmp_path / "rung_replay.json").read_text())["cases"] == data["cases"]
     for rules in data["cases"].values():
-        assert set(rules) == {"shipped", "zone_unhedged", "level_or_top_third", "no_rungs"}
+        assert set(rules) == {"shipped", "stopped_not_paused", "zone_unhedged",
+                              "level_or_top_third", "no_rungs"}  # fmt: skip
         assert rules["no_rungs"]["fastest_drawn_stopped"] == 0.0
         assert rules["no_rungs"]["median_regret"] == 1.0
         shipped, none = rules["shipped"], rules["no_rungs"]

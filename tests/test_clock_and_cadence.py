@@ -78,6 +78,21 @@ def test_the_held_time_runs_on_a_plain_wall_clock_from_held_since() -> None:
     assert figures[keys.HELD_S] >= 30.0 and figures[keys.STARTUP_S] == 4.0
 
 
+def test_a_paused_trial_resumed_holds_its_earlier_seconds_and_its_first_start_up() -> None:
+    """Paused and resumed in another process (raybatch.run.promotion), a trial's report says
+    what all its processes held and the start-up of its first: its span ends at its end."""
+    first, _ = started()
+    first.held_since -= 3.0
+    first.startup_s = 1.5
+    saved = first.state()
+    later, _ = started()
+    later.held_since -= 2.0  # a warm process: no start-up of its own
+    later.resume(saved)
+    figures = later.figures()
+    assert figures[keys.HELD_S] == pytest.approx(5.0, abs=0.2)
+    assert figures[keys.STARTUP_S] == 1.5
+
+
 def test_sample_marks_advance_past_the_samples_seen() -> None:
     cadence = Cadence(eval_every_samples=100, max_time_s=60.0)
     assert not cadence.due(99) and cadence.due(100)

@@ -317,6 +317,18 @@ def test_the_wall_clock_is_counted_within_driver_sessions_not_across_an_interrup
     assert wall_clock(rows, sessions=[99.0, 500.0, 1000.0]) == pytest.approx(15.0)
 
 
+def test_a_run_resumed_across_sessions_counts_from_its_sessions_start() -> None:
+    """A run paused and resumed reports one span as long as all its processes held it, ending
+    at its end: resumed after an interruption, it reaches back before its session began, and
+    counts from that session's start, not across the interruption."""
+    rows = [
+        _row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=10.0, started_at=100.0),
+        _row(B, keys.PHASE_SEARCH, 1.5, 0, held_s=8.0, started_at=998.0),  # ends at 1006
+        _row(A, keys.PHASE_CONFIRMATION, 1.0, 1, held_s=3.0, started_at=1002.0),
+    ]
+    assert wall_clock(rows, sessions=[99.0, 1000.0]) == pytest.approx(10.0 + 6.0)
+
+
 def test_a_process_start_counts_what_only_a_processs_first_run_pays_before_its_clock() -> None:
     """A process's first run held 4 s before its clock started (its 1.5 s start-up, then the
     first imports its training made and the data it built); a later run held 0.25 s there (its

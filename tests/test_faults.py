@@ -264,6 +264,7 @@ def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     search = _cli("search", DIGITS, "--target", "0.9", "--trials", "2", "--run-dir",
                   str(original), "--max-time-per-trial", "20", "--max-concurrent", "1",
                   "--confirm-seeds", "0", "--no-prior", "--quiet",
+                  "--no-pause",  # trials end one by one: a pause holds the first to the end
                   start_new_session=True)  # fmt: skip
     _kill_when(search, lambda: _told(original) >= 1, random.Random(1), original, set(),
                signal.SIGTERM, group=True)  # fmt: skip

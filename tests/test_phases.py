@@ -139,3 +139,37 @@ def test_no_confirmation_ends_with_the_search(tmp_path: Path) -> None:
         _ended(phases, trial_id, time_s)
     assert phases.suggest("r0") == Searcher.FINISHED and phases.decided()
     assert not phases.decided_by_the_search
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_paused_search_trials_leave_their_slot_and_one_stopped_paused_ends_on_its_last_report(
+    tmp_path: Path,
+) -> None:
+    """Where the scheduler pauses (the driver's default), the search bounds its trials at once
+    itself, paused ones not counted (Tune's max_concurrent_trials counts them: every slot held
+    by a paused trial, nothing would run); a paused trial stopped for good is told with no
+    result (Tune's stop_trial), and its row is its last report's: capped, not errored."""
+    from raybatch.examples.digits import workload
+    from raybatch.metric import resolve_target
+    from raybatch.run.driver import _plan
+
+    options = SearchOptions(trials=4, prior=False, max_concurrent=2)
+    target = resolve_target("accuracy>=0.9", workload.metrics)
+    plan = _plan(tmp_path, workload, SPACE, target, options)
+    phases = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight,
+                                       limit=plan.in_flight)  # fmt: skip
+    assert all(isinstance(phases.suggest(f"s{i}"), dict) for i in range(2))
+    assert phases.suggest("s2") is None  # two run: the limit
+    last = {keys.TRIAL_ID: "s0", keys.STATUS: "running", keys.TRAIN_S: 0.4, keys.METRIC: 0.3,
+            keys.HELD_S: 1.0}  # fmt: skip
+    phases.on_trial_result("s0", last)
+    phases.on_pause("s0")
+    phases.on_pause("s0")  # told twice (a wrapping searcher passes it on too): one pause
+    assert isinstance(phases.suggest("s2"), dict)  # its slot is free
+    assert phases.suggest("s3") is None
+    phases.on_trial_complete("s0")  # stopped while paused: no result from Tune
+    assert phases.ended["s0"].status.value == "capped"
+    assert phases.ended["s0"].train_s == pytest.approx(0.4)
+    assert phases.suggest("s3") is None  # s1 and s2 run
+    _ended(phases, "s1", 2.0)
+    assert isinstance(phases.suggest("s3"), dict)

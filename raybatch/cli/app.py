@@ -257,6 +257,7 @@ def search_command(
     confirm_seeds: ConfirmSeedsOpt = 1,
     no_prior: NoPriorOpt = False,
     zone: cli_args.ZoneOpt = 0.1,
+    no_pause: cli_args.NoPauseOpt = False,
     hang_grace: cli_args.HangGraceOpt = 300.0,
     gpu_model: GpuModelOpt = None,
     verbose: cli_args.VerboseOpt = False,
@@ -280,6 +281,7 @@ def search_command(
                 confirm_seeds=confirm_seeds,
                 prior=not no_prior,
                 zone=zone if zone >= 0 else None,
+                pause=not no_pause,
                 hang_grace_s=hang_grace,
                 eval_every_samples=eval_every,
                 gpu_model=gpu_model,
@@ -317,8 +319,7 @@ def init_workload_command(
     ] = "workload",
 ) -> None:
     """Write a workload file to start from (own model, own data) and its space file."""
-    # The templates import PyTorch to check what they write: only this command pays it.
-    from raybatch.cli.template import write_template
+    from raybatch.cli.template import write_template  # imports PyTorch: this command only
 
     with _user_errors():
         workload_path, space_path = write_template(file, start)

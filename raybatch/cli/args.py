@@ -69,6 +69,14 @@ NoPriorOpt = Annotated[
         " the ladder is then geometric.",
     ),
 ]
+NoPauseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-pause",
+        help="Stop a trial behind at a rung for good, rather than pause it until the rung"
+        " passes it (successive halving's promotion) or the search has nothing left to run.",
+    ),
+]
 ZoneOpt = Annotated[
     float,
     typer.Option(

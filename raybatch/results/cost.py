@@ -60,7 +60,10 @@ def search_cost(rows: list[TrialRow], unit_s: float, slots: int | None = None,
     wall = wall_clock(ran, sessions)
     if wall is None:
         return SearchCost(device, train, unit_s, len(ran))
-    slots = slots if slots is not None else slots_used(ran)
+    # The search's slots where it says them, the most runs that overlapped where it does not or
+    # it used fewer (a run paused and resumed reports one span, which can overlap more).
+    used = slots_used(ran)
+    slots = used if slots is None else min(slots, used)
     return SearchCost(device, train, unit_s, len(ran), wall, slots, slot_startups(ran, slots))
 
 
@@ -95,7 +98,10 @@ def wall_clock(rows: Sequence[Span], sessions: Sequence[float] = ()) -> float | 
     started (``None`` where none does: rows written before that was recorded), summed over the
     driver's ``sessions`` (their starts, epoch seconds: the search, then each resume) where it
     was interrupted: the time a run lay interrupted, between its last run then and its resume,
-    is not a cost (a run belongs to the last session that started before it did)."""
+    is not a cost (a run belongs to the last session that started before it ended). A run paused
+    and resumed (:mod:`raybatch.run.promotion`) reports one span as long as all its processes
+    held it, ending at its end: where it reaches back before its session began (resumed after
+    an interruption), it counts from the session's start."""
     spans = [(r.started_at, r.started_at + (r.held_s or 0.0)) for r in rows
              if r.started_at is not None]  # fmt: skip
     if not spans:  # a run that failed before its first report says nothing: the others do
@@ -103,7 +109,9 @@ def wall_clock(rows: Sequence[Span], sessions: Sequence[float] = ()) -> float | 
     starts = sorted(sessions)
     by_session: dict[int, list[tuple[float, float]]] = {}
     for start, end in spans:
-        by_session.setdefault(bisect.bisect_right(starts, start), []).append((start, end))
+        session = bisect.bisect_right(starts, end)
+        begun = starts[session - 1] if session > 0 else start
+        by_session.setdefault(session, []).append((max(start, begun), end))
     return sum(max(e for _, e in group) - min(s for s, _ in group)
                for group in by_session.values())  # fmt: skip
 

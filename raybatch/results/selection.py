@@ -394,6 +394,7 @@ def choose_winner(
     confirmed: bool,
     measured_on: Provenance | None = None,
     sessions: Sequence[float] = (),
+    slots: int | None = None,
 ) -> BestConfig | None:
     """The winner (:func:`select_winner`) as an exportable recipe with its provenance.
 
@@ -404,7 +405,8 @@ def choose_winner(
     (``prior``), ``baseline_point`` and ``reference_point`` (the largest batch as found and the
     reference, which the verdict compares with: ``compared``); without it, ``device`` is this
     machine's. ``sessions``: when each driver session started (the search, each resume), so
-    that the cost's wall clock leaves out the time a run lay interrupted. The winner's recipe
+    that the cost's wall clock leaves out the time a run lay interrupted; ``slots``: the trials
+    the search ran at once (``None``: the most runs that overlapped). The winner's recipe
     is the one its rows carry (:attr:`TrialRow.config`).
     """
     order = ranked(rows, confirmed)
@@ -442,6 +444,6 @@ def choose_winner(
         runner_up=runner_up,
         compared=comparisons(rows, winner, given.baseline_point, given.reference_point,
                              measured_recipes(rows, confirmed)),
-        search_cost=search_cost(rows, winner.median, sessions=sessions),
+        search_cost=search_cost(rows, winner.median, slots=slots, sessions=sessions),
     )  # fmt: skip
     return BestConfig(recipe, provenance)

@@ -1,19 +1,12 @@
 """The search end to end, and the run directory that holds everything it produced.
 
-``raybatch.search(...)`` (and ``raybatch search`` on the CLI) runs, in one run directory:
-
-1. the search: Ray Tune with :class:`~raybatch.run.searcher.RaybatchSearcher` (the plan,
-   :mod:`raybatch.run.plan` -- the largest batch at an LR sweep and the reference, then the
-   ladder the time model chooses, measured inside the first trial that reaches the target --
-   then Optuna TPE, pre-screened for memory) and
-   :class:`~raybatch.run.scheduler.CappingScheduler` (capping at every level of the metric),
-   over :func:`raybatch.trainable` trials;
-2. confirmation: a race of the two best recipes on paired seeds, the search's run the first
-   pair, the challenger capped at a slack of the leader (:mod:`raybatch.run.confirmation`);
-   the winner never missed the target; the largest batch (at the rule's LR and at its best
-   swept LR) and the reference are compared from their search runs, as bounds where stopped;
-3. the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, every
-   device second, in trainings of the recipe found) and the report (:mod:`raybatch.run.rundir`).
+``raybatch.search(...)`` (and ``raybatch search``) runs, in one run directory: the search (Ray
+Tune with :class:`~raybatch.run.searcher.RaybatchSearcher`: the plan, :mod:`raybatch.run.plan`,
+then Optuna TPE, pre-screened for memory; and :class:`~raybatch.run.scheduler.CappingScheduler`,
+which pauses or stops a trial behind at a rung, over :func:`raybatch.trainable` trials); the
+confirmation, a race of the two best recipes on paired seeds (:mod:`raybatch.run.confirmation`);
+and the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, in
+trainings of the recipe found) and the report (:mod:`raybatch.run.rundir`).
 """
 
 from __future__ import annotations
@@ -62,7 +55,7 @@ from raybatch.run.plan import search_plan
 from raybatch.run.progress import Progress, printed, ray_quiet
 from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result
-from raybatch.run.resources import REUSE_ACTORS, with_resources
+from raybatch.run.resources import REUSE_ACTORS, pending_trials, with_resources
 from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
@@ -206,9 +199,9 @@ def _say_start(workload: Workload, options: SearchOptions, plan: _Plan) -> None:
                   " predicts fastest, then Optuna's TPE")  # fmt: skip
 
 
-def _progress(options: SearchOptions, sessions: list[float]) -> Progress:
+def _progress(options: SearchOptions, sessions: list[float], slots: int | None) -> Progress:
     """The search's progress lines (the cost so far counted within the driver's sessions)."""
-    return Progress("trial", options.trials, sessions=sessions)
+    return Progress("trial", options.trials, sessions=sessions, slots=slots)
 
 
 def _quiet_tune() -> None:
@@ -342,6 +335,7 @@ def _search_tuner(
         tuned, run_config, restored = restored_parts(tuner)
         if isinstance(restored, CappingScheduler):  # its new trials go here, not to the original
             restored.experiment = (str(experiment.parent), experiment.name)
+            restored.slots = plan.in_flight  # this session's cluster
         searcher = tuned.search if isinstance(tuned, SearchThenRace) else tuned
         if not isinstance(searcher, RaybatchSearcher):
             why = "holds no raybatch searcher: this is not a raybatch search's experiment"
@@ -353,21 +347,25 @@ def _search_tuner(
             watch if isinstance(c, FailFast) else c
             for c in run_config.callbacks or []
             if not isinstance(c, TellUntold | Progress | KeepWhole)
-        ] + [TellUntold(tuned), _progress(options, plan.sessions), KeepWhole(experiment)]
+        ] + [TellUntold(tuned), _progress(options, plan.sessions, plan.searcher.record.slots()),
+             KeepWhole(experiment)]  # fmt: skip
         if isinstance(run_config.stop, FailFast):
             run_config.stop = watch
         run_config.verbose = max(0, verbose - 1)  # this session's, not the first one's
         return tuner
     scheduler.experiment = (str(experiment.parent), experiment.name)
     # The race runs in this Tuner once the search's trials ended, on their warm processes.
-    plan.tuned = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight)
+    # Tune's max_concurrent_trials counts paused trials: the search's own limit does not.
+    pausing, scheduler.slots = scheduler.pause, plan.in_flight
+    plan.tuned = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight,
+                                           limit=plan.in_flight if pausing else None)  # fmt: skip
     return tune.Tuner(
         plan.resourced,
         tune_config=tune.TuneConfig(
             search_alg=plan.tuned,
             scheduler=scheduler,
             num_samples=options.trials + 2 * len(plan.tuned.seeds),  # two runs a race round
-            max_concurrent_trials=plan.in_flight,
+            max_concurrent_trials=None if pausing else plan.in_flight,
             reuse_actors=REUSE_ACTORS,
         ),
         run_config=tune.RunConfig(
@@ -380,7 +378,7 @@ def _search_tuner(
             callbacks=[
                 watch,
                 TellUntold(plan.tuned),
-                _progress(options, plan.sessions),
+                _progress(options, plan.sessions, plan.searcher.record.slots()),
                 KeepWhole(experiment),
             ],
             stop=watch,
@@ -401,17 +399,18 @@ def _execute(
     session = time.time()  # this driver's session: the cost's wall clock stops at its gaps
     _quiet_tune()
     started_ray, plan = _plan_or_forget(path, resume, workload, space, target, options)
-    plan.sessions = plan.searcher.record.add_session(session)
+    plan.sessions = plan.searcher.record.add_session(session, plan.in_flight)
     notes = plan.notes = [*(notes or []), *plan.notes]
     watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
 
     scheduler = CappingScheduler.for_trainable(
         plan.trainable, options.hang_grace_s, slack=options.slack, enabled=options.capping,
-        zone=options.zone,
+        zone=options.zone, pause=options.pause,
     )  # fmt: skip
     tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
     _say_start(workload, options, plan)
-    with ray_errors_to(path / LOG_FILE) as diverted:
+    pending = pending_trials(scheduler.pause, plan.in_flight)
+    with ray_errors_to(path / LOG_FILE) as diverted, pending:
         results = tuner.fit()
         if watch.tripped is not None:
             _close_ghosts(
@@ -453,7 +452,8 @@ def _execute(
         device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
         baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
     )  # fmt: skip
-    best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions)
+    best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions,
+                         plan.searcher.record.slots())  # fmt: skip
     if best is not None:
         write_best(path, best)
     # Written last but the report: a run with trials.csv has finished (resume leaves it alone).

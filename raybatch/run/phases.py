@@ -58,10 +58,13 @@ class SearchThenRace(Searcher):
         slots: Trials the search runs at once: the race runs its two side by side where there
             are two or more (each on a slot of its own), one at a time otherwise.
         whole_gpus: Each race run holds a whole GPU (``alone``): a measurement.
+        limit: The search's trials running at once, paused ones not counted (Tune's
+            ``max_concurrent_trials`` counts them, and a search whose scheduler pauses trials
+            would stall with every slot held by a paused one); ``None``: Tune's limit.
     """
 
     def __init__(self, search: RaybatchSearcher, options: SearchOptions, slots: int,
-                 whole_gpus: bool = False) -> None:  # fmt: skip
+                 whole_gpus: bool = False, limit: int | None = None) -> None:  # fmt: skip
         super().__init__(metric=keys.OBJECTIVE, mode="min")
         self.search = search
         self.trials = options.trials
@@ -78,16 +81,19 @@ class SearchThenRace(Searcher):
         self.race: RaceSearcher | None = None
         self.raced = False  # the race was set up (or found it had nothing to run)
         self.decided_by_the_search = False
+        self.limit = limit
+        self.paused: set[str] = set()  # search trials the scheduler paused
+        self.last: dict[str, dict[str, Any]] = {}  # search trial -> its last result
 
     @classmethod
     def for_search(cls, search: RaybatchSearcher, options: SearchOptions, cuda: bool,
-                   in_flight: int) -> SearchThenRace:  # fmt: skip
+                   in_flight: int, limit: int | None = None) -> SearchThenRace:  # fmt: skip
         """As the driver builds it: the race side by side on CPU slots as the search ran
         (``in_flight``: the trials the cluster runs at once, or ``--max-concurrent`` under
         that); on GPUs one run at a time, each on a whole GPU (the search's slots may have
-        been shares of one)."""
+        been shares of one). ``limit``: the search's own bound on trials at once."""
         slots = 1 if cuda else in_flight
-        return cls(search, options, slots, whole_gpus=cuda)
+        return cls(search, options, slots, whole_gpus=cuda, limit=limit)
 
     def set_search_properties(self, metric: str | None, mode: str | None,
                               config: dict[str, Any], **spec: Any) -> bool:  # fmt: skip
@@ -111,7 +117,22 @@ class SearchThenRace(Searcher):
             return self.raced or not self.seeds
         return self.race.decided()
 
+    def on_pause(self, trial_id: str) -> None:
+        self.paused.add(trial_id)
+        self.search.on_pause(trial_id)
+
+    def on_unpause(self, trial_id: str) -> None:
+        self.paused.discard(trial_id)
+        self.search.on_unpause(trial_id)
+
+    def _full(self) -> bool:
+        """Whether as many search trials run as the limit allows (paused ones not counted)."""
+        running = set(self.launched) - set(self.ended) - self.paused
+        return self.limit is not None and len(running) >= self.limit
+
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
+        if trial_id not in self.launched and self.race is None and self.searching and self._full():
+            return None  # Tune asks again once a trial ends or is paused
         if trial_id in self.launched or (self.race is None and self.searching):
             config = self.search.suggest(trial_id)
             if isinstance(config, dict):
@@ -148,6 +169,8 @@ class SearchThenRace(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if trial_id in self.launched:
+            if self.limit is not None:
+                self.last[trial_id] = result
             self.search.on_trial_result(trial_id, result)
         elif self.race is not None:
             self.race.on_trial_result(trial_id, result)
@@ -155,6 +178,10 @@ class SearchThenRace(Searcher):
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
                           error: bool = False) -> None:  # fmt: skip
         if trial_id in self.launched:
+            self.paused.discard(trial_id)
+            # A paused trial stopped for good is told with no result (Tune's stop_trial): its
+            # last report is its end.
+            result = result if result is not None else self.last.pop(trial_id, None)
             self.search.on_trial_complete(trial_id, result, error)
             if trial_id not in self.ended:  # told once (TellUntold may tell again)
                 self.ended[trial_id] = search_row(self.launched[trial_id], result, error,

@@ -75,6 +75,7 @@ class Plan:
         """The time model a trial measured at the target, and which trial, once one has."""
         self.time_model_problem: str | None = None  # why the last asked trial to say measured none
         self.said_tpe = False  # the line that TPE suggests from here, once a session
+        self.paused: set[int] = set()  # Optuna numbers of the trials the scheduler paused
 
     @property
     def record(self) -> SearchStudy:
@@ -149,9 +150,11 @@ class Plan:
         if self.ladder is None or self.record.ladder_queued():
             return
         opening = self.opening
-        if opening.finished or (not opening.numbers and not self.record.queued()):
+        out = set(opening.numbers) - getattr(self, "paused", set())  # not ended nor paused
+        if opening.finished or (not out and not self.record.queued()):
             # Every opening point has ended, or none is running or waiting any more (one was
-            # lost at an interruption): the ladder goes on with what is known.
+            # lost at an interruption, or the scheduler paused it: it may be promoted later):
+            # the ladder goes on with what is known.
             if self.time_model is not None and self.ladder.model is None:
                 self.ladder.model = self.time_model.model
             points = self.ladder.points(opening.best_multiplier(), opening.baseline)

@@ -104,15 +104,17 @@ class Progress(Callback):
         clock: Seconds, monotonic (for tests).
         sessions: When each driver session started (epoch seconds: the search, each
             resume): the wall clock is counted within them, never across an interruption.
+        slots: Trials the search runs at once (``None``: the most runs that overlapped).
     """
 
     def __init__(self, phase: str, total: int | None = None, extra_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
-                 sessions: Sequence[float] = ()) -> None:  # fmt: skip
+                 sessions: Sequence[float] = (), slots: int | None = None) -> None:  # fmt: skip
         self.phase = phase
         self.total = total
         self.extra_s = extra_s
         self.sessions = list(sessions)
+        self.slots = slots
         self._clock = clock
         self._said_at: float | None = None
         self._started: dict[str, float] = {}  # running trial -> when this callback saw it start
@@ -196,7 +198,8 @@ class Progress(Callback):
         wall = wall_clock(spans, self.sessions)
         if wall is None:
             return self.extra_s + sum(_device_s(t) for t in done)
-        return self.extra_s + slots_used(spans) * wall
+        used, slots = slots_used(spans), getattr(self, "slots", None)  # None: pickled before
+        return self.extra_s + min(slots or used, used) * wall
 
 
 def _racing(trial: Any) -> bool:

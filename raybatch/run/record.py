@@ -16,7 +16,7 @@ from raybatch.results.rows import TRIALS_CSV, TrialRow, stored_rows
 from raybatch.results.selection import choose_winner
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME, read_run
 from raybatch.run.seeding import budget_check, max_batch_point, reference_point
-from raybatch.run.sessions import sessions_recorded
+from raybatch.run.sessions import sessions_recorded, slots_recorded
 from raybatch.run.study import runs_recorded
 from raybatch.space.search_space import SearchSpace
 from raybatch.workload import load_workload
@@ -45,7 +45,7 @@ def analyze_run(run_dir: str | Path) -> BestConfig | None:
             measured_on = Provenance()
     sessions = sessions_recorded(path / OPTUNA_DB, STUDY_NAME)
     return choose_winner(target, _whole_rows(path, space), options.confirms, measured_on,
-                         sessions)  # fmt: skip
+                         sessions, slots_recorded(path / OPTUNA_DB, STUDY_NAME))  # fmt: skip
 
 
 def rebuild_report(run_dir: str | Path) -> Path:

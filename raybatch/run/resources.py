@@ -11,9 +11,11 @@ a CPU) each, so the Tune trial itself asks for almost nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -256,3 +258,20 @@ def _recipe(space: SearchSpace, config: dict[str, Any]) -> TrialConfig:
     if all(k in config for k in RECIPE_KEYS if k != keys.OPTIMIZER_KWARGS):
         return carried_recipe(config)
     return space.recipe_of(config)
+
+
+@contextlib.contextmanager
+def pending_trials(pausing: bool, in_flight: int) -> Iterator[None]:
+    """Where the scheduler pauses trials, Tune's ``max_concurrent_trials`` is off (it counts
+    paused trials), and with it the pending trials it allows: one, for a searcher of its own,
+    and a search of two slots ran one trial at a time. Tune's ``TUNE_MAX_PENDING_TRIALS_PG``
+    gives back one per slot (the user's own setting stands)."""
+    name = "TUNE_MAX_PENDING_TRIALS_PG"
+    if not pausing or name in os.environ:
+        yield
+        return
+    os.environ[name] = str(in_flight)
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)

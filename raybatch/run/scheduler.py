@@ -3,24 +3,17 @@
 Every trial is judged at rungs of its own training time (``train_s``, evaluations excluded)
 tied to the target, ``B/9, B/3, B`` with ``B`` the fastest time to target seen, and goes on
 only while it is within the indifference zone of the best curve there or in the top 1/eta
-(:mod:`raybatch.run.rungs`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
+(:mod:`raybatch.run.rungs`); one behind below the top rung is paused instead where ``pause``
+(:mod:`raybatch.run.promotion`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
 capping, as in ParamILS and SMAC); the searcher records it PRUNED with the PAR-10 penalty. A
-trial silent past ``hang_after_s`` is stuck inside a step and no result will stop it: the hang
-guard (:class:`~raybatch.run.hang.HangGuard`) stops it at Tune's next scheduling step.
-
-Example::
-
-    from ray import tune
-    import raybatch
-
-    fn = raybatch.trainable(workload, space, "accuracy>=0.9", max_time_s=60)
-    tuner = tune.Tuner(fn, tune_config=tune.TuneConfig(
-        search_alg=raybatch.RaybatchSearcher.for_trainable(fn),
-        scheduler=raybatch.CappingScheduler.for_trainable(fn), num_samples=20))
+trial silent past ``hang_after_s`` is stuck inside a step: the hang guard
+(:class:`~raybatch.run.hang.HangGuard`) stops it at Tune's next scheduling step.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +24,7 @@ from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.results.selection import is_packed
 from raybatch.run.hang import HangGuard
+from raybatch.run.promotion import Promotions, tell_searcher
 from raybatch.run.rungs import (
     DEFAULT_ETA,
     DEFAULT_ZONE,
@@ -48,6 +42,7 @@ from raybatch.status import HANG_GRACE_S, TrialStatus
 from raybatch.trial.settings import parts_of
 
 DEFAULT_SLACK = 1.2
+log = logging.getLogger("raybatch.progress")
 
 
 def race_seed(config: dict[str, Any] | None) -> int | None:
@@ -66,19 +61,18 @@ class CappingScheduler(FIFOScheduler):
     Args:
         slack: Multiple of the best time to target past which a trial is stopped.
         enabled: ``False`` keeps the bookkeeping but never stops (for comparisons).
-        hang_after_s: Wall seconds without a report (or, before the first, since the trial
-            started) after which a running trial counts as hung and is stopped (``None``:
-            never). Set it well past the trial's own time cap plus its start-up (model build,
-            probe, data loading), which the trial clock excludes.
+        hang_after_s: Wall seconds without a report (or, before the first, since it started)
+            after which a running trial is hung and stopped (``None``: never); well past the
+            trial's time cap plus its start-up, which its clock excludes.
         zone: The indifference zone at the rungs: a trial at most ``1 + zone`` times slower
-            than the best curve to its level goes on (``None``: no rungs; only the final time
-            to target caps).
+            than the best curve to its level goes on (``None``: no rungs).
         eta: A trial outside the zone goes on while it is in the top ``1/eta`` at its rung.
-        hedge: How much wider the zone is at earlier rungs (:func:`~raybatch.run.rungs.
-            hedged_zone`; 0: the same zone at every rung).
-        horizon_s: The guess of the optimum's time to target the rungs are tied to until a
-            trial has reached the target (``None``: no rungs before then).
+        hedge: How much wider the zone is at earlier rungs (0: the same at every rung).
+        horizon_s: The guess of ``B`` until a trial has reached (``None``: no rungs before).
         mode: The target's direction (``max`` or ``min``), to read the reported metric.
+        pause: A trial behind at a rung below the top is paused, not stopped, and goes on
+            when the rung passes it later (:mod:`~raybatch.run.promotion`); Tune's
+            ``max_concurrent_trials`` counts paused trials: bound concurrency otherwise.
 
     Example::
 
@@ -103,6 +97,7 @@ class CappingScheduler(FIFOScheduler):
         hedge: float = HEDGE,
         horizon_s: float | None = None,
         mode: str = "max",
+        pause: bool = False,
     ) -> None:
         issues = [Issue(name, f"must be {allowed}, got {value!r}")
                   for name, value, allowed, ok in (
@@ -134,6 +129,11 @@ class CappingScheduler(FIFOScheduler):
         self._warm_judged: set[str] = set()  # judged at their first evaluation past warmup
         self._warm_before_reach: set[str] = set()  # warmup over before any trial reached
         self._warming: dict[str, float] = {}  # trial -> its first evaluation past its warmup
+        self.pause = pause
+        self.promotions = Promotions()
+        self.slots: int | None = None
+        """Trials the search runs at once, where the driver says (paused trials go on from
+        their pause on a free slot only: :meth:`next_to_run`)."""
         self.race_best_s: dict[int, float] = {}
         """Confirmation seed -> the first (fastest) time to target of a run on it."""
         self.warm = WarmSlots()
@@ -177,13 +177,15 @@ class CappingScheduler(FIFOScheduler):
     @property
     def cap_s(self) -> float | None:
         """The training time past which a running trial is stopped (None before any success)."""
-        if self.best_time_to_target_s is None:
-            return None
-        return self.slack * self.best_time_to_target_s
+        best = self.best_time_to_target_s
+        return None if best is None else self.slack * best
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         if self.guard is not None:
             self.guard.alive(trial.trial_id)
+        if trial.trial_id in self.promotions.paused:  # Tune restored it itself (a restart)
+            self.resume(trial.trial_id)
+            tell_searcher(tune_controller, "on_unpause", trial.trial_id)
         if is_packed(result.get(keys.GPU_SHARE)):
             # Its clock runs at the pace its neighbours leave it: neither capped nor an
             # incumbent (only times measured alone are compared; its own time cap still holds).
@@ -209,11 +211,19 @@ class CappingScheduler(FIFOScheduler):
             # batch's next mark may be far off); the rungs are judged at evaluations.
             return TrialScheduler.CONTINUE
         rung = self._failed_rung(trial.trial_id, trajectory, float(trained))
-        if rung is not None:
-            self.capped[trial.trial_id] = float(trained)
-            self.capped_at_rung[trial.trial_id] = rung
-            return TrialScheduler.STOP
-        return TrialScheduler.CONTINUE
+        if rung is None:
+            return TrialScheduler.CONTINUE
+        self.capped_at_rung[trial.trial_id] = rung
+        if self.pause and (self.best_time_to_target_s is None or rung < self.rungs()[-1]):
+            self.promotions.pause(trial.trial_id, rung)
+            if self._goes_on_at_once(tune_controller, trial.trial_id):
+                return TrialScheduler.CONTINUE
+            log.debug("trial %s paused at %.3f s, behind at the %.3f s rung",
+                      trial.trial_id, trained, rung)  # fmt: skip
+            tell_searcher(tune_controller, "on_pause", trial.trial_id)
+            return TrialScheduler.PAUSE
+        self.capped[trial.trial_id] = float(trained)
+        return TrialScheduler.STOP
 
     def _reached(self, seed: int | None, time_to_target_s: float | None) -> None:
         """A run reached the target: a search trial's time may be the new ``B`` (the cap, the
@@ -241,11 +251,8 @@ class CappingScheduler(FIFOScheduler):
 
     def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
         """Follow the trial's warmup from its evaluations (:data:`~raybatch.keys.WARMING_UP`;
-        a trial whose loop does not say is taken as warm): before any trial has reached the
-        target, while its LR ramps up no rung judges it, and once an evaluation finds the
-        warmup over, no rung up to that evaluation does (its value there is interpolated from
-        the warmup); once one has, every rung judges it (:meth:`_judges_warmup`). A trial run
-        again from its start warms up again."""
+        a loop that does not say is warm): which rungs fell in it (:meth:`_judges_warmup`). A
+        trial run again from its start warms up again."""
         trained = result.get(keys.TRAIN_S)
         if result.get(keys.HEARTBEAT) or trained is None or result.get(keys.WARMING_UP) is None:
             return
@@ -261,16 +268,10 @@ class CappingScheduler(FIFOScheduler):
     def _failed_rung(self, trial_id: str, trajectory: Trajectory, trained: float) -> float | None:
         """The first rung up to ``trained`` this trial fails at (``None``: it goes on). A rung
         judges a trial once, beside other curves; one it got to first is judged again at its
-        next evaluation, and a faster incumbent moves the rungs earlier. A rung the trial
-        reached in its warmup (up to its first evaluation past it) does not judge it before
-        any trial has reached the target (:meth:`_judges_warmup`): its curve there shows how
-        long its LR ramps up, which grows with the LR scale, not how fast it trains (a real search
-        stopped nine of twelve trials at chance accuracy, most mid-warmup, at the earliest
-        rung). Those rungs are not lost: the trial is judged once at its first evaluation past
-        the warmup, against the others' curves at that training time, with the zone of the
-        highest rung it was spared at (a recipe whose LR diverged once the ramp was over ran
-        at chance accuracy to its time cap, the rungs behind it). Nor is a spared rung
-        counted as judged: a rung that moves near it later still judges the trial."""
+        next evaluation, and a faster incumbent moves the rungs earlier. A rung reached in the
+        trial's LR warmup does not judge it where :meth:`_judges_warmup` says so (its curve
+        there shows how long its ramp is, not how fast it trains): it is judged once at its
+        first evaluation past the warmup, with the zone of the highest rung it was spared at."""
         if self.zone is None:
             return None
         rungs = self.rungs()
@@ -281,11 +282,12 @@ class CappingScheduler(FIFOScheduler):
         covered = trial_id in self._warm_before_reach
         judged: list[tuple[float, float, bool]] = []  # (training time, zone, past warmup)
         spared_zone = None  # the zone of the highest rung its warmup spared
+        exempt = self.promotions.exempt_up_to(trial_id)
         for index, rung_s in enumerate(rungs):
             below_top = len(rungs) - 1 - index
-            if rung_s > trained:  # not yet
+            if rung_s > trained or rung_s <= exempt:  # not yet, or promoted past it
                 continue
-            zone = hedged_zone(self.zone, self.eta, below_top, self.hedge)
+            zone = self._rung_zone(below_top)
             if rung_s <= warm_from and (covered or not self._judges_warmup()):
                 spared_zone = zone  # passed in its warmup: judged once it is warm
             elif not judged_near(trajectory.judged, rung_s, self.eta):
@@ -293,7 +295,7 @@ class CappingScheduler(FIFOScheduler):
         if spared_zone is not None and warm_from <= trained and trial_id not in self._warm_judged:
             judged.insert(0, (warm_from, spared_zone, True))
         for rung_s, zone, past_warmup in judged:
-            verdict = passes(trajectory, rung_s, self._others(trial_id), zone, self.eta)
+            verdict = self._verdict(trial_id, trajectory, rung_s, zone)
             if verdict is None:
                 continue
             if past_warmup:
@@ -305,38 +307,43 @@ class CappingScheduler(FIFOScheduler):
                 return rung_s
         return None
 
+    def _verdict(self, trial_id: str, trajectory: Trajectory, rung_s: float, zone: float
+                 ) -> bool | None:  # fmt: skip
+        """:func:`~raybatch.run.rungs.passes` at the rung; where a trial behind is paused,
+        before any trial has reached, one of fewer than eta curves at the rung waits there for
+        the next trials (successive halving's rounds: the first trial to a rung would otherwise
+        go on alone, a slow recipe with it, until it reached the target)."""
+        others = self._others(trial_id)
+        if self.pause and self.best_time_to_target_s is None:
+            seen = sum(c.value_at(rung_s, False) is not None for c in others)
+            if seen + 1 < self.eta and trajectory.value_at(rung_s) is not None:
+                return False
+        return passes(trajectory, rung_s, others, zone, self.eta)
+
+    def _rung_zone(self, below_top: int) -> float:
+        """The zone a rung ``below_top`` under the highest judges with: hedged, wider early
+        (:func:`~raybatch.run.rungs.hedged_zone`); where a trial behind is paused, none below
+        the top once a trial has reached (a pause is taken back when the rung passes it later:
+        the hedge is in the promotion, :meth:`_promotable`)."""
+        assert self.zone is not None
+        if self.pause and not (below_top == 0 and self.best_time_to_target_s is not None):
+            return 0.0
+        return hedged_zone(self.zone, self.eta, below_top, self.hedge)
+
     def _judges_warmup(self) -> bool:
-        """Whether a rung judges a trial still in its warmup: once a trial has reached the
-        target in ``B``, every rung does. The warmup grows with the LR scale, and a large batch
-        at a large LR can warm up for longer than the optimum trains (the benchmark's wide MLP:
-        micro batch 1024 at 4x the rule's LR warms up over 2.8 epochs, where its best recipe
-        reaches the target in about 2). Spared at ``B/eta^2``, such trials were judged first at
-        ``B/eta`` and held a third of the incumbent's training each: a real 12-trial search of
-        the tabular example (``B`` 5.9 s) stopped 7 of its 12 trials between 2.2 and 2.3 s at
-        the 2 s rung, 6 of them still warming up at the 0.66 s one. Where the measured optimum
-        trains in ``B``, a recipe whose own LR ramp takes a ninth of that is slow, and its
-        curve says so; ranked among the curves at the rung, the top third still goes on, and
-        the real benchmark's grids replayed with no warmup spared at any rung
-        (``bench/rung_replay.py``) picked a recipe within 1.00x of the fastest drawn, median of
-        every case. Before any trial has reached, ``B`` is only a bound and every rung spares
-        the warmup."""
-        return self.best_time_to_target_s is not None
+        """Whether a rung judges a trial still in its LR warmup: once a trial has reached the
+        target in ``B`` (a recipe whose ramp alone takes a ninth of that is slow, and its curve
+        says so; ``docs/search.md`` has the figures), or where a trial behind is paused (taken
+        back once its ramp is over). Before, ``B`` is only a bound: every rung spares it."""
+        return self.pause or self.best_time_to_target_s is not None
 
     def _others(self, trial_id: str) -> list[Trajectory]:
         """The curves a trial is judged against: once a trial has reached the target, every
-        other seen, running or ended (capped ones included: what they showed up to their stop
-        is evidence at the rungs they got to); before, the trials running beside it and those
-        that ran to their own time cap short of the target. Judged against curves stopped at
-        a rung too, with no incumbent to bound the search, every trial can fall behind some
-        curve at some rung while early curves cross: a real search (six trials, four at a
-        time, on a loaded machine) had all six stopped and none reached. A curve that ran its
-        whole time cap is another matter: a trial clearly behind a recipe that could not reach
-        the target in the cap cannot either, and without it a lone trial (one slot: one GPU)
-        had nothing to be judged against and ran to its cap. Such curves also join the top
-        third a rung ranks, as in ASHA: a trial ahead of them is ranked among more curves than
-        its one running neighbour, and goes on more often than it did (the rung replay: 41 %
-        of all its verdicts stopped a trial, against 57 % when only running neighbours judged
-        before the first reach)."""
+        other seen, running or ended (what a capped one showed up to its stop is evidence at
+        the rungs it got to); before, the trials running or paused beside it and those that
+        ran their whole time cap short of the target (a trial clearly behind a recipe that
+        could not reach in the cap cannot either; curves stopped at a rung are left out, since
+        early curves cross: a real search once had all six trials stopped and none reached)."""
         ended = self._ended - self._ran_out if self.best_time_to_target_s is None else set()
         return [t for other, t in self._trajectories.items()
                 if other != trial_id and other not in ended]  # fmt: skip
@@ -354,10 +361,75 @@ class CappingScheduler(FIFOScheduler):
         return trajectory
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
-        """Ray Tune's per-step hook: stop hung trials, then choose as FIFO does."""
+        """Tune's per-step hook: stop hung trials, then choose (:meth:`next_to_run`)."""
         if self.guard is not None:
             self.guard.stop_hung(tune_controller)
-        return super().choose_trial_to_run(tune_controller)
+        if not self.promotions.paused:
+            return super().choose_trial_to_run(tune_controller)
+        trials = {t.trial_id: t for t in tune_controller.get_trials()}
+        status = {i: t.status for i, t in trials.items()}
+        states = list(status.values())
+        chosen, stop = self.next_to_run("PENDING" in states, states.count("RUNNING"))
+        if stop:
+            for trial_id in list(self.promotions.paused):
+                if status.get(trial_id) == "PAUSED":
+                    tune_controller.stop_trial(trials[trial_id])  # on_trial_remove: capped
+        if chosen is not None and status.get(chosen) == "PAUSED":
+            log.debug("trial %s goes on from its pause", chosen)
+            self.resume(chosen)
+            tell_searcher(tune_controller, "on_unpause", chosen)
+            return trials[chosen]
+        # FIFO's choice, less its fallback to any paused trial: only a promotion resumes one.
+        return next((t for t in trials.values() if t.status == "PENDING"), None)
+
+    def _goes_on_at_once(self, tune_controller: Any, trial_id: str) -> bool:
+        """Whether a trial just paused would run next (a pause for nothing: not paused)."""
+        if tune_controller is None:
+            return False
+        states = [t.status for t in tune_controller.get_trials() if t.trial_id != trial_id]
+        chosen, _ = self.next_to_run("PENDING" in states, states.count("RUNNING"))
+        if chosen == trial_id:
+            self.resume(trial_id)
+        return chosen == trial_id
+
+    def resume(self, trial_id: str) -> None:
+        """A paused trial goes on: no longer capped at the rung it was paused at."""
+        if trial_id in self.promotions.paused:
+            self.promotions.resumed(trial_id)
+            self.capped_at_rung.pop(trial_id, None)
+
+    def next_to_run(self, pending: bool, running: int) -> tuple[str | None, bool]:
+        """The paused trial to run next, and whether the paused left are to stop for good
+        (:meth:`Promotions.choose` on this search's curves)."""
+        reached, strict = self.best_time_to_target_s is not None, self._promotable
+        hedged = functools.partial(self._promotable, hedged=True)
+        return self.promotions.choose(strict, hedged, self._level, pending, running, reached,
+                                      self.slots)  # fmt: skip
+
+    def _promotable(self, trial_id: str, hedged: bool = False) -> bool:
+        """Whether the rung a paused trial was paused at passes it now, against every curve
+        seen since: level with the best or in the top 1/eta (``hedged``: or within the zone
+        that rung has among the rungs now, wider early)."""
+        at = self.promotions.paused[trial_id]
+        trajectory = self._trajectories.get(trial_id)
+        if trajectory is None:
+            return True
+        zone = 0.0
+        rungs = self.rungs()
+        if hedged and rungs and self.best_time_to_target_s is not None and not judged_near(
+                [rungs[0]], at, self.eta) and at < rungs[0]:  # fmt: skip
+            return True  # paused below every rung there is now: judged at the lowest instead
+        if hedged and self._warming.get(trial_id, 0.0) > at and len(rungs) > 1 and at < rungs[-2]:
+            return True  # paused in its LR warmup early: judged once more, further on
+        if hedged and self.zone is not None:
+            top = rungs[-1] if rungs else at
+            below_top = max(0, round(math.log(max(top / at, 1.0)) / math.log(self.eta)))
+            zone = hedged_zone(self.zone, self.eta, below_top, self.hedge)
+        return bool(self._verdict(trial_id, trajectory, at, zone))
+
+    def _level(self, trial_id: str) -> float:
+        level = getattr(self._trajectories.get(trial_id), "progress", None)
+        return -math.inf if level is None else float(level)
 
     @property
     def hang_after_s(self) -> float | None:
@@ -370,6 +442,7 @@ class CappingScheduler(FIFOScheduler):
         return self.guard.hung if self.guard is not None else {}
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+        self.promotions.ended(trial.trial_id)
         self._trajectories.pop(trial.trial_id, None)
         self._warming.pop(trial.trial_id, None)
         self._warm_judged.discard(trial.trial_id)
@@ -380,20 +453,28 @@ class CappingScheduler(FIFOScheduler):
         # Tune pickles the scheduler with the experiment: one saved by an earlier raybatch of
         # the same run format lacks what was added since, and resumes with it empty.
         self.__dict__.update(state)
-        self.__dict__.setdefault("_ended", set())
-        self.__dict__.setdefault("_ran_out", set())
-        self.__dict__.setdefault("_warm_judged", set())
-        self.__dict__.setdefault("_warming", {})
+        added = {"_ended": set(), "_ran_out": set(), "_warm_judged": set(), "_warming": {},
+                 "warm": WarmSlots(), "experiment": None, "pause": False,
+                 "promotions": Promotions(), "slots": None}  # fmt: skip
+        for name, empty in added.items():
+            self.__dict__.setdefault(name, empty)
         self.__dict__.setdefault("_warm_before_reach", set(self.__dict__["_warm_judged"]))
-        self.__dict__.setdefault("warm", WarmSlots())
-        self.__dict__.setdefault("experiment", None)
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         follow_storage(trial, self.experiment)  # a copied run's new trials stay in the copy
         self.warm.release(tune_controller, 1)  # its staging reserves a process of its own
         super().on_trial_add(tune_controller, trial)
 
+    def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
+        """A paused trial stopped for good (Tune's ``stop_trial``): capped where it paused."""
+        if trial.trial_id in self.promotions.paused:
+            self.capped[trial.trial_id] = self.promotions.paused[trial.trial_id]
+            self._ended.add(trial.trial_id)
+        self.promotions.ended(trial.trial_id)
+        super().on_trial_remove(tune_controller, trial)
+
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+        self.promotions.ended(trial.trial_id)
         self.warm.keep(tune_controller, trial)
         self._ended.add(trial.trial_id)
         if result and result.get(keys.STATUS) == TrialStatus.CENSORED.value:
@@ -414,7 +495,6 @@ class CappingScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         cap = "none yet" if self.cap_s is None else f"{self.cap_s:.3f} s"
-        return (
-            f"CappingScheduler: cap {cap}, {len(self.capped)} trials capped"
-            f" ({len(self.capped_at_rung)} at a rung), {len(self.hung)} hung"
-        )
+        counts = len(self.capped), len(self.capped_at_rung), len(self.promotions.paused)
+        return (f"CappingScheduler: cap {cap}, {counts[0]} trials capped ({counts[1]} at a rung),"
+                f" {counts[2]} paused, {len(self.hung)} hung")  # fmt: skip

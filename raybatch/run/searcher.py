@@ -103,6 +103,14 @@ class RaybatchSearcher(Searcher):
         self.devices = devices if devices is not None else Devices()
         self.screen = Screen(space, self.record, self.plan, self.gates, penalty)
         self.launches = Launches(self.screen, self.devices)
+        self.paused: set[str] = set()
+        """Trials the scheduler paused (Ray's ``on_pause``; :mod:`raybatch.run.promotion`)."""
+
+    def on_pause(self, trial_id: str) -> None:
+        self.paused.add(trial_id)
+
+    def on_unpause(self, trial_id: str) -> None:
+        self.paused.discard(trial_id)
 
     @classmethod
     def for_trainable(
@@ -161,6 +169,9 @@ class RaybatchSearcher(Searcher):
             return again
         if self.gave_up is not None:
             return Searcher.FINISHED
+        # The opening's trials the scheduler paused count as ended for the ladder's turn.
+        self.plan.paused = {self.launches.numbers[t] for t in self.paused
+                            if t in self.launches.numbers}  # fmt: skip
         if self.launches.held is not None:  # a data-parallel recipe waiting for its workers
             wait, launched = self.launches.release(trial_id)
             if wait or launched is not None:
@@ -184,6 +195,7 @@ class RaybatchSearcher(Searcher):
         """Tell Optuna the trial's objective (one the scheduler stopped is PRUNED); one out of
         memory is told infeasible and taught to the gates, or, packed, runs once more alone."""
         self.devices.free(trial_id)
+        self.paused.discard(trial_id)
         result = result or {}
         self.plan.ended(trial_id, result)
         number = self.launches.to_tell(trial_id)
@@ -218,3 +230,4 @@ class RaybatchSearcher(Searcher):
         self.launches.restore(state)  # a held data-parallel recipe is asked again
         self.plan.restore(state["plan"])
         self.record.use_memory_storage(state["memory_storage"])
+        self.paused = set()  # Tune runs a restored paused trial again: the scheduler says

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
 from raybatch.keys import KnobPoint
-from raybatch.run.sessions import SESSIONS_ATTR, sessions_in
+from raybatch.run.sessions import SESSIONS_ATTR, SLOTS_ATTR, sessions_in, slots_in
 from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.status import WORKLOAD_RAN, TrialStatus
 
@@ -358,14 +358,22 @@ class SearchStudy:
         self.study.set_user_attr(GAVE_UP_ATTR, reason)
         self._gave_up, self._gave_up_read = reason, True
 
-    def add_session(self, started_at: float) -> list[float]:
+    def add_session(self, started_at: float, slots: int | None = None) -> list[float]:
         """Record that a driver session (a search, or a resume of it) started at
-        ``started_at`` (epoch seconds); returns every session's start, in order. The wall clock
-        a search paid is counted within sessions (:func:`raybatch.results.cost.wall_clock`),
-        never across the time a run lay interrupted."""
+        ``started_at`` (epoch seconds), running ``slots`` trials at once; returns every
+        session's start, in order. The wall clock a search paid is counted within sessions
+        (:func:`raybatch.results.cost.wall_clock`), never across the time a run lay
+        interrupted, and times the most slots a session had."""
         started = [*sessions_in(self.study.user_attrs), float(started_at)]
         self.study.set_user_attr(SESSIONS_ATTR, started)
+        if slots is not None:
+            most = max(slots, slots_in(self.study.user_attrs) or 0)
+            self.study.set_user_attr(SLOTS_ATTR, int(most))
         return started
+
+    def slots(self) -> int | None:
+        """The most trials a driver session ran at once (``None``: not recorded)."""
+        return slots_in(self.study.user_attrs)
 
     def ladder_queued(self) -> bool:
         return bool(self.study.user_attrs.get(LADDER_ATTR, False))

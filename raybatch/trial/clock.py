@@ -40,6 +40,8 @@ class TrialClock:
         self._eval_s = 0.0
         self._data_wait_s = 0.0
         self._resumed_elapsed_s = 0.0  # a resumed trial's training and evaluation so far
+        self._held_before_s = 0.0  # a resumed trial's held seconds in its earlier processes
+        self._startup_before_s = 0.0  # the start-up charged to its first process, if any
         self.held_since = time.perf_counter()
         """When the trial began holding its device (the wrapper sets its own entry): the
         origin of ``held_s``, a plain wall clock, never synchronised."""
@@ -54,17 +56,26 @@ class TrialClock:
         return self
 
     def state(self) -> dict[str, float]:
-        """The readings a paused trial keeps (a synchronised reading): it goes on from them.
-        Not its held seconds: those are each process's own (the cost's spans and sessions are
-        built from them, :mod:`raybatch.results.cost`)."""
+        """The readings a paused trial keeps (a synchronised reading): it goes on from them,
+        its held seconds included (a trial the scheduler paused and resumed held its device in
+        each of its processes; its report's span ends when it last held it and is as long as
+        all of them: :func:`raybatch.results.cost.wall_clock` clips it to its session)."""
         return {"elapsed_s": self.elapsed_s, "eval_s": self._eval_s,
-                "data_wait_s": self._data_wait_s}  # fmt: skip
+                "data_wait_s": self._data_wait_s, "held_s": self.held_s,
+                "startup_s": self.startup_s or 0.0}  # fmt: skip
 
     def resume(self, state: dict[str, float]) -> None:
         """Go on from a paused trial's readings (:meth:`state`): its training and evaluation
         seconds count on from where they were, once :meth:`start` starts it again."""
         elapsed, eval_s, waited = (float(state[k]) for k in ("elapsed_s", "eval_s", "data_wait_s"))
         self._resumed_elapsed_s, self._eval_s, self._data_wait_s = elapsed, eval_s, waited
+        self._held_before_s = float(state.get("held_s", 0.0))
+        self._startup_before_s = float(state.get("startup_s", 0.0))
+
+    @property
+    def held_s(self) -> float:
+        """Wall seconds the trial has held its device, in this process and those before it."""
+        return time.perf_counter() - self.held_since + self._held_before_s
 
     @property
     def started(self) -> bool:
@@ -133,14 +144,14 @@ class TrialClock:
     def figures(self) -> dict[str, Any]:
         """The clock's fields of a report: one synchronised reading, and the held time."""
         elapsed = self.elapsed_s
-        held = time.perf_counter() - self.held_since
+        held = self.held_s
         return {
             keys.ELAPSED_S: elapsed,
             keys.TRAIN_S: max(elapsed - self._eval_s, 0.0),
             keys.EVAL_S: self._eval_s,
             keys.HELD_S: held,
             keys.STARTED_AT: time.time() - held,
-            keys.STARTUP_S: self.startup_s,
+            keys.STARTUP_S: self._startup_before_s or self.startup_s,  # its first process's
         }
 
 

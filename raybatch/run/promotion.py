@@ -1,0 +1,96 @@
+"""Paused trials, and which goes on next: successive halving that can take a verdict back.
+
+A trial that falls behind at a rung below the top is paused, not stopped (Tune's ``PAUSE``: its
+state is saved with its last report, :mod:`raybatch.trial.pause`, and its slot goes to the next
+trial). What a stop loses for good, a pause keeps for nothing until it is needed:
+
+- **Promotion** (asynchronous successive halving, as ASHA promotes): a paused trial goes on as
+  soon as the rung it was paused at passes it, with the curves seen since (more trials got
+  there behind it, or it is now within the zone of the best). It goes before any new trial.
+- **Before any trial has reached the target** the rungs are tied to a guess, and a search
+  whose trials all fell behind somewhere would end with nothing: when the searcher has no new
+  trial to run, the paused trial that got furthest (its best level there) goes on. The first
+  trials so train a little each, and the leader of the highest rung goes on to the target,
+  where a stop rule lets whichever trials started first train until one reaches.
+- **Once the search has nothing left to run**, a paused trial no rung passes is stopped: it
+  ends as a trial capped at the rung it was paused at.
+
+A promoted trial is not judged again at or below the rung it was promoted from (it may resume
+from a save a little before it, :data:`~raybatch.trial.pause.SAVE_RATIO`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+class Promotions:
+    """The paused trials of a search and the trials promoted from a pause."""
+
+    def __init__(self) -> None:
+        self.paused: dict[str, float] = {}
+        """Tune trial -> the rung (training seconds) it fell behind at and was paused."""
+        self.promoted: dict[str, float] = {}
+        """Tune trial -> the rung it was last promoted from."""
+
+    def pause(self, trial_id: str, rung_s: float) -> None:
+        self.paused[trial_id] = float(rung_s)
+
+    def resumed(self, trial_id: str) -> None:
+        """A paused trial runs again (promoted here, or restored by Tune after a restart)."""
+        if trial_id in self.paused:
+            self.promoted[trial_id] = self.paused.pop(trial_id)
+
+    def ended(self, trial_id: str) -> None:
+        self.paused.pop(trial_id, None)
+
+    def exempt_up_to(self, trial_id: str) -> float:
+        """The training time up to which no rung judges the trial again (-1: none)."""
+        return self.promoted.get(trial_id, -1.0)
+
+    def choose(self, promotable: Callable[[str], bool], hedged: Callable[[str], bool],
+               level: Callable[[str], float], pending: bool, running: int, reached: bool,
+               slots: int | None = None) -> tuple[str | None, bool]:  # fmt: skip
+        """What runs next: ``(paused trial to resume, whether the paused left should stop)``.
+
+        Args:
+            promotable: Whether the rung a paused trial was paused at passes it now (level with
+                the best curve there, or in the top 1/eta): it goes before any new trial.
+            hedged: Whether it passes within the indifference zone: it goes on once no new
+                trial waits (the search has first seen every trial's start).
+            level: A paused trial's best level at its pause (the higher the better).
+            pending: Whether a new trial waits to run (the searcher suggested one).
+            running: Trials running now.
+            reached: Whether any trial has reached the target.
+            slots: Trials the search runs at once (``None``: unknown); a trial goes on from
+                its pause without a promotion only on a free slot no new trial will take (a
+                new trial that starts at once leaves none waiting).
+        """
+        ready = [t for t in self.paused if promotable(t)]
+        if ready:
+            return self._furthest(ready, level), False
+        free = running == 0 if slots is None else running < slots
+        if pending or not self.paused or not free:
+            return None, False
+        ready = [t for t in self.paused if hedged(t)]
+        if ready:
+            return self._furthest(ready, level), False
+        if not reached:  # nothing new to run: the leader of the highest rung goes on
+            return self._furthest(self.paused, level), False
+        return None, running == 0  # nothing will pass them any more
+
+    def _furthest(self, trials: Iterable[str], level: Callable[[str], float]) -> str:
+        return max(trials, key=lambda t: (self.paused[t], level(t)))
+
+
+def tell_searcher(tune_controller: Any, hook: str, trial_id: str) -> None:
+    """Ray's searcher hooks for a paused trial (``on_pause``, ``on_unpause``: how
+    ``HyperBandForBOHB`` tells its searcher), on the searcher and every one it wraps."""
+    searcher = getattr(getattr(tune_controller, "search_alg", None), "searcher", None)
+    while searcher is not None:
+        getattr(searcher, hook, lambda _trial_id: None)(trial_id)
+        searcher = getattr(searcher, "searcher", None)
+
+
+__all__ = ["Promotions", "tell_searcher"]

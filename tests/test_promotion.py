@@ -1,0 +1,167 @@
+"""Paused trials and their promotions (raybatch/run/promotion.py, through the capping scheduler
+built as the driver builds it: ``for_time_cap`` with ``pause=True`` and its slots said)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ray.tune.schedulers import TrialScheduler
+
+from raybatch import keys
+from raybatch.run.promotion import Promotions
+from raybatch.run.scheduler import CappingScheduler
+
+
+def _scheduler(slots: int = 2) -> CappingScheduler:
+    """As the driver builds it for a 27 s time cap: rungs at 1/3, 1, 3 and 9 s before any trial
+    has reached the target."""
+    s = CappingScheduler.for_time_cap(27.0, None, pause=True)
+    s.slots = slots
+    return s
+
+
+def _trial(name: str) -> SimpleNamespace:
+    return SimpleNamespace(trial_id=name)
+
+
+def _report(s: CappingScheduler, name: str, train_s: float, metric: float,
+            warming: bool | None = None) -> str:  # fmt: skip
+    result = {keys.STATUS: "running", keys.TRAIN_S: train_s, keys.METRIC: metric,
+              keys.WARMING_UP: warming}  # fmt: skip
+    return str(s.on_trial_result(None, _trial(name), result))
+
+
+def _reached(s: CappingScheduler) -> None:
+    """A trial that reaches 0.9 at 9 s through 0.4 at 1 s and 0.7 at 3 s: rungs at 1, 3, 9 s."""
+    for t, m in ((1.0, 0.4), (3.0, 0.7)):
+        _report(s, "inc", t, m)
+    reached = {keys.STATUS: "reached", keys.TRAIN_S: 9.0, keys.METRIC: 0.9,
+               keys.TIME_TO_TARGET_S: 9.0}  # fmt: skip
+    s.on_trial_result(None, _trial("inc"), reached)
+    s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0})
+
+
+def test_a_trial_behind_at_a_rung_below_the_top_is_paused_not_stopped() -> None:
+    s = _scheduler()
+    _reached(s)
+    assert s.rungs() == [1.0, 3.0, 9.0]
+    assert _report(s, "slow", 1.0, 0.1) == TrialScheduler.PAUSE
+    assert s.promotions.paused == {"slow": 1.0}
+    assert "slow" not in s.capped  # a pause is not a verdict yet
+
+
+def test_a_paused_trial_goes_on_before_new_trials_once_the_curves_since_put_it_in_the_top_third(
+) -> None:  # fmt: skip
+    s = _scheduler()
+    _reached(s)
+    _report(s, "slow", 1.0, 0.1)
+    assert s.next_to_run(pending=True, running=0) == (None, False)  # 0.1 against 0.4: behind
+    for name in ("w1", "w2", "w3"):  # three more trials, further behind at the same rung
+        assert _report(s, name, 1.0, 0.05) == TrialScheduler.PAUSE
+    assert s.next_to_run(pending=True, running=1) == ("slow", False)  # ahead of a new trial
+    s.resume("slow")
+    assert "slow" not in s.promotions.paused and "slow" not in s.capped_at_rung
+    # Not judged again at the rung it was promoted from (it may resume from a save before it).
+    assert _report(s, "slow", 1.2, 0.12) == TrialScheduler.CONTINUE
+
+
+def test_the_top_rung_stops_a_trial_behind_it_for_good() -> None:
+    s = _scheduler()
+    _reached(s)
+    for t, m in ((1.0, 0.4), (3.0, 0.7)):
+        assert _report(s, "late", t, m) == TrialScheduler.CONTINUE  # level with the best
+    assert _report(s, "late", 9.0, 0.8) == TrialScheduler.STOP  # 0.8 where the best had 0.9
+    assert s.capped == {"late": 9.0} and not s.promotions.paused
+
+
+def test_before_a_reach_one_alone_at_a_rung_waits_and_the_furthest_goes_on_when_nothing_is_new(
+) -> None:  # fmt: skip
+    """Successive halving's rounds: the first trial at a rung waits for eta curves there while
+    new trials can run; with none to run, the trial paused furthest goes on (a search with
+    no reach yet never ends on paused trials)."""
+    s = _scheduler(slots=2)
+    assert s.rungs()[:2] == [1 / 3, 1.0]
+    _report(s, "a", 0.2, 0.1)
+    assert _report(s, "a", 0.4, 0.2) == TrialScheduler.PAUSE  # alone at the 1/3 s rung
+    _report(s, "b", 0.2, 0.15)
+    assert _report(s, "b", 0.4, 0.3) == TrialScheduler.PAUSE  # two of the three it waits for
+    assert s.next_to_run(pending=True, running=0) == (None, False)  # a new trial first
+    assert s.next_to_run(pending=False, running=2) == (None, False)  # no free slot
+    assert s.next_to_run(pending=False, running=1) == ("b", False)  # the best at the rung
+    # A third curve at the rung: the top third of three goes on, ahead of new trials.
+    _report(s, "c", 0.2, 0.05)
+    assert _report(s, "c", 0.4, 0.1) == TrialScheduler.PAUSE
+    assert s.next_to_run(pending=True, running=0) == ("b", False)
+
+
+def test_paused_trials_no_rung_passes_are_stopped_once_nothing_runs_and_end_capped_at_their_rung(
+) -> None:  # fmt: skip
+    s = _scheduler()
+    _reached(s)
+    _report(s, "slow", 1.0, 0.1)
+    assert s.next_to_run(pending=False, running=1) == (None, False)  # another may still pass it
+    assert s.next_to_run(pending=False, running=0) == (None, True)  # nothing will
+    s.on_trial_remove(None, _trial("slow"))  # Tune's stop_trial of a paused trial
+    assert s.capped == {"slow": 1.0} and s.capped_at_rung == {"slow": 1.0}
+    assert not s.promotions.paused
+
+
+def test_a_trial_paused_in_its_warmup_goes_on_once_no_new_trial_waits() -> None:
+    """Judged in its LR warmup (its curve there says how long its ramp is, not how fast it
+    trains), a pause is taken back once the search has started every new trial."""
+    s = _scheduler()
+    _reached(s)
+    assert _report(s, "warm", 1.0, 0.05, warming=True) == TrialScheduler.PAUSE
+    assert s.next_to_run(pending=True, running=0) == (None, False)
+    assert s.next_to_run(pending=False, running=0) == ("warm", False)
+
+
+def test_a_trial_paused_below_every_rung_a_reach_set_is_judged_at_the_lowest() -> None:
+    """Before the first reach the rungs are tied to a guess and go lower; a pause at such a
+    rung is taken back to be judged where the rungs are once the optimum's time is known."""
+    s = _scheduler()
+    for name, m in (("a", 0.3), ("b", 0.2), ("c", 0.1)):
+        _report(s, name, 0.2, m / 2)
+        _report(s, name, 0.4, m)  # the 1/3 s rung: c is behind the two before it
+    assert s.next_to_run(pending=True, running=0) == ("a", False)  # the top third: a
+    s.resume("a")
+    s.resume("b")  # went on, say, when nothing was new
+    assert s.next_to_run(pending=True, running=0) == (None, False)  # c: behind at its rung
+    _reached(s)  # rungs now 1, 3, 9 s
+    assert s.next_to_run(pending=True, running=0) == (None, False)  # new trials first
+    assert s.next_to_run(pending=False, running=1) == ("c", False)
+
+
+def test_the_choice_promotes_first_then_runs_new_trials_then_hedges_then_deepens() -> None:
+    p = Promotions()
+    p.pause("x", 1.0)
+    p.pause("y", 3.0)
+    never, always = (lambda _t: False), (lambda _t: True)
+    level = {"x": 0.5, "y": 0.2}.get
+    assert p.choose(always, never, level, pending=True, running=2, reached=True) == ("y", False)
+    assert p.choose(never, always, level, pending=True, running=0, reached=True) == (None, False)
+    assert p.choose(never, always, level, pending=False, running=0, reached=True) == ("y", False)
+    assert p.choose(never, never, level, pending=False, running=0, reached=False) == ("y", False)
+    assert p.choose(never, never, level, False, running=1, reached=False, slots=1) == (None, False)
+    assert p.choose(never, never, level, pending=False, running=0, reached=True) == (None, True)
+    p.resumed("y")
+    assert p.exempt_up_to("y") == 3.0 and p.exempt_up_to("x") == -1.0
+
+
+def test_a_paused_trial_tune_restores_after_a_restart_goes_on_and_its_searcher_is_told() -> None:
+    """Tune restores a paused trial as pending after the driver restarts (its saved state):
+    the scheduler, unpickled with the run, takes its first report as the trial going on (not
+    judged again at the rung it was paused at) and tells the searcher, as Ray's hooks do."""
+    import pickle
+
+    s = _scheduler()
+    _reached(s)
+    _report(s, "slow", 1.0, 0.1)
+    restored: CappingScheduler = pickle.loads(pickle.dumps(s))
+    assert restored.promotions.paused == {"slow": 1.0}
+    told: list[tuple[str, str]] = []
+    searcher = SimpleNamespace(on_unpause=lambda t: told.append(("on_unpause", t)))
+    controller = SimpleNamespace(search_alg=SimpleNamespace(searcher=searcher))
+    result = {keys.STATUS: "running", keys.TRAIN_S: 1.1, keys.METRIC: 0.12}
+    assert restored.on_trial_result(controller, _trial("slow"), result) == TrialScheduler.CONTINUE
+    assert not restored.promotions.paused and told == [("on_unpause", "slow")]
