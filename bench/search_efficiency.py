@@ -165,7 +165,6 @@ class _Capping:
                                                        **settings)  # fmt: skip
         self.warm_s: dict[str, float] = {}  # trial -> the training seconds its warmup lasts
         self.searcher: Any = None  # told of pauses, as Tune's searcher is (run_raybatch's)
-        self.trials: Any = None  # the search's trials as Tune lists them (simulate_search's)
 
     def launched(self, trial_id: str, warm_s: float) -> None:
         self.warm_s[trial_id] = warm_s
@@ -178,8 +177,7 @@ class _Capping:
                   keys.METRIC: progress, keys.TIME_TO_TARGET_S: t if reached else None,
                   keys.HEARTBEAT: beat, keys.WARMING_UP: warming}  # fmt: skip
         trial = SimpleNamespace(trial_id=trial_id)
-        view = None if self.trials is None else SimpleNamespace(get_trials=self.trials)
-        decision = self.scheduler.on_trial_result(view, trial, result)
+        decision = self.scheduler.on_trial_result(None, trial, result)
         if reached or decision == TrialScheduler.CONTINUE:
             return False
         if decision == TrialScheduler.PAUSE:
@@ -268,14 +266,6 @@ def simulate_search(member: Member, rng: random.Random, n: int,
     pauses = hasattr(rule, "next_to_run")
     if pauses:
         rule.scheduler.slots = slots  # as the driver tells it
-
-        def listed() -> list[SimpleNamespace]:  # what Tune's controller lists, as it lists it
-            ask()
-            listing = [(t, "RUNNING") for t in running] + [(t, "PAUSED") for t in paused]
-            listing += [(t, "PENDING") for t, _ in pending]
-            return [SimpleNamespace(trial_id=t, status=status) for t, status in listing]
-
-        rule.trials = listed
 
     def launch(knobs: tuple[int, int, float], trial_id: str) -> None:
         full = _outcome(member, knobs, rng)  # uncapped; the rule decides where it ends

@@ -216,8 +216,6 @@ class CappingScheduler(FIFOScheduler):
         self.capped_at_rung[trial.trial_id] = rung
         if self.pause and (self.best_time_to_target_s is None or rung < self.rungs()[-1]):
             self.promotions.pause(trial.trial_id, rung)
-            if self._goes_on_at_once(tune_controller, trial.trial_id):
-                return TrialScheduler.CONTINUE
             log.debug("trial %s paused at %.3f s, behind at the %.3f s rung",
                       trial.trial_id, trained, rung)  # fmt: skip
             tell_searcher(tune_controller, "on_pause", trial.trial_id)
@@ -381,16 +379,6 @@ class CappingScheduler(FIFOScheduler):
             return trials[chosen]
         # FIFO's choice, less its fallback to any paused trial: only a promotion resumes one.
         return next((t for t in trials.values() if t.status == "PENDING"), None)
-
-    def _goes_on_at_once(self, tune_controller: Any, trial_id: str) -> bool:
-        """Whether a trial just paused would run next (a pause for nothing: not paused)."""
-        if tune_controller is None:
-            return False
-        states = [t.status for t in tune_controller.get_trials() if t.trial_id != trial_id]
-        chosen, _ = self.next_to_run("PENDING" in states, states.count("RUNNING"))
-        if chosen == trial_id:
-            self.resume(trial_id)
-        return chosen == trial_id
 
     def resume(self, trial_id: str) -> None:
         """A paused trial goes on: no longer capped at the rung it was paused at."""
