@@ -72,9 +72,9 @@ NoPriorOpt = Annotated[
 NoPauseOpt = Annotated[
     bool,
     typer.Option(
-        "--no-pause",
-        help="Stop a trial behind at a rung for good, rather than pause it until the rung"
-        " passes it (successive halving's promotion) or the search has nothing left to run.",
+        "--no-pause/--pause",
+        help="--pause: pause a trial behind at a rung until the rung passes it (successive"
+        " halving's promotion) or the search has nothing left to run, rather than stop it.",
     ),
 ]
 ZoneOpt = Annotated[

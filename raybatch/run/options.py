@@ -45,7 +45,8 @@ class SearchOptions:
             to its level, or in the top 1/3 there; ``None``: no rungs, only the final time
             caps. It is the regret the search accepts, and the verdict names it.
         pause: A trial behind at a rung below the top is paused, not stopped, and goes on
-            when the rung passes it later (:mod:`raybatch.run.promotion`); ``False``: stopped.
+            when the rung passes it later (:mod:`raybatch.run.promotion`); off by default
+            until a speed-dependent outcome of the suite's clocked search is understood.
         prior: Measure the time model (gradient noise scale, step times) inside the first
             trial that reaches the target, and let it choose the batches the plan tries after
             the largest batch's LR sweep.
@@ -94,7 +95,7 @@ class SearchOptions:
     capping: bool = True
     slack: float = 1.2
     zone: float | None = INDIFFERENCE_ZONE
-    pause: bool = True
+    pause: bool = False
     prior: bool = True
     probe_margin: float = 0.2
     confirm_top: int = 2
