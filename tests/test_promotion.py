@@ -60,9 +60,21 @@ def test_a_paused_trial_goes_on_before_new_trials_once_the_curves_since_put_it_i
         assert _report(s, name, 1.0, 0.05) == TrialScheduler.PAUSE
     assert s.next_to_run(pending=True, running=1) == ("slow", False)  # ahead of a new trial
     s.resume("slow")
-    assert "slow" not in s.promotions.paused and "slow" not in s.capped_at_rung
+    assert "slow" not in s.promotions.paused
     # Not judged again at the rung it was promoted from (it may resume from a save before it).
     assert _report(s, "slow", 1.2, 0.12) == TrialScheduler.CONTINUE
+    assert "slow" not in s.capped_at_rung  # running again: its pause is no reason any more
+
+
+def test_a_trial_chosen_to_go_on_but_stopped_before_it_reports_ends_capped_at_its_rung() -> None:
+    """Tune may stop a trial the scheduler chose to resume before it runs again (the search's
+    end): its row still says the rung it was paused at, not the slack cap it never reached."""
+    s = _scheduler()
+    _reached(s)
+    _report(s, "slow", 1.0, 0.1)
+    s.resume("slow")
+    s.on_trial_remove(None, _trial("slow"))
+    assert s.capped_at_rung == {"slow": 1.0}
 
 
 def test_the_top_rung_stops_a_trial_behind_it_for_good() -> None:

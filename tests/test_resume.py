@@ -274,7 +274,7 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_killed_mid_search_with_trials_paused_resumes_every_trial_once(tmp_path: Path) -> None:
     """A search SIGKILLed (its whole group) mid-search, its scheduler pausing trials behind at
-    a rung (``--pause``): Tune restores the paused ones, they go on from their saves or end
+    a rung (the default): Tune restores the paused ones, they go on from their saves or end
     capped, and the finished run holds every trial once, in its rows and its study alike, with
     no ghost left in the study. (When it is paused is the scheduler's own decision: the
     restore of a paused trial is proved in tests/test_promotion.py.)"""
@@ -282,8 +282,7 @@ def test_killed_mid_search_with_trials_paused_resumes_every_trial_once(tmp_path:
     driver = _cli(
         "search", "raybatch.examples.tabular:workload", "--target", "0.87", "--trials",
         str(trials), "--max-concurrent", "2", "--max-time-per-trial", "20", "--confirm-seeds",
-        "0", "--no-prior", "--run-dir", str(run_dir), "--quiet", "--pause",
-        start_new_session=True,
+        "0", "--no-prior", "--run-dir", str(run_dir), "--quiet", start_new_session=True,
     )  # fmt: skip
     seen: set[str] = set()
     ready = lambda: _told(run_dir) >= 2  # noqa: E731

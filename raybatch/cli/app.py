@@ -257,7 +257,7 @@ def search_command(
     confirm_seeds: ConfirmSeedsOpt = 1,
     no_prior: NoPriorOpt = False,
     zone: cli_args.ZoneOpt = 0.1,
-    no_pause: cli_args.NoPauseOpt = True,
+    no_pause: cli_args.NoPauseOpt = False,
     hang_grace: cli_args.HangGraceOpt = 300.0,
     gpu_model: GpuModelOpt = None,
     verbose: cli_args.VerboseOpt = False,

@@ -73,8 +73,9 @@ NoPauseOpt = Annotated[
     bool,
     typer.Option(
         "--no-pause/--pause",
-        help="--pause: pause a trial behind at a rung until the rung passes it (successive"
-        " halving's promotion) or the search has nothing left to run, rather than stop it.",
+        help="--no-pause: stop a trial behind at a rung for good, rather than pause it until"
+        " the rung passes it (successive halving's promotion) or the search has nothing left"
+        " to run (the default, --pause).",
     ),
 ]
 ZoneOpt = Annotated[

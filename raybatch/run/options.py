@@ -45,8 +45,7 @@ class SearchOptions:
             to its level, or in the top 1/3 there; ``None``: no rungs, only the final time
             caps. It is the regret the search accepts, and the verdict names it.
         pause: A trial behind at a rung below the top is paused, not stopped, and goes on
-            when the rung passes it later (:mod:`raybatch.run.promotion`); off by default
-            until a speed-dependent outcome of the suite's clocked search is understood.
+            when the rung passes it later (:mod:`raybatch.run.promotion`); ``False``: stopped.
         prior: Measure the time model (gradient noise scale, step times) inside the first
             trial that reaches the target, and let it choose the batches the plan tries after
             the largest batch's LR sweep.
@@ -95,7 +94,7 @@ class SearchOptions:
     capping: bool = True
     slack: float = 1.2
     zone: float | None = INDIFFERENCE_ZONE
-    pause: bool = False
+    pause: bool = True
     prior: bool = True
     probe_margin: float = 0.2
     confirm_top: int = 2

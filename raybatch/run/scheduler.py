@@ -186,6 +186,8 @@ class CappingScheduler(FIFOScheduler):
         if trial.trial_id in self.promotions.paused:  # Tune restored it itself (a restart)
             self.resume(trial.trial_id)
             tell_searcher(tune_controller, "on_unpause", trial.trial_id)
+        if trial.trial_id in self.promotions.promoted:  # it runs again: its pause is over
+            self.capped_at_rung.pop(trial.trial_id, None)
         if is_packed(result.get(keys.GPU_SHARE)):
             # Its clock runs at the pace its neighbours leave it: neither capped nor an
             # incumbent (only times measured alone are compared; its own time cap still holds).
@@ -381,10 +383,9 @@ class CappingScheduler(FIFOScheduler):
         return next((t for t in trials.values() if t.status == "PENDING"), None)
 
     def resume(self, trial_id: str) -> None:
-        """A paused trial goes on: no longer capped at the rung it was paused at."""
-        if trial_id in self.promotions.paused:
-            self.promotions.resumed(trial_id)
-            self.capped_at_rung.pop(trial_id, None)
+        """A paused trial goes on. The rung it was paused at stays its reason until it reports
+        again: one chosen that Tune then stopped before it ran ends capped there."""
+        self.promotions.resumed(trial_id)
 
     def next_to_run(self, pending: bool, running: int) -> tuple[str | None, bool]:
         """The paused trial to run next, and whether the paused left are to stop for good

@@ -24,11 +24,12 @@ from raybatch.errors import first_line
 
 log = logging.getLogger(__name__)
 
-SAVE_RATIO = 3**0.5
+SAVE_RATIO = 1.5
 """An evaluation saves the trial's state when it comes this factor or more later in training
-than the last save (the time marks' spacing, :data:`~raybatch.trial.cadence.TIME_MARK_RATIO`):
-one resumed at a rung repeats at most 42 % of its training (1.5, a save at every time mark for
-``--pause``, is back out until a cap test's failure in CI is understood)..."""
+than the last save: every time mark's (:data:`~raybatch.trial.cadence.TIME_MARK_RATIO`, sqrt 3
+apart; at sqrt 3 itself, an evaluation a step past its mark skipped the next mark's save), where
+the scheduler judges and pauses, so that a paused trial goes on from where it was; the near
+marks, 1.15 apart, save less often..."""
 SAVE_SHARE = 0.05
 """...and when the training since the last save is at least 20 times what that save cost
 (writing it, and Tune's copy): saving costs at most 5 % of the training it keeps. On the real
