@@ -601,27 +601,57 @@ def _p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
-def _to_regret(member: Member, run_: list[Trial], optimum: float, seed: int) -> float:
-    """Compute (in trainings) of the shortest prefix whose confirmed pick has regret <= 1.05."""
-    for n in [p for p in PREFIXES if p <= len(run_)] or [len(run_)]:
-        s = score(member, run_[:n], optimum, random.Random(seed * 31 + n))
+Search = Callable[[int, int], list[Trial]]
+"""A strategy's search of ``n`` trials on ``seed``: its trials in launch order."""
+
+
+def pauses(strategy: str) -> bool:
+    """Whether the strategy's trials may pause: the shipped search's, as it ships."""
+    return strategy.startswith("raybatch") and SearchOptions().pause
+
+
+def searches(strategy: str, member: Member, seeds: int, longest: int, slots: int) -> Search:
+    """Each seed's search of ``n`` trials: the first ``n`` of its longest search where trials
+    end for good as they go; a search of ``n`` trials of its own where they pause (once nothing
+    new waits, a paused trial goes on: the first ``n`` of a longer search never show that, its
+    slots taken by the trials after them). Each search runs once, when first asked for."""
+    full = [run(strategy, member, seed, longest, slots) for seed in range(seeds)]
+    own: dict[tuple[int, int], list[Trial]] = {}
+
+    def search(n: int, seed: int) -> list[Trial]:
+        if n >= longest or not pauses(strategy):
+            return full[seed][:n]
+        if (n, seed) not in own:
+            own[n, seed] = run(strategy, member, seed, n, slots)
+        return own[n, seed]
+
+    return search
+
+
+def _to_regret(member: Member, search: Search, longest: int, optimum: float, seed: int
+               ) -> float:  # fmt: skip
+    """Compute (in trainings) of the shortest search whose confirmed pick has regret <= 1.05
+    (searches of :data:`PREFIXES` trials)."""
+    for n in [p for p in PREFIXES if p <= longest] or [longest]:
+        s = score(member, search(n, seed), optimum, random.Random(seed * 31 + n))
         if s["regret"] <= 1.05:
             return s["compute"] / optimum
     return math.inf
 
 
-def _rows(member: Member, strategy: str, runs: list[list[Trial]], budgets: tuple[int, ...],
+def _rows(member: Member, strategy: str, search: Search, longest: int, budgets: tuple[int, ...],
           seeds: int, slots: int) -> list[dict[str, Any]]:  # fmt: skip
     optimum, where = member.optimum()
-    to_regret = statistics.median(_to_regret(member, r, optimum, s) for s, r in enumerate(runs))
+    to_regret = statistics.median(_to_regret(member, search, longest, optimum, s)
+                                  for s in range(seeds))  # fmt: skip
     rows = []
     for budget in budgets:
-        scores = [score(member, r[:budget], optimum, random.Random(seed * 31 + budget))
-                  for seed, r in enumerate(runs)]  # fmt: skip
+        scores = [score(member, search(budget, seed), optimum, random.Random(seed * 31 + budget))
+                  for seed in range(seeds)]  # fmt: skip
         compute = statistics.median(s["compute"] for s in scores)
         rows.append({
             "workload": member.name, "strategy": strategy, "slots": slots,
-            "trials": min(budget, len(runs[0])), "budget": budget, "seeds": seeds,
+            "trials": len(search(budget, 0)), "budget": budget, "seeds": seeds,
             "median_regret": statistics.median(s["regret"] for s in scores),
             "p90_regret": _p90([s["regret"] for s in scores]),
             "compute_median": compute, "compute_trainings": compute / optimum,
@@ -648,8 +678,8 @@ def main(
     at = measured_at()
     start = time.perf_counter()
     for member, slots, strategy in itertools.product(members or MEMBERS, slot_counts, strategies):
-        runs = [run(strategy, member, seed, max(budgets), slots) for seed in range(seeds)]
-        rows += _rows(member, strategy, runs, budgets, seeds, slots)
+        search = searches(strategy, member, seeds, max(budgets), slots)
+        rows += _rows(member, strategy, search, max(budgets), budgets, seeds, slots)
         last = next(r for r in reversed(rows) if r["budget"] == 20 or r is rows[-1])
         print(f"{member.name:>22} {slots} slot(s) {strategy:>22}: median regret"
               f" {last['median_regret']:.3f} at {last['budget']} trials,"

@@ -159,6 +159,20 @@ def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Pat
     assert cell("raybatch")["oom_median"] < cell("raybatch_no_prescreen")["oom_median"]
 
 
+def test_a_search_of_n_trials_is_its_own_search_where_trials_pause() -> None:
+    """A paused trial goes on once nothing new waits: the first 12 trials of a longer search,
+    their slots taken by the trials after them, are not a search of 12 (scored as one, the
+    shipped search's half of a member's searches ended with nothing at 12 trials)."""
+    module = _load("search_efficiency")
+    member = _load("simulator").MEMBERS[1]
+    assert module.pauses("raybatch") and not module.pauses("random")
+    shipped = module.searches("raybatch", member, 1, 20, 2)
+    assert shipped(12, 0) == module.run("raybatch", member, 0, 12, 2)
+    assert shipped(20, 0) == module.run("raybatch", member, 0, 20, 2)
+    peer = module.searches("random", member, 1, 20, 2)
+    assert peer(12, 0) == module.run("random", member, 0, 20, 2)[:12]
+
+
 def test_rungs_stop_trials_early_without_losing_the_optimum() -> None:
     """Same seeds with and without the rungs, at one slot and at two: the rungs stop trials
     earlier (less compute), and the pick is as good."""
