@@ -51,7 +51,7 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="demo-")) / "run"
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "raybatch", "search", *args, "--run-dir", str(run_dir), "--quiet"],
+        [sys.executable, "-m", "raybatch", "search", *args, "--run-dir", str(run_dir)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     wall = time.perf_counter() - start
@@ -70,6 +70,8 @@ def main(args: list[str] = ARGS, out: Path = RESULTS) -> dict[str, Any]:
             for line in lines[_first_status_line(lines) :]
             if not line.startswith(("best config:", "report:"))
         ],
+        # Every line the command printed, its progress on stderr included (the target: 40).
+        "printed_lines": len(proc.stdout.splitlines()) + len(proc.stderr.splitlines()),
         "winner": {"knobs": winner, "runs": _runs(rows, winner)},
         "compared": best["provenance"].get("compared", {}),
         "search_cost": best["provenance"].get("search_cost"),

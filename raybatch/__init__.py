@@ -7,7 +7,8 @@ the modules its trial needs (Ray, Optuna and PyTorch only in the functions that 
 - a search: :func:`search`, :func:`resume`, :class:`SearchOptions`, :func:`analyze_run`; what
   it searches: :class:`SearchSpace`, :func:`load_space`, :class:`TrialConfig`; what it trains:
   :class:`Workload`, :class:`Metric`, :class:`Target`;
-- the winner: :func:`load_best`, :class:`BestConfig`;
+- the winner: :func:`verdict` (what the CLI says at the end), :func:`load_best`,
+  :class:`BestConfig`;
 - raybatch inside your own Ray Tune run (the plugin): :class:`RaybatchSearcher`,
   :class:`CappingScheduler`, :func:`trainable`, :func:`with_resources`;
 - the errors a caller catches: :class:`RaybatchError` (every error raybatch raises on purpose),
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.errors import InputError, RaybatchError, SearchInterrupted, TrialsFailedError
     from raybatch.export import BestConfig, load_best
     from raybatch.metric import Metric, Target
+    from raybatch.report import verdict
     from raybatch.run.driver import resume, search
     from raybatch.run.options import SearchOptions
     from raybatch.run.record import analyze_run
@@ -44,6 +46,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("InputError", "RaybatchError", "SearchInterrupted", "TrialsFailedError"),
     "export": ("BestConfig", "load_best"),
     "metric": ("Metric", "Target"),
+    "report": ("verdict",),
     "run.driver": ("resume", "search"),
     "run.record": ("analyze_run",),
     "run.options": ("SearchOptions",),
@@ -63,7 +66,7 @@ __all__ = [
     "BestConfig", "CappingScheduler", "InputError", "Metric", "RaybatchError",
     "RaybatchSearcher", "SearchInterrupted", "SearchOptions", "SearchSpace", "Target",
     "TrialConfig", "TrialsFailedError", "Workload", "__version__", "analyze_run", "load_best",
-    "load_space", "resume", "search", "trainable", "with_resources",
+    "load_space", "resume", "search", "trainable", "verdict", "with_resources",
 ]  # fmt: skip
 # A literal list, so that mypy and IDEs see the exports; a test checks it names EXPORTS exactly.
 

@@ -22,6 +22,7 @@ from raybatch.keys import KnobPoint, knob_items
 from raybatch.memory.sizes import format_bytes
 from raybatch.metric import Target
 from raybatch.provenance import Comparison
+from raybatch.results.cost import search_cost
 from raybatch.results.outcome import no_winner_reason
 from raybatch.results.rows import TrialRow, plain_text, status_counts
 from raybatch.results.selection import runs_point, select_winner
@@ -309,16 +310,37 @@ def _same_recipe(a: Any, b: Any) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys.RAW_KNOBS)
 
 
-def verdict(result: SearchResult, target: Target) -> str:
+def _spent_without_a_winner(rows: list[TrialRow]) -> str:
+    """What a search that found nothing cost, in seconds (no recipe's training to count it in):
+    a failed search says its price too."""
+    ran = [r for r in rows if r.phase != keys.PHASE_PRESCREEN]
+    if not ran:
+        return ""
+    cost = search_cost(ran, 1.0)
+    paid = (
+        ""
+        if cost.wall_s is None or cost.slots is None
+        else f"; {cost.slots} slot(s) x {cost.wall_s:.1f} s of wall clock, first start to last end"
+    )
+    return f"\nIt spent {cost.device_s:.1f} device-seconds in {cost.runs} run(s){paid}."
+
+
+def verdict(result: SearchResult, target: Target | None = None) -> str:
     """Plain-language lines: the winner with its LR and how often it reached the target, the
     runner-up seed by seed (or "within noise"), the simple alternatives (the largest batch at
-    its best swept LR and at the rule's, the reference), and what the search cost."""
+    its best swept LR and at the rule's, the reference), and what the search cost: what the
+    CLI prints at a search's end, for ``print(raybatch.verdict(result))`` after
+    :func:`raybatch.search`. ``target``: the result's own by default."""
+    target = target if target is not None else result.target
+    if target is None:
+        raise ValueError("verdict: this SearchResult carries no target; pass target=")
     if result.best is None:
+        spent = _spent_without_a_winner(result.rows)
         if not any(r.reached for r in result.rows if r.phase == keys.PHASE_SEARCH):
             why = no_winner_reason(result.rows, target)
             return (f"No trial of the search reached {target}: there was nothing to confirm.\n"
-                    f"{why[0].upper()}{why[1:]}.")  # fmt: skip
-        return f"No recipe reached {target} in every run that judged it."
+                    f"{why[0].upper()}{why[1:]}.{spent}")  # fmt: skip
+        return f"No recipe reached {target} in every run that judged it.{spent}"
     c = result.best.config
     p = result.best.provenance
     runs = p.time_to_target_s_runs or []

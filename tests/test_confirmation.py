@@ -288,7 +288,14 @@ def test_what_the_user_paid_is_slots_times_the_wall_clock_less_a_start_per_slot(
     assert cost.trainings == pytest.approx(6.5)  # the held seconds, beside it
     said = cost.sentence()
     assert said.startswith("this search cost 10.0 trainings") and "2 slot(s) x 10 s" in said
-    assert "8.2 less one process start per slot" in said
+    assert "8.2 less one process start per slot" in said and "start-up, which" not in said
+    # A recipe that trains in a second: the start-ups are most of what was paid, and said so.
+    quick = search_cost(rows, unit_s=0.1, slots=2)
+    quick = SearchCost(quick.device_s, quick.train_s, quick.unit_s, quick.runs, quick.wall_s,
+                       quick.slots, startup_s=12.0)  # fmt: skip
+    assert "most of it the processes' start-up, which a longer training pays once" in (
+        quick.sentence()
+    )
     # Rows that do not say when they ran (written before it was recorded): no wall figure.
     old = search_cost([_row(A, keys.PHASE_SEARCH, 1.0, 0, held_s=4.0)], unit_s=2.0, slots=2)
     assert old.wall_s is None and old.trainings_wall is None

@@ -57,6 +57,16 @@ def test_race_runs_in_the_search_s_tuner_are_counted_apart_as_race_runs() -> Non
     assert progress.line([*searched, run], searched[1]).startswith("trial 2 of 2: ")
 
 
+def test_the_best_so_far_is_the_search_s_not_a_race_run_s() -> None:
+    """A race run is one seed's time; the recipe fastest on it may still lose the race."""
+    progress = Progress("trial", total=2)
+    searched = _trial("reached", 128, 2.0, 5.0)
+    fast_run = _trial("reached", 256, 1.5, 3.0, **{keys.CANDIDATE: 1, keys.SEED: 1})
+    line = progress.line([searched, fast_run], fast_run)
+    assert line.startswith("race run 1: 256 x 1 at 2x: reached in 1.50 s")
+    assert "best so far 128 x 1 at 2x, 2.00 s" in line
+
+
 def test_the_lines_print_on_stderr_unless_the_caller_configured_the_logger(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

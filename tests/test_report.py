@@ -96,12 +96,13 @@ def test_when_the_largest_batch_wins_the_verdict_says_so() -> None:
     assert "best swept LR, 256 x 1 at 2x the rule's LR (lr 0.2): is the winner itself" in text
 
 
-def test_a_search_where_nothing_reached_says_there_was_nothing_to_confirm() -> None:
-    rows = [_row(WINNER, "search", None, 0, TrialStatus.DIVERGED)]
+def test_a_search_where_nothing_reached_says_there_was_nothing_to_confirm_and_its_price() -> None:
+    rows = [_row(WINNER, "search", None, 0, TrialStatus.DIVERGED, train_s=0.7)]
     text = verdict(_result(rows), raybatch.Target(0.97))
     assert text.splitlines() == [
         "No trial of the search reached accuracy>=0.97: there was nothing to confirm.",
         "Its one trial diverged.",  # why, as the CLI's error says it
+        "It spent 2.1 device-seconds in 1 run(s).",  # no recipe's training to count it in
     ]
 
 

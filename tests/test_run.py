@@ -15,6 +15,7 @@ from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.results.rows import read_trials_csv
 from raybatch.run.options import SearchOptions
+from raybatch.run.record import stored_result
 from raybatch.run.rundir import STUDY_NAME
 from raybatch.run.scheduler import DEFAULT_SLACK
 from raybatch.run.study import STATUS_ATTR
@@ -345,6 +346,16 @@ def test_report_is_rebuilt_from_the_run_directory_alone(finished_run: dict[str, 
     assert page.read_text().split("<b>")[1].split("</b>")[0] == verdict
 
 
+@pytest.mark.slow
+def test_a_search_s_result_says_its_verdict_as_the_cli_does(finished_run: dict[str, Any]) -> None:
+    """The README's Python example ends with ``print(raybatch.verdict(result))``: the result
+    carries its target, and says what the run's stored files say."""
+    result = finished_run["result"]
+    said = raybatch.verdict(result)
+    assert said.startswith("Winner: micro batch ") and "accuracy>=0.97" in said
+    assert raybatch.verdict(stored_result(finished_run["run_dir"])) == said
+
+
 CLUSTER_SEARCH = """
 import json, subprocess, sys
 import ray
@@ -358,7 +369,8 @@ cluster.wait_for_nodes()
 proc = subprocess.run(
     [sys.executable, "-m", "raybatch", "search", WORKLOAD, "--space", SPACE,
      "--target", "0.9", "--trials", "3", "--run-dir", RUN_DIR, "--address", cluster.address,
-     "--max-time-per-trial", "10", "--confirm-seeds", "0", "--gpus-per-trial", "0",
+     "--max-time-per-trial", "120", "--max-samples-per-trial", "200000",
+     "--confirm-seeds", "0", "--gpus-per-trial", "0",
      "--quiet"],
     capture_output=True, text=True,
 )
@@ -377,7 +389,8 @@ def test_a_user_workload_file_searches_on_a_multi_node_cluster_through_address(
 ) -> None:
     """A workload file of the user's, with a sibling module, on a two-node cluster: the head
     offers no CPU (as a cluster's head often does not), so every trial runs on the second
-    node, whose workers get the code by value."""
+    node, whose workers get the code by value. Its trials are bounded by samples, not by a
+    time cap, so that a loaded machine changes no outcome (the search must find a winner)."""
     import json
     import subprocess
     import sys

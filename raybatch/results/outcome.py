@@ -10,13 +10,15 @@ from typing import Any
 from raybatch import keys
 from raybatch.export import BestConfig
 from raybatch.keys import KnobPoint
+from raybatch.metric import Target
 from raybatch.results.rows import TrialRow
 from raybatch.status import TrialStatus
 
 
 @dataclass
 class SearchResult:
-    """What a finished search leaves: its directory, its rows and the winner (if any)."""
+    """What a finished search leaves: its directory, its rows and the winner (if any), and the
+    target it searched for (what :func:`raybatch.verdict` says the winner reaches)."""
 
     run_dir: Path
     rows: list[TrialRow]
@@ -24,6 +26,7 @@ class SearchResult:
     baseline: KnobPoint | None = None
     reference: KnobPoint | None = None
     notes: list[str] = field(default_factory=list)
+    target: Target | None = None
 
 
 _ENDED = {

@@ -458,7 +458,7 @@ def _execute(
         write_best(path, best)
     # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
     write_trials_csv(path / TRIALS_CSV, rows)
-    result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes)
+    result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes, target)
     try:
         write_report(result, space, target, plan.estimator, plan.budget)
     except OSError as exc:  # the verdict stands on trials.csv; the report is drawn from it

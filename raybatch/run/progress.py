@@ -179,8 +179,11 @@ class Progress(Callback):
             what = f"error{': ' + why[0] if why else ''} (traceback in search.log)"
         of = f" of {total}" if total else ""
         text = f"{phase} {len(counted)}{of}: {recipe(trial.config)}: {what}"
+        # The best so far is the search's: a race run's time is one seed's, and the recipe
+        # whose run is fastest on it may still lose the race.
         times = [(t.last_result.get(keys.TIME_TO_TARGET_S), t) for t in done
-                 if (t.last_result or {}).get(keys.STATUS) == "reached"]  # fmt: skip
+                 if (t.last_result or {}).get(keys.STATUS) == "reached" and not _racing(t)
+                 ]  # fmt: skip
         times = [(s, t) for s, t in times if s]
         if not times:
             return text

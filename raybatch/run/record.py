@@ -84,7 +84,7 @@ def stored_result(run_dir: str | Path) -> SearchResult:
     rows = _whole_rows(path, space)
     best = load_best(path) if (path / BEST_YAML).is_file() else None
     baseline = best.provenance.baseline_point if best is not None else None
-    return SearchResult(path, rows, best, baseline, reference_point(space))
+    return SearchResult(path, rows, best, baseline, reference_point(space), target=run.target)
 
 
 def _whole_rows(path: Path, space: SearchSpace) -> list[TrialRow]:
