@@ -211,10 +211,13 @@ def test_capping_stops_slow_trials_and_the_optimum_still_wins(clocked_run: Any) 
 def test_capped_trials_stop_near_slack_times_the_incumbent(clocked_run: Any) -> None:
     """Each capped trial stopped before it would have reached the target: one stopped at a rung
     only when it truly is more than ``1 + zone`` slower than a recipe whose curve was there
-    before it (the trials run one at a time); one stopped at the final time within one
-    evaluation interval after its cap (slack x the incumbent), and no earlier."""
+    (the trials run one at a time: with stops, one before it; paused, one before or after it,
+    since a paused trial is judged again on the curves seen since, and one still paused when
+    the search ends stays capped there); one stopped at the final time within one evaluation
+    interval after its cap (slack x the incumbent), and no earlier."""
     rows = [r for r in clocked_run.rows if r.phase == "search"]
     zone = SearchOptions().zone or 0.0
+    paused = SearchOptions().pause
     checked = 0
     for i, row in enumerate(rows):
         if row.status != "capped":
@@ -224,14 +227,18 @@ def test_capped_trials_stop_near_slack_times_the_incumbent(clocked_run: Any) -> 
         # Evaluations are off the clock (a trial capped at a heartbeat may have had none).
         assert row.elapsed_s >= row.train_s
         checked += 1
+        seen = [r for r in rows if r is not row] if paused else rows[:i]
         if "rung" in row.reason:
-            assert i > 0  # the first trial at a rung always goes on
-            fastest_before = min(CLOCKED_SECONDS[r.micro_batch_size] for r in rows[:i])
-            assert CLOCKED_SECONDS[micro] > (1 + zone) * fastest_before
+            assert paused or i > 0  # with stops the first trial at a rung always goes on
+            fastest_seen = min(CLOCKED_SECONDS[r.micro_batch_size] for r in seen)
+            assert CLOCKED_SECONDS[micro] > (1 + zone) * fastest_seen
             continue
-        incumbent = min(r.time_to_target_s for r in rows[:i] if r.status == "reached")
+        # Its incumbent when it was capped: the fastest before it, or (paused) one of the
+        # others' times, whichever was fastest by then.
+        times = [r.time_to_target_s for r in seen if r.status == "reached" and r.time_to_target_s]
+        incumbent = max(times) if paused else min(times)  # at most: the cap's upper bound
         interval = CLOCKED_SECONDS[micro] * CLOCKED_EVAL_EVERY / CLOCKED_TARGET_SAMPLES
-        assert DEFAULT_SLACK * incumbent * 0.999 <= row.train_s
+        assert DEFAULT_SLACK * min(times) * 0.999 <= row.train_s
         assert row.train_s <= DEFAULT_SLACK * incumbent + interval + 0.3
     assert checked
 
