@@ -313,10 +313,9 @@ def _same_recipe(a: Any, b: Any) -> bool:
 def _spent_without_a_winner(rows: list[TrialRow]) -> str:
     """What a search that found nothing cost, in seconds (no recipe's training to count it in):
     a failed search says its price too."""
-    ran = [r for r in rows if r.phase != keys.PHASE_PRESCREEN]
-    if not ran:
+    cost = search_cost(rows, 1.0)  # pre-screened configs never ran: not among its runs
+    if not cost.runs:
         return ""
-    cost = search_cost(ran, 1.0)
     paid = (
         ""
         if cost.wall_s is None or cost.slots is None
