@@ -106,6 +106,22 @@ def test_before_a_reach_one_alone_at_a_rung_waits_and_the_furthest_goes_on_when_
     assert s.next_to_run(pending=True, running=0) == ("b", False)
 
 
+def test_the_leader_that_goes_on_with_nothing_new_to_run_does_not_wait_at_its_next_rungs(
+) -> None:  # fmt: skip
+    """Before a reach, a trial alone at a rung waits there for others; the furthest paused
+    trial that goes on because nothing new will come (the searcher waits for a reach) is not
+    paused again at each rung it is first to: it trains on until a curve beats it."""
+    s = _scheduler(slots=1)
+    _report(s, "a", 0.2, 0.1)
+    assert _report(s, "a", 0.4, 0.2) == TrialScheduler.PAUSE  # alone at the 1/3 s rung
+    assert s.next_to_run(pending=False, running=0) == ("a", False)
+    s.resume("a")
+    for t, m in ((1.2, 0.4), (3.5, 0.6)):  # first past the 1 s and 3 s rungs, alone
+        assert _report(s, "a", t, m) == TrialScheduler.CONTINUE
+    s.on_trial_complete(None, _trial("a"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 5.0})
+    assert not s.promotions.leads("a")
+
+
 def test_paused_trials_no_rung_passes_are_stopped_once_nothing_runs_and_end_capped_at_their_rung(
 ) -> None:  # fmt: skip
     s = _scheduler()

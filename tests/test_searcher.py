@@ -820,6 +820,47 @@ def test_the_driver_built_searcher_has_every_trial_measure_the_time_model_until_
 
 
 @pytest.mark.usefixtures("ray_session")
+def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_ladder(
+    tmp_path: Path,
+) -> None:
+    """Every opening point paused at a rung and none reached: the searcher suggests nothing
+    (the scheduler resumes the opening's leader) rather than a geometric ladder at the default
+    LR. Once a point of the largest batch's sweep reaches, with its time model, the ladder is
+    queued from the model at that point's LR, while the other points stay paused."""
+    from raybatch.timemodel.model import NoiseScale, TimeModel
+
+    searcher = _driver_searcher(tmp_path, prior=True)
+    points = len(searcher.plan.opening.points)
+    for i in range(points):
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict) and config.get(keys.MEASURE_TIME_MODEL) is True
+        searcher.on_pause(f"o{i}")  # the scheduler paused it at a rung (Ray's searcher hook)
+    assert searcher.suggest("next") is None  # Tune asks again later
+    assert not searcher.record.ladder_queued()
+    searcher.on_unpause("o1")  # the leader goes on (256 at 2x), and so does the reference
+    searcher.on_unpause("o2")
+    assert searcher.suggest("next") is None  # still no reach: no new trial meanwhile
+    searcher.on_trial_complete("o2", _result("reached", 2.0))  # the reference: not the sweep
+    assert searcher.suggest("next") is None
+    micro_s = {m: 0.01 * m**0.5 for m in SPACE.search.micro_batch_size}
+    model = TimeModel(NoiseScale(0.0, 0.0, 0.0, 16, 128, 16), micro_s, 0.001, cost_s=0.5)
+    searcher.on_trial_complete("o1", {**_result("reached", 1.5),
+                                      keys.TIME_MODEL: json.dumps(model.to_dict())})  # fmt: skip
+    ladder = searcher.suggest("l0")
+    assert isinstance(ladder, dict) and searcher.record.ladder_queued()
+    assert searcher.plan.ladder is not None and searcher.plan.ladder.model == model
+    assert ladder["micro_batch_size"] in (16, 32) and ladder["lr_multiplier"] == 2.0
+
+
+def test_without_pauses_the_searcher_never_waits_for_a_reach(tmp_path: Path) -> None:
+    """Trials that end for good (no pause) leave nothing to resume: a free slot gets a trial."""
+    searcher = _plan_searcher(tmp_path)
+    for i in range(5):
+        assert isinstance(searcher.suggest(f"o{i}"), dict)
+    assert isinstance(searcher.suggest("tpe"), dict)
+
+
+@pytest.mark.usefixtures("ray_session")
 def test_the_driver_built_searcher_steps_the_sweep_down_when_the_largest_batch_runs_out(
     tmp_path: Path,
 ) -> None:

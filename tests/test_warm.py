@@ -60,10 +60,10 @@ def test_trials_suggested_after_a_wait_reuse_the_processes_the_ended_trials_left
     pids = {r.metrics["n"]: r.metrics["pid"] for r in results}
     assert sorted(pids) == [1, 2, 3, 4]
     # Without the reservation the slot that ended first kept its process and the other's was
-    # let go: one of trials 3 and 4 started a third, cold one. (On a loaded machine the first
-    # trial may end before the second's process is up; the second then takes the first's, and
-    # all four run in one: no cold start either.)
-    assert {pids[3], pids[4]} <= {pids[1], pids[2]}, pids
+    # let go: one of trials 3 and 4 started a third, cold one. On a loaded machine the first
+    # trial may end before the second's process is up, and the second takes the first's; a
+    # later trial may then start the second slot's process: never more than the two slots.
+    assert len(set(pids.values())) <= 2, pids
     assert scheduler.warm.reserved == 0  # every reservation given back
     # Through Tune's controller itself, not the wrapper it hands schedulers (which warns).
     assert not [r for r in caplog.records if "restricted" in r.getMessage()]

@@ -81,6 +81,13 @@ class Opening:
         return len(self.times) >= len(self.points)
 
     @property
+    def reached(self) -> bool:
+        """Some point of the largest batch's sweep has reached the target: its fastest LR
+        (:meth:`best_multiplier`) is measured, not the default."""
+        return any(t is not None and self.at_baseline(self.points[i])
+                   for i, t in self.times.items())  # fmt: skip
+
+    @property
     def baseline(self) -> KnobPoint:
         """The largest batch that fits (its integer knobs): the first point, or the smaller one
         that replaced it after it ran out of memory."""

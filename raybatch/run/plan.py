@@ -150,11 +150,15 @@ class Plan:
         if self.ladder is None or self.record.ladder_queued():
             return
         opening = self.opening
-        out = set(opening.numbers) - getattr(self, "paused", set())  # not ended nor paused
-        if opening.finished or (not out and not self.record.queued()):
-            # Every opening point has ended, or none is running or waiting any more (one was
-            # lost at an interruption, or the scheduler paused it: it may be promoted later):
-            # the ladder goes on with what is known.
+        paused: set[int] = getattr(self, "paused", set())
+        out = set(opening.numbers) - paused  # not ended nor paused
+        asked = not self.record.queued()
+        if opening.finished or (asked and (not out or (opening.reached and bool(paused)))):
+            # Every opening point has ended; or none is running or waiting any more (one was
+            # lost at an interruption, or the scheduler paused it); or one of the sweep reached
+            # the target while others wait paused (B, the fastest LR so far and the time model
+            # are known: a paused point goes on later, if its rung passes it): the ladder goes
+            # on with what is known.
             if self.time_model is not None and self.ladder.model is None:
                 self.ladder.model = self.time_model.model
             points = self.ladder.points(opening.best_multiplier(), opening.baseline)
@@ -164,6 +168,22 @@ class Plan:
             log.info(f"the opening has ended: the ladder next, {len(points)} recipe(s): {how},"
                      f" each at the largest batch's fastest LR ({opening.best_multiplier():.3g}x)"
                      " carried by the rule and as is")  # fmt: skip
+
+    def awaits_first_reach(self) -> bool:
+        """Whether the ladder waits for an opening point to reach the target: every point has
+        been asked, none has reached, and some is still running or paused. While it waits, a
+        free slot goes to the opening's leader (the scheduler resumes the paused trial that got
+        furthest) rather than to a new trial: the ladder needs what only a reach measures (the
+        time model, near the target; the largest batch's fastest LR; ``B``, which ties every
+        later trial's rungs to the target). Without the wait, paused trials go on only once
+        nothing new waits, at the search's end: on the simulated family the ladder then ran
+        geometric at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4)
+        was never proposed."""
+        ladder, opening = self.ladder, self.opening
+        return (
+            ladder is not None and not self.record.ladder_queued() and not opening.finished
+            and not opening.reached and not self.record.queued()
+        )  # fmt: skip
 
     def say_tpe(self) -> None:
         """Say, once a session, that Optuna's TPE suggests from now on: the plan's points have

@@ -33,6 +33,9 @@ class Promotions:
         """Tune trial -> the rung (training seconds) it fell behind at and was paused."""
         self.promoted: dict[str, float] = {}
         """Tune trial -> the rung it was last promoted from."""
+        self.leading: set[str] = set()
+        """Trials that went on as the leader of the highest rung, before any trial reached,
+        with nothing new to run: they do not wait at a rung for others to get there."""
 
     def pause(self, trial_id: str, rung_s: float) -> None:
         self.paused[trial_id] = float(rung_s)
@@ -44,6 +47,11 @@ class Promotions:
 
     def ended(self, trial_id: str) -> None:
         self.paused.pop(trial_id, None)
+        getattr(self, "leading", set()).discard(trial_id)
+
+    def leads(self, trial_id: str) -> bool:
+        """Whether the trial went on as the leader (:attr:`leading`)."""
+        return trial_id in getattr(self, "leading", ())
 
     def exempt_up_to(self, trial_id: str) -> float:
         """The training time up to which no rung judges the trial again (-1: none)."""
@@ -77,7 +85,9 @@ class Promotions:
         if ready:
             return self._furthest(ready, level), False
         if not reached:  # nothing new to run: the leader of the highest rung goes on
-            return self._furthest(self.paused, level), False
+            leader = self._furthest(self.paused, level)
+            self.leading = {*getattr(self, "leading", ()), leader}  # (older pickles lack it)
+            return leader, False
         return None, running == 0  # nothing will pass them any more
 
     def _furthest(self, trials: Iterable[str], level: Callable[[str], float]) -> str:

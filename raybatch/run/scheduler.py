@@ -312,9 +312,11 @@ class CappingScheduler(FIFOScheduler):
         """:func:`~raybatch.run.rungs.passes` at the rung; where a trial behind is paused,
         before any trial has reached, one of fewer than eta curves at the rung waits there for
         the next trials (successive halving's rounds: the first trial to a rung would otherwise
-        go on alone, a slow recipe with it, until it reached the target)."""
+        go on alone, a slow recipe with it, until it reached the target), unless it went on as
+        the leader with nothing new to run (:meth:`Promotions.leads`): none will come."""
         others = self._others(trial_id)
-        if self.pause and self.best_time_to_target_s is None:
+        if (self.pause and self.best_time_to_target_s is None
+                and not self.promotions.leads(trial_id)):  # fmt: skip
             seen = sum(c.value_at(rung_s, False) is not None for c in others)
             if seen + 1 < self.eta and trajectory.value_at(rung_s) is not None:
                 return False
