@@ -171,6 +171,17 @@ def test_init_space_refuses_an_existing_file_before_it_imports_the_workload(
         assert existing.read_text() == "kept\n"
 
 
+def _job_classes(job: Path) -> tuple[Any, Any]:
+    """The user's module and datamodule classes, imported from their folder as a user's
+    script imports them."""
+    sys.path.insert(0, str(job.parent))
+    try:
+        from lightning_job import DigitsClassifier, DigitsData
+    finally:
+        sys.path.remove(str(job.parent))
+    return DigitsClassifier, DigitsData
+
+
 def test_init_space_refuses_a_workload_of_raybatchs_own_and_an_unknown_optimizer(
     job: Path,
 ) -> None:
@@ -181,11 +192,7 @@ def test_init_space_refuses_a_workload_of_raybatchs_own_and_an_unknown_optimizer
     own = load_workload("raybatch.examples.tabular:workload")
     with pytest.raises(WorkloadError, match="a workload of raybatch's own: its recipe is its"):
         write_space(own.found_recipe(), own.name, job.parent / "x.yaml")
-    sys.path.insert(0, str(job.parent))
-    try:
-        from lightning_job import DigitsClassifier, DigitsData
-    finally:
-        sys.path.remove(str(job.parent))
+    DigitsClassifier, DigitsData = _job_classes(job)
 
     class Rms(DigitsClassifier):
         def configure_optimizers(self) -> Any:
@@ -201,6 +208,35 @@ def test_init_space_refuses_a_workload_of_raybatchs_own_and_an_unknown_optimizer
         write_space(workload.found_recipe(), workload.name, job.parent / "rms.yaml")
     assert not (job.parent / "rms.yaml").exists()
     assert workload.left_out() == ["Rms.on_train_epoch_end(): no Trainer calls it"]
+
+
+def test_an_optimizer_other_than_the_spaces_is_said_as_not_used_by_the_search(job: Path) -> None:
+    """The search trains with the space's optimizer, not configure_optimizers()'s: where the
+    two differ (the family, or an argument both name), the start of the search says so."""
+    from raybatch.adapters.lightning import LightningWorkload
+    from raybatch.space.infer import not_searched
+
+    DigitsClassifier, DigitsData = _job_classes(job)
+
+    class Betas(DigitsClassifier):
+        def configure_optimizers(self) -> Any:
+            import torch
+
+            return torch.optim.AdamW(self.parameters(), lr=0.001, betas=(0.5, 0.9))
+
+    plain = LightningWorkload(DigitsClassifier, DigitsData(), name="plain")
+    scheduler = "DigitsClassifier.configure_optimizers()'s LR scheduler (StepLR)"
+    adamw = raybatch.load_space("tabular_mlp_adamw")
+    assert [s[: len(scheduler)] for s in not_searched(plain, adamw)] == [scheduler]
+    sgd = not_searched(plain, raybatch.load_space("digits_cnn_sgd"))
+    assert sgd[1:] == ["DigitsClassifier.configure_optimizers(): AdamW: the search trains with"
+                       " the space's reference.optimizer (sgd) instead"]  # fmt: skip
+    betas = LightningWorkload(Betas, DigitsData(), name="betas")
+    assert not_searched(betas, adamw) == [
+        "Betas.configure_optimizers(): AdamW sets betas=[0.5, 0.9]: the search trains with the"
+        " space's reference.optimizer_kwargs.betas=[0.9, 0.999] instead"
+    ]
+    assert not_searched(load_workload("raybatch.examples.tabular:workload"), adamw) == []
 
 
 class _Tokens:

@@ -153,6 +153,12 @@ FAULTS: list[tuple[str, str, str]] = [
         " it and resume to write it again",
         "optuna.db, tune/ (the race's runs too), best_config.yaml",
     ),
+    (  # test_an_edited_trials_csv_is_refused_and_written_again_whole_by_resume
+        "trials.csv edited (a run's time, whether it reached, its recipe)",
+        "`report` and `analyze_run` refused, exit 2, naming the trial and what optuna.db"
+        " recorded; delete it and resume to write it again",
+        "optuna.db, tune/: the rows written again are the ones the search wrote",
+    ),
     (  # test_a_hand_edited_best_config_is_refused_as_not_measured
         "best_config.yaml edited by hand (a value, or the knobs)",
         "`export` refused, exit 2, naming the field and what the run's space derives",
@@ -344,6 +350,48 @@ def test_a_trials_csv_cut_short_is_refused_not_reported_with_another_winner(
     assert re.match(rf"raybatch: error: {re.escape(str(run))}: trials.csv: holds \d+ run\(s\)"
                     r" where optuna.db recorded \d+", proc.stderr)  # fmt: skip
     assert "`raybatch resume` writes it again" in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_edited_trials_csv_is_refused_and_written_again_whole_by_resume(
+    copied_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A run's time edited in trials.csv would choose, and draw, a winner nobody measured:
+    `report` names the trial and what optuna.db recorded. The repair the message gives
+    (delete trials.csv, resume) loses nothing: the same rows come back, the same winner."""
+    import csv
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(copied_run["copy"], run)  # finished
+    original = read_trials_csv(run / "trials.csv")
+    rows = [dict(r) for r in original]
+    edited = next(r for r in rows if r["time_to_target_s"])
+    edited["time_to_target_s"] = str(float(edited["time_to_target_s"]) / 2)
+    with (run / "trials.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    proc = run_cli("report", str(run))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(
+        f"raybatch: error: {run}: trials.csv: trial {edited['trial_id']}'s row says"
+        f" time_to_target_s {edited['time_to_target_s']} where optuna.db recorded"
+    ), proc.stderr
+    assert "delete trials.csv and `raybatch resume` writes it again" in proc.stderr
+    winner = (run / "best_config.yaml").read_text()
+    (run / "trials.csv").unlink()
+    resumed = run_cli("resume", str(run), "--quiet")
+    assert resumed.returncode == copied_run["returncode"], resumed.stderr[-2000:]
+    again = read_trials_csv(run / "trials.csv")
+    fields = ("trial_id", "phase", "status", "time_to_target_s", "micro_batch_size",
+              "lr_multiplier")  # fmt: skip
+    before = sorted([r[k] for k in fields] for r in original)  # in the order Tune gives them
+    assert sorted([r[k] for k in fields] for r in again) == before, resumed.stderr[-2000:]
+    strip = [line for line in winner.splitlines() if "created" not in line]
+    assert [line for line in (run / "best_config.yaml").read_text().splitlines()
+            if "created" not in line] == strip  # fmt: skip
+    assert run_cli("report", str(run)).returncode == 0
 
 
 @pytest.mark.slow

@@ -182,17 +182,16 @@ def test_an_interruption_counts_the_trials_that_ended_and_one_in_the_race_says_t
     """What the driver says when Tune stopped early: the trials that ended, not those launched
     (it once said 3 where 1 had ended), and a race cut short is no verdict."""
     from raybatch.errors import SearchInterrupted
-    from raybatch.run.driver import _ended_or_interrupted
 
-    options = SearchOptions(trials=3)
     phases = _phases(tmp_path, zone=100.0)
     _search(phases, [1.0, 1.05])
     _ended(phases, "s0", 1.0)
-    with pytest.raises(SearchInterrupted, match=r"interrupted after 1 of 3 trials.* resume "):
-        _ended_or_interrupted(phases, None, options, tmp_path, [])
+    said = r"search interrupted in the opening after 1 of 3 trials.* resume "
+    with pytest.raises(SearchInterrupted, match=said):
+        phases.ended_or_interrupted(None, tmp_path, [])
     _ended(phases, "s1", 1.05)
     assert isinstance(phases.suggest("s2"), dict)
     _ended(phases, "s2", None)
     assert isinstance(phases.suggest("r0"), dict)
     with pytest.raises(SearchInterrupted, match="confirmation was interrupted before its verdict"):
-        _ended_or_interrupted(phases, None, options, tmp_path, [])
+        phases.ended_or_interrupted(None, tmp_path, [])

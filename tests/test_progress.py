@@ -152,3 +152,34 @@ def test_a_silence_of_15_s_is_broken_by_what_the_running_trials_are_doing(
         "still working: 64 x 1 at 1x starting for 16 s (its process, data, model, memory"
         " probe); 256 x 1 at 2x training, 12.5 s so far, 0.81 at its last evaluation"
     ]
+
+
+def test_a_silence_outside_tunes_loop_is_broken_by_what_the_driver_is_busy_with(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ray's start, the memory estimate, the write-up: a line after the silence while the
+    driver says what it is busy with; none once it says it is not (Tune's loop has its own),
+    and none after the heartbeat stops."""
+    import time
+
+    from raybatch.run.heartbeat import Heartbeat
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    def said() -> list[str]:
+        return [m for m in caplog.messages if m.startswith("still ")]
+
+    with Heartbeat(every_s=0.05) as beat:
+        beat.doing("writing up")
+        deadline = time.monotonic() + 30.0  # a loaded machine's thread may start late
+        while not said() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert said() and said()[0].startswith("still writing up (")
+        beat.doing(None)  # returns once any line under way is said whole
+        count = len(said())
+        time.sleep(0.2)
+        assert len(said()) == count
+        beat.doing("starting")
+    count = len(said())
+    time.sleep(0.2)
+    assert len(said()) == count  # stopped with the driver's work

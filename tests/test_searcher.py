@@ -837,6 +837,7 @@ def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_
         searcher.on_pause(f"o{i}")  # the scheduler paused it at a rung (Ray's searcher hook)
     assert searcher.suggest("next") is None  # Tune asks again later
     assert not searcher.record.ladder_queued()
+    assert searcher.plan.phase() == "the opening"  # as an interruption now would say
     searcher.on_unpause("o1")  # the leader goes on (256 at 2x), and so does the reference
     searcher.on_unpause("o2")
     assert searcher.suggest("next") is None  # still no reach: no new trial meanwhile
@@ -850,6 +851,10 @@ def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_
     assert isinstance(ladder, dict) and searcher.record.ladder_queued()
     assert searcher.plan.ladder is not None and searcher.plan.ladder.model == model
     assert ladder["micro_batch_size"] in (16, 32) and ladder["lr_multiplier"] == 2.0
+    assert searcher.plan.phase() == "the ladder"
+    for i in range(1, 4):
+        assert isinstance(searcher.suggest(f"l{i}"), dict)
+    assert searcher.plan.phase() == "Optuna's TPE"
 
 
 def test_without_pauses_the_searcher_never_waits_for_a_reach(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ People who search batch recipes already have a ``LightningModule`` and a
   batch with each loader's ``collate_fn``: batch size, shuffling and workers are the search's;
 - **loss**: ``training_step``'s; **metrics**: what ``validation_step`` logs, reduced as
   Lightning's epoch end does (``self.log`` is a no-op while training: there is no ``Trainer``);
-- **optimizer**: the first one ``configure_optimizers()`` returns, at the recipe's LR and weight
-  decay; its LR scheduler is not used, as the recipe's warmup is raybatch's.
+- **optimizer**: the space's, at the recipe's LR and weight decay (``raybatch init-space``
+  writes the first one ``configure_optimizers()`` returns into the space; where the space
+  names another, the search says so as it starts); the module's LR scheduler is not used, as
+  the recipe's warmup is raybatch's.
 
 Left out, and said rather than silently dropped: ``Trainer`` callbacks and hooks other than the
 three steps (:data:`HOOKS`), manual optimization, several optimizers, and data-parallel recipes

@@ -24,7 +24,6 @@ from raybatch.errors import (
     NothingFitsError,
     RaybatchError,
     RunDirError,
-    SearchInterrupted,
     TrialsFailedError,
     WorkloadError,
 )
@@ -35,10 +34,7 @@ from raybatch.metric import Target, resolve_target
 from raybatch.provenance import Provenance
 from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
-from raybatch.results.rows import (
-    TRIALS_CSV,
-    write_trials_csv,
-)
+from raybatch.results.rows import TRIALS_CSV, TrialRow
 from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
 from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH
@@ -48,13 +44,14 @@ from raybatch.run.failfast import FailFast, ray_errors_to
 from raybatch.run.gates import for_settings
 from raybatch.run.gpu_budget import search_budget, search_estimator
 from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
+from raybatch.run.heartbeat import Heartbeat
 from raybatch.run.lock import RunLock
 from raybatch.run.options import SearchOptions
 from raybatch.run.phases import SearchThenRace, prescreened_rows, search_rows
 from raybatch.run.plan import search_plan
-from raybatch.run.progress import Progress, printed, ray_quiet
+from raybatch.run.progress import Progress, printed, ray_quiet, say_start
 from raybatch.run.progress import log as progress
-from raybatch.run.record import analyze_run, rebuild_report, stored_result
+from raybatch.run.record import analyze_run, rebuild_report, stored_result, write_rows
 from raybatch.run.resources import REUSE_ACTORS, pending_trials, with_resources
 from raybatch.run.rundir import (
     LOG_FILE,
@@ -78,6 +75,7 @@ from raybatch.run.tune_state import (
     save_on_change,
 )
 from raybatch.run.untold import TellUntold
+from raybatch.space.infer import not_searched
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.prediction import time_model_found, write_predictions
@@ -188,15 +186,6 @@ def _finished(path: Path) -> SearchResult:
         " `raybatch search` with another --run-dir"
     )
     return result
-
-
-def _say_start(workload: Workload, options: SearchOptions, plan: _Plan) -> None:
-    """What the user's code does that the trials will not, then the search's plan."""
-    for item in workload.left_out():
-        progress.info(f"not used by the search: {item}")
-    progress.info(f"searching: {options.trials} trials, {plan.in_flight} at a time: the largest"
-                  " batch at a few LRs and the reference, then the batches the time model"
-                  " predicts fastest, then Optuna's TPE")  # fmt: skip
 
 
 def _progress(options: SearchOptions, sessions: list[float], slots: int | None) -> Progress:
@@ -396,75 +385,87 @@ def _execute(
     verbose: int,
     notes: list[str] | None = None,
 ) -> SearchResult:
-    session = time.time()  # this driver's session: the cost's wall clock stops at its gaps
-    _quiet_tune()
-    started_ray, plan = _plan_or_forget(path, resume, workload, space, target, options)
-    plan.sessions = plan.searcher.record.add_session(session, plan.in_flight)
-    notes = plan.notes = [*(notes or []), *plan.notes]
-    watch = FailFast(path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0)
+    with Heartbeat() as beat:
+        session = time.time()  # this driver's session: the cost's wall clock stops at its gaps
+        _quiet_tune()
+        beat.doing("starting the search: Ray, the workload, the memory estimate")
+        started_ray, plan = _plan_or_forget(path, resume, workload, space, target, options)
+        plan.sessions = plan.searcher.record.add_session(session, plan.in_flight)
+        notes = plan.notes = [*(notes or []), *plan.notes]
+        watch = FailFast(
+            path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0
+        )
 
-    scheduler = CappingScheduler.for_trainable(
-        plan.trainable, options.hang_grace_s, slack=options.slack, enabled=options.capping,
-        zone=options.zone, pause=options.pause,
-    )  # fmt: skip
-    tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
-    _say_start(workload, options, plan)
-    pending = pending_trials(scheduler.pause, plan.in_flight)
-    with ray_errors_to(path / LOG_FILE) as diverted, pending:
-        results = tuner.fit()
-        if watch.tripped is not None:
-            _close_ghosts(
-                plan.searcher.record,
-                "ended when the search stopped early, every trial"
-                " failing the same way (tracebacks in search.log)",
-            )
-            if started_ray:  # trials still starting fail after the stop: to the log with them
-                diverted.shutdown_ray()
-            raise TrialsFailedError(watch.summary())
-    if diverted.tune_state_errors:
-        notes.append(f"saving Ray Tune's experiment state failed {diverted.tune_state_errors}"
-                     f" time(s) (tracebacks in {path / LOG_FILE}); resume may repeat the trials"
-                     " that finished since the last save")  # fmt: skip
-    phases = plan.tuned
-    _ended_or_interrupted(phases, plan.searcher.record.gave_up_reason(), options, path, notes)
-    progress.info("the search has ended: choosing the winner, writing trials.csv,"
-                  " best_config.yaml and report.html")  # fmt: skip
+        scheduler = CappingScheduler.for_trainable(
+            plan.trainable, options.hang_grace_s, slack=options.slack, enabled=options.capping,
+            zone=options.zone, pause=options.pause,
+        )  # fmt: skip
+        tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
+        say_start(not_searched(workload, space), options.trials, plan.in_flight)
+        pending = pending_trials(scheduler.pause, plan.in_flight)
+        beat.doing(None)  # Tune's loop: the progress callback breaks its silences
+        with ray_errors_to(path / LOG_FILE) as diverted, pending:
+            results = tuner.fit()
+            if watch.tripped is not None:
+                _close_ghosts(
+                    plan.searcher.record,
+                    "ended when the search stopped early, every trial"
+                    " failing the same way (tracebacks in search.log)",
+                )
+                if started_ray:  # trials still starting fail after the stop: to the log with them
+                    diverted.shutdown_ray()
+                raise TrialsFailedError(watch.summary())
+        if diverted.tune_state_errors:
+            notes.append(f"saving Ray Tune's experiment state failed {diverted.tune_state_errors}"
+                         f" time(s) (tracebacks in {path / LOG_FILE}); resume may repeat the trials"
+                         " that finished since the last save")  # fmt: skip
+        phases = plan.tuned
+        phases.ended_or_interrupted(plan.searcher.record.gave_up_reason(), path, notes)
+        progress.info("the search has ended: choosing the winner, writing trials.csv,"
+                      " best_config.yaml and report.html")  # fmt: skip
+        beat.doing("writing up: the winner, trials.csv, best_config.yaml, report.html")
+        rows = _rows_of(results, plan, options.seed, scheduler, notes)
+        plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
+        if phases.decided_by_the_search:
+            notes.append(DECIDED_BY_THE_SEARCH.format(zone=phases.zone))
+        # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
+        # clipping (a search trains with raybatch's default loop: none), which exports carry; the
+        # points the verdict compares with.
+        prior = None
+        model = time_model_found(plan.searcher.plan, path, options.prior, notes)
+        if model is not None:
+            rows, prior = write_predictions(rows, model, notes)
+        measured_on = Provenance(
+            device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
+            baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
+        )  # fmt: skip
+        best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions,
+                             plan.searcher.record.slots())  # fmt: skip
+        if best is not None:
+            write_best(path, best)
+        # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
+        write_rows(path, rows, plan.searcher.record.study)
+        result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes, target)
+        try:
+            write_report(result, space, target, plan.estimator, plan.budget)
+        except OSError as exc:  # the verdict stands on trials.csv; the report is drawn from it
+            notes.append(f"the report could not be written ({exc.filename}: {exc.strerror or exc});"
+                         f" `raybatch report {path}` writes it again")  # fmt: skip
+        return result
+
+
+def _rows_of(results: Any, plan: _Plan, seed: int, scheduler: CappingScheduler,
+             notes: list[str]) -> list[TrialRow]:  # fmt: skip
+    """Every row of the run: the search's trials, the pre-screened configs and the race's
+    runs; the study's trials an interruption left open closed (no ghosts), said in a note."""
     # A resumed search's scheduler is Tune's restored copy: its rung stops are not seen here.
-    rows = search_rows(results, plan.searcher.penalty, options.seed, scheduler)
+    rows = search_rows(results, plan.searcher.penalty, seed, scheduler)
     closed = plan.searcher.record.close_orphans({r.trial_id for r in rows})
     if closed:
-        notes.append(
-            f"{closed} Optuna trial(s) left running by an interruption were closed as failed"
-        )
+        notes.append(f"{closed} Optuna trial(s) left running by an interruption were closed as"
+                     " failed")  # fmt: skip
     plan.searcher.record.close_unrun()  # queued points the search ended before: no ghosts
-    rows += prescreened_rows(plan.searcher.record) + phases.race_rows
-    plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-    if phases.decided_by_the_search:
-        notes.append(DECIDED_BY_THE_SEARCH.format(zone=phases.zone))
-    # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
-    # clipping (a search trains with raybatch's default loop: none), which exports carry; the
-    # points the verdict compares with.
-    prior = None
-    model = time_model_found(plan.searcher.plan, path, options.prior, notes)
-    if model is not None:
-        rows, prior = write_predictions(rows, model, notes)
-    measured_on = Provenance(
-        device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
-        baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
-    )  # fmt: skip
-    best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions,
-                         plan.searcher.record.slots())  # fmt: skip
-    if best is not None:
-        write_best(path, best)
-    # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
-    write_trials_csv(path / TRIALS_CSV, rows)
-    result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes, target)
-    try:
-        write_report(result, space, target, plan.estimator, plan.budget)
-    except OSError as exc:  # the verdict stands on trials.csv; the report is drawn from it
-        notes.append(f"the report could not be written ({exc.filename}: {exc.strerror or exc});"
-                     f" `raybatch report {path}` writes it again")  # fmt: skip
-    return result
+    return [*rows, *prescreened_rows(plan.searcher.record), *plan.tuned.race_rows]
 
 
 def _close_ghosts(record: SearchStudy, why: str) -> None:
@@ -473,28 +474,6 @@ def _close_ghosts(record: SearchStudy, why: str) -> None:
     RUNNING or WAITING trial is left."""
     record.close_orphans(set(), why)
     record.close_unrun()
-
-
-def _ended_or_interrupted(phases: SearchThenRace, gave_up: str | None, options: SearchOptions,
-                          path: Path, notes: list[str]) -> None:  # fmt: skip
-    """The search and its race ran to their end (a searcher that gave up is said in a note);
-    otherwise the run was interrupted, said with what is kept and how to continue.
-
-    Raises:
-        SearchInterrupted: The search, or its race, did not run to its end.
-    """
-    if gave_up is not None:
-        notes.append(f"the searcher stopped after {len(phases.ended)} trial(s): {gave_up}")
-    elif not phases.search_ended:
-        raise SearchInterrupted(
-            f"search interrupted after {len(phases.ended)} of {options.trials} trials; the state"
-            f" is saved: continue with `raybatch resume {path}`"
-        )
-    if not phases.decided():
-        raise SearchInterrupted(
-            "the confirmation was interrupted before its verdict; the search's trials and the"
-            f" race's finished runs are saved: continue with `raybatch resume {path}`"
-        )
 
 
 __all__ = ["analyze_run", "rebuild_report", "resume", "search", "stored_result"]

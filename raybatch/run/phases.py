@@ -19,11 +19,13 @@ flight is run again by Tune under its own trial id, and the rest are run.
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 from ray.tune.search import Searcher
 
 from raybatch import keys
+from raybatch.errors import SearchInterrupted
 from raybatch.results.rows import TrialRow
 from raybatch.run.confirmation import Race, RaceSearcher, confirmation_seeds
 from raybatch.run.options import SearchOptions
@@ -206,6 +208,28 @@ class SearchThenRace(Searcher):
         self.__dict__.update(state["phases"])
         if self.race is not None and self.race.record is not None:
             self.race.record.record = self.search.record  # one study, relocated with the run
+
+    def ended_or_interrupted(self, gave_up: str | None, path: Path, notes: list[str]) -> None:
+        """The search and its race ran to their end (a searcher that gave up is said in a
+        note); otherwise the run was interrupted, said with the phase, what is kept and how to
+        continue.
+
+        Raises:
+            SearchInterrupted: The search, or its race, did not run to its end.
+        """
+        if gave_up is not None:
+            notes.append(f"the searcher stopped after {len(self.ended)} trial(s): {gave_up}")
+        elif not self.search_ended:
+            raise SearchInterrupted(
+                f"search interrupted in {self.search.plan.phase()} after {len(self.ended)} of"
+                f" {self.trials} trials; the state is saved: continue with"
+                f" `raybatch resume {path}`"
+            )
+        if not self.decided():
+            raise SearchInterrupted(
+                "the confirmation was interrupted before its verdict; the search's trials and"
+                f" the race's finished runs are saved: continue with `raybatch resume {path}`"
+            )
 
 
 def search_rows(results: Any, penalty: float, seed: int, scheduler: CappingScheduler

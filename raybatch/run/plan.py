@@ -185,6 +185,15 @@ class Plan:
             and not opening.reached and not self.record.queued()
         )  # fmt: skip
 
+    def phase(self) -> str:
+        """The phase the search is in, as its progress lines name it: ``the opening`` (the
+        largest batch's LR sweep and the reference), ``the ladder``, or ``Optuna's TPE``."""
+        if self.ladder is not None and not self.record.ladder_queued():
+            return "the opening"
+        if self.record.queued():
+            return "the ladder" if self.record.ladder_queued() else "the opening"
+        return "Optuna's TPE"
+
     def say_tpe(self) -> None:
         """Say, once a session, that Optuna's TPE suggests from now on: the plan's points have
         all been asked (the line that marks the search's last phase)."""

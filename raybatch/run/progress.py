@@ -218,4 +218,13 @@ def _device_s(trial: Any) -> float:
                           result.get(keys.GPU_SHARE))  # fmt: skip
 
 
-__all__ = ["LOGGER", "Progress", "printed", "recipe"]
+def say_start(left_out: Sequence[str], trials: int, in_flight: int) -> None:
+    """What the user's code does that the trials will not, then the search's plan."""
+    for item in left_out:
+        log.info(f"not used by the search: {item}")
+    log.info(f"searching: {trials} trials, {in_flight} at a time: the largest batch at a few"
+             " LRs and the reference, then the batches the time model predicts fastest, then"
+             " Optuna's TPE")  # fmt: skip
+
+
+__all__ = ["LOGGER", "Progress", "printed", "recipe", "say_start"]

@@ -21,7 +21,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -79,6 +79,41 @@ def family_of(optimizer: Any, who: str) -> tuple[OptimizerFamily, dict[str, Any]
         f"{who} trains with {type(optimizer).__name__}; a space names sgd, adam or adamw:"
         " write its space by hand (`raybatch spaces` lists presets to start from)"
     )
+
+
+class _OwnCode(Protocol):
+    """What :func:`not_searched` reads of a :class:`raybatch.workload.Workload`."""
+
+    def left_out(self) -> list[str]: ...
+
+    def found_recipe(self) -> FoundRecipe | None: ...
+
+
+def not_searched(workload: _OwnCode, space: SearchSpace) -> list[str]:
+    """What the workload's own code does that the trials will not: its hooks and its LR
+    scheduler (:meth:`~raybatch.workload.Workload.left_out`), and an optimizer other than the
+    space's. The search trains every recipe with the space's (``reference.optimizer`` and
+    ``optimizer_kwargs``), so a recipe it finds is that optimizer's: a Lightning module's
+    ``configure_optimizers()`` is read for ``raybatch init-space``, not run. Said as the
+    search starts."""
+    said = list(workload.left_out())
+    try:
+        found = workload.found_recipe()  # None: a workload of raybatch's own (its space)
+    except WorkloadError:  # its optimizer needs a Trainer, or is of no family a space names
+        found = None
+    if found is None:
+        return said
+    ref = space.reference
+    where = found.sources.get("optimizer", "the workload's own code")
+    if found.optimizer is not ref.optimizer:
+        return [*said, f"{where}: the search trains with the space's reference.optimizer"
+                f" ({ref.optimizer.value}) instead"]  # fmt: skip
+    return said + [
+        f"{where} sets {key}={_plain(value)}: the search trains with the space's"
+        f" reference.optimizer_kwargs.{key}={_plain(ref.optimizer_kwargs[key])} instead"
+        for key, value in found.optimizer_kwargs.items()
+        if key in ref.optimizer_kwargs and _plain(ref.optimizer_kwargs[key]) != _plain(value)
+    ]
 
 
 def _plain(value: Any) -> Any:
@@ -192,6 +227,7 @@ __all__ = [
     "OptimizerFamily",
     "family_of",
     "micro_batches",
+    "not_searched",
     "space_yaml",
     "write_space",
     "yaml_float",
