@@ -857,6 +857,28 @@ def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_
     assert searcher.plan.phase() == "Optuna's TPE"
 
 
+@pytest.mark.usefixtures("ray_session")
+def test_a_reach_of_the_reference_ends_the_wait_once_no_sweep_point_runs(tmp_path: Path) -> None:
+    """The reference reached while the sweep's leader (the first the scheduler resumed: 256 at
+    4x) was paused again: the ladder is queued at once, at the leader's LR."""
+    searcher = _driver_searcher(tmp_path, prior=True)
+    numbers = {}
+    for i in range(len(searcher.plan.opening.points)):
+        config = searcher.suggest(f"o{i}")
+        assert isinstance(config, dict)
+        numbers[config["lr_multiplier"], config["micro_batch_size"]] = f"o{i}"
+        searcher.on_pause(f"o{i}")
+    leader, reference = numbers[4.0, 256], numbers[1.0, 64]
+    searcher.on_unpause(leader)
+    searcher.on_unpause(reference)
+    assert searcher.suggest("next") is None
+    searcher.on_pause(leader)  # behind the reference at its next rung
+    searcher.on_trial_complete(reference, _result("reached", 2.0))
+    ladder = searcher.suggest("l0")
+    assert isinstance(ladder, dict) and searcher.record.ladder_queued()
+    assert searcher.plan.opening.best_multiplier() == 4.0
+
+
 def test_without_pauses_the_searcher_never_waits_for_a_reach(tmp_path: Path) -> None:
     """Trials that end for good (no pause) leave nothing to resume: a free slot gets a trial."""
     searcher = _plan_searcher(tmp_path)

@@ -44,6 +44,10 @@ class Opening:
         self.numbers: dict[int, int] = {}  # Optuna trial number -> opening index
         self.times: dict[int, float | None] = {}  # opening index -> time to target
         self.record: SearchStudy | None = None  # the searcher's study, given by its plan
+        self.leader: int | None = None
+        """The sweep point that first went on from a pause before any point reached: the one
+        the scheduler found furthest, whose LR the ladder carries if none of the sweep has
+        reached when it is queued."""
 
     def _study(self) -> SearchStudy:
         if self.record is None:
@@ -59,11 +63,13 @@ class Opening:
     def state(self) -> dict[str, Any]:
         """What the searcher's checkpoint keeps, under the plan's keys."""
         return {"opening": self.points, "opening_number": self.numbers,
-                "opening_time": self.times, "sweep": self.sweep_indices()}  # fmt: skip
+                "opening_time": self.times, "sweep": self.sweep_indices(),
+                "opening_leader": self.leader}  # fmt: skip
 
     def restore(self, state: dict[str, Any]) -> None:
         self.points, self.numbers = state["opening"], state["opening_number"]
         self.times, self.sweep = state["opening_time"], state["sweep"]
+        self.leader = state.get("opening_leader")  # a checkpoint from before it was kept
         self._to_queue = []  # the study has them since the first suggestion
 
     def note(self, ot_trial: optuna.Trial) -> None:
@@ -82,10 +88,25 @@ class Opening:
 
     @property
     def reached(self) -> bool:
-        """Some point of the largest batch's sweep has reached the target: its fastest LR
-        (:meth:`best_multiplier`) is measured, not the default."""
-        return any(t is not None and self.at_baseline(self.points[i])
-                   for i, t in self.times.items())  # fmt: skip
+        """Some point has reached the target: the search's first ``B`` and time model."""
+        return any(t is not None for t in self.times.values())
+
+    def settled(self, running: set[int]) -> bool:
+        """Whether the ladder has what it needs from the opening: a point of the largest
+        batch's sweep reached (its fastest LR is measured), or another point did while no
+        sweep point runs (Optuna trials ``running``) that may reach soon."""
+        sweep = self.sweep_indices()
+        if any(t is not None and i in sweep for i, t in self.times.items()):
+            return True
+        return self.reached and not any(self.numbers.get(n) in sweep for n in running)
+
+    def resumed(self, number: int) -> None:
+        """Optuna trial ``number`` went on from a pause; the first sweep point to, before any
+        point reached, is the :attr:`leader`."""
+        i = self.numbers.get(number)
+        if self.leader is None and i is not None and not self.reached and (
+                i in self.sweep_indices()):  # fmt: skip
+            self.leader = i
 
     @property
     def baseline(self) -> KnobPoint:
@@ -115,14 +136,18 @@ class Opening:
         return all(named.get(k, v) == v for k, v in knob_items(self.baseline))
 
     def best_multiplier(self) -> float:
-        """The LR multiplier that reached the target fastest at the largest batch (1.0 when
-        none did)."""
+        """The LR multiplier that reached the target fastest at the largest batch; where none
+        did, the :attr:`leader`'s (the furthest when the scheduler chose); else 1.0."""
         times = [
             (t, self.points[i].get(keys.LR_MULTIPLIER, 1.0))
             for i, t in self.times.items()
             if t is not None and self.at_baseline(self.points[i])
         ]
-        return min(times)[1] if times else 1.0
+        if times:
+            return min(times)[1]
+        if self.leader is not None and self.leader < len(self.points):
+            return float(self.points[self.leader].get(keys.LR_MULTIPLIER, 1.0))
+        return 1.0
 
     def done(self, number: int, time_to_target: float | None, memory: bool) -> None:
         """Optuna trial ``number`` ended; a point that did not fit (``memory``) is replaced by

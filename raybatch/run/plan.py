@@ -42,7 +42,8 @@ from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import MeasuredTimeModel, TimeModel
 
 CHECKPOINTED = (
-    "opening", "opening_number", "opening_time", "sweep", "time_model", "time_model_problem",
+    "opening", "opening_number", "opening_time", "sweep", "opening_leader", "time_model",
+    "time_model_problem",
 )  # fmt: skip
 """The keys of the plan's state in the searcher's Tune checkpoint."""
 
@@ -153,7 +154,7 @@ class Plan:
         paused: set[int] = getattr(self, "paused", set())
         out = set(opening.numbers) - paused  # not ended nor paused
         asked = not self.record.queued()
-        if opening.finished or (asked and (not out or (opening.reached and bool(paused)))):
+        if opening.finished or (asked and (not out or (opening.settled(out) and bool(paused)))):
             # Every opening point has ended; or none is running or waiting any more (one was
             # lost at an interruption, or the scheduler paused it); or one of the sweep reached
             # the target while others wait paused (B, the fastest LR so far and the time model
@@ -171,7 +172,8 @@ class Plan:
 
     def awaits_first_reach(self) -> bool:
         """Whether the ladder waits for an opening point to reach the target: every point has
-        been asked, none has reached, and some is still running or paused. While it waits, a
+        been asked, the opening has not settled (:meth:`Opening.settled`: no sweep point
+        reached, nor another while no sweep point runs), and some is running or paused. While it waits, a
         free slot goes to the opening's leader (the scheduler resumes the paused trial that got
         furthest) rather than to a new trial: the ladder needs what only a reach measures (the
         time model, near the target; the largest batch's fastest LR; ``B``, which ties every
@@ -182,7 +184,8 @@ class Plan:
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished
-            and not opening.reached and not self.record.queued()
+            and not opening.settled(set(opening.numbers) - getattr(self, "paused", set()))
+            and not self.record.queued()
         )  # fmt: skip
 
     def phase(self) -> str:

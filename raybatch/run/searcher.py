@@ -111,6 +111,9 @@ class RaybatchSearcher(Searcher):
 
     def on_unpause(self, trial_id: str) -> None:
         self.paused.discard(trial_id)
+        number = self.launches.numbers.get(trial_id)
+        if number is not None:
+            self.plan.opening.resumed(number)
 
     @classmethod
     def for_trainable(
