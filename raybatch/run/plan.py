@@ -156,10 +156,10 @@ class Plan:
         asked = not self.record.queued()
         if opening.finished or (asked and (not out or (opening.settled(out) and bool(paused)))):
             # Every opening point has ended; or none is running or waiting any more (one was
-            # lost at an interruption, or the scheduler paused it); or one of the sweep reached
-            # the target while others wait paused (B, the fastest LR so far and the time model
-            # are known: a paused point goes on later, if its rung passes it): the ladder goes
-            # on with what is known.
+            # lost at an interruption, or the scheduler paused it); or the opening settled
+            # while others wait paused (B, the fastest LR so far and the time model are known:
+            # a paused point goes on later, if its rung passes it): the ladder goes on with
+            # what is known.
             if self.time_model is not None and self.ladder.model is None:
                 self.ladder.model = self.time_model.model
             points = self.ladder.points(opening.best_multiplier(), opening.baseline)
@@ -173,14 +173,14 @@ class Plan:
     def awaits_first_reach(self) -> bool:
         """Whether the ladder waits for an opening point to reach the target: every point has
         been asked, the opening has not settled (:meth:`Opening.settled`: no sweep point
-        reached, nor another while no sweep point runs), and some is running or paused. While it waits, a
-        free slot goes to the opening's leader (the scheduler resumes the paused trial that got
-        furthest) rather than to a new trial: the ladder needs what only a reach measures (the
-        time model, near the target; the largest batch's fastest LR; ``B``, which ties every
-        later trial's rungs to the target). Without the wait, paused trials go on only once
-        nothing new waits, at the search's end: on the simulated family the ladder then ran
-        geometric at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4)
-        was never proposed."""
+        reached, nor another while no sweep point runs), and some is running or paused. While
+        it waits, a free slot goes to the opening's leader (the scheduler resumes the paused
+        trial that got furthest) rather than to a new trial: the ladder needs what only a
+        reach measures (the time model, near the target; the largest batch's fastest LR; ``B``,
+        which ties every later trial's rungs to the target). Without the wait, paused trials
+        go on only once nothing new waits, at the search's end: on the simulated family the
+        ladder then ran geometric at the LR multiplier 1, and the optimum of
+        ``needs_accumulation`` (64 x 4) was never proposed."""
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished
