@@ -41,23 +41,44 @@ from raybatch.run.tune_state import (
 
 
 def _finished_ids(run_dir: Path) -> set[str]:
-    """Search trials Ray Tune's saved state holds as finished (what a kill must not lose).
+    """Search trials Ray Tune's saved state or the study holds as finished (what a kill must not
+    lose).
 
     The newest ``experiment_state-*.json`` is Tune's own record, saved at every step; a
     trial's ``result.json`` alone cannot tell a capped trial (stopped while running) apart
     from one still running. Newest by name, as Tune itself picks it: a resume copies the
     older files again, so their modification times say nothing.
     """
+    told = _told_ids(run_dir)  # the driver's own record, written as each trial ends
     states = list((run_dir / "tune" / "search").glob("experiment_state-*.json"))
     if not states:
-        return set()
+        return told
     try:
         data = json.loads(max(states).read_text())
     except (json.JSONDecodeError, OSError):  # being written right now; ask again
-        return set()
+        return told
     trials = [json.loads(entry[0]) for entry in data["trial_data"]]
     searched = [t for t in trials if "candidate" not in (t.get("config") or {})]  # not a race run
-    return {t["trial_id"] for t in searched if t["status"] in ("TERMINATED", "ERROR")}
+    return told | {t["trial_id"] for t in searched if t["status"] in ("TERMINATED", "ERROR")}
+
+
+def _told_ids(run_dir: Path) -> set[str]:
+    """Search trials the driver told its study as ended: Tune's saved state can lag them by a
+    whole phase on a loaded machine (a kill after the third trial was told found two there)."""
+    db = run_dir / "optuna.db"
+    if not db.is_file():
+        return set()
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as c:
+            rows = c.execute(
+                "SELECT a.value_json FROM trials t JOIN trial_user_attributes a"
+                " ON a.trial_id = t.trial_id AND a.key = 'tune_trial_id'"
+                " JOIN studies s ON s.study_id = t.study_id"
+                " WHERE t.state IN ('COMPLETE', 'PRUNED') AND s.study_name = 'raybatch'"
+            ).fetchall()
+    except sqlite3.Error:  # being created or written right now; ask again
+        return set()
+    return {json.loads(value) for (value,) in rows}
 
 
 def _cli(*args: str, **kw: object) -> subprocess.Popen[str]:
