@@ -100,7 +100,7 @@ def _kill_when(
     how: signal.Signals = signal.SIGKILL,
     group: bool = False,
     latest_s: float = 0.5,
-) -> None:
+) -> str:
     """Stop the driver a random moment (up to ``latest_s``) after ``ready()`` holds: SIGKILL to
     the driver alone (``kill -9 PID``: nothing of its local Ray may outlive it), or SIGINT or
     SIGTERM to the driver alone (Ctrl-C, or a scheduler's stop: it must stop cleanly, exit 130
@@ -109,7 +109,8 @@ def _kill_when(
     end at once saying so, and leave no process).
 
     ``finished`` collects every trial seen finished on the way: a read right after the kill
-    may meet a state file the kill cut short.
+    may meet a state file the kill cut short. Returns what the driver said on stderr (nothing
+    after SIGKILL).
     """
     deadline = time.time() + 240
     while not ready() and time.time() < deadline and driver.poll() is None:
@@ -122,6 +123,7 @@ def _kill_when(
         )
     time.sleep(rng.uniform(0.0, latest_s))
     finished |= _finished_ids(run_dir)
+    err = ""
     if how in (signal.SIGINT, signal.SIGTERM):  # SIGTERM: how Slurm and Kubernetes stop a job
         if group:
             os.killpg(driver.pid, how)
@@ -151,6 +153,7 @@ def _kill_when(
             time.sleep(0.2)
         assert not _in_session(driver.pid), _in_session(driver.pid)
     finished |= _finished_ids(run_dir)
+    return err
 
 
 def _in_session(sid: int) -> list[str]:
@@ -233,9 +236,13 @@ def test_killed_at_three_points_loses_and_repeats_nothing(tmp_path: Path) -> Non
     waits = [0.5, 0.5, 0.0]
     runs = [search, ("resume", str(run_dir)), ("resume", str(run_dir))]
     signals = [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL]
+    said = []
     for point, args, how, wait in zip(points, runs, signals, waits, strict=True):
         driver = _cli(*args, start_new_session=True)  # its group holds its local Ray too
-        _kill_when(driver, point, rng, run_dir, finished_before_kills, how, latest_s=wait)
+        said.append(_kill_when(driver, point, rng, run_dir, finished_before_kills, how,
+                               latest_s=wait))  # fmt: skip
+    # 3 trials, fewer than the opening's 5 points: the first stop came in the opening.
+    assert re.search(r"search interrupted in the opening after \d of 3 trials", said[0]), said[0]
     assert len(finished_before_kills) == trials  # the last kill came after the search phase
     assert not (run_dir / "best_config.yaml").exists()  # ... and before the end
 
