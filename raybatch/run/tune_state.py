@@ -20,6 +20,7 @@ re-run from its start, and the searcher tells Optuna once, so nothing is counted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickletools
 import shutil
@@ -281,6 +282,17 @@ def repair_state(experiment: Path, run_dir: Path) -> list[str]:
         RunDirError: What cannot be restored (:func:`check_experiment`).
     """
     notes = []
+    tuner, kept = experiment / TUNER_FILE, experiment / WHOLE_FOLDER / TUNER_FILE
+    if tuner.is_file() and _whole(tuner):  # a restore writes it again: a kill may cut that
+        with contextlib.suppress(OSError):
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tuner, kept.with_suffix(".next"))
+            kept.with_suffix(".next").replace(kept)
+    elif tuner.is_file() and kept.is_file() and _whole(kept):
+        shutil.copy2(tuner, tuner.with_suffix(".cut"))
+        shutil.copy2(kept, tuner)
+        notes.append(f"{TUNER_FILE} cut short by a kill put back from its whole copy (the cut"
+                     f" file is {TUNER_FILE[:-4]}.cut)")  # fmt: skip
     put_back = restore_whole(experiment)
     if put_back:
         notes.append(f"Tune state cut short put back from its whole copy, one step older"
