@@ -49,7 +49,7 @@ def _finished_ids(run_dir: Path) -> set[str]:
     from one still running. Newest by name, as Tune itself picks it: a resume copies the
     older files again, so their modification times say nothing.
     """
-    told = _told_ids(run_dir)  # the driver's own record, written as each trial ends
+    told = set(_told_ids(run_dir))  # the driver's own record, written as each trial ends
     states = list((run_dir / "tune" / "search").glob("experiment_state-*.json"))
     if not states:
         return told
@@ -62,23 +62,25 @@ def _finished_ids(run_dir: Path) -> set[str]:
     return told | {t["trial_id"] for t in searched if t["status"] in ("TERMINATED", "ERROR")}
 
 
-def _told_ids(run_dir: Path) -> set[str]:
-    """Search trials the driver told its study as ended: Tune's saved state can lag them by a
-    whole phase on a loaded machine (a kill after the third trial was told found two there)."""
+def _told_ids(run_dir: Path, study: str = "raybatch") -> list[str]:
+    """Search trials the driver told its study as ended, one entry per record (a trial Tune ran
+    again after a kill may be recorded twice): Tune's saved state can lag them by a whole phase
+    on a loaded machine (a kill after the third trial was told found two there)."""
     db = run_dir / "optuna.db"
     if not db.is_file():
-        return set()
+        return []
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as c:
             rows = c.execute(
                 "SELECT a.value_json FROM trials t JOIN trial_user_attributes a"
                 " ON a.trial_id = t.trial_id AND a.key = 'tune_trial_id'"
                 " JOIN studies s ON s.study_id = t.study_id"
-                " WHERE t.state IN ('COMPLETE', 'PRUNED') AND s.study_name = 'raybatch'"
+                " WHERE t.state IN ('COMPLETE', 'PRUNED') AND s.study_name = ?",
+                (study,),
             ).fetchall()
     except sqlite3.Error:  # being created or written right now; ask again
-        return set()
-    return {json.loads(value) for (value,) in rows}
+        return []
+    return [json.loads(value) for (value,) in rows]
 
 
 def _cli(*args: str, **kw: object) -> subprocess.Popen[str]:
@@ -184,21 +186,7 @@ def _told(run_dir: Path, study: str = "raybatch") -> int:
     that from its staging folder in background syncs, which can lag a whole phase behind on a
     loaded machine, so the driver could finish before the test saw the point to kill at.
     """
-    db = run_dir / "optuna.db"
-    if not db.is_file():
-        return 0
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as c:
-            row = c.execute(
-                "SELECT COUNT(*) FROM trials t JOIN trial_user_attributes a"
-                " ON a.trial_id = t.trial_id AND a.key = 'tune_trial_id'"
-                " JOIN studies s ON s.study_id = t.study_id"
-                " WHERE t.state IN ('COMPLETE', 'PRUNED') AND s.study_name = ?",
-                (study,),
-            ).fetchone()
-    except sqlite3.Error:  # being created or written right now; ask again
-        return 0
-    return int(row[0])
+    return len(_told_ids(run_dir, study))
 
 
 @pytest.mark.slow
