@@ -178,6 +178,8 @@ class _Capping:
                   keys.HEARTBEAT: beat, keys.WARMING_UP: warming}  # fmt: skip
         trial = SimpleNamespace(trial_id=trial_id)
         decision = self.scheduler.on_trial_result(None, trial, result)
+        if self.searcher is not None:  # then the searcher, as Tune's controller tells both
+            self.searcher.on_trial_result(trial_id, result)
         if reached or decision == TrialScheduler.CONTINUE:
             return False
         if decision == TrialScheduler.PAUSE:

@@ -825,8 +825,8 @@ def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_
 ) -> None:
     """Every opening point paused at a rung and none reached: the searcher suggests nothing
     (the scheduler resumes the opening's leader) rather than a geometric ladder at the default
-    LR. Once a point of the largest batch's sweep reaches, with its time model, the ladder is
-    queued from the model at that point's LR, while the other points stay paused."""
+    LR. Once a point reaches (here the reference), with its time model, the ladder is queued
+    from the model at the LR of the sweep's leader, while the other points stay paused."""
     from raybatch.timemodel.model import NoiseScale, TimeModel
 
     searcher = _driver_searcher(tmp_path, prior=True)
@@ -841,11 +841,9 @@ def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_
     searcher.on_unpause("o1")  # the leader goes on (256 at 2x), and so does the reference
     searcher.on_unpause("o2")
     assert searcher.suggest("next") is None  # still no reach: no new trial meanwhile
-    searcher.on_trial_complete("o2", _result("reached", 2.0))  # the reference: not the sweep
-    assert searcher.suggest("next") is None
     micro_s = {m: 0.01 * m**0.5 for m in SPACE.search.micro_batch_size}
     model = TimeModel(NoiseScale(0.0, 0.0, 0.0, 16, 128, 16), micro_s, 0.001, cost_s=0.5)
-    searcher.on_trial_complete("o1", {**_result("reached", 1.5),
+    searcher.on_trial_complete("o2", {**_result("reached", 2.0),
                                       keys.TIME_MODEL: json.dumps(model.to_dict())})  # fmt: skip
     ladder = searcher.suggest("l0")
     assert isinstance(ladder, dict) and searcher.record.ladder_queued()
@@ -857,17 +855,29 @@ def test_with_the_opening_paused_before_any_reach_its_leader_goes_on_before_the_
     assert searcher.plan.phase() == "Optuna's TPE"
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_a_reach_of_the_reference_ends_the_wait_once_no_sweep_point_runs(tmp_path: Path) -> None:
-    """The reference reached while the sweep's leader (the first the scheduler resumed: 256 at
-    4x) was paused again: the ladder is queued at once, at the leader's LR."""
-    searcher = _driver_searcher(tmp_path, prior=True)
+def _evaluated(searcher: RaybatchSearcher, trial_id: str, train_s: float, metric: float) -> None:
+    """One evaluation reported, as Tune hands it to the searcher."""
+    searcher.on_trial_result(trial_id, {keys.TRAIN_S: train_s, keys.METRIC: metric,
+                                        keys.SAMPLES_SEEN: int(train_s * 1000)})  # fmt: skip
+
+
+def _opening_asked(searcher: RaybatchSearcher) -> dict[tuple[float, int], str]:
+    """Every opening point asked, each paused at once: trial ids by (LR multiplier, batch)."""
     numbers = {}
     for i in range(len(searcher.plan.opening.points)):
         config = searcher.suggest(f"o{i}")
         assert isinstance(config, dict)
         numbers[config["lr_multiplier"], config["micro_batch_size"]] = f"o{i}"
         searcher.on_pause(f"o{i}")
+    return numbers
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_reach_of_the_reference_ends_the_wait_once_no_sweep_point_runs(tmp_path: Path) -> None:
+    """The reference reached while the sweep's leader (the first the scheduler resumed: 256 at
+    4x) was paused again: the ladder is queued at once, at the leader's LR."""
+    searcher = _driver_searcher(tmp_path, prior=True)
+    numbers = _opening_asked(searcher)
     leader, reference = numbers[4.0, 256], numbers[1.0, 64]
     searcher.on_unpause(leader)
     searcher.on_unpause(reference)
@@ -877,6 +887,64 @@ def test_a_reach_of_the_reference_ends_the_wait_once_no_sweep_point_runs(tmp_pat
     ladder = searcher.suggest("l0")
     assert isinstance(ladder, dict) and searcher.record.ladder_queued()
     assert searcher.plan.opening.best_multiplier() == 4.0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_reach_ends_the_wait_while_the_slow_largest_batch_trains_on(tmp_path: Path) -> None:
+    """The reference reached while the sweep's leader (256 at 4x) still trains, past the time
+    the sweep's curves were compared at: the ladder is queued at once, at the LR ahead there,
+    not held until the largest batch reaches (on a digits CNN it took 3-4x the optimum's
+    training, and the whole search waited for it)."""
+    searcher = _driver_searcher(tmp_path, prior=True)
+    ids = _opening_asked(searcher)
+    for (lr, batch), trial_id in ids.items():
+        if batch == 256:
+            _evaluated(searcher, trial_id, 1.0, {4.0: 0.6, 2.0: 0.5}.get(lr, 0.3))
+    searcher.on_unpause(ids[4.0, 256])
+    searcher.on_unpause(ids[1.0, 64])
+    assert searcher.suggest("next") is None  # nothing reached: the leaders go on
+    _evaluated(searcher, ids[4.0, 256], 2.5, 0.8)
+    searcher.on_trial_complete(ids[1.0, 64], _result("reached", 2.0))
+    ladder = searcher.suggest("l0")
+    assert isinstance(ladder, dict) and searcher.record.ladder_queued()
+    assert searcher.plan.opening.best_multiplier() == 4.0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_sweep_point_running_short_of_the_compared_time_holds_the_ladder_till_it_gets_there(
+    tmp_path: Path,
+) -> None:
+    """The reference reached while 256 at 0.5x, started late, had trained less than the rest of
+    the sweep: the ladder waits until its curve gets to the time the others were compared at,
+    and carries its LR where it is ahead there (a simulated member whose best LR is the
+    sweep's lowest otherwise ran its ladder at 1x, 2.8x slower than the optimum)."""
+    searcher = _driver_searcher(tmp_path, prior=True)
+    ids = _opening_asked(searcher)
+    for lr in (1.0, 2.0, 4.0):
+        _evaluated(searcher, ids[lr, 256], 1.0, 0.4)
+    late = ids[0.5, 256]
+    searcher.on_unpause(late)
+    _evaluated(searcher, late, 0.3, 0.2)
+    searcher.on_trial_complete(ids[1.0, 64], _result("reached", 2.0))
+    assert searcher.suggest("next") is None and not searcher.record.ladder_queued()
+    _evaluated(searcher, late, 1.1, 0.7)
+    assert isinstance(searcher.suggest("l0"), dict) and searcher.record.ladder_queued()
+    assert searcher.plan.opening.best_multiplier() == 0.5
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_sweeps_curves_survive_the_searchers_checkpoint(tmp_path: Path) -> None:
+    """What the sweep showed before an interruption still chooses the ladder's LR after it."""
+    searcher = _driver_searcher(tmp_path, prior=True)
+    ids = _opening_asked(searcher)
+    _evaluated(searcher, ids[2.0, 256], 1.0, 0.7)
+    _evaluated(searcher, ids[1.0, 256], 1.5, 0.5)
+    path = tmp_path / "searcher.pkl"
+    searcher.save(str(path))
+    again = _driver_searcher(tmp_path / "again", prior=True)
+    again.restore(str(path))
+    assert again.plan.opening.ahead() == searcher.plan.opening.ahead()
+    assert again.plan.opening.best_multiplier() == 2.0
 
 
 def test_without_pauses_the_searcher_never_waits_for_a_reach(tmp_path: Path) -> None:

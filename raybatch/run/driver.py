@@ -273,7 +273,9 @@ def _plan(
         why = nothing_fits(space, estimator, budget, margin)
         if why is not None:
             raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
-    searched, baseline, reference = search_plan(space, estimator, budget, margin, options.prior)
+    searched, baseline, reference = search_plan(
+        space, estimator, budget, margin, options.prior, target.mode
+    )
     # The trials' settings, one frozen object the trainable carries: the searcher and the
     # resources below read what they need from it, as a plugin user's parts do.
     fn = trainable(

@@ -6,7 +6,9 @@ memory for real is replaced by the next smaller micro batch (only the largest ba
 follows the batch down: the reference is a recipe of its own), so that the largest batch that
 *really* fits is swept; the smaller baseline is kept in the study, where it survives a resume.
 What the opening measured (the fastest LR multiplier at the largest batch) is what the plan's
-ladder carries to other batches (:mod:`raybatch.run.plan`).
+ladder carries to other batches (:mod:`raybatch.run.plan`): the fastest to reach the target,
+or, where none of the sweep has reached when the ladder is queued, the one ahead at equal
+training time (each sweep point's curve is kept, as the scheduler keeps it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
 from raybatch.keys import KnobPoint, knob_items
+from raybatch.run.rungs import Trajectory
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 
@@ -31,11 +34,13 @@ class Opening:
         points: The opening points' searched knobs, in order.
         baseline: The largest batch's integer knobs, all of them (a knob with one choice is not
             among the searched ones); default: read from the first point.
+        mode: The target's direction (``max`` or ``min``), to read the sweep's curves.
     """
 
     def __init__(
-        self, space: SearchSpace, points: Sequence[KnobPoint], baseline: KnobPoint | None
-    ) -> None:
+        self, space: SearchSpace, points: Sequence[KnobPoint], baseline: KnobPoint | None,
+        mode: str = "max",
+    ) -> None:  # fmt: skip
         self.space = space
         self.points = [p.copy() for p in points]
         self._to_queue = [p.copy() for p in points]  # queued in the study once, when it is new
@@ -47,7 +52,9 @@ class Opening:
         self.leader: int | None = None
         """The sweep point that first went on from a pause before any point reached: the one
         the scheduler found furthest, whose LR the ladder carries if none of the sweep has
-        reached when it is queued."""
+        reached when it is queued and no two sweep curves show the same training time."""
+        self.mode = mode
+        self.curves: dict[int, Trajectory] = {}  # sweep index -> its curve on training time
 
     def _study(self) -> SearchStudy:
         if self.record is None:
@@ -64,12 +71,18 @@ class Opening:
         """What the searcher's checkpoint keeps, under the plan's keys."""
         return {"opening": self.points, "opening_number": self.numbers,
                 "opening_time": self.times, "sweep": self.sweep_indices(),
-                "opening_leader": self.leader}  # fmt: skip
+                "opening_leader": self.leader,
+                "opening_curves": {i: list(zip(c.times, c.best, strict=True))
+                                   for i, c in self.curves.items()}}  # fmt: skip
 
     def restore(self, state: dict[str, Any]) -> None:
         self.points, self.numbers = state["opening"], state["opening_number"]
         self.times, self.sweep = state["opening_time"], state["sweep"]
         self.leader = state.get("opening_leader")  # a checkpoint from before it was kept
+        self.curves = {}
+        for i, points in state.get("opening_curves", {}).items():
+            curve = self.curves[i] = Trajectory(self.mode)
+            curve.times, curve.best = [t for t, _ in points], [v for _, v in points]
         self._to_queue = []  # the study has them since the first suggestion
 
     def note(self, ot_trial: optuna.Trial) -> None:
@@ -91,14 +104,36 @@ class Opening:
         """Some point has reached the target: the search's first ``B`` and time model."""
         return any(t is not None for t in self.times.values())
 
+    def evaluated(self, number: int, train_s: float, metric: float) -> None:
+        """Optuna trial ``number`` evaluated ``metric`` at ``train_s`` seconds of training: a
+        point of its curve where it runs one of the largest batch's sweep."""
+        i = self.numbers.get(number)
+        if i is not None and i in self.sweep_indices():
+            self.curves.setdefault(i, Trajectory(self.mode)).add(train_s, metric)
+
     def settled(self, running: set[int]) -> bool:
-        """Whether the ladder has what it needs from the opening: a point of the largest
-        batch's sweep reached (its fastest LR is measured), or another point did while no
-        sweep point runs (Optuna trials ``running``) that may reach soon."""
+        """Whether the ladder has what it needs from the opening: some point reached the target
+        (``B``, and the time model, measured near the target), and every sweep point still
+        running (Optuna trials ``running``) has trained as long as the sweep's curves are
+        compared at (:meth:`ahead`), so the LR the ladder carries was chosen at equal time. No
+        reach of the sweep is needed: on a digits CNN the largest batch took 3-4x the optimum's
+        training to reach, and a ladder held for it held the whole search."""
+        if not self.reached:
+            return False
+        at = self._compared_at()
         sweep = self.sweep_indices()
-        if any(t is not None and i in sweep for i, t in self.times.items()):
-            return True
-        return self.reached and not any(self.numbers.get(n) in sweep for n in running)
+        for number in running:
+            i = self.numbers.get(number)
+            if i in sweep and at is not None:
+                curve = self.curves.get(i)
+                if curve is None or not curve.times or curve.times[-1] < at:
+                    return False
+        return True
+
+    def _compared_at(self) -> float | None:
+        """The longest training time two sweep curves or more have got to."""
+        ends = sorted((c.times[-1] for c in self.curves.values() if c.times), reverse=True)
+        return ends[1] if len(ends) >= 2 else None
 
     def resumed(self, number: int) -> None:
         """Optuna trial ``number`` went on from a pause; the first sweep point to, before any
@@ -137,7 +172,8 @@ class Opening:
 
     def best_multiplier(self) -> float:
         """The LR multiplier that reached the target fastest at the largest batch; where none
-        did, the :attr:`leader`'s (the furthest when the scheduler chose); else 1.0."""
+        did, the one ahead at equal training time (:meth:`ahead`); else the :attr:`leader`'s
+        (the furthest when the scheduler chose); else 1.0."""
         times = [
             (t, self.points[i].get(keys.LR_MULTIPLIER, 1.0))
             for i, t in self.times.items()
@@ -145,9 +181,22 @@ class Opening:
         ]
         if times:
             return min(times)[1]
-        if self.leader is not None and self.leader < len(self.points):
-            return float(self.points[self.leader].get(keys.LR_MULTIPLIER, 1.0))
+        chosen = self.leader if self.leader is not None else self.ahead()
+        if chosen is not None and chosen < len(self.points):
+            return float(self.points[chosen].get(keys.LR_MULTIPLIER, 1.0))
         return 1.0
+
+    def ahead(self) -> int | None:
+        """The sweep point whose curve is best at the longest training time that two sweep
+        curves or more have got to (``None`` where fewer than two have a curve). Compared at
+        equal time, as the rungs compare: a point paused early is not behind one that trained
+        on for longer."""
+        at = self._compared_at()
+        if at is None:
+            return None
+        values = {i: v for i, c in self.curves.items()
+                  if (v := c.value_at(at, False)) is not None}  # fmt: skip
+        return max(values, key=lambda i: (values[i], -i)) if values else None
 
     def done(self, number: int, time_to_target: float | None, memory: bool) -> None:
         """Optuna trial ``number`` ended; a point that did not fit (``memory``) is replaced by

@@ -42,8 +42,8 @@ from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import MeasuredTimeModel, TimeModel
 
 CHECKPOINTED = (
-    "opening", "opening_number", "opening_time", "sweep", "opening_leader", "time_model",
-    "time_model_problem",
+    "opening", "opening_number", "opening_time", "sweep", "opening_leader", "opening_curves",
+    "time_model", "time_model_problem",
 )  # fmt: skip
 """The keys of the plan's state in the searcher's Tune checkpoint."""
 
@@ -60,6 +60,7 @@ class Plan:
         ladder: The second stage (``None``: TPE goes on alone after the opening).
         baseline: The largest batch's integer knobs, all of them (a knob with one choice is not
             among the searched ones); default: read from the first opening point.
+        mode: The target's direction (``max`` or ``min``): the opening reads its sweep's curves.
     """
 
     def __init__(
@@ -68,9 +69,10 @@ class Plan:
         opening: Sequence[KnobPoint] = (),
         ladder: Ladder | None = None,
         baseline: KnobPoint | None = None,
+        mode: str = "max",
     ) -> None:
         self._record: SearchStudy | None = None  # the searcher's, given by attach()
-        self.opening = Opening(space, opening, baseline)
+        self.opening = Opening(space, opening, baseline, mode)
         self.ladder = ladder
         self.time_model: MeasuredTimeModel | None = None
         """The time model a trial measured at the target, and which trial, once one has."""
@@ -172,15 +174,17 @@ class Plan:
 
     def awaits_first_reach(self) -> bool:
         """Whether the ladder waits for an opening point to reach the target: every point has
-        been asked, the opening has not settled (:meth:`Opening.settled`: no sweep point
-        reached, nor another while no sweep point runs), and some is running or paused. While
-        it waits, a free slot goes to the opening's leader (the scheduler resumes the paused
-        trial that got furthest) rather than to a new trial: the ladder needs what only a
-        reach measures (the time model, near the target; the largest batch's fastest LR; ``B``,
-        which ties every later trial's rungs to the target). Without the wait, paused trials
-        go on only once nothing new waits, at the search's end: on the simulated family the
-        ladder then ran geometric at the LR multiplier 1, and the optimum of
-        ``needs_accumulation`` (64 x 4) was never proposed."""
+        been asked, the opening has not settled (:meth:`Opening.settled`: no point reached, or
+        a sweep point runs short of the time the sweep's curves are compared at), and some is
+        running or paused. While it waits, a free slot goes to the opening's leader (the
+        scheduler resumes the paused trial that got furthest) rather than to a new trial: the
+        ladder needs what only a reach measures (the time model, near the target; ``B``, which
+        ties every later trial's rungs to the target); the LR it carries is the sweep's
+        fastest to reach, else its leader's, else the one ahead at equal time
+        (:meth:`Opening.best_multiplier`). Without the wait, paused trials go on only once
+        nothing new waits, at the search's end: on the simulated family the ladder then ran
+        geometric at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4)
+        was never proposed."""
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished
@@ -210,17 +214,17 @@ class Plan:
 
 def search_plan(
     space: SearchSpace, estimator: Any, budget: int | None, margin: float = 0.0,
-    measure: bool = True,
+    measure: bool = True, mode: str = "max",
 ) -> tuple[Plan, KnobPoint, KnobPoint | None]:  # fmt: skip
     """The plan ``raybatch search`` runs, and its baseline and reference: the largest batch
     that fits (the estimate, or real steps where measured, within ``margin`` for the trial's
     probe to decide) at the LR sweep and the reference recipe, then the ladder (its time model
-    measured in a trial where ``measure``). The one way a plan is built: the driver and the
-    simulated benchmark both call it."""
+    measured in a trial where ``measure``), for a target in direction ``mode``. The one way a
+    plan is built: the driver and the simulated benchmark both call it."""
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
     ladder = Ladder(space, estimator, budget, measure=measure)
-    plan = Plan(space, opening_points(space, baseline, reference), ladder, baseline)
+    plan = Plan(space, opening_points(space, baseline, reference), ladder, baseline, mode)
     return plan, baseline, reference
 
 

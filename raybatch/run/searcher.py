@@ -193,6 +193,8 @@ class RaybatchSearcher(Searcher):
         evaluation = evaluation_of(result)
         if number is not None and evaluation is not None:
             self.record.progress(number, evaluation[1], evaluation[0])
+            if result.get(keys.TRAIN_S) is not None:
+                self.plan.opening.evaluated(number, float(result[keys.TRAIN_S]), evaluation[1])
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
