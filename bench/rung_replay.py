@@ -95,7 +95,10 @@ class ReplayedCase:
         return self.target.value / max(value, 1e-12)
 
     def run(self, micro: int, accumulation: int, multiplier: float, rng: random.Random,
-            cap_s: float | None = None, stop: Any = None) -> dict[str, Any]:  # fmt: skip
+            cap_s: float | None = None, stop: Any = None, rung_marks: Any = ()
+            ) -> dict[str, Any]:  # fmt: skip
+        # A recorded curve has the evaluations it had: ``rung_marks`` (the rungs the searcher
+        # names) cannot add one, so a rung judges it at its first recorded evaluation past it.
         measured = self.runs[name_of(micro, multiplier)]
         curve = measured["curve"]
         reached = measured["status"] == "reached"

@@ -61,7 +61,7 @@ import sys
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -122,10 +122,11 @@ Trial = dict[str, Any]  # knobs + outcome + cost
 
 
 def _outcome(member: Member, knobs: tuple[int, int, float], rng: random.Random,
-             cap_s: float | None = None, stop: Any = None) -> Trial:  # fmt: skip
+             cap_s: float | None = None, stop: Any = None, rung_marks: Sequence[float] = ()
+             ) -> Trial:  # fmt: skip
     micro, accumulation, multiplier = knobs
-    return {"knobs": knobs, "warm_s": _warm_s(member, knobs),
-            **member.run(micro, accumulation, multiplier, rng, cap_s, stop)}  # fmt: skip
+    run = member.run(micro, accumulation, multiplier, rng, cap_s, stop, rung_marks)
+    return {"knobs": knobs, "warm_s": _warm_s(member, knobs), **run}
 
 
 def _warm_s(member: Member, knobs: tuple[int, int, float]) -> float:
@@ -254,11 +255,14 @@ class _HyperbandOnTime:
 def simulate_search(member: Member, rng: random.Random, n: int,
                     suggest: Callable[[str], tuple[int, int, float] | None],
                     tell: Callable[[str, Trial], None], rule: Any, slots: int = SLOTS,
+                    rung_marks: Mapping[str, Sequence[float]] | None = None,
                     ) -> list[Trial]:  # fmt: skip
     """``n`` trials, ``slots`` at a time, on a simulated clock: each trial's marks arrive in
     clock order across the running trials, and ``rule`` (the capping scheduler, or a peer's
     early-stopping rule) sees them as Tune's scheduler would, beside its neighbours. Returns the
-    trials in launch order, each with what it held its device for (``cost``)."""
+    trials in launch order, each with what it held its device for (``cost``). ``rung_marks``:
+    the training times each trial also evaluates at, as its config asks (filled by
+    ``suggest``)."""
     clock = 0.0
     running: dict[str, dict[str, Any]] = {}
     paused: dict[str, dict[str, Any]] = {}
@@ -270,7 +274,8 @@ def simulate_search(member: Member, rng: random.Random, n: int,
         rule.scheduler.slots = slots  # as the driver tells it
 
     def launch(knobs: tuple[int, int, float], trial_id: str) -> None:
-        full = _outcome(member, knobs, rng)  # uncapped; the rule decides where it ends
+        marks = (rung_marks or {}).get(trial_id, ())
+        full = _outcome(member, knobs, rng, rung_marks=marks)  # uncapped; the rule decides
         order.append(trial_id)
         if hasattr(rule, "launched"):  # the capping scheduler reads the warmup from reports
             rule.launched(trial_id, full["warm_s"])
@@ -487,6 +492,7 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
     ``slots`` trials at a time (one GPU: one; this machine's two slots: two)."""
     searcher = _searcher(member, seed, prescreen, plan, model)
     measuring: set[str] = set()
+    rung_marks: dict[str, Sequence[float]] = {}
 
     def suggest(trial_id: str) -> tuple[int, int, float] | None:
         config = searcher.suggest(trial_id)
@@ -494,6 +500,7 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
             return None
         if config.get(keys.MEASURE_TIME_MODEL):
             measuring.add(trial_id)
+        rung_marks[trial_id] = config.get(keys.RUNG_MARKS) or ()
         return (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                 config[keys.LR_MULTIPLIER])  # fmt: skip
 
@@ -511,7 +518,7 @@ def run_raybatch(member: Member, rng: random.Random, n: int, seed: int, prescree
     rule = _Capping(DEFAULT_ZONE if fidelity else None, member.max_time_s,
                     pause=SearchOptions().pause)  # fmt: skip
     rule.searcher = searcher
-    return simulate_search(member, rng, n, suggest, tell, rule, slots)
+    return simulate_search(member, rng, n, suggest, tell, rule, slots, rung_marks)
 
 
 def run(strategy: str, member: Member, seed: int, n: int, slots: int = SLOTS) -> list[Trial]:

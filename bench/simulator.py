@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,7 +194,7 @@ class Member:
 
     def run(
         self, micro: int, accumulation: int, multiplier: float, rng: random.Random,
-        cap_s: float | None = None, stop: Any = None,
+        cap_s: float | None = None, stop: Any = None, rung_marks: Sequence[float] = (),
     ) -> dict[str, Any]:  # fmt: skip
         """One trial: its status, measured time to target, the device seconds it held (its
         start-up and evaluations too), its training seconds, and the marks it reported
@@ -201,6 +202,8 @@ class Member:
 
         ``stop(train_s, progress)`` is asked at each mark (a scheduler's early stop); ``True``
         ends the trial there as ``capped``. ``cap_s`` stops it once its time passes the cap.
+        ``rung_marks``: training times it also evaluates at, as the searcher asks a trial to
+        (:data:`~raybatch.keys.RUNG_MARKS`).
         """
         if not self.fits(micro):
             return {"status": "oom", "time": None, "cost": self.oom_cost_s, "train": 0.0,
@@ -223,7 +226,7 @@ class Member:
         cadence = Cadence(
             max(1, round(self.mark_samples())),
             self.max_time_s,
-            eval_at_s=[t for t in time_marks(self.max_time_s) if t > startup],
+            eval_at_s=[t for t in [*time_marks(self.max_time_s), *rung_marks] if t > startup],
         )
 
         def held(train: float) -> float:

@@ -123,6 +123,11 @@ trial that ran out of memory while packed)."""
 MEASURE_TIME_MODEL: Final = "measure_time_model"
 """In a trial's config: once it reaches the target, measure the search's time model on its
 trained model (:mod:`raybatch.timemodel.measure`); the searcher asks every trial until one has."""
+RUNG_MARKS: Final = "rung_marks"
+"""In a trial's config: training times (seconds) at which it also evaluates, the equal-time
+rungs tied to the fastest time to target when it was launched (:mod:`raybatch.run.rungs`): a
+rung judges a trial at its first evaluation past it, and the geometric marks alone lie up to
+``sqrt(3)`` apart, so a trial paused there trained up to 73 % past the rung."""
 TIME_MODEL: Final = "time_model"
 """In the final report of a trial asked to measure it: the time model, as JSON text
 (:meth:`raybatch.timemodel.model.TimeModel.to_dict`)."""

@@ -947,6 +947,28 @@ def test_the_sweeps_curves_survive_the_searchers_checkpoint(tmp_path: Path) -> N
     assert again.plan.opening.best_multiplier() == 2.0
 
 
+def test_once_a_trial_reached_each_launch_names_the_rungs_it_ties(tmp_path: Path) -> None:
+    """Before any reach a trial evaluates at the geometric marks only; once one reached in 2 s,
+    each trial launched evaluates at B/9, B/3 and B too, and a restored searcher goes on
+    naming them; a packed trial's time, its neighbours' pace in it, ties no rungs."""
+    from raybatch.run.rungs import rung_times
+
+    searcher = _searcher(tmp_path)
+    first = searcher.suggest("a")
+    assert isinstance(first, dict) and keys.RUNG_MARKS not in first
+    searcher.on_trial_complete("a", {**_result("reached", 1.0), keys.GPU_SHARE: 0.5})
+    assert keys.RUNG_MARKS not in (searcher.suggest("b") or {})
+    searcher.on_trial_complete("b", _result("reached", 2.0))
+    later = searcher.suggest("c")
+    assert isinstance(later, dict) and later[keys.RUNG_MARKS] == rung_times(2.0)
+    assert keys.RUNG_MARKS not in searcher.study.trials[-1].params  # for Tune, not the study
+    path = tmp_path / "searcher.pkl"
+    searcher.save(str(path))
+    again = _searcher(tmp_path)
+    again.restore(str(path))
+    assert (again.suggest("d") or {})[keys.RUNG_MARKS] == rung_times(2.0)
+
+
 def test_without_pauses_the_searcher_never_waits_for_a_reach(tmp_path: Path) -> None:
     """Trials that end for good (no pause) leave nothing to resume: a free slot gets a trial."""
     searcher = _plan_searcher(tmp_path)

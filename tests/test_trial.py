@@ -112,6 +112,22 @@ def test_only_the_default_cadence_evaluates_on_training_time() -> None:
         assert grid.cadence.eval_every_samples == (settings.eval_every_samples or quarter)
 
 
+def test_a_trial_evaluates_at_the_rungs_its_config_names() -> None:
+    """The searcher names the rungs' training times in a trial's config: the trial evaluates
+    at the first step past each, not only at the geometric marks up to ``sqrt(3)`` later (the
+    first geometric mark past 0.3 s of a 60 s cap is 0.43 s)."""
+    from raybatch.trial.cadence import time_marks
+
+    rung = 0.3
+    assert min(t for t in time_marks(60.0) if t > rung) > 0.42
+    _, reports = _run({"micro_batch_size": 64, keys.RUNG_MARKS: [rung]}, target=0.999,
+                      max_time_s=60.0, max_samples=60_000)  # fmt: skip
+    evaluated = [r[keys.TRAIN_S] for r in reports
+                 if r.get(keys.METRIC) is not None and not r.get(keys.HEARTBEAT)]  # fmt: skip
+    assert evaluated[-1] > 0.42  # it trained past the next geometric mark
+    assert any(rung <= t < 0.42 for t in evaluated)
+
+
 def test_too_high_a_learning_rate_diverges_quickly() -> None:
     data = SPACE.model_dump()
     data["reference"]["lr"] = 50.0

@@ -11,7 +11,9 @@ resumed search and its study agree:
   resume: the searcher asks again, the cluster having changed since;
 - **a packed trial that ran out of memory**, to run once more alone on a whole GPU before its
   recipe is taught infeasible: a packed trial's OOM may be its neighbours' doing. Once only:
-  a second OOM, alone, is the recipe's.
+  a second OOM, alone, is the recipe's;
+- **the fastest time to target told so far**: each trial launched once one is known evaluates
+  at the rungs it ties (:data:`~raybatch.keys.RUNG_MARKS`), not only at the geometric marks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from raybatch import keys
 from raybatch.results.selection import is_packed
 from raybatch.run.gates import OOM_VIOLATION, Devices
+from raybatch.run.rungs import rung_times
 from raybatch.run.screen import Passed, Screen
 from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
@@ -57,6 +60,7 @@ class Launches:
         self._told: set[str] = set()
         self._alone: list[int] = []  # Optuna trials to launch again, alone on a GPU
         self._retried: set[int] = set()
+        self.fastest_s: float | None = None  # the fastest time to target told so far
 
     def again(self, trial_id: str) -> dict[str, Any] | None:
         """The config of a trial launched before (a restored one asks again), or of the next
@@ -108,6 +112,8 @@ class Launches:
         # Measured alone on its device: a packed trial's step times are its neighbours' too.
         if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
             config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
+        if self.fastest_s is not None:  # judged at the rungs, not at the first mark past one
+            config = {**config, keys.RUNG_MARKS: rung_times(self.fastest_s)}
         self.devices.take(trial_id, recipe, config)
         return config
 
@@ -140,6 +146,8 @@ class Launches:
                                   result.get(keys.REASON))  # fmt: skip
         reached = time_to_target if status is TrialStatus.REACHED else None
         self.plan.opening.done(number, reached, oom)
+        if reached is not None and not is_packed(result.get(keys.GPU_SHARE)):
+            self.fastest_s = min(float(reached), self.fastest_s or float(reached))
         if told is not None:  # None: told before an interruption Tune's saved state predates
             self.numbers[trial_id] = told
         return oom
@@ -156,6 +164,7 @@ class Launches:
             "retry_alone": list(self._alone),
             "retried": set(self._retried),
             "devices": dict(self.devices.held),
+            "fastest_s": self.fastest_s,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -164,6 +173,7 @@ class Launches:
         self._alone = list(state["retry_alone"])
         self._retried = set(state["retried"])
         self.devices.held = dict(state["devices"])
+        self.fastest_s = state.get("fastest_s")  # a checkpoint from before it was kept
         self.held = None
 
 

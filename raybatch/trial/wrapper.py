@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -101,11 +101,13 @@ def _reporter(
     device: Any,
     report_fn: ReportFn | None,
     clock: Callable[[], float] | None = None,
+    rung_marks: Sequence[float] = (),
 ) -> TrialReporter:
     """The trial's reporter: its target, marks, budgets, device clock and extras.
 
     With an agreed ``clock`` (data-parallel workers), the caps are checked at marks only: each
-    reading of that clock is a collective every worker must join.
+    reading of that clock is a collective every worker must join. ``rung_marks``: the rungs'
+    training times when the trial was launched, evaluated at beside the geometric marks.
     """
     import torch
 
@@ -131,7 +133,7 @@ def _reporter(
             divergence_factor=settings.divergence_factor,
             extra=DeviceFigures(device),
             check_budgets_between_marks=clock is None,
-            eval_at_s=time_marks(settings.max_time_s) if timed else (),
+            eval_at_s=[*time_marks(settings.max_time_s), *rung_marks] if timed else (),
         ),
     )
 
@@ -167,7 +169,8 @@ def run_trial(
         during = "choosing the trial's device"
         device = trial_device(settings.device)
         during = "loading the training data"
-        reporter = _reporter(workload, space, settings, device, report_fn)
+        reporter = _reporter(workload, space, settings, device, report_fn,
+                             rung_marks=config.get(keys.RUNG_MARKS) or ())  # fmt: skip
     except WorkerLostError:
         raise  # into Ray Tune, which retries the trial (FailureConfig.max_failures)
     except Exception as exc:  # no recipe, no device or no data: no reporter to use yet
