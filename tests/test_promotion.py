@@ -134,6 +134,23 @@ def test_paused_trials_no_rung_passes_are_stopped_once_nothing_runs_and_end_capp
     assert not s.promotions.paused
 
 
+def test_a_trial_paused_once_b_is_measured_goes_on_only_when_its_rung_passes_it() -> None:
+    """Within the hedged zone at the 1 s rung (0.3 against the best's 0.4) but behind: paused
+    once ``B`` was measured, it is not taken back when no new trial waits (the search's last
+    trial asked, every pause would be); the same pause at a rung tied to the guess is."""
+    s = _scheduler()
+    _reached(s)
+    assert _report(s, "close", 1.0, 0.3) == TrialScheduler.PAUSE
+    assert s.next_to_run(pending=False, running=1) == (None, False)
+    assert s.next_to_run(pending=False, running=0) == (None, True)
+    guess = _scheduler()
+    for name, m in (("a", 0.3), ("b", 0.28), ("c", 0.27)):
+        _report(guess, name, 0.4, m)  # the 1/3 s rung: b and c behind a, c within the zone
+    guess.resume("a")
+    assert "c" in guess.promotions.guessed
+    assert guess.next_to_run(pending=False, running=1)[0] in ("b", "c")
+
+
 def test_a_trial_paused_in_its_warmup_goes_on_once_no_new_trial_waits() -> None:
     """Judged in its LR warmup (its curve there says how long its ramp is, not how fast it
     trains), a pause is taken back once the search has started every new trial."""
@@ -162,8 +179,8 @@ def test_a_trial_paused_below_every_rung_a_reach_set_is_judged_at_the_lowest() -
 
 def test_the_choice_promotes_first_then_runs_new_trials_then_hedges_then_deepens() -> None:
     p = Promotions()
-    p.pause("x", 1.0)
-    p.pause("y", 3.0)
+    p.pause("x", 1.0, guessed=True)
+    p.pause("y", 3.0, guessed=True)
     never, always = (lambda _t: False), (lambda _t: True)
     level = {"x": 0.5, "y": 0.2}.get
     assert p.choose(always, never, level, pending=True, running=2, reached=True) == ("y", False)

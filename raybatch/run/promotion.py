@@ -4,14 +4,14 @@ A trial that falls behind at a rung below the top is paused, not stopped (Tune's
 state is saved with its last report, :mod:`raybatch.trial.pause`, and its slot goes to the next
 trial). What a stop loses for good, a pause keeps for nothing until it is needed:
 
-- **Promotion** (asynchronous successive halving, as ASHA promotes): a paused trial goes on as
-  soon as the rung it was paused at passes it, with the curves seen since (more trials got
-  there behind it, or it is now within the zone of the best). It goes before any new trial.
-- **Before any trial has reached the target** the rungs are tied to a guess, and a search
-  whose trials all fell behind somewhere would end with nothing: when the searcher has no new
-  trial to run, the paused trial that got furthest (its best level there) goes on. The first
-  trials so train a little each, and the leader of the highest rung goes on to the target,
-  where a stop rule lets whichever trials started first train until one reaches.
+- **Promotion** (as ASHA promotes): a paused trial goes on, before any new trial, as soon as
+  its rung passes it with the curves seen since (more trials got there behind it).
+- **Before any trial has reached the target** the rungs are tied to a guess: when the searcher
+  has no new trial to run, the paused trial that got furthest goes on toward the target.
+- **The hedge** (a wider zone early on) takes back, once no new trial waits, only a pause at
+  a rung tied to the guess or in the trial's LR warmup. A pause once ``B`` is measured is
+  ASHA's: a search's trials are counted, so after its last no new trial ever waits, and the
+  hedge there sent every trial within 1.45x at ``B/3`` on to ``B`` (``docs/search.md``).
 - **Once the search has nothing left to run**, a paused trial no rung passes is stopped: it
   ends as a trial capped at the rung it was paused at.
 
@@ -36,9 +36,19 @@ class Promotions:
         self.leading: set[str] = set()
         """Trials that went on as the leader of the highest rung, before any trial reached,
         with nothing new to run: they do not wait at a rung for others to get there."""
+        self.guessed: set[str] = set()
+        """Paused trials that fell behind at a rung tied to the guess of ``B``: the hedge may
+        promote them."""
 
-    def pause(self, trial_id: str, rung_s: float) -> None:
+    def pause(self, trial_id: str, rung_s: float, guessed: bool = False) -> None:
+        """Paused at the rung at ``rung_s``, one tied to the guess of ``B`` where ``guessed``."""
         self.paused[trial_id] = float(rung_s)
+        hedgeable: set[str] = getattr(self, "guessed", set())  # (older pickles lack it)
+        if guessed:
+            hedgeable.add(trial_id)
+        else:
+            hedgeable.discard(trial_id)
+        self.guessed = hedgeable
 
     def resumed(self, trial_id: str) -> None:
         """A paused trial runs again (promoted here, or restored by Tune after a restart)."""
@@ -48,6 +58,7 @@ class Promotions:
     def ended(self, trial_id: str) -> None:
         self.paused.pop(trial_id, None)
         getattr(self, "leading", set()).discard(trial_id)
+        getattr(self, "guessed", set()).discard(trial_id)
 
     def leads(self, trial_id: str) -> bool:
         """Whether the trial went on as the leader (:attr:`leading`)."""
@@ -66,7 +77,9 @@ class Promotions:
             promotable: Whether the rung a paused trial was paused at passes it now (level with
                 the best curve there, or in the top 1/eta): it goes before any new trial.
             hedged: Whether it passes within the indifference zone: it goes on once no new
-                trial waits (the search has first seen every trial's start).
+                trial waits (the search has first seen every trial's start). The scheduler
+                hedges only a pause at a rung tied to the guess (:attr:`guessed`), or one in
+                the trial's LR warmup.
             level: A paused trial's best level at its pause (the higher the better).
             pending: Whether a new trial waits to run (the searcher suggested one).
             running: Trials running now.

@@ -217,7 +217,7 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.CONTINUE
         self.capped_at_rung[trial.trial_id] = rung
         if self.pause and (self.best_time_to_target_s is None or rung < self.rungs()[-1]):
-            self.promotions.pause(trial.trial_id, rung)
+            self.promotions.pause(trial.trial_id, rung, self.best_time_to_target_s is None)
             log.debug("trial %s paused at %.3f s, behind at the %.3f s rung",
                       trial.trial_id, trained, rung)  # fmt: skip
             tell_searcher(tune_controller, "on_pause", trial.trial_id)
@@ -412,6 +412,8 @@ class CappingScheduler(FIFOScheduler):
             return True  # paused below every rung there is now: judged at the lowest instead
         if hedged and self._warming.get(trial_id, 0.0) > at and len(rungs) > 1 and at < rungs[-2]:
             return True  # paused in its LR warmup early: judged once more, further on
+        if hedged and trial_id not in getattr(self.promotions, "guessed", ()):
+            return False  # paused once B was measured: ASHA's promotion only (promotion.py)
         if hedged and self.zone is not None:
             top = rungs[-1] if rungs else at
             below_top = max(0, round(math.log(max(top / at, 1.0)) / math.log(self.eta)))
