@@ -6,9 +6,10 @@ memory for real is replaced by the next smaller micro batch (only the largest ba
 follows the batch down: the reference is a recipe of its own), so that the largest batch that
 *really* fits is swept; the smaller baseline is kept in the study, where it survives a resume.
 What the opening measured (the fastest LR multiplier at the largest batch) is what the plan's
-ladder carries to other batches (:mod:`raybatch.run.plan`): the fastest to reach the target,
-or, where none of the sweep has reached when the ladder is queued, the one ahead at equal
-training time (each sweep point's curve is kept, as the scheduler keeps it).
+ladder carries to other batches (:mod:`raybatch.run.plan`): the fastest to reach the target;
+where none of the sweep has reached when the ladder is queued, the leader's (the first the
+scheduler resumed), else the one ahead at equal training time (each sweep point's curve is
+kept, as the scheduler keeps it).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Opening:
         self.leader: int | None = None
         """The sweep point that first went on from a pause before any point reached: the one
         the scheduler found furthest, whose LR the ladder carries if none of the sweep has
-        reached when it is queued and no two sweep curves show the same training time."""
+        reached when it is queued."""
         self.mode = mode
         self.curves: dict[int, Trajectory] = {}  # sweep index -> its curve on training time
 
@@ -172,8 +173,8 @@ class Opening:
 
     def best_multiplier(self) -> float:
         """The LR multiplier that reached the target fastest at the largest batch; where none
-        did, the one ahead at equal training time (:meth:`ahead`); else the :attr:`leader`'s
-        (the furthest when the scheduler chose); else 1.0."""
+        did, the :attr:`leader`'s (the furthest when the scheduler chose); else the one ahead
+        at equal training time (:meth:`ahead`); else 1.0."""
         times = [
             (t, self.points[i].get(keys.LR_MULTIPLIER, 1.0))
             for i, t in self.times.items()
