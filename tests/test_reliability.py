@@ -229,10 +229,11 @@ def test_an_oom_in_one_of_four_concurrent_trials_leaves_the_others_running(
     assert all("out of memory while training" in r["reason"] for r in oom)
     others = [r for r in search if r not in oom]
     assert len(others) >= 4
-    # Each ran to its own end: the target, or its own sample cap; none was taken down with
-    # the trial that ran out of memory.
+    # Each ran to its own end: the target, or its own sample or time cap (four trials on a
+    # loaded machine's two cores can train past 120 s: one did beside two busy loops); none
+    # was taken down with the trial that ran out of memory.
     ends = [(r["status"], r["reason"]) for r in others]
-    assert all(s == "reached" or (s == "censored" and "sample budget" in why)
+    assert all(s == "reached" or (s == "censored" and ("sample budget" in why or "time cap" in why))
                for s, why in ends), ends  # fmt: skip
     assert any(s == "reached" for s, _ in ends), ends
     # Taught, not hidden: the study holds each as infeasible; anything proposed afterwards
