@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -148,9 +149,35 @@ def test_the_rungs_are_tied_to_the_fastest_time_to_target() -> None:
     s = CappingScheduler(horizon_s=30.0)
     # The guess, before: one rung further down (it is only a bound).
     assert s.rungs() == pytest.approx([30 / 27, 30 / 9, 30 / 3, 30.0])
-    _incumbent(s)
-    assert s.rungs() == pytest.approx([1.0, 3.0, 9.0])
+    _incumbent(s)  # B = 9 s: the two grid points at or below 9 / sqrt(3), then B
+    assert s.rungs() == pytest.approx([30 / 27, 30 / 9, 9.0])
     assert CappingScheduler(zone=None, horizon_s=30.0).rungs() == []
+    assert CappingScheduler().rungs() == []  # no guess and no reach: nothing to tie them to
+
+
+def test_the_rungs_stay_on_their_grid_while_the_fastest_time_moves() -> None:
+    """Only the top rung follows B: the ones below sit on the grid the guess started, so a
+    rung a trial was judged at before a reach is where it stays."""
+    s = CappingScheduler(horizon_s=30.0)
+    grids = ((9.0, [30 / 27, 30 / 9]), (7.0, [30 / 27, 30 / 9]), (4.0, [30 / 81, 30 / 27]))
+    for best, below in grids:
+        s._record(best)
+        assert s.rungs() == pytest.approx([*below, best])
+
+
+def test_every_rung_below_the_top_is_one_of_the_trials_own_time_marks() -> None:
+    """The grid is the time cap's (``for_time_cap``), and every trial evaluates at the cap's
+    time marks: a rung below B is judged at an evaluation on it, not at the first one past
+    (the launch names B, and the grid rungs under the cap's lowest mark where B is that
+    small: ``Launches.rung_marks``)."""
+    from raybatch.trial.cadence import time_marks
+
+    marks = time_marks(15.0)
+    for best in (1.3, 2.23, 5.8, 12.0):
+        s = CappingScheduler.for_time_cap(15.0)
+        s._record(best)
+        for rung in s.rungs()[:-1]:
+            assert any(math.isclose(rung, m, rel_tol=1e-9) for m in marks), (best, rung)
 
 
 def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung() -> None:

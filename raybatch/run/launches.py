@@ -13,7 +13,9 @@ resumed search and its study agree:
   recipe is taught infeasible: a packed trial's OOM may be its neighbours' doing. Once only:
   a second OOM, alone, is the recipe's;
 - **the fastest time to target told so far**: each trial launched once one is known evaluates
-  at the rungs it ties (:data:`~raybatch.keys.RUNG_MARKS`), not only at the geometric marks.
+  at the rungs it ties (:data:`~raybatch.keys.RUNG_MARKS`): ``B`` itself, and the grid rungs
+  below it where they lie under the cap's lowest time mark
+  (:func:`~raybatch.run.rungs.grid_rungs`, anchored as ``CappingScheduler.for_time_cap``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from raybatch import keys
 from raybatch.results.selection import is_packed
 from raybatch.run.gates import OOM_VIOLATION, Devices
-from raybatch.run.rungs import rung_times
+from raybatch.run.rungs import DEFAULT_ETA, grid_rungs
 from raybatch.run.screen import Passed, Screen
 from raybatch.space.config import TrialConfig
-from raybatch.status import TrialStatus
+from raybatch.status import PAR_FACTOR, TrialStatus
 
 if TYPE_CHECKING:
     import optuna
@@ -113,9 +115,15 @@ class Launches:
         if self.plan.wants_time_model(recipe) and not is_packed(config.get(keys.GPU_SHARE)):
             config = {**config, keys.MEASURE_TIME_MODEL: True}  # for Tune only, not the study
         if self.fastest_s is not None:  # judged at the rungs, not at the first mark past one
-            config = {**config, keys.RUNG_MARKS: rung_times(self.fastest_s)}
+            config = {**config, keys.RUNG_MARKS: self.rung_marks(self.fastest_s)}
         self.devices.take(trial_id, recipe, config)
         return config
+
+    def rung_marks(self, fastest_s: float) -> list[float]:
+        """The rungs a trial launched now is judged at, once a trial reached in ``fastest_s``:
+        on the grid of the trainable's time cap (its penalty's tenth), as the scheduler's."""
+        cap = self.screen.penalty / PAR_FACTOR
+        return grid_rungs(fastest_s, cap / DEFAULT_ETA)
 
     def to_tell(self, trial_id: str) -> int | None:
         """The Optuna trial Tune trial ``trial_id`` ran, while it is not told yet; ``None``

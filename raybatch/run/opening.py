@@ -113,16 +113,20 @@ class Opening:
             self.curves.setdefault(i, Trajectory(self.mode)).add(train_s, metric)
 
     def settled(self, running: set[int]) -> bool:
-        """Whether the ladder has what it needs from the opening: some point reached the target
-        (``B``, and the time model, measured near the target), and every sweep point still
-        running (Optuna trials ``running``) has trained as long as the sweep's curves are
-        compared at (:meth:`ahead`), so the LR the ladder carries was chosen at equal time. No
-        reach of the sweep is needed: on a digits CNN the largest batch took 3-4x the optimum's
-        training to reach, and a ladder held for it held the whole search."""
-        if not self.reached:
-            return False
+        """Whether the ladder has what it needs from the opening, the LR it carries, chosen at
+        equal time: every sweep point still running (Optuna trials ``running``) has trained as
+        long as the sweep's curves are compared at (:meth:`ahead`), and some point reached the
+        target (``B``, and the time model, measured near it) or none of the sweep runs at all
+        (each paused or ended at a rung, two curves or more compared there). No reach is
+        waited for: on a digits CNN the largest batch took 3-4x the optimum's training to
+        reach, and the opening's points trained 6.9 trainings of the optimum before the
+        reference reached, half the search; the ladder runs geometric where no model was
+        measured by then (:class:`~raybatch.run.seeding.Ladder`)."""
         at = self._compared_at()
         sweep = self.sweep_indices()
+        if not self.reached:
+            # Compared at a rung: every sweep point paused or ended there, two curves or more.
+            return at is not None and not any(self.numbers.get(n) in sweep for n in running)
         for number in running:
             i = self.numbers.get(number)
             if i in sweep and at is not None:

@@ -172,19 +172,17 @@ class Plan:
                      f" each at the largest batch's fastest LR ({opening.best_multiplier():.3g}x)"
                      " carried by the rule and as is")  # fmt: skip
 
-    def awaits_first_reach(self) -> bool:
-        """Whether the ladder waits for an opening point to reach the target: every point has
-        been asked, the opening has not settled (:meth:`Opening.settled`: no point reached, or
-        a sweep point runs short of the time the sweep's curves are compared at), and some is
-        running or paused. While it waits, a free slot goes to the opening's leader (the
-        scheduler resumes the paused trial that got furthest) rather than to a new trial: the
-        ladder needs what only a reach measures (the time model, near the target; ``B``, which
-        ties every later trial's rungs to the target); the LR it carries is the sweep's
-        fastest to reach, else its leader's, else the one ahead at equal time
-        (:meth:`Opening.best_multiplier`). Without the wait, paused trials go on only once
-        nothing new waits, at the search's end: on the simulated family the ladder then ran
-        geometric at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4)
-        was never proposed."""
+    def awaits_opening(self) -> bool:
+        """Whether the ladder waits for the opening to settle: every point has been asked, the
+        opening has not settled (:meth:`Opening.settled`: a sweep point runs short of the time
+        the sweep's curves are compared at, or one runs and none reached), and some is running
+        or paused. While it waits, a free slot goes to the opening's leader (the scheduler
+        resumes the paused trial that got furthest) rather than to a new trial, so that the LR
+        the ladder carries is chosen at equal time: the sweep's fastest to reach, else its
+        leader's, else the one ahead (:meth:`Opening.best_multiplier`). Without the wait,
+        paused trials go on only once nothing new waits, at the search's end: on the simulated
+        family the ladder then ran at the LR multiplier 1, and the optimum of
+        ``needs_accumulation`` (64 x 4) was never proposed."""
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished

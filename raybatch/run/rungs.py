@@ -1,8 +1,9 @@
 """Equal-time rungs: every trial judged at the same training times, tied to the target.
 
 As in ASHA (Li et al. 2020; Ray Tune's ``ASHAScheduler`` on a ``time_attr``), but the time is
-the trial's *training* seconds and the rungs are tied to the target: ``B/eta^2, B/eta, B``,
-where ``B`` is the best estimate of the optimum's time to target. A trial goes on at a rung
+the trial's *training* seconds and the rungs are tied to the target: ``B``, the best estimate
+of the optimum's time to target, and below it a fixed grid (about ``B/eta^2, B/eta``:
+:func:`grid_rungs`). A trial goes on at a rung
 while either holds:
 
 - it is **within the indifference zone** of the best curve seen: by the rung it reached the
@@ -31,6 +32,8 @@ RUNG_COUNT = 3
 """Rungs at ``B/eta^2 .. B``: with eta 3, B/9, B/3 and B. None at B/27: a recipe with a large
 LR starts slowly and catches up, and a rung that early stops recipes near the optimum
 (``docs/search.md`` has the figures)."""
+TOLERANCE = 1e-9
+"""Relative: a rung and the time mark it sits on, computed apart, differ by a rounding."""
 GUESS_RUNG_COUNT = 4
 """Before any trial has reached the target, ``B`` is a guess (the time cap / eta), an upper
 bound that may be far above the optimum's time: the rungs then go one further down (the cap /
@@ -79,8 +82,9 @@ class Trajectory:
         curve's end (the trial has not trained that long). Before the first evaluation the
         first value stands where ``before_first`` (the trial being judged: never stopped for
         being evaluated late), else ``None`` (a peer's curve shows nothing there yet)."""
-        if not self.times or train_s > self.times[-1]:
+        if not self.times or train_s > self.times[-1] * (1.0 + TOLERANCE):
             return None
+        train_s = min(train_s, self.times[-1])  # a rung a rounding past its mark is at it
         i = bisect.bisect_left(self.times, train_s)
         if i == 0:
             return self.best[0] if before_first or train_s == self.times[0] else None
@@ -93,6 +97,21 @@ def rung_times(horizon_s: float, eta: float = DEFAULT_ETA, count: int = RUNG_COU
     """The rungs' training times for a best estimate ``horizon_s`` of the optimum's time to
     target, earliest first: ``B/eta^(count-1) .. B``."""
     return [horizon_s / eta**k for k in range(count - 1, -1, -1)]
+
+
+def grid_rungs(
+    best_s: float, anchor_s: float, eta: float = DEFAULT_ETA, count: int = RUNG_COUNT
+) -> list[float]:
+    """The rungs once a trial has reached the target in ``best_s`` (``B``): the ``count - 1``
+    highest points of the fixed grid ``anchor_s x eta^k`` at or below ``B / sqrt(eta)``, then
+    ``B``. The grid does not move when ``B`` does: a trial judged at a grid rung before a reach,
+    or before a faster one, is never left unjudged between rungs that moved past it (a wide MLP
+    trained 0.6 s to 1.9 s with no rung between once ``B`` moved twice), and a rung is never
+    judged twice a few steps apart. Only the top rung, ``B`` itself, moves with it."""
+    step = math.log(eta)
+    k = math.floor(math.log(best_s / math.sqrt(eta) / anchor_s) / step + 1e-9)
+    below = [anchor_s * eta ** (k - j) for j in range(count - 2, -1, -1)]
+    return [*below, best_s]
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -149,6 +168,7 @@ __all__ = [
     "GUESS_RUNG_COUNT",
     "RUNG_COUNT",
     "Trajectory",
+    "grid_rungs",
     "hedged_zone",
     "judged_near",
     "passes",

@@ -1,7 +1,8 @@
 """Adaptive capping on equal-time rungs: stop a trial the moment it cannot win.
 
 Every trial is judged at rungs of its own training time (``train_s``, evaluations excluded)
-tied to the target, ``B/9, B/3, B`` with ``B`` the fastest time to target seen, and goes on
+tied to the target (``B``, the fastest time to target seen, and about ``B/3`` and ``B/9`` on a
+fixed grid: :func:`~raybatch.run.rungs.grid_rungs`), and goes on
 only while it is within the indifference zone of the best curve there or in the top 1/eta
 (:mod:`raybatch.run.rungs`); one behind below the top rung is paused instead where ``pause``
 (:mod:`raybatch.run.promotion`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
@@ -30,9 +31,10 @@ from raybatch.run.rungs import (
     DEFAULT_ZONE,
     GUESS_RUNG_COUNT,
     HEDGE,
+    TOLERANCE,
     Trajectory,
+    grid_rungs,
     hedged_zone,
-    judged_near,
     passes,
     rung_times,
 )
@@ -243,8 +245,11 @@ class CappingScheduler(FIFOScheduler):
         compared from their first evaluations on."""
         if self.zone is None:
             return []
-        if self.best_time_to_target_s is not None:
-            return rung_times(self.best_time_to_target_s, self.eta)
+        best = self.best_time_to_target_s
+        if best is not None and self.horizon_s is not None:
+            return grid_rungs(best, self.horizon_s, self.eta)
+        if best is not None:
+            return rung_times(best, self.eta)
         if self.horizon_s is None:
             return []
         return rung_times(self.horizon_s, self.eta, GUESS_RUNG_COUNT)
@@ -285,12 +290,12 @@ class CappingScheduler(FIFOScheduler):
         exempt = self.promotions.exempt_up_to(trial_id)
         for index, rung_s in enumerate(rungs):
             below_top = len(rungs) - 1 - index
-            if rung_s > trained or rung_s <= exempt:  # not yet, or promoted past it
+            if rung_s > trained * (1.0 + TOLERANCE) or rung_s <= exempt:  # not yet, or promoted
                 continue
             zone = self._rung_zone(below_top)
             if rung_s <= warm_from and (covered or not self._judges_warmup()):
                 spared_zone = zone  # passed in its warmup: judged once it is warm
-            elif not judged_near(trajectory.judged, rung_s, self.eta):
+            elif not any(math.isclose(t, rung_s, rel_tol=TOLERANCE) for t in trajectory.judged):
                 judged.append((rung_s, zone, False))
         if spared_zone is not None and warm_from <= trained and trial_id not in self._warm_judged:
             judged.insert(0, (warm_from, spared_zone, True))
@@ -407,8 +412,8 @@ class CappingScheduler(FIFOScheduler):
             return True
         zone = 0.0
         rungs = self.rungs()
-        if hedged and rungs and self.best_time_to_target_s is not None and not judged_near(
-                [rungs[0]], at, self.eta) and at < rungs[0]:  # fmt: skip
+        if hedged and rungs and self.best_time_to_target_s is not None and (
+                at < rungs[0] * (1.0 - TOLERANCE)):  # fmt: skip
             return True  # paused below every rung there is now: judged at the lowest instead
         if hedged and self._warming.get(trial_id, 0.0) > at and len(rungs) > 1 and at < rungs[-2]:
             return True  # paused in its LR warmup early: judged once more, further on

@@ -175,7 +175,7 @@ class RaybatchSearcher(Searcher):
         # The opening's trials the scheduler paused count as ended for the ladder's turn.
         self.plan.paused = {self.launches.numbers[t] for t in self.paused
                             if t in self.launches.numbers}  # fmt: skip
-        if self.paused and self.plan.awaits_first_reach():
+        if self.paused and self.plan.awaits_opening():
             return None  # Tune asks again later; the scheduler resumes the opening's leader
         if self.launches.held is not None:  # a data-parallel recipe waiting for its workers
             wait, launched = self.launches.release(trial_id)
