@@ -50,8 +50,8 @@ from raybatch.examples.wide import WideWorkload
 from raybatch.metric import Target, resolve_target
 from raybatch.results.cost import search_cost
 from raybatch.run.options import SearchOptions
+from raybatch.run.race_record import race_seed
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
-from raybatch.run.scheduler import race_seed
 from raybatch.run.sessions import slots_recorded
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import spearman

@@ -162,6 +162,9 @@ class _Capping:
 
     def __init__(self, zone: float | None, max_time_s: float, **settings: Any) -> None:
         """``settings``: the scheduler's other arguments (``hedge``, ...), where a rule varies."""
+        # The target in the simulated metric's units (progress 1), as ``for_trainable`` reads
+        # the trainable's.
+        settings.setdefault("target", 1.0)
         self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone,
                                                        **settings)  # fmt: skip
         self.warm_s: dict[str, float] = {}  # trial -> the training seconds its warmup lasts

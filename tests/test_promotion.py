@@ -106,6 +106,20 @@ def test_before_a_reach_one_alone_at_a_rung_waits_and_the_furthest_goes_on_when_
     assert s.next_to_run(pending=True, running=0) == ("b", False)
 
 
+def test_paused_trials_are_ranked_at_the_rung_they_were_paused_at_not_at_their_last_level(
+) -> None:  # fmt: skip
+    """x trained on to 0.9 s before the 1/3 s rung judged it, and shows 0.6 there; y, paused
+    at 0.4 s with 0.3, was ahead at 1/3 s (0.28 against 0.2): with nothing new to run, y goes
+    on. Ranked by the level each got to, the one that trained longest went on whatever it
+    showed at equal time."""
+    s = _scheduler(slots=1)
+    assert _report(s, "x", 0.2, 0.1) == TrialScheduler.CONTINUE
+    assert _report(s, "x", 0.9, 0.6) == TrialScheduler.PAUSE
+    assert _report(s, "y", 0.2, 0.25) == TrialScheduler.CONTINUE
+    assert _report(s, "y", 0.4, 0.3) == TrialScheduler.PAUSE
+    assert s.next_to_run(pending=False, running=0) == ("y", False)
+
+
 def test_the_leader_that_goes_on_with_nothing_new_to_run_does_not_wait_at_its_next_rungs(
 ) -> None:  # fmt: skip
     """Before a reach, a trial alone at a rung waits there for others; the furthest paused

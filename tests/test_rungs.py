@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from raybatch.run.rungs import Trajectory, judged_near, passes, quantile, rung_times
+from raybatch.run.rungs import (
+    Trajectory,
+    extrapolated,
+    grid_rungs,
+    passes,
+    quantile,
+    rung_times,
+)
 
 
 def _curve(*points: tuple[float, float], mode: str = "max") -> Trajectory:
@@ -47,10 +54,21 @@ def test_a_rung_nobody_else_got_to_gives_no_verdict() -> None:
     assert passes(alone, 1.0, [early, _curve((0.5, 0.3), (1.2, 0.8))], 0.1, 3) is False
 
 
-def test_a_rung_judged_stays_judged_when_the_rungs_move_a_little() -> None:
-    assert judged_near({1.0}, 1.5, eta=3)  # within sqrt(3)
-    assert not judged_near({1.0}, 3.0, eta=3)
-    assert not judged_near(set(), 1.0, eta=3)
+def test_below_b_the_rungs_are_the_grids_two_points_under_b_over_sqrt_eta() -> None:
+    assert grid_rungs(9.0, 30.0) == pytest.approx([30 / 27, 30 / 9, 9.0])
+    assert grid_rungs(5.0, 30.0) == pytest.approx([30 / 81, 30 / 27, 5.0])  # 30/9 > 5/sqrt(3)
+    assert grid_rungs(300.0, 30.0) == pytest.approx([30.0, 90.0, 300.0])  # the grid goes up too
+
+
+def test_a_curve_extrapolates_to_the_target_at_its_average_pace_once_it_has_moved() -> None:
+    """From 0.1 at 1 s to 0.5 at 3 s, half the way to 0.9: 5 s at that pace (optimistic, as
+    curves slow down). Before a fifth of the way, or with one evaluation, no estimate."""
+    assert extrapolated(_curve((1.0, 0.1), (3.0, 0.5)), 0.9) == pytest.approx(5.0)
+    assert extrapolated(_curve((1.0, 0.1), (3.0, 0.2)), 0.9) is None
+    assert extrapolated(_curve((1.0, 0.1)), 0.9) is None
+    assert extrapolated(_curve((1.0, 0.1), (2.0, 0.95)), 0.9) == pytest.approx(2.0)
+    loss = _curve((1.0, 2.0), (2.0, 1.0), mode="min")
+    assert extrapolated(loss, -0.5) == pytest.approx(2.5)  # two thirds of the way in 1 s
 
 
 def test_a_curve_run_again_from_an_earlier_point_keeps_what_it_showed_before_it() -> None:

@@ -180,6 +180,32 @@ def test_every_rung_below_the_top_is_one_of_the_trials_own_time_marks() -> None:
             assert any(math.isclose(rung, m, rel_tol=1e-9) for m in marks), (best, rung)
 
 
+def test_before_a_reach_a_curve_far_ahead_of_the_guess_adds_the_grid_rung_under_it() -> None:
+    """A 27 s cap guesses rungs at 1/3 .. 9 s; a curve half way to 0.9 in 0.18 s of training
+    extrapolates to about 0.4 s: the grid rung under it (1/9 s, the cap's lowest time mark)
+    is added, the one under that (1/27 s, where no trial evaluates) is not."""
+    s = CappingScheduler.for_time_cap(27.0, None, target=0.9)
+    assert s.rungs() == pytest.approx([1 / 3, 1.0, 3.0, 9.0])
+    _curve(s, "d", ((0.12, 0.1), (0.3, 0.6)))
+    assert s.rungs() == pytest.approx([1 / 9, 1 / 3, 1.0, 3.0, 9.0])
+    blind = CappingScheduler.for_time_cap(27.0, None)  # no target told: the guess alone
+    _curve(blind, "d", ((0.12, 0.1), (0.3, 0.6)))
+    assert blind.rungs() == pytest.approx([1 / 3, 1.0, 3.0, 9.0])
+
+
+def test_a_rung_added_below_does_not_judge_a_trial_already_judged_at_a_later_one() -> None:
+    """Trial a passed the 1/3 s rung beside b and c; it was behind them at 1/9 s, a rung that
+    did not exist then. Once a fast curve adds it, a is not judged there after the fact (a
+    near-optimal recipe with a large LR was so paused at 129 s for 20 s it had trained)."""
+    s = CappingScheduler.for_time_cap(27.0, None, target=0.9, hedge=0.0)
+    for name, first in (("b", 0.3), ("c", 0.3), ("a", 0.28)):
+        _curve(s, name, ((0.1, first), (0.4, 0.31 if name == "a" else 0.3)))
+    assert "a" not in s.capped_at_rung
+    _curve(s, "d", ((0.12, 0.1), (0.3, 0.6)))
+    assert s.rungs()[0] == pytest.approx(1 / 9)
+    assert s.on_trial_result(None, _trial("a"), _report(0.6, 0.32)) == TrialScheduler.CONTINUE
+
+
 def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung() -> None:
     """At the 1 s rung the incumbent had 0.4, and 0.36 at 1/1.1 s: a trial showing 0.2 there is
     more than 10 % slower to its level and ranks below the top third: stopped at that rung,

@@ -30,8 +30,8 @@ from raybatch.results.rows import TrialRow
 from raybatch.run.confirmation import Race, RaceSearcher, confirmation_seeds
 from raybatch.run.options import SearchOptions
 from raybatch.run.progress import log, recipe
-from raybatch.run.race_record import RaceRecord
-from raybatch.run.scheduler import CappingScheduler, race_seed
+from raybatch.run.race_record import RaceRecord, race_seed
+from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.study import SearchStudy
 from raybatch.space.config import carried_recipe

@@ -36,6 +36,14 @@ SEARCH_TRIAL_ATTR = "search_trial_id"
 """A confirmation run's recipe: the Ray Tune trial of the search that measured it first."""
 
 
+def race_seed(config: dict[str, Any] | None) -> int | None:
+    """The seed of a confirmation run's Tune config (it carries its candidate and seed:
+    :class:`~raybatch.run.confirmation.RaceSearcher`); ``None`` for a search trial."""
+    if not config or keys.CANDIDATE not in config or config.get(keys.SEED) is None:
+        return None
+    return int(config[keys.SEED])
+
+
 class RaceRecord:
     """The race's runs, recorded in the study beside ``record``'s as each ends."""
 
@@ -108,4 +116,4 @@ class RaceRecord:
         )
 
 
-__all__ = ["CONFIRMATION_STUDY", "SEARCH_TRIAL_ATTR", "SEED_ATTR", "RaceRecord"]
+__all__ = ["CONFIRMATION_STUDY", "SEARCH_TRIAL_ATTR", "SEED_ATTR", "RaceRecord", "race_seed"]

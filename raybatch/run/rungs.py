@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterable
 
 from raybatch.status import INDIFFERENCE_ZONE
+from raybatch.trial.cadence import time_marks
 
 DEFAULT_ETA = 3.0
 DEFAULT_ZONE = INDIFFERENCE_ZONE
@@ -114,6 +115,46 @@ def grid_rungs(
     return [*below, best_s]
 
 
+MIN_SHARE = 0.2
+"""A curve extrapolates to the target once it has come this share of the way from its first
+evaluation: before, its pace says more about its warmup than about its time to target."""
+
+
+def extrapolated(trajectory: Trajectory, goal: float) -> float | None:
+    """The training time at which ``trajectory`` would reach ``goal`` (in its progress units: the
+    target, negated for a ``min`` target) at its average pace since its first evaluation;
+    ``None`` before it has come :data:`MIN_SHARE` of the way. Learning curves slow down as they
+    go, so this is an optimistic estimate of its time to target: rungs placed by it come
+    early rather than late, and early is what a rung costs least at."""
+    if len(trajectory.times) < 2 or trajectory.best[0] >= goal:
+        return None
+    first, last = trajectory.best[0], trajectory.best[-1]
+    share = (last - first) / (goal - first)
+    if share < MIN_SHARE:
+        return None
+    start = trajectory.times[0]
+    return start + (trajectory.times[-1] - start) / min(share, 1.0)
+
+
+def guessed_rungs(horizon_s: float, eta: float, curves: Iterable[Trajectory],
+                  goal: float | None) -> list[float]:  # fmt: skip
+    """The rungs before any trial has reached the target: ``B`` is a guess (``horizon_s``, the
+    time cap / eta), only a bound, so the rungs go one further down than after
+    (:data:`GUESS_RUNG_COUNT`: the cap / 81 .. the cap / 3), and trials started together are
+    compared from their first evaluations on. Where a curve already extrapolates to ``goal``
+    (:func:`extrapolated`) far below the guess, the grid rungs under that estimate are added,
+    down to the trials' lowest time mark: a rung no trial evaluates near compares first
+    evaluations taken at different times (the simulated family paused every trial at one)."""
+    guess = rung_times(horizon_s, eta, GUESS_RUNG_COUNT)
+    ends = [extrapolated(c, goal) for c in curves] if goal is not None else []
+    soon = min((e for e in ends if e is not None), default=None)
+    if soon is None:
+        return guess
+    lowest = time_marks(horizon_s * eta)[0] * (1.0 - TOLERANCE)
+    lower = grid_rungs(soon, horizon_s, eta)[:-1]
+    return [r for r in lower if lowest <= r < guess[0] * (1.0 - TOLERANCE)] + guess
+
+
 def quantile(values: list[float], q: float) -> float:
     """The ``q`` quantile with linear interpolation (NumPy's default, which ASHA uses)."""
     ordered = sorted(values)
@@ -156,21 +197,16 @@ def hedged_zone(zone: float, eta: float, below_top: int, hedge: float = HEDGE) -
     return float((1.0 + zone) * eta ** (hedge * below_top) - 1.0)
 
 
-def judged_near(judged: Iterable[float], rung_s: float, eta: float) -> bool:
-    """Whether a rung at ``rung_s`` was judged already: a judged rung within ``sqrt(eta)`` of
-    it (rungs move when a faster trial reaches the target; one judged stays judged)."""
-    return any(abs(math.log(t / rung_s)) < 0.5 * math.log(eta) for t in judged)
-
-
 __all__ = [
     "DEFAULT_ETA",
     "DEFAULT_ZONE",
     "GUESS_RUNG_COUNT",
     "RUNG_COUNT",
     "Trajectory",
+    "extrapolated",
     "grid_rungs",
+    "guessed_rungs",
     "hedged_zone",
-    "judged_near",
     "passes",
     "quantile",
     "rung_times",

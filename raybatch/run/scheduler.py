@@ -26,14 +26,15 @@ from raybatch.errors import Issue, OptionError
 from raybatch.results.selection import is_packed
 from raybatch.run.hang import HangGuard
 from raybatch.run.promotion import Promotions, tell_searcher
+from raybatch.run.race_record import race_seed
 from raybatch.run.rungs import (
     DEFAULT_ETA,
     DEFAULT_ZONE,
-    GUESS_RUNG_COUNT,
     HEDGE,
     TOLERANCE,
     Trajectory,
     grid_rungs,
+    guessed_rungs,
     hedged_zone,
     passes,
     rung_times,
@@ -45,14 +46,6 @@ from raybatch.trial.settings import parts_of
 
 DEFAULT_SLACK = 1.2
 log = logging.getLogger("raybatch.progress")
-
-
-def race_seed(config: dict[str, Any] | None) -> int | None:
-    """The seed of a confirmation run's Tune config (it carries its candidate and seed:
-    :class:`~raybatch.run.confirmation.RaceSearcher`); ``None`` for a search trial."""
-    if not config or keys.CANDIDATE not in config or config.get(keys.SEED) is None:
-        return None
-    return int(config[keys.SEED])
 
 
 class CappingScheduler(FIFOScheduler):
@@ -100,6 +93,7 @@ class CappingScheduler(FIFOScheduler):
         horizon_s: float | None = None,
         mode: str = "max",
         pause: bool = False,
+        target: float | None = None,
     ) -> None:
         issues = [Issue(name, f"must be {allowed}, got {value!r}")
                   for name, value, allowed, ok in (
@@ -119,6 +113,7 @@ class CappingScheduler(FIFOScheduler):
         self.hedge = hedge
         self.horizon_s = horizon_s
         self.mode = mode
+        self.target = target
         self.best_time_to_target_s: float | None = None
         self.capped: dict[str, float] = {}
         self.capped_at_rung: dict[str, float] = {}
@@ -155,6 +150,7 @@ class CappingScheduler(FIFOScheduler):
             trainable, "use CappingScheduler.for_time_cap(max_time_s) instead"
         ).settings
         kwargs.setdefault("mode", settings.target.mode)
+        kwargs.setdefault("target", settings.target.value)
         return cls.for_time_cap(settings.max_time_s, hang_grace_s, **kwargs)
 
     @classmethod
@@ -238,21 +234,18 @@ class CappingScheduler(FIFOScheduler):
             self.race_best_s[seed] = min(self.race_best_s.get(seed, math.inf), time_to_target_s)
 
     def rungs(self) -> list[float]:
-        """The rungs' training times now (none without a horizon or a zone): ``B/eta^2 .. B``
-        once a trial has reached the target (``B`` the fastest time to target); before, the
-        guess is only a bound, so the rungs go further down
-        (:data:`~raybatch.run.rungs.GUESS_RUNG_COUNT`), and trials started together are
-        compared from their first evaluations on."""
-        if self.zone is None:
+        """The rungs' training times now (none without a horizon or a zone): on the grid below
+        ``B`` and ``B`` itself once a trial has reached the target (``B`` the fastest time to
+        target); before, the guess (:func:`~raybatch.run.rungs.guessed_rungs`)."""
+        best, horizon = self.best_time_to_target_s, self.horizon_s
+        if self.zone is None or (best is None and horizon is None):
             return []
-        best = self.best_time_to_target_s
-        if best is not None and self.horizon_s is not None:
-            return grid_rungs(best, self.horizon_s, self.eta)
         if best is not None:
-            return rung_times(best, self.eta)
-        if self.horizon_s is None:
-            return []
-        return rung_times(self.horizon_s, self.eta, GUESS_RUNG_COUNT)
+            eta = self.eta
+            return rung_times(best, eta) if horizon is None else grid_rungs(best, horizon, eta)
+        assert horizon is not None
+        goal = None if self.target is None else (1.0 if self.mode == "max" else -1.0) * self.target
+        return guessed_rungs(horizon, self.eta, self._trajectories.values(), goal)
 
     def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
         """Follow the trial's warmup from its evaluations (:data:`~raybatch.keys.WARMING_UP`;
@@ -287,10 +280,13 @@ class CappingScheduler(FIFOScheduler):
         covered = trial_id in self._warm_before_reach
         judged: list[tuple[float, float, bool]] = []  # (training time, zone, past warmup)
         spared_zone = None  # the zone of the highest rung its warmup spared
+        # Promoted past a rung, or judged at a later one: a rung added below (an earlier
+        # estimate of B) does not judge it after the fact.
         exempt = self.promotions.exempt_up_to(trial_id)
+        later = max(trajectory.judged, default=0.0) * (1.0 - TOLERANCE)
         for index, rung_s in enumerate(rungs):
             below_top = len(rungs) - 1 - index
-            if rung_s > trained * (1.0 + TOLERANCE) or rung_s <= exempt:  # not yet, or promoted
+            if rung_s > trained * (1.0 + TOLERANCE) or rung_s <= exempt or rung_s < later:
                 continue
             zone = self._rung_zone(below_top)
             if rung_s <= warm_from and (covered or not self._judges_warmup()):
@@ -426,7 +422,12 @@ class CappingScheduler(FIFOScheduler):
         return bool(self._verdict(trial_id, trajectory, at, zone))
 
     def _level(self, trial_id: str) -> float:
-        level = getattr(self._trajectories.get(trial_id), "progress", None)
+        """A paused trial's level at the rung it was paused at: paused trials are ranked at
+        equal time (one that trained on past its rung before a lower one judged it is not
+        ahead for that)."""
+        trajectory = self._trajectories.get(trial_id)
+        at = self.promotions.paused.get(trial_id)
+        level = None if trajectory is None or at is None else trajectory.value_at(at)
         return -math.inf if level is None else float(level)
 
     @property
