@@ -8,6 +8,7 @@ from raybatch.run.rungs import (
     Trajectory,
     extrapolated,
     grid_rungs,
+    lowest_mark,
     passes,
     quantile,
     rung_times,
@@ -52,6 +53,16 @@ def test_a_rung_nobody_else_got_to_gives_no_verdict() -> None:
     early = _curve((0.2, 0.5))  # ended before the rung
     assert passes(alone, 1.0, [early], zone=0.1, eta=3) is None
     assert passes(alone, 1.0, [early, _curve((0.5, 0.3), (1.2, 0.8))], 0.1, 3) is False
+
+
+def test_at_the_lowest_time_mark_a_peers_first_evaluation_stands_for_the_rung() -> None:
+    """Every trial evaluates first at the first step past the lowest mark: no curve shows the
+    rung itself. There a peer's first value stands, as the judged trial's own does; elsewhere
+    a peer that has shown nothing by the rung is no evidence."""
+    judged, peers = _curve((0.07, 0.1)), [_curve((0.08, 0.3)), _curve((0.075, 0.4))]
+    assert passes(judged, 0.062, peers, zone=0.0, eta=3) is None
+    assert passes(judged, 0.062, peers, zone=0.0, eta=3, first_stands=True) is False
+    assert lowest_mark(5.0) == pytest.approx(15.0 / 243)
 
 
 def test_below_b_the_rungs_are_the_grids_two_points_under_b_over_sqrt_eta() -> None:

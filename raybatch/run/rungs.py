@@ -136,6 +136,12 @@ def extrapolated(trajectory: Trajectory, goal: float) -> float | None:
     return start + (trajectory.times[-1] - start) / min(share, 1.0)
 
 
+def lowest_mark(horizon_s: float, eta: float = DEFAULT_ETA) -> float:
+    """The trials' first time mark (:func:`~raybatch.trial.cadence.time_marks`) for the time cap
+    ``horizon_s x eta``: no curve has an evaluation before it."""
+    return time_marks(horizon_s * eta)[0]
+
+
 def guessed_rungs(horizon_s: float, eta: float, curves: Iterable[Trajectory],
                   goal: float | None) -> list[float]:  # fmt: skip
     """The rungs before any trial has reached the target: ``B`` is a guess (``horizon_s``, the
@@ -150,7 +156,7 @@ def guessed_rungs(horizon_s: float, eta: float, curves: Iterable[Trajectory],
     soon = min((e for e in ends if e is not None), default=None)
     if soon is None:
         return guess
-    lowest = time_marks(horizon_s * eta)[0] * (1.0 - TOLERANCE)
+    lowest = lowest_mark(horizon_s, eta) * (1.0 - TOLERANCE)
     lower = grid_rungs(soon, horizon_s, eta)[:-1]
     return [r for r in lower if lowest <= r < guess[0] * (1.0 - TOLERANCE)] + guess
 
@@ -165,19 +171,23 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def passes(trial: Trajectory, rung_s: float, others: Iterable[Trajectory], zone: float,
-           eta: float) -> bool | None:  # fmt: skip
+           eta: float, first_stands: bool = False) -> bool | None:  # fmt: skip
     """Whether ``trial`` goes on at the rung at ``rung_s`` seconds of training, against the
     curves of every other trial seen (running or ended); ``None`` where nothing else got to the
-    rung (the trial goes on, and is judged there again once another curve has)."""
+    rung (the trial goes on, and is judged there again once another curve has). Where
+    ``first_stands`` (a rung at the trials' lowest time mark: :func:`lowest_mark`), a peer's
+    first evaluation stands for the rung, as the judged trial's own does: each is taken at the
+    first step past that mark, so no curve shows the rung itself, and a real search paused
+    every trial there waiting for peers that never came."""
     mine = trial.value_at(rung_s)
     if mine is None:  # not there yet: no verdict
         return None
     curves = list(others)
-    at_rung = [v for v in (c.value_at(rung_s, False) for c in curves) if v is not None]
+    at_rung = [v for v in (c.value_at(rung_s, first_stands) for c in curves) if v is not None]
     if not at_rung:  # the first trial at this rung
         return None
     earlier = rung_s / (1.0 + zone)
-    shown = [v for v in (c.value_at(earlier, False) for c in curves) if v is not None]
+    shown = [v for v in (c.value_at(earlier, first_stands) for c in curves) if v is not None]
     if shown and mine >= max(shown):  # within the zone of every curve that shows that time
         return True
     return mine >= quantile([*at_rung, mine], 1.0 - 1.0 / eta)
@@ -207,6 +217,7 @@ __all__ = [
     "grid_rungs",
     "guessed_rungs",
     "hedged_zone",
+    "lowest_mark",
     "passes",
     "quantile",
     "rung_times",

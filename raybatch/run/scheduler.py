@@ -36,6 +36,7 @@ from raybatch.run.rungs import (
     grid_rungs,
     guessed_rungs,
     hedged_zone,
+    lowest_mark,
     passes,
     rung_times,
 )
@@ -316,12 +317,14 @@ class CappingScheduler(FIFOScheduler):
         go on alone, a slow recipe with it, until it reached the target), unless it went on as
         the leader with nothing new to run (:meth:`Promotions.leads`): none will come."""
         others = self._others(trial_id)
-        if (self.pause and self.best_time_to_target_s is None
-                and not self.promotions.leads(trial_id)):  # fmt: skip
-            seen = sum(c.value_at(rung_s, False) is not None for c in others)
+        low = lowest_mark(self.horizon_s, self.eta) if self.horizon_s else 0.0
+        first = rung_s <= low * (1.0 + TOLERANCE)  # no curve shows the rung: first values do
+        before = self.best_time_to_target_s is None  # a reach, and every curve judges
+        if self.pause and before and not self.promotions.leads(trial_id):
+            seen = sum(c.value_at(rung_s, first) is not None for c in others)
             if seen + 1 < self.eta and trajectory.value_at(rung_s) is not None:
                 return False
-        return passes(trajectory, rung_s, others, zone, self.eta)
+        return passes(trajectory, rung_s, others, zone, self.eta, first)
 
     def _rung_zone(self, below_top: int) -> float:
         """The zone a rung ``below_top`` under the highest judges with: hedged, wider early
@@ -422,11 +425,8 @@ class CappingScheduler(FIFOScheduler):
         return bool(self._verdict(trial_id, trajectory, at, zone))
 
     def _level(self, trial_id: str) -> float:
-        """A paused trial's level at the rung it was paused at: paused trials are ranked at
-        equal time (one that trained on past its rung before a lower one judged it is not
-        ahead for that)."""
-        trajectory = self._trajectories.get(trial_id)
-        at = self.promotions.paused.get(trial_id)
+        """A paused trial's level at its rung: ranked at equal time, not by how far it got."""
+        trajectory, at = self._trajectories.get(trial_id), self.promotions.paused.get(trial_id)
         level = None if trajectory is None or at is None else trajectory.value_at(at)
         return -math.inf if level is None else float(level)
 
