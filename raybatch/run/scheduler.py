@@ -65,6 +65,8 @@ class CappingScheduler(FIFOScheduler):
         eta: A trial outside the zone goes on while it is in the top ``1/eta`` at its rung.
         hedge: How much wider the zone is at earlier rungs (0: the same at every rung).
         horizon_s: The guess of ``B`` until a trial has reached (``None``: no rungs before).
+        target: The target's value (``for_trainable`` reads it): curves extrapolated to it
+            add rungs below the guess (:func:`~raybatch.run.rungs.guessed_rungs`).
         mode: The target's direction (``max`` or ``min``), to read the reported metric.
         pause: A trial behind at a rung below the top is paused, not stopped, and goes on
             when the rung passes it later (:mod:`~raybatch.run.promotion`); Tune's
@@ -238,15 +240,14 @@ class CappingScheduler(FIFOScheduler):
         """The rungs' training times now (none without a horizon or a zone): on the grid below
         ``B`` and ``B`` itself once a trial has reached the target (``B`` the fastest time to
         target); before, the guess (:func:`~raybatch.run.rungs.guessed_rungs`)."""
-        best, horizon = self.best_time_to_target_s, self.horizon_s
+        best, horizon, eta = self.best_time_to_target_s, self.horizon_s, self.eta
         if self.zone is None or (best is None and horizon is None):
             return []
         if best is not None:
-            eta = self.eta
             return rung_times(best, eta) if horizon is None else grid_rungs(best, horizon, eta)
         assert horizon is not None
         goal = None if self.target is None else (1.0 if self.mode == "max" else -1.0) * self.target
-        return guessed_rungs(horizon, self.eta, self._trajectories.values(), goal)
+        return guessed_rungs(horizon, eta, self._trajectories.values(), goal)
 
     def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
         """Follow the trial's warmup from its evaluations (:data:`~raybatch.keys.WARMING_UP`;
