@@ -79,7 +79,7 @@ def test_a_curve_extrapolates_to_the_target_at_its_average_pace_once_it_has_move
     assert extrapolated(_curve((1.0, 0.1)), 0.9) is None
     assert extrapolated(_curve((1.0, 0.1), (2.0, 0.95)), 0.9) == pytest.approx(2.0)
     loss = _curve((1.0, 2.0), (2.0, 1.0), mode="min")
-    assert extrapolated(loss, -0.5) == pytest.approx(2.5)  # two thirds of the way in 1 s
+    assert extrapolated(loss, 0.5) == pytest.approx(2.5)  # two thirds of the way in 1 s
 
 
 def test_a_curve_run_again_from_an_earlier_point_keeps_what_it_showed_before_it() -> None:

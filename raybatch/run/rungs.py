@@ -120,12 +120,13 @@ MIN_SHARE = 0.2
 evaluation: before, its pace says more about its warmup than about its time to target."""
 
 
-def extrapolated(trajectory: Trajectory, goal: float) -> float | None:
-    """The training time at which ``trajectory`` would reach ``goal`` (in its progress units: the
-    target, negated for a ``min`` target) at its average pace since its first evaluation;
-    ``None`` before it has come :data:`MIN_SHARE` of the way. Learning curves slow down as they
+def extrapolated(trajectory: Trajectory, target: float) -> float | None:
+    """The training time at which ``trajectory`` would reach ``target`` (the metric's value, read
+    in the curve's direction, as its evaluations are) at its average pace since its first
+    evaluation; ``None`` before it has come :data:`MIN_SHARE` of the way. Curves slow down as they
     go, so this is an optimistic estimate of its time to target: rungs placed by it come
     early rather than late, and early is what a rung costs least at."""
+    goal = trajectory.sign * target
     if len(trajectory.times) < 2 or trajectory.best[0] >= goal:
         return None
     first, last = trajectory.best[0], trajectory.best[-1]
@@ -143,16 +144,16 @@ def lowest_mark(horizon_s: float, eta: float = DEFAULT_ETA) -> float:
 
 
 def guessed_rungs(horizon_s: float, eta: float, curves: Iterable[Trajectory],
-                  goal: float | None) -> list[float]:  # fmt: skip
+                  target: float | None) -> list[float]:  # fmt: skip
     """The rungs before any trial has reached the target: ``B`` is a guess (``horizon_s``, the
     time cap / eta), only a bound, so the rungs go one further down than after
     (:data:`GUESS_RUNG_COUNT`: the cap / 81 .. the cap / 3), and trials started together are
-    compared from their first evaluations on. Where a curve already extrapolates to ``goal``
+    compared from their first evaluations on. Where a curve already extrapolates to ``target``
     (:func:`extrapolated`) far below the guess, the grid rungs under that estimate are added,
     down to the trials' lowest time mark: a rung no trial evaluates near compares first
     evaluations taken at different times (the simulated family paused every trial at one)."""
     guess = rung_times(horizon_s, eta, GUESS_RUNG_COUNT)
-    ends = [extrapolated(c, goal) for c in curves] if goal is not None else []
+    ends = [extrapolated(c, target) for c in curves] if target is not None else []
     soon = min((e for e in ends if e is not None), default=None)
     if soon is None:
         return guess

@@ -246,8 +246,7 @@ class CappingScheduler(FIFOScheduler):
         if best is not None:
             return rung_times(best, eta) if horizon is None else grid_rungs(best, horizon, eta)
         assert horizon is not None
-        goal = None if self.target is None else (1.0 if self.mode == "max" else -1.0) * self.target
-        return guessed_rungs(horizon, eta, self._trajectories.values(), goal)
+        return guessed_rungs(horizon, eta, self._trajectories.values(), self.target)
 
     def _warm(self, trial_id: str, result: dict[str, Any]) -> None:
         """Follow the trial's warmup from its evaluations (:data:`~raybatch.keys.WARMING_UP`;
