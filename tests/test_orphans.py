@@ -76,6 +76,67 @@ def test_the_watch_kills_the_drivers_ray_descendants_once_its_pipe_closes_and_on
         bystander.wait()
 
 
+RAYLET = """import os, subprocess, sys, time
+from pathlib import Path
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.05)
+worker = subprocess.Popen([sys.executable, sys.argv[1]],
+                          env={**os.environ, "RAY_RAYLET_PID": str(os.getpid())})
+print(worker.pid, flush=True)
+"""
+LATE_DRIVER = """import subprocess, sys
+raylet = subprocess.Popen([sys.executable] + sys.argv[1:])
+raylet.wait()
+input()
+"""
+
+
+def test_a_worker_the_raylet_started_as_the_driver_died_is_killed_though_handed_to_init(
+    tmp_path: Path,
+) -> None:
+    """A worker the raylet starts between the watch's notes, whose raylet then dies, is no
+    longer the driver's descendant (init took it): the watch finds it by the raylet's pid in
+    its environment, and kills it; a Ray process naming another raylet is left alone."""
+    ray_dir = tmp_path / "site-packages" / "ray"
+    ray_dir.mkdir(parents=True)
+    (ray_dir / "worker.py").write_text(SLEEPER)
+    (ray_dir / "raylet.py").write_text(RAYLET)
+    (tmp_path / "driver.py").write_text(LATE_DRIVER)
+    go = tmp_path / "go"
+    driver = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(ray_dir / "raylet.py"),
+         str(ray_dir / "worker.py"), str(go)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    bystander = subprocess.Popen(
+        [sys.executable, str(ray_dir / "worker.py")],
+        env={**os.environ, "RAY_RAYLET_PID": str(driver.pid + 100000)},
+    )  # fmt: skip
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "raybatch.run.orphans", str(driver.pid), str(ray_dir)],
+        stdin=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    worker = 0
+    try:
+        assert watch.stdin is not None and driver.stdout is not None
+        time.sleep(2.0)  # it has noted the driver's raylet
+        go.touch()  # the raylet starts a worker and dies: init takes the worker
+        worker = int(driver.stdout.readline())
+        driver.kill()
+        driver.wait()
+        assert not _gone(worker, 0.5)
+        watch.stdin.close()
+        assert watch.wait(timeout=60) == 0
+        assert _gone(worker, 30)
+        assert bystander.poll() is None
+    finally:
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        bystander.kill()
+        bystander.wait()
+
+
 def test_a_command_ends_with_its_status_and_every_line_it_wrote() -> None:
     """The console script ends without the interpreter's teardown, and loses nothing of
     what it said: buffered output (a pipe, not a terminal) and its log are flushed, and its

@@ -8,7 +8,9 @@ it), notes the driver's Ray descendants from time to time and waits on a pipe on
 holds; when the pipe closes, the driver has ended, and the watch kills the Ray processes it
 noted (and what they started since) that are still alive. Descendants, not a process group:
 a test runner's workers or a shell's background jobs share one group, each with a Ray of its
-own.
+own. A worker the raylet starts as the driver dies is no one's descendant by the time the
+watch looks (the raylet has died, and the worker was handed to init), so the watch also kills
+the workers whose environment names a noted process as their raylet (``RAY_RAYLET_PID``).
 """
 
 from __future__ import annotations
@@ -89,6 +91,25 @@ def ray_descendants(roots: set[Process], ray_dir: str) -> set[Process]:
     return found
 
 
+def raylet_workers(raylets: set[int], ray_dir: str) -> set[Process]:
+    """The live Ray processes started by one of the ``raylets`` (pids), wherever they were
+    handed since: Ray puts the raylet's pid in each worker's environment, which a process
+    cannot change after its start. Processes of other users are not readable, and not ours."""
+    folder = os.fsencode(ray_dir.rstrip("/") + "/")
+    marks = {b"RAY_RAYLET_PID=%d" % pid for pid in raylets}
+    found: set[Process] = set()
+    for pid, (_, start, command) in _processes().items():
+        if not (command.startswith(b"ray::") or folder in command):
+            continue
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marks.intersection(environment):
+            found.add((pid, start))
+    return found
+
+
 def main(argv: list[str]) -> int:
     """The watch: note the driver's Ray descendants until its pipe closes, then kill them."""
     driver, ray_dir = int(argv[0]), argv[1]
@@ -106,7 +127,8 @@ def main(argv: list[str]) -> int:
     time.sleep(GRACE_S)
     live = _processes()
     left = {(pid, start) for pid, start in noted if pid in live and live[pid][1] == start}
-    for pid, _ in left | ray_descendants(left, ray_dir):
+    started_late = raylet_workers({pid for pid, _ in noted}, ray_dir)
+    for pid, _ in left | ray_descendants(left, ray_dir) | started_late:
         with contextlib.suppress(OSError):  # ended meanwhile
             os.kill(pid, signal.SIGKILL)
     return 0
