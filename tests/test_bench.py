@@ -386,9 +386,11 @@ def test_real_training_benchmark_searches_then_compares(
     search = w["searches"][0]
     assert search["cost_trainings_device"] > search["cost_trainings_train"] > 0
     # What the user paid: slots x wall clock, the gaps included, is at least what the trials
-    # held; less one process start per slot, less again.
-    assert search["slots"] == 2 and search["wall_s"] > 0 and search["startup_s"] > 0
-    assert search["cost_trainings_wall"] > search["cost_trainings_wall_warm"] > 0
+    # held; less one process start per slot, no more. A slot whose process first ran one of
+    # raybatch's own tasks (the time model) paid its start-up there, not in a trial: on a
+    # loaded machine Ray gave both slots such processes, and none was left to take off.
+    assert search["slots"] == 2 and search["wall_s"] > 0 and search["startup_s"] >= 0
+    assert search["cost_trainings_wall"] >= search["cost_trainings_wall_warm"] > 0
     assert search["cost_trainings_wall"] >= search["cost_trainings_device"] * 0.99
     assert set(search["rung_rank_agreement"]) == {"B/27", "B/9", "B/3", "B"}
     assert all(c["curve"] for c in search["curves"] if c["status"] == "reached")

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from raybatch.run.orphans import workers_of
+
 SLEEPER = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n"
 DRIVER = """import subprocess, sys, time
 agent = subprocess.Popen([sys.executable, sys.argv[1]])
@@ -135,6 +137,17 @@ def test_a_worker_the_raylet_started_as_the_driver_died_is_killed_though_handed_
                 os.kill(worker, signal.SIGKILL)
         bystander.kill()
         bystander.wait()
+
+
+def test_workers_of_a_raylet_are_found_by_the_pid_in_their_environment(tmp_path: Path) -> None:
+    """The trials' workers of a Ray whose raylet is gone are found by ``RAY_RAYLET_PID``, which
+    Ray sets in their environment; another Ray's workers, and processes without it, are not."""
+    for pid, environ in ((101, b"A=1\0RAY_RAYLET_PID=77\0"), (102, b"RAY_RAYLET_PID=770\0"),
+                         (103, b"HOME=/\0"), (104, b"RAY_RAYLET_PID=77")):  # fmt: skip
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
+    (tmp_path / "105").mkdir()  # ended meanwhile: no environ to read
+    assert sorted(workers_of(77, tmp_path)) == [101, 104]
 
 
 def test_a_command_ends_with_its_status_and_every_line_it_wrote() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from raybatch.errors import SearchInterrupted
-from raybatch.run.signals import interruptible, sigterm_as_interrupt, workers_of
+from raybatch.run.signals import interruptible, sigterm_as_interrupt
 
 
 def test_ctrl_c_outside_tunes_loop_is_an_interruption_with_the_resume_command() -> None:
@@ -28,17 +28,6 @@ def test_sigterm_is_taken_as_ctrl_c_only_inside_the_block() -> None:
         handler = signal.getsignal(signal.SIGTERM)
         assert callable(handler) and handler is not signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is not handler
-
-
-def test_workers_of_a_raylet_are_found_by_the_pid_in_their_environment(tmp_path: Path) -> None:
-    """The trials' workers of a Ray whose raylet is gone are found by ``RAY_RAYLET_PID``, which
-    Ray sets in their environment; another Ray's workers, and processes without it, are not."""
-    for pid, environ in ((101, b"A=1\0RAY_RAYLET_PID=77\0"), (102, b"RAY_RAYLET_PID=770\0"),
-                         (103, b"HOME=/\0"), (104, b"RAY_RAYLET_PID=77")):  # fmt: skip
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "environ").write_bytes(environ)
-    (tmp_path / "105").mkdir()  # ended meanwhile: no environ to read
-    assert sorted(workers_of(77, tmp_path)) == [101, 104]
 
 
 def test_a_second_sigterm_during_the_graceful_stop_ends_the_driver_at_once(tmp_path: Path) -> None:

@@ -91,22 +91,33 @@ def ray_descendants(roots: set[Process], ray_dir: str) -> set[Process]:
     return found
 
 
+def workers_of(raylet_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes a raylet started (Ray's workers: the trials), found by the
+    ``RAY_RAYLET_PID`` Ray sets in their environment, which stays when the raylet is gone and
+    they were handed to init. Linux only (``/proc``); elsewhere none are found."""
+    mark = f"RAY_RAYLET_PID={raylet_pid}".encode()
+    found = []
+    for entry in proc.glob("[0-9]*"):
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if mark in environ.split(b"\0") and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
 def raylet_workers(raylets: set[int], ray_dir: str) -> set[Process]:
     """The live Ray processes started by one of the ``raylets`` (pids), wherever they were
-    handed since: Ray puts the raylet's pid in each worker's environment, which a process
-    cannot change after its start. Processes of other users are not readable, and not ours."""
+    handed since (:func:`workers_of`): run from Ray's package folder ``ray_dir``, or a worker
+    named ``ray::...``."""
     folder = os.fsencode(ray_dir.rstrip("/") + "/")
-    marks = {b"RAY_RAYLET_PID=%d" % pid for pid in raylets}
+    live = _processes()
     found: set[Process] = set()
-    for pid, (_, start, command) in _processes().items():
-        if not (command.startswith(b"ray::") or folder in command):
-            continue
-        try:
-            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marks.intersection(environment):
-            found.add((pid, start))
+    for raylet in raylets:
+        for pid in workers_of(raylet):
+            if pid in live and (live[pid][2].startswith(b"ray::") or folder in live[pid][2]):
+                found.add((pid, live[pid][1]))
     return found
 
 

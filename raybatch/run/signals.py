@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from raybatch.errors import SearchInterrupted
+from raybatch.run.orphans import workers_of
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 WATCH_EVERY_S = 0.2
@@ -75,22 +76,6 @@ def _vital() -> list[Any]:
 def _raylet_pid() -> int | None:
     raylets = _of_kinds("PROCESS_TYPE_RAYLET")
     return int(raylets[0].pid) if raylets else None
-
-
-def workers_of(raylet_pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The processes a raylet started (Ray's workers: the trials), found by the
-    ``RAY_RAYLET_PID`` Ray sets in their environment, which stays when the raylet is gone and
-    they were handed to init. Linux only (``/proc``); elsewhere none are found."""
-    mark = f"RAY_RAYLET_PID={raylet_pid}".encode()
-    found = []
-    for entry in proc.glob("[0-9]*"):
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-        if mark in environ.split(b"\0") and int(entry.name) != os.getpid():
-            found.append(int(entry.name))
-    return found
 
 
 class _SigtermWatch:
@@ -191,4 +176,4 @@ def interruptible(run_dir: Path) -> Iterator[None]:
             ) from None
 
 
-__all__ = ["interruptible", "ray_closing", "sigterm_as_interrupt", "workers_of"]
+__all__ = ["interruptible", "ray_closing", "sigterm_as_interrupt"]
