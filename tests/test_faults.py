@@ -48,6 +48,12 @@ FAULTS: list[tuple[str, str, str]] = [
         "`raybatch resume` continues; Ctrl-C and SIGTERM exit 130 saying how",
         "every finished trial, never run twice",
     ),
+    (  # tests/test_resume.py: test_a_sigterm_while_the_run_is_written_up_is_said_as_such...
+        "the driver stopped (Ctrl-C, SIGTERM) while it writes the run up, every trial ended",
+        "exit 130, one line naming the write-up; no file says the run finished; `raybatch"
+        " resume` writes it up",
+        "every trial: none runs again",
+    ),
     (  # copied_run below
         "SIGTERM to the driver's whole process group (a terminal's `kill -- -PID`, Slurm),"
         " its own Ray stopped with it",
@@ -71,8 +77,9 @@ FAULTS: list[tuple[str, str, str]] = [
     ),
     (  # tests/test_resume.py: _kill_when's kill -9 (test_orphans.py: the watch alone)
         "the driver alone killed (`kill -9 PID`) with its local Ray up",
-        "a watch started with that Ray kills what is left of it (the driver's Ray descendants)"
-        " within seconds (two of Ray's agents lingered 60-90 s)",
+        "a watch started with that Ray kills what is left of it (the driver's Ray descendants,"
+        " and the workers its raylet started as it died) within seconds (two of Ray's agents"
+        " lingered 60-90 s)",
         "everything the driver saved; `raybatch resume` continues",
     ),
     (

@@ -509,3 +509,46 @@ def test_a_tuner_pkl_cut_by_a_kill_during_a_restore_is_put_back_from_its_whole_c
         assert any("tuner.pkl cut short by a kill put back" in s for s in said), said
     assert (experiment / "tuner.pkl").read_bytes() == whole
     assert (experiment / "tuner.cut").read_bytes() == whole[: len(whole) // 2]
+
+
+WRITE_UP_SIGTERM = """import os, signal, sys
+import raybatch.run.driver as driver
+chosen = driver.choose_winner
+def choose(*args, **kwargs):  # the write-up has begun: the driver gets a real SIGTERM
+    os.kill(os.getpid(), signal.SIGTERM)
+    return chosen(*args, **kwargs)
+driver.choose_winner = choose
+sys.argv[0] = "raybatch"
+from raybatch.cli.app import main
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_sigterm_while_the_run_is_written_up_is_said_as_such_and_resume_writes_it_up(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM as the driver writes the run up (every trial ended, the winner not yet
+    chosen) ends it as an interruption of the write-up, exit 130 and one line; no file says
+    it finished, and `raybatch resume` writes it up without running a trial again."""
+    run_dir = tmp_path / "run"
+    stopped = subprocess.run(
+        [sys.executable, "-c", WRITE_UP_SIGTERM, "search", "raybatch.examples.digits:workload",
+         "--target", "0.9", "--trials", "2", "--max-time-per-trial", "20", "--confirm-seeds",
+         "0", "--no-prior", "--run-dir", str(run_dir), "--quiet"],
+        capture_output=True, text=True, check=False, timeout=400,
+    )  # fmt: skip
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    lines = stopped.stderr.strip().splitlines()
+    said = [line for line in lines if "interrupt" in line.lower()]
+    assert said == lines[-1:] and "interrupted while writing the run up" in said[0], lines
+    assert f"`raybatch resume {run_dir}`" in said[0] and "Traceback" not in stopped.stderr
+    assert not (run_dir / "trials.csv").exists() and not (run_dir / "best_config.yaml").exists()
+    ended = sorted(_told_ids(run_dir))
+    assert len(ended) == 2
+    resumed = _cli("resume", str(run_dir), "--quiet")
+    _, err = resumed.communicate(timeout=400)
+    assert resumed.returncode in (0, 1), err[-3000:]
+    rows = [r for r in read_trials_csv(run_dir / "trials.csv") if r["phase"] == "search"]
+    assert sorted(r["trial_id"] for r in rows) == ended  # written up, none run again
+    assert sorted(_told_ids(run_dir)) == ended

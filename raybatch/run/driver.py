@@ -65,7 +65,7 @@ from raybatch.run.rundir import (
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import nothing_fits
-from raybatch.run.signals import interruptible
+from raybatch.run.signals import interrupted_while, interruptible, sigint_given_back
 from raybatch.run.study import SearchStudy, check_study_file, runs_recorded
 from raybatch.run.tune_state import (
     TUNER_FILE,
@@ -406,7 +406,7 @@ def _execute(
         say_start(not_searched(workload, space), options.trials, plan.in_flight)
         pending = pending_trials(scheduler.pause, plan.in_flight)
         beat.doing(None)  # Tune's loop: the progress callback breaks its silences
-        with ray_errors_to(path / LOG_FILE) as diverted, pending:
+        with ray_errors_to(path / LOG_FILE) as diverted, pending, sigint_given_back():
             results = tuner.fit()
             if watch.tripped is not None:
                 _close_ghosts(
@@ -426,34 +426,49 @@ def _execute(
         progress.info("the search has ended: choosing the winner, writing trials.csv,"
                       " best_config.yaml and report.html")  # fmt: skip
         beat.doing("writing up: the winner, trials.csv, best_config.yaml, report.html")
-        rows = _rows_of(results, plan, options.seed, scheduler, notes)
-        plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-        if phases.decided_by_the_search:
-            notes.append(DECIDED_BY_THE_SEARCH.format(zone=phases.zone))
-        # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
-        # clipping (a search trains with raybatch's default loop: none), which exports carry; the
-        # points the verdict compares with.
-        prior = None
-        model = time_model_found(plan.searcher.plan, path, options.prior, notes)
-        if model is not None:
-            rows, prior = write_predictions(rows, model, notes)
-        measured_on = Provenance(
-            device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
-            baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
-        )  # fmt: skip
-        best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions,
-                             plan.searcher.record.slots())  # fmt: skip
-        if best is not None:
-            write_best(path, best)
-        # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
-        write_rows(path, rows, plan.searcher.record.study)
-        result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes, target)
-        try:
-            write_report(result, space, target, plan.estimator, plan.budget)
-        except OSError as exc:  # the verdict stands on trials.csv; the report is drawn from it
-            notes.append(f"the report could not be written ({exc.filename}: {exc.strerror or exc});"
-                         f" `raybatch report {path}` writes it again")  # fmt: skip
-        return result
+        # Every trial had ended and trials.csv (written last but the report) is not there yet:
+        # the run has not finished, and resume writes it up, running no trial again.
+        with interrupted_while(
+            "writing the run up (every trial had ended; none runs again)",
+            path,
+            ", which writes trials.csv, best_config.yaml and report.html",
+        ):
+            return _write_up(path, results, plan, workload, space, target, options, scheduler)
+
+
+def _write_up(path: Path, results: Any, plan: _Plan, workload: Workload, space: SearchSpace,
+              target: Target, options: SearchOptions, scheduler: CappingScheduler
+              ) -> SearchResult:  # fmt: skip
+    """The winner chosen from the ended search's rows, and the run's files written."""
+    notes = plan.notes
+    rows = _rows_of(results, plan, options.seed, scheduler, notes)
+    plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
+    if plan.tuned.decided_by_the_search:
+        notes.append(DECIDED_BY_THE_SEARCH.format(zone=plan.tuned.zone))
+    # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
+    # clipping (a search trains with raybatch's default loop: none), which exports carry; the
+    # points the verdict compares with.
+    prior = None
+    model = time_model_found(plan.searcher.plan, path, options.prior, notes)
+    if model is not None:
+        rows, prior = write_predictions(rows, model, notes)
+    measured_on = Provenance(
+        device=plan.hardware, amp_dtype=workload.amp_dtype, amp_recorded=True,
+        baseline_point=plan.baseline, reference_point=plan.reference, prior=prior,
+    )  # fmt: skip
+    best = choose_winner(target, rows, options.confirms, measured_on, plan.sessions,
+                         plan.searcher.record.slots())  # fmt: skip
+    if best is not None:
+        write_best(path, best)
+    # Written last but the report: a run with trials.csv has finished (resume leaves it alone).
+    write_rows(path, rows, plan.searcher.record.study)
+    result = SearchResult(path, rows, best, plan.baseline, plan.reference, notes, target)
+    try:
+        write_report(result, space, target, plan.estimator, plan.budget)
+    except OSError as exc:  # the verdict stands on trials.csv; the report is drawn from it
+        notes.append(f"the report could not be written ({exc.filename}: {exc.strerror or exc});"
+                     f" `raybatch report {path}` writes it again")  # fmt: skip
+    return result
 
 
 def _rows_of(results: Any, plan: _Plan, seed: int, scheduler: CappingScheduler,

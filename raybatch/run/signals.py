@@ -176,4 +176,38 @@ def interruptible(run_dir: Path) -> Iterator[None]:
             ) from None
 
 
-__all__ = ["interruptible", "ray_closing", "sigterm_as_interrupt"]
+@contextmanager
+def sigint_given_back() -> Iterator[None]:
+    """Ray Tune's ``fit()`` replaces the SIGINT handler with its graceful stop and leaves it
+    there when it returns (it puts the old one back only at a first signal): a Ctrl-C, or a
+    SIGTERM taken as one, while the driver then writes the run up only set a flag no loop read,
+    and the run was written up as finished. The handler before the block is put back after
+    it (outside the main thread nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before if before is not None else signal.default_int_handler)
+
+
+@contextmanager
+def interrupted_while(doing: str, run_dir: Path, resume_does: str = "") -> Iterator[None]:
+    """Ctrl-C (or SIGTERM, inside :func:`interruptible`) while the driver is ``doing`` a phase
+    outside Ray Tune's loop: an interruption of that phase, said with what ``resume`` does.
+
+    Raises:
+        SearchInterrupted: Naming the phase and the resume command.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SearchInterrupted(
+            f"interrupted while {doing}: continue with `raybatch resume {run_dir}`{resume_does}"
+        ) from None
+
+
+__all__ = ["interrupted_while", "interruptible", "ray_closing", "sigint_given_back",
+           "sigterm_as_interrupt"]  # fmt: skip
