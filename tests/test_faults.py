@@ -120,8 +120,10 @@ FAULTS: list[tuple[str, str, str]] = [
     ),
     (  # tests/test_diskfull.py
         "the disk fills while the search writes (its study, Ray Tune's results)",
-        "one line naming the file and the cause, exit 74: free some space, then `raybatch resume`",
-        "everything written before the write that failed",
+        "one line naming the file and the cause, exit 74: free some space, then `raybatch resume`"
+        " (full before Ray Tune's state was first copied whole, at its first step: resume"
+        " refuses in one line naming the cut file, and the search starts again elsewhere)",
+        "everything written before the write that failed (the trials that ended, in optuna.db)",
     ),
     (  # test_a_report_that_cannot_be_written_is_one_line_naming_the_file
         "report.html cannot be written (a full disk, a read-only folder)",
