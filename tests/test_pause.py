@@ -126,6 +126,36 @@ def test_saves_come_at_evaluations_a_factor_apart_and_none_is_kept_after_its_rep
     assert not saver.due(10.0) and saver.due(22.5)
 
 
+def test_the_first_evaluation_past_a_rung_saves_however_dear_the_save(tmp_path: Path) -> None:
+    """Where a scheduler may pause the trial (its rungs), the evaluation just past one saves
+    even where the ratio and the cost rules would not: a pause goes on from there, not from
+    the save before (a trial trained that stretch again)."""
+    saver = Saver(lambda: {"x": 1}, ratio=2.0, rungs=[0.185, 0.556])
+    saver.save(0.1)
+    saver.cost_s = 1.0  # dear: the cost rule alone would wait for 20 s of training
+    assert not saver.due(0.15)  # no rung since the last save
+    assert saver.due(0.19)  # the evaluation just past the 0.185 s rung
+    saver.save(0.19)
+    assert not saver.due(0.4) and saver.due(0.56)
+    saver.save(0.56)
+    assert not saver.due(1.0)  # past every rung: the rules as before
+    saver.close()
+
+
+def test_the_rung_grid_is_every_other_time_mark_below_the_cap() -> None:
+    """The trial's pause points are where the scheduler's grid rungs sit, anchored as
+    ``CappingScheduler.for_time_cap`` anchors them (the cap / eta), below any ``B``."""
+    from raybatch.run.rungs import DEFAULT_ETA, grid_rungs
+    from raybatch.trial.cadence import rung_grid
+
+    cap = 15.0
+    grid = rung_grid(cap)
+    assert grid == pytest.approx([cap / 3**k for k in range(5, 0, -1)])
+    for best in (0.5, 1.7, 4.2):
+        below = grid_rungs(best, cap / DEFAULT_ETA)[:-1]
+        assert all(any(r == pytest.approx(g) for g in grid) for r in below), (best, below)
+
+
 def test_a_state_that_does_not_fit_the_trial_trains_it_afresh(tmp_path: Path) -> None:
     """Another format, or a model changed since the save: said, and trained from the first
     step (never a trial that fails for its own save, run again by Tune to fail again)."""

@@ -80,6 +80,13 @@ def time_marks(max_time_s: float) -> list[float]:
     return marks
 
 
+def rung_grid(max_time_s: float) -> list[float]:
+    """Every other time mark below the cap (the cap / 3, / 9, ... / 243): where a capping
+    scheduler's rungs below ``B`` sit (:func:`~raybatch.run.rungs.grid_rungs`, anchored at the
+    cap / 3), and so where it may pause the trial."""
+    return time_marks(max_time_s)[:TIME_MARKS_BELOW_CAP][::2]
+
+
 def heartbeat_for(max_time_s: float) -> float:
     """The longest a trial trains between two reports (:data:`HEARTBEATS`,
     :data:`HEARTBEAT_MAX_S`)."""
@@ -172,5 +179,6 @@ __all__ = [
     "Cadence",
     "default_eval_every",
     "heartbeat_for",
+    "rung_grid",
     "time_marks",
 ]

@@ -321,7 +321,8 @@ def train(
     if at_target is not None:
         reporter.at_target = functools.partial(at_target, parts.model, parts.optimizer,
                                                parts.scaler)  # fmt: skip
-    saver = Saver(functools.partial(capture, parts, validation, reporter)) if save else None
+    saver = (Saver(functools.partial(capture, parts, validation, reporter),
+                   rungs=reporter.options.pause_at_s) if save else None)  # fmt: skip
     reporter.channel.saver = saver
     try:
         _run(workload, config, reporter, device, options, parts, validation, rng)

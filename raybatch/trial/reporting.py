@@ -80,6 +80,9 @@ class ReporterOptions:
             (:func:`~raybatch.trial.cadence.time_marks`); the sample marks are then a
             backstop, counted from the last evaluation. Read on the host clock between marks,
             so no device sync. Only where budgets are checked between marks.
+        pause_at_s: Training times at which a scheduler may pause the trial (its rungs): the
+            first evaluation past one saves the trial's state, whatever the save costs
+            (:class:`~raybatch.trial.pause.Saver`), so that it goes on from there.
     """
 
     divergence_factor: float = 10.0
@@ -87,6 +90,7 @@ class ReporterOptions:
     check_budgets_between_marks: bool = True
     heartbeat_s: float | None = None
     eval_at_s: Sequence[float] = ()
+    pause_at_s: Sequence[float] = ()
 
 
 class ReportChannel:

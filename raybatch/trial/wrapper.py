@@ -40,6 +40,7 @@ from raybatch.trial.cadence import (
     BACKSTOP_EVALS_PER_EPOCH,
     EVALS_PER_EPOCH,
     default_eval_every,
+    rung_grid,
     time_marks,
 )
 from raybatch.trial.clock import TrialClock
@@ -134,6 +135,7 @@ def _reporter(
             extra=DeviceFigures(device),
             check_budgets_between_marks=clock is None,
             eval_at_s=[*time_marks(settings.max_time_s), *rung_marks] if timed else (),
+            pause_at_s=[*rung_grid(settings.max_time_s), *rung_marks] if timed else (),
         ),
     )
 
