@@ -91,34 +91,37 @@ def ray_descendants(roots: set[Process], ray_dir: str) -> set[Process]:
     return found
 
 
+def _raylet_of(process: Path) -> int | None:
+    """The raylet that started ``process`` (its ``/proc`` entry), as the ``RAY_RAYLET_PID`` Ray
+    sets in its workers' environment, which stays when the raylet is gone; ``None``: none, or
+    not ours to read, or ended meanwhile."""
+    try:
+        environment = (process / "environ").read_bytes()
+    except OSError:
+        return None
+    for item in environment.split(b"\0"):
+        if item.startswith(b"RAY_RAYLET_PID="):
+            value = item.removeprefix(b"RAY_RAYLET_PID=")
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def workers_of(raylet_pid: int, proc: Path = Path("/proc")) -> list[int]:
     """The processes a raylet started (Ray's workers: the trials), found by the
     ``RAY_RAYLET_PID`` Ray sets in their environment, which stays when the raylet is gone and
     they were handed to init. Linux only (``/proc``); elsewhere none are found."""
-    mark = f"RAY_RAYLET_PID={raylet_pid}".encode()
-    found = []
-    for entry in proc.glob("[0-9]*"):
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-        if mark in environ.split(b"\0") and int(entry.name) != os.getpid():
-            found.append(int(entry.name))
-    return found
+    return [int(entry.name) for entry in proc.glob("[0-9]*")
+            if _raylet_of(entry) == raylet_pid and int(entry.name) != os.getpid()]  # fmt: skip
 
 
 def raylet_workers(raylets: set[int], ray_dir: str) -> set[Process]:
-    """The live Ray processes started by one of the ``raylets`` (pids), wherever they were
-    handed since (:func:`workers_of`): run from Ray's package folder ``ray_dir``, or a worker
-    named ``ray::...``."""
+    """The live Ray processes (run from Ray's package folder ``ray_dir``, or a worker named
+    ``ray::...``) started by one of the ``raylets`` (pids), wherever they were handed since:
+    each one's environment read once."""
     folder = os.fsencode(ray_dir.rstrip("/") + "/")
-    live = _processes()
-    found: set[Process] = set()
-    for raylet in raylets:
-        for pid in workers_of(raylet):
-            if pid in live and (live[pid][2].startswith(b"ray::") or folder in live[pid][2]):
-                found.add((pid, live[pid][1]))
-    return found
+    return {(pid, start) for pid, (_, start, command) in _processes().items()
+            if (command.startswith(b"ray::") or folder in command)
+            and _raylet_of(Path(f"/proc/{pid}")) in raylets}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
