@@ -37,7 +37,7 @@ def _runs(rows: list[TrialRow], knobs: dict[str, Any]) -> list[dict[str, float |
         {"time_s": r.time_to_target_s, "samples": r.samples_to_target,
          "throughput": r.throughput}
         for r in rows
-        if r.phase in (keys.PHASE_SEARCH, keys.PHASE_CONFIRMATION) and r.reached
+        if r.phase in (keys.PHASE_SEARCH, keys.PHASE_CONFIRMATION) and r.to_target
         and all(float(r.knob_dict()[k]) == float(v) for k, v in knobs.items())
     ]  # fmt: skip
 

@@ -95,8 +95,8 @@ class ReplayedCase:
         return self.target.value / max(value, 1e-12)
 
     def run(self, micro: int, accumulation: int, multiplier: float, rng: random.Random,
-            cap_s: float | None = None, stop: Any = None, rung_marks: Any = ()
-            ) -> dict[str, Any]:  # fmt: skip
+            cap_s: float | None = None, stop: Any = None, rung_marks: Any = (),
+            level: float | None = None) -> dict[str, Any]:  # fmt: skip
         # A recorded curve has the evaluations it had: ``rung_marks`` (the rungs the searcher
         # names) cannot add one, so a rung judges it at its first recorded evaluation past it.
         measured = self.runs[name_of(micro, multiplier)]
@@ -105,6 +105,11 @@ class ReplayedCase:
         last = len(curve) - 1
         marks = [(float(t), 1.0 if reached and i == last else min(self._progress(v), 0.999))
                  for i, (t, v) in enumerate(curve)]  # fmt: skip
+        met = [i for i, (_, p) in enumerate(marks) if level is not None and p >= level]
+        if met:  # a confirmation run to its meeting level: its first evaluation there
+            t = marks[met[0]][0]
+            return {"status": "reached", "time": t, "cost": t, "train": t,
+                    "marks": marks[: met[0] + 1]}  # fmt: skip
         if reached:
             t = marks[-1][0]
             return {"status": "reached", "time": t, "cost": t, "train": t, "marks": marks}

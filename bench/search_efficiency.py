@@ -90,7 +90,7 @@ from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.gates import search_gates
 from raybatch.run.options import SearchOptions
 from raybatch.run.plan import Plan, search_plan
-from raybatch.run.rungs import DEFAULT_ZONE
+from raybatch.run.rungs import DEFAULT_ZONE, Trajectory
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
@@ -122,10 +122,10 @@ Trial = dict[str, Any]  # knobs + outcome + cost
 
 
 def _outcome(member: Member, knobs: tuple[int, int, float], rng: random.Random,
-             cap_s: float | None = None, stop: Any = None, rung_marks: Sequence[float] = ()
-             ) -> Trial:  # fmt: skip
+             cap_s: float | None = None, stop: Any = None, rung_marks: Sequence[float] = (),
+             level: float | None = None) -> Trial:  # fmt: skip
     micro, accumulation, multiplier = knobs
-    run = member.run(micro, accumulation, multiplier, rng, cap_s, stop, rung_marks)
+    run = member.run(micro, accumulation, multiplier, rng, cap_s, stop, rung_marks, level)
     return {"knobs": knobs, "warm_s": _warm_s(member, knobs), **run}
 
 
@@ -565,7 +565,13 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
     leader's time on the same seed (its ``race_cap_s`` once the leader ended), and the shipped
     selection. Returns the pick and what the confirmation runs held their devices for."""
     rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
-    race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK)
+    curves = {}  # as the search's phases keep them: each trial's marks (progress 1: target)
+    for i, t in enumerate(trials):
+        curves[f"s{i}"] = curve = Trajectory()
+        for train_s, progress in t.get("marks", []):
+            curve.add(train_s, progress)
+    race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK,
+                curves=curves)  # fmt: skip
     scheduler = CappingScheduler(SLACK, zone=None)
     searcher = RaceSearcher(race, penalty=penalty(member.max_time_s))  # PAR-10
     cost = 0.0
@@ -575,7 +581,8 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
             break
         knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                  config[keys.LR_MULTIPLIER])  # fmt: skip
-        ran = _outcome(member, knobs, rng, cap_s=scheduler.race_cap_s(config[keys.SEED]))
+        ran = _outcome(member, knobs, rng, cap_s=scheduler.race_cap_s(config[keys.SEED]),
+                       level=config.get(keys.MEET_LEVEL))  # fmt: skip
         cost += ran["cost"]
         result = {keys.TRIAL_ID: f"c{n}", keys.STATUS: _ROW_STATUS[ran["status"]].value,
                   keys.TIME_TO_TARGET_S: ran["time"], keys.TRAIN_S: ran["train"],

@@ -195,6 +195,7 @@ class Member:
     def run(
         self, micro: int, accumulation: int, multiplier: float, rng: random.Random,
         cap_s: float | None = None, stop: Any = None, rung_marks: Sequence[float] = (),
+        level: float | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """One trial: its status, measured time to target, the device seconds it held (its
         start-up and evaluations too), its training seconds, and the marks it reported
@@ -203,7 +204,8 @@ class Member:
         ``stop(train_s, progress)`` is asked at each mark (a scheduler's early stop); ``True``
         ends the trial there as ``capped``. ``cap_s`` stops it once its time passes the cap.
         ``rung_marks``: training times it also evaluates at, as the searcher asks a trial to
-        (:data:`~raybatch.keys.RUNG_MARKS`).
+        (:data:`~raybatch.keys.RUNG_MARKS`). ``level``: the progress it trains to instead of
+        the target (a confirmation run's meeting level, :data:`~raybatch.keys.MEET_LEVEL`).
         """
         if not self.fits(micro):
             return {"status": "oom", "time": None, "cost": self.oom_cost_s, "train": 0.0,
@@ -219,6 +221,7 @@ class Member:
         per_sample = self.step_time(micro, accumulation) / batch * speed
         needed = self.steps(micro, accumulation, multiplier) * batch
         shape = self.shape(micro, accumulation, multiplier)
+        goal = needed if level is None else needed * min(level, 1.0) ** (1 / shape)
         limit = self.max_time_s if cap_s is None else min(cap_s, self.max_time_s)
         marks: list[tuple[float, float]] = []
         # The product's own cadence: its training-time marks, its sample marks a backstop
@@ -243,8 +246,8 @@ class Member:
                 status = "capped" if cap_s is not None and cap_s < self.max_time_s else "censored"
                 return {"status": status, "time": None, "cost": held(limit), "train": limit,
                         "marks": marks}  # fmt: skip
-            if samples >= needed:
-                marks.append((t, 1.0))
+            if samples >= goal:
+                marks.append((t, 1.0 if level is None else level))
                 return {"status": "reached", "time": t, "cost": held(t), "train": t,
                         "marks": marks}  # fmt: skip
             progress = (samples / needed) ** shape * (1 + rng.gauss(0, 0.02))

@@ -117,6 +117,10 @@ WORKERS_PLACED: Final = "workers_placed"
 """In the first report of a data-parallel trial: its workers are placed and their memory gates
 passed (the scheduler's hang clock runs from that report, not from the wait for GPUs)."""
 SEED: Final = "seed"
+MEET_LEVEL: Final = "meet_level"
+"""In a confirmation run's config and row: the level its two recipes meet at, the target
+metric's value the leader's search run had at half its time to target; the run trains to that
+level instead of the target (:mod:`raybatch.run.confirmation`). Empty: a run to the target."""
 ALONE: Final = "alone"
 """In a trial's config: run on a whole GPU, never packed (confirmation runs, and the retry of a
 trial that ran out of memory while packed)."""

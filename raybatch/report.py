@@ -194,9 +194,10 @@ def _matching(rows: list[TrialRow], knobs: KnobPoint | None) -> list[TrialRow]:
     if knobs is None:
         return []
 
-    # Prefer the confirmation runs (the same seeds and conditions as the winner's).
+    # Prefer the confirmation runs to the target (the same seeds and conditions as the
+    # winner's); a run to the race's meeting level has no time to target to show.
     same = [r for r in rows if _is_point(r.knob_dict(), knobs)]
-    confirmed = [r for r in same if r.phase == keys.PHASE_CONFIRMATION]
+    confirmed = [r for r in same if r.phase == keys.PHASE_CONFIRMATION and r.meet_level is None]
     return confirmed or [r for r in same if r.phase == keys.PHASE_SEARCH]
 
 
@@ -209,7 +210,8 @@ def _is_point(knobs: KnobPoint, point: KnobPoint) -> bool:
 
 
 def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
-    reached = [r for r in rows if r.reached]
+    rows = [r for r in rows if r.meet_level is None]  # a meeting run's time is to its level
+    reached = [r for r in rows if r.to_target]
     if not rows:
         return None
     times = [r.time_to_target_s for r in reached if r.time_to_target_s is not None]

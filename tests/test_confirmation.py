@@ -19,6 +19,7 @@ from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
 from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.race_record import RaceRecord
+from raybatch.run.rungs import Trajectory
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus
@@ -494,3 +495,52 @@ def test_a_race_stopped_with_a_run_in_flight_or_a_round_undone_is_no_verdict() -
                                       keys.TIME_TO_TARGET_S: 1.1, keys.TRAIN_S: 1.1})  # fmt: skip
     # Two pairs both won by A: the race is decided.
     assert searcher.decided() and searcher.suggest("t2") == Searcher.FINISHED
+
+
+def _curves(rows: list[TrialRow]) -> dict[str, Trajectory]:
+    """Each search run's curve as the search's phases keep it: the metric rising linearly to
+    0.97 at its time to target, evaluated every quarter of it."""
+    curves = {}
+    for row in rows:
+        curves[row.trial_id] = curve = Trajectory("max")
+        for quarter in (1, 2, 3, 4):
+            if row.time_to_target_s is not None:
+                curve.add(row.time_to_target_s * quarter / 4, 0.97 * quarter / 4)
+    return curves
+
+
+def test_the_two_meet_at_the_leaders_level_at_half_its_time_a_round_of_about_one_training() -> None:
+    """With the search's curves the race's two train to the level the leader's search run had
+    at half its time to target (A: 0.485 at 0.5 s), not to the target: A gets there in 0.5 s
+    on seed 1, B is capped at 1.2x that, and the round costs about one of A's trainings where
+    a race to the target cost two. The meeting runs pair on their seed; they are no time to
+    target (the winner's runs are its search run's)."""
+    rows = _search((A, 1.0), (B, 1.05), (C, 2.0))
+    race = Race(rows, top=2, seeds=[1, 2], slack=SLACK, curves=_curves(rows))
+    first = race.next_round()
+    assert first is not None and first.level == pytest.approx(0.485)
+    rounds = _play(race, {A: {1: 0.5}, B: {1: 0.9}})
+    assert rounds == [(1, [A, B])]
+    assert [r.meet_level for r in race.rows[-2:]] == [pytest.approx(0.485)] * 2
+    assert [r.status for r in race.rows[-2:]] == [TrialStatus.REACHED, TrialStatus.CAPPED]
+    assert sum(r.train_s or 0.0 for r in race.rows[-2:]) <= 1.15  # A's training: 1.0
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == A[0]
+    assert best.provenance.time_to_target_s_runs == [1.0]
+    assert "meeting level 0.485" in (race.rows[-1].reason or "")
+
+
+def test_a_meeting_pairs_with_the_search_pair_and_may_turn_the_verdict() -> None:
+    """A leads B by 5 % on the search's seed; at the meeting on seed 1 B gets to the level
+    in 0.45 s where A needs 0.6 s (A 1.33x slower): the median of the two paired log ratios
+    puts B ahead by 1.13x, and B wins on its search run's time."""
+    rows = _search((A, 1.0), (B, 1.05))
+    level = {keys.MEET_LEVEL: 0.5}
+    rows += [_row(A, keys.PHASE_CONFIRMATION, 0.6, 1, candidate=0, **level),
+             _row(B, keys.PHASE_CONFIRMATION, 0.45, 1, candidate=1, **level)]  # fmt: skip
+    best = choose_winner(Target(0.97), rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == B[0]
+    assert best.provenance.median_time_to_target_s == 1.05
+    runner_up = best.provenance.runner_up
+    assert runner_up is not None and (runner_up.pairs, runner_up.wins) == (2, 1)
+    assert runner_up.paired_ratio == pytest.approx((0.6 / 0.45 * 1.0 / 1.05) ** 0.5)

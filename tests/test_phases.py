@@ -195,3 +195,33 @@ def test_an_interruption_counts_the_trials_that_ended_and_one_in_the_race_says_t
     assert isinstance(phases.suggest("r0"), dict)
     with pytest.raises(SearchInterrupted, match="confirmation was interrupted before its verdict"):
         phases.ended_or_interrupted(None, tmp_path, [])
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_race_meets_at_the_level_the_leaders_search_curve_had_at_half_its_time(
+    tmp_path: Path,
+) -> None:
+    """The search trials' evaluations are kept as curves (heartbeats left out); the race's
+    two runs carry the level the leader's curve had at half its time to target, and train
+    to it (``meet_level``); the curves survive the checkpoint."""
+    import pickle
+
+    phases = _phases(tmp_path, zone=100.0)
+    pristine = pickle.dumps(phases)  # what Tune pickled when the search started
+    _search(phases, [1.0, 1.05, None])
+    for trial_id, time_s in (("s0", 1.0), ("s1", 1.05)):
+        for quarter in (1, 2, 3):
+            trained = time_s * quarter / 4
+            evaluation = {keys.TRIAL_ID: trial_id, keys.STATUS: "running",
+                          keys.TRAIN_S: trained, keys.METRIC: 0.2 * quarter}  # fmt: skip
+            phases.on_trial_result(trial_id, evaluation)
+            heartbeat = {**evaluation, keys.HEARTBEAT: True, keys.METRIC: 0.9}
+            phases.on_trial_result(trial_id, heartbeat)  # repeats the last: not on the curve
+    phases.save(str(tmp_path / "phases.pkl"))
+    again: SearchThenRace = pickle.loads(pristine)
+    again.restore(str(tmp_path / "phases.pkl"))
+    for trial_id, time_s in (("s0", 1.0), ("s1", 1.05), ("s2", None)):
+        _ended(again, trial_id, time_s)
+    first, second = again.suggest("r0"), again.suggest("r1")
+    assert isinstance(first, dict) and isinstance(second, dict)
+    assert first[keys.MEET_LEVEL] == second[keys.MEET_LEVEL] == pytest.approx(0.4)

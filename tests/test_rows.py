@@ -158,3 +158,23 @@ def test_cells_read_back_exactly_or_are_refused_by_line(tmp_path: Path) -> None:
             stored_rows(tmp_path, SPACE)
         assert why in str(caught.value)
     assert "seed" in COLUMNS and "val_accuracy" not in COLUMNS
+
+
+def test_a_meeting_runs_level_is_a_column_and_its_time_is_no_time_to_target(
+    tmp_path: Path,
+) -> None:
+    """A confirmation run to the race's meeting level keeps the level in ``meet_level``: it
+    reached what it trained to, but its time is to the level (``to_target`` is false); a
+    trials.csv written before the column existed reads with it empty."""
+    row = dataclasses.replace(_rows()[0], phase=keys.PHASE_CONFIRMATION, seed=4, meet_level=0.61,
+                              status=TrialStatus.REACHED, time_to_target_s=1.5)  # fmt: skip
+    write_trials_csv(tmp_path / TRIALS_CSV, [row])
+    back = stored_rows(tmp_path, SPACE)[0]
+    assert back.meet_level == 0.61 and back.reached and not back.to_target
+    older = [c for c in COLUMNS if c != keys.MEET_LEVEL]
+    with (tmp_path / TRIALS_CSV).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=older, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(row.to_csv())
+    back = stored_rows(tmp_path, SPACE)[0]
+    assert back.meet_level is None and back.to_target

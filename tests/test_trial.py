@@ -383,3 +383,16 @@ def test_a_data_parallel_run_that_lost_a_worker_is_told_apart_from_a_failing_rec
     recipe_fault = TrainingFailedError("Training failed")
     recipe_fault.__cause__ = ValueError("bad shape")
     assert lost_worker(recipe_fault) is None
+
+
+def test_a_confirmation_run_trains_to_its_meeting_level_not_to_the_target() -> None:
+    """A race run's config carries the level its two recipes meet at (``meet_level``): the
+    trial's target becomes that level, so it ends ``reached`` there, short of the target, and
+    a run to the target of the same recipe takes longer."""
+    config = {"micro_batch_size": 64, keys.SEED: 3}
+    met, met_reports = _run({**config, keys.MEET_LEVEL: 0.5})
+    whole, _ = _run(config)
+    assert met.status is TrialStatus.REACHED and whole.status is TrialStatus.REACHED
+    assert 0.5 <= met_reports[-1][keys.METRIC] < 0.97 <= whole.metric
+    assert met.time_to_target_s is not None and whole.time_to_target_s is not None
+    assert met.samples_seen < whole.samples_seen

@@ -72,6 +72,9 @@ class TrialRow:
     objective: float | None = None
     candidate: int | None = None
     seed: int | None = None
+    meet_level: float | None = None
+    """A confirmation run's meeting level: its ``time_to_target_s`` is its time to that level
+    (on its seed, beside its rival's), not to the target."""
     predicted_time_s: float | None = None
     reason: str | None = None
 
@@ -180,7 +183,14 @@ class TrialRow:
 
     @property
     def reached(self) -> bool:
+        """Whether the run reached what it trained to: the target, or its meeting level."""
         return self.status is TrialStatus.REACHED
+
+    @property
+    def to_target(self) -> bool:
+        """Whether the run reached the target itself (not a confirmation's meeting level):
+        its ``time_to_target_s`` is a time to target."""
+        return self.reached and self.meet_level is None
 
 
 def recorded_recipe(space: SearchSpace, cells: Mapping[str, Any]) -> TrialConfig:
@@ -326,7 +336,7 @@ def stored_rows(run_dir: Path, space: SearchSpace) -> list[TrialRow]:
     return rows
 
 
-_ADDED = (keys.GPU_NAME, keys.GPU_ID, keys.NODE_IP)
+_ADDED = (keys.GPU_NAME, keys.GPU_ID, keys.NODE_IP, keys.MEET_LEVEL)
 """Columns a trials.csv written before they were added lacks: read as empty."""
 _REQUIRED = tuple(c for c in COLUMNS if c not in _ADDED)
 """Columns every trials.csv holds: raybatch writes them all, so a missing one is damage."""

@@ -204,7 +204,8 @@ class Measured:
     Attributes:
         runs: The rows measuring it: its confirmation runs, or (with no confirmation) its
             search rows.
-        times: Training times to target of the runs that reached it.
+        times: Training times to target of the runs that reached it (a confirmation run to
+            its meeting level pairs with its rival's on the same seed, and is not among them).
     """
 
     runs: list[TrialRow]
@@ -212,7 +213,8 @@ class Measured:
 
     @property
     def always_reached(self) -> bool:
-        return bool(self.runs) and len(self.times) == len(self.runs)
+        """Whether every run reached what it trained to (the target, or the meeting level)."""
+        return bool(self.runs) and all(r.reached for r in self.runs)
 
     @property
     def median(self) -> float:
@@ -271,7 +273,7 @@ def is_packed(share: Any) -> bool:
 
 def measured(runs: list[TrialRow]) -> Measured:
     """A recipe's runs with the times of those that reached the target."""
-    return Measured(runs, [_time(r) for r in runs if r.reached])
+    return Measured(runs, [_time(r) for r in runs if r.to_target])
 
 
 def paired_times(a: Measured, b: Measured) -> list[tuple[float, float]]:

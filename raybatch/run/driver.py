@@ -349,7 +349,8 @@ def _search_tuner(
     # Tune's max_concurrent_trials counts paused trials: the search's own limit does not.
     pausing, scheduler.slots = scheduler.pause, plan.in_flight
     plan.tuned = SearchThenRace.for_search(plan.searcher, options, plan.cuda, plan.in_flight,
-                                           limit=plan.in_flight if pausing else None)  # fmt: skip
+                                           limit=plan.in_flight if pausing else None,
+                                           mode=scheduler.mode)  # fmt: skip
     return tune.Tuner(
         plan.resourced,
         tune_config=tune.TuneConfig(

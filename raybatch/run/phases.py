@@ -31,6 +31,7 @@ from raybatch.run.confirmation import Race, RaceSearcher, confirmation_seeds
 from raybatch.run.options import SearchOptions
 from raybatch.run.progress import log, recipe
 from raybatch.run.race_record import RaceRecord, race_seed
+from raybatch.run.rungs import Trajectory
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.study import SearchStudy
@@ -63,10 +64,13 @@ class SearchThenRace(Searcher):
         limit: The search's trials running at once, paused ones not counted (Tune's
             ``max_concurrent_trials`` counts them, and a search whose scheduler pauses trials
             would stall with every slot held by a paused one); ``None``: Tune's limit.
+        mode: The target's direction: the search trials' curves are kept in it, where the
+            race's two meet (:meth:`~raybatch.run.confirmation.Race.meeting_level`).
     """
 
     def __init__(self, search: RaybatchSearcher, options: SearchOptions, slots: int,
-                 whole_gpus: bool = False, limit: int | None = None) -> None:  # fmt: skip
+                 whole_gpus: bool = False, limit: int | None = None,
+                 mode: str = "max") -> None:  # fmt: skip
         super().__init__(metric=keys.OBJECTIVE, mode="min")
         self.search = search
         self.trials = options.trials
@@ -86,16 +90,20 @@ class SearchThenRace(Searcher):
         self.limit = limit
         self.paused: set[str] = set()  # search trials the scheduler paused
         self.last: dict[str, dict[str, Any]] = {}  # search trial -> its last result
+        self.target_mode = mode
+        self.curves: dict[str, Trajectory] = {}  # search trial -> its evaluations
 
     @classmethod
     def for_search(cls, search: RaybatchSearcher, options: SearchOptions, cuda: bool,
-                   in_flight: int, limit: int | None = None) -> SearchThenRace:  # fmt: skip
+                   in_flight: int, limit: int | None = None, mode: str = "max"
+                   ) -> SearchThenRace:  # fmt: skip
         """As the driver builds it: the race side by side on CPU slots as the search ran
         (``in_flight``: the trials the cluster runs at once, or ``--max-concurrent`` under
         that); on GPUs one run at a time, each on a whole GPU (the search's slots may have
-        been shares of one). ``limit``: the search's own bound on trials at once."""
+        been shares of one). ``limit``: the search's own bound on trials at once; ``mode``:
+        the target's direction."""
         slots = 1 if cuda else in_flight
-        return cls(search, options, slots, whole_gpus=cuda, limit=limit)
+        return cls(search, options, slots, whole_gpus=cuda, limit=limit, mode=mode)
 
     def set_search_properties(self, metric: str | None, mode: str | None,
                               config: dict[str, Any], **spec: Any) -> bool:  # fmt: skip
@@ -157,14 +165,20 @@ class SearchThenRace(Searcher):
         """The race over the search's rows; ``None`` where the search's runs decided it (or
         no trial reached, or there are no seeds): nothing to run."""
         rows = list(self.ended.values())
-        race = Race(rows, self.top, self.seeds, self.slack, self.zone)
+        curves = getattr(self, "curves", {})  # (a checkpoint of an earlier release lacks them)
+        race = Race(rows, self.top, self.seeds, self.slack, self.zone, curves)
         first = race.next_round()
         if first is None:
             self.decided_by_the_search = bool(self.seeds and race.entrants)
             return None
         names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
         how = "side by side" if self.at_once > 1 else "one run at a time"
-        log.info(f"confirming: {names} on up to {len(self.seeds)} fresh seed(s), {how}")
+        to = (
+            ""
+            if first.level is None
+            else f", to the level {first.level:.4g} (where the first had half its time)"
+        )
+        log.info(f"confirming: {names} on up to {len(self.seeds)} fresh seed(s), {how}{to}")
         record = RaceRecord(self.search.record)
         record.start()
         return RaceSearcher(race, self.search.penalty, self.whole_gpus, record, self.at_once)
@@ -173,6 +187,7 @@ class SearchThenRace(Searcher):
         if trial_id in self.launched:
             if self.limit is not None:
                 self.last[trial_id] = result
+            self._follow(trial_id, result)
             self.search.on_trial_result(trial_id, result)
         elif self.race is not None:
             self.race.on_trial_result(trial_id, result)
@@ -190,6 +205,16 @@ class SearchThenRace(Searcher):
                                                   self.search.penalty, self.seed)  # fmt: skip
         elif self.race is not None:
             self.race.on_trial_complete(trial_id, result, error)
+
+    def _follow(self, trial_id: str, result: dict[str, Any]) -> None:
+        """A search trial's evaluation on its curve (a heartbeat repeats the last one)."""
+        metric, trained = result.get(keys.METRIC), result.get(keys.TRAIN_S)
+        if result.get(keys.HEARTBEAT) or metric is None or trained is None:
+            return
+        if result.get(keys.STATUS) in (TrialStatus.RUNNING.value, TrialStatus.REACHED.value):
+            curves = self.__dict__.setdefault("curves", {})
+            curve = curves.setdefault(trial_id, Trajectory(getattr(self, "target_mode", "max")))
+            curve.add(float(trained), float(metric))
 
     @property
     def race_rows(self) -> list[TrialRow]:

@@ -173,7 +173,9 @@ class Progress(Callback):
         if status == "running":  # its last report came before the scheduler stopped it
             status = "capped"
         reached = result.get(keys.TIME_TO_TARGET_S)
-        what = f"{status} in {reached:.2f} s" if status == "reached" and reached else status
+        level = (getattr(trial, "config", None) or {}).get(keys.MEET_LEVEL)
+        to = "" if level is None else f" the meeting level {level:.4g}"
+        what = f"{status}{to} in {reached:.2f} s" if status == "reached" and reached else status
         if status == "error":  # why, in a line; the whole traceback is in the run's log
             why = str(result.get(keys.REASON) or "").strip().splitlines()
             what = f"error{': ' + why[0] if why else ''} (traceback in search.log)"

@@ -102,6 +102,7 @@ class RaceRecord:
             SEARCH_TRIAL_ATTR: search_trial_id,
             TUNE_TRIAL_ID_ATTR: row.trial_id,
             TIME_TO_TARGET_ATTR: row.time_to_target_s,
+            keys.MEET_LEVEL: row.meet_level,  # where set, the time above is to this level
             CONFIG_ATTR: row.config.to_dict(),
         }
         self._study.add_trial(

@@ -90,6 +90,15 @@ def _set_threads_to_assigned_cpus() -> None:
         torch.set_num_threads(max(1, int(cpus)))
 
 
+def _met(settings: TrialSettings, config: dict[str, Any]) -> TrialSettings:
+    """The trial's settings, its target's value the level a confirmation run trains to where
+    its config carries one (:data:`~raybatch.keys.MEET_LEVEL`): the race's two meet there."""
+    level = config.get(keys.MEET_LEVEL)
+    if level is None:
+        return settings
+    return replace(settings, target=replace(settings.target, value=float(level)))
+
+
 def _options(settings: TrialSettings, config: dict[str, Any]) -> LoopOptions:
     """The loop options, with the trial's own seed when its config carries one."""
     return replace(settings.loop, seed=int(config.get(keys.SEED, settings.loop.seed)))
@@ -160,6 +169,7 @@ def run_trial(
 
     # What the trial costs starts here, not at its clock (its process's start-up, if first).
     held_since, startup_s = process_age.start_trial()
+    settings = _met(settings, config)
     if _broken:
         raise WorkerLostError(f"this trial's process is unusable: {_broken[0]}")
     during = "reading the trial's recipe"
