@@ -18,6 +18,11 @@ the cost), and the regret of the fastest recipe that reached against the fastest
 drawn (each recipe's one grid run: what the rule saw is what it is judged by), median and 90th
 percentile, with the share of draws where the fastest drawn was stopped.
 
+The confirmation's race replays too: each recipe has one recorded curve, so its fresh-seed run
+is that curve again (to the race's meeting level, or the target; the race's cap is not
+applied), and the race's pair repeats the search's, cut short: the replay measures the rule,
+not the race.
+
 The curves are the grid's as measured, at the evaluation marks of the commit the real
 benchmark ran at (recorded under ``source``), and no warmup is flagged (the grid keeps no
 warmup flag): the shipped rule judges a trial in its warmup at every rung once a trial has

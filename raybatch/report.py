@@ -351,9 +351,15 @@ def verdict(result: SearchResult, target: Target | None = None) -> str:
         f" (lr {c.lr:.4g}) reaches {target} in {p.median_time_to_target_s or 0.0:.2f} s of"
         f" training (median; it reached the target in {len(runs)} of {len(runs)} runs)."
     ]
-    if not any(r.phase == keys.PHASE_CONFIRMATION and _same_recipe(r.config, c)
-               for r in result.rows):  # fmt: skip
+    confirmed = [r for r in result.rows
+                 if r.phase == keys.PHASE_CONFIRMATION and _same_recipe(r.config, c)]  # fmt: skip
+    if not confirmed:
         lines.append(NOT_CONFIRMED)
+    elif all(r.meet_level is not None for r in confirmed):
+        level = confirmed[0].meet_level
+        lines.append(f"Its time is its search run's: on a fresh seed it met the runner-up at"
+                     f" {level:.4g}, the level it had at half that time, and trained no"
+                     f" further.")  # fmt: skip
     runner = p.runner_up
     if runner:
         knobs = runner.knobs

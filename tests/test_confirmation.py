@@ -544,3 +544,31 @@ def test_a_meeting_pairs_with_the_search_pair_and_may_turn_the_verdict() -> None
     runner_up = best.provenance.runner_up
     assert runner_up is not None and (runner_up.pairs, runner_up.wins) == (2, 1)
     assert runner_up.paired_ratio == pytest.approx((0.6 / 0.45 * 1.0 / 1.05) ** 0.5)
+
+
+def test_no_meeting_where_a_search_run_judges_nothing_or_the_curve_shows_no_progress() -> None:
+    """A packed search run judges nothing, so its recipe's fresh-seed run is its only time:
+    the two race to the target. Likewise where the leader's curve at half its time is still at
+    its first evaluation's value (the two would meet at their first evaluations)."""
+    packed = [dataclasses.replace(r, gpu_share=0.5) for r in _search((A, 1.0), (B, 1.05))]
+    race = Race(packed, top=2, seeds=[1], slack=SLACK, curves=_curves(packed))
+    first = race.next_round()
+    assert first is not None and first.level is None
+    rows = _search((A, 1.0), (B, 1.05))
+    flat = _curves(rows)
+    flat[rows[0].trial_id] = curve = Trajectory("max")
+    for t, value in ((0.2, 0.3), (0.6, 0.3), (1.0, 0.97)):
+        curve.add(t, value)
+    first = Race(rows, top=2, seeds=[1], slack=SLACK, curves=flat).next_round()
+    assert first is not None and first.level is None
+
+
+def test_the_winners_samples_to_target_are_its_runs_to_the_target_not_to_the_level() -> None:
+    level = {keys.MEET_LEVEL: 0.5}
+    rows = [_row(A, keys.PHASE_SEARCH, 1.0, 0, samples_to_target=1000),
+            _row(B, keys.PHASE_SEARCH, 1.05, 0, samples_to_target=1100),
+            _row(A, keys.PHASE_CONFIRMATION, 0.5, 1, samples_to_target=500, **level),
+            _row(B, keys.PHASE_CONFIRMATION, 0.55, 1, samples_to_target=560, **level)]  # fmt: skip
+    best = choose_winner(Target(0.97), rows, confirmed=True)
+    assert best is not None and best.provenance.samples_to_target == 1000
+    assert best.provenance.spread_s is None  # one run to the target: no spread to say

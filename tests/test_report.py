@@ -167,3 +167,17 @@ def test_the_page_compares_every_recipe_the_verdict_names_and_bounds_the_unreach
     assert bound.get_height() == 0.9 and bound.get_hatch() == "//"
     assert any("not reached" in t.get_text() for t in time_axes.texts)
     plt.close(drawn[0])
+
+
+def test_a_winner_that_met_its_runner_up_at_a_level_says_its_time_is_its_search_runs() -> None:
+    """The race's two trained to a level on the fresh seed: the winner's time and its count
+    of runs to the target are its search run's, and the verdict says where the two met."""
+    rows = [_row(WINNER, "search", 0.5, 0), _row(RUNNER, "search", 0.52, 0)]
+    for knobs, time_s in ((WINNER, 0.25), (RUNNER, 0.28)):
+        met = _row(knobs, "confirmation", time_s, 1)
+        rows.append(TrialRow.of(met.config, met.phase, met.trial_id, met.status,
+                                time_to_target_s=time_s, train_s=time_s, seed=1,
+                                meet_level=0.61))  # fmt: skip
+    text = verdict(_result(rows), raybatch.Target(0.97))
+    assert "reaches accuracy>=0.97 in 0.50 s" in text and "in 1 of 1 runs" in text
+    assert "on a fresh seed it met the runner-up at 0.61" in text and NOT_CONFIRMED not in text

@@ -50,7 +50,8 @@ def no_winner_reason(rows: list[TrialRow], target: Any) -> str:
                     f" ({screened[-1].reason})")  # fmt: skip
         return "no trial ran"
     if any(r.reached for r in search):
-        return f"no recipe reached {target} in every confirmation run"
+        return (f"no recipe reached {target}, or the race's meeting level, in every"
+                " confirmation run")  # fmt: skip
     counts = Counter(r.status for r in search)
     reasons = Counter(r.reason for r in search if r.reason)
     why = f": {reasons.most_common(1)[0][0]}" if reasons else ""

@@ -419,7 +419,8 @@ def choose_winner(
     searched = [r for r in rows if r.phase == keys.PHASE_SEARCH and same_knobs(r, [first])]
     recipe = winner.runs[0].config
     peaks = [r.peak_memory_bytes for r in winner.runs if r.peak_memory_bytes]
-    samples = [r.samples_to_target for r in winner.runs if r.samples_to_target is not None]
+    samples = [r.samples_to_target for r in winner.runs
+               if r.to_target and r.samples_to_target is not None]  # fmt: skip
     given = measured_on if measured_on is not None else Provenance()
     if given.device is None:  # the rows alone: the trials ran here, as far as anyone can say
         given = replace(given, device=_device_name())
@@ -434,7 +435,7 @@ def choose_winner(
         given,
         median_time_to_target_s=winner.median,
         time_to_target_s_runs=winner.times,
-        spread_s=max(winner.times) - min(winner.times),
+        spread_s=max(winner.times) - min(winner.times) if len(winner.times) > 1 else None,
         samples_to_target=statistics.median(samples) if samples else None,
         peak_memory_bytes=max(peaks) if peaks else None,
         versions=_versions(),

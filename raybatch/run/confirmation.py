@@ -91,15 +91,22 @@ class Race:
         self.curves = dict(curves or {})
         self.rounds = 0
 
-    def meeting_level(self, leader: TrialRow) -> float | None:
+    def meeting_level(self, leader: TrialRow, challenger: TrialRow) -> float | None:
         """The level the race's two meet at: the metric the leader's search run had at
-        :data:`MEET_SHARE` of its time to target, interpolated on its curve (``None``: no
-        curve, or no evaluation that early; the two then race to the target)."""
-        curve = self.curves.get(leader.trial_id)
-        if curve is None or leader.time_to_target_s is None or leader.meet_level is not None:
+        :data:`MEET_SHARE` of its time to target, interpolated on its curve. ``None`` (the two
+        race to the target) where either has no time to target that judges it (a packed
+        search run judges nothing: the fresh seed's runs are then its only times), or the
+        leader's curve has no evaluation that early, or shows no progress past its first by
+        then (both would meet at their first evaluation, a pair that tells nothing)."""
+        if not all(self.judged(e).times for e in (leader, challenger)):
+            return None
+        curve = getattr(self, "curves", {}).get(leader.trial_id)  # (older checkpoints: none)
+        if curve is None or leader.time_to_target_s is None:
             return None
         value = curve.value_at(leader.time_to_target_s * MEET_SHARE, before_first=False)
-        return None if value is None else curve.sign * value
+        if value is None or value <= curve.best[0]:
+            return None
+        return curve.sign * value
 
     def add(self, rows: list[TrialRow]) -> None:
         """A round's rows (confirmation runs carrying their seed)."""
@@ -116,7 +123,9 @@ class Race:
         beside neighbours, which judges nothing) stands on its search time until it runs."""
         alive = [(e, m) for e, m in ((e, self.judged(e)) for e in self.entrants)
                  if all(r.reached for r in m.runs)]  # fmt: skip
-        alive.sort(key=lambda em: em[1].median if em[1].runs else _time_of(em[0]))
+        # By the times to target that judge each (a meeting run's is to its level; an
+        # entrant with none yet stands on its search time until it runs).
+        alive.sort(key=lambda em: em[1].median if em[1].times else _time_of(em[0]))
         if len(alive) >= 2:
             paired = compare_paired(alive[0][1], alive[1][1])
             if paired is not None and paired.ratio < 1:
@@ -140,8 +149,8 @@ class Race:
             return None  # the search's runs: one leads by more than the noise, no race
         if paired is not None and paired.pairs >= 2 and (paired.decisive or paired.within_noise()):
             return None
-        leader = alive[0][0]
-        return Round([leader, alive[1][0]], seed, self.meeting_level(leader))
+        leader, challenger = alive[0][0], alive[1][0]
+        return Round([leader, challenger], seed, self.meeting_level(leader, challenger))
 
 
 class RaceSearcher(Searcher):

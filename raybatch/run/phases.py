@@ -211,10 +211,11 @@ class SearchThenRace(Searcher):
         metric, trained = result.get(keys.METRIC), result.get(keys.TRAIN_S)
         if result.get(keys.HEARTBEAT) or metric is None or trained is None:
             return
-        if result.get(keys.STATUS) in (TrialStatus.RUNNING.value, TrialStatus.REACHED.value):
+        mode = getattr(self, "target_mode", None)  # a checkpoint of an earlier release: none
+        if mode and result.get(keys.STATUS) in (TrialStatus.RUNNING.value,
+                                                TrialStatus.REACHED.value):  # fmt: skip
             curves = self.__dict__.setdefault("curves", {})
-            curve = curves.setdefault(trial_id, Trajectory(getattr(self, "target_mode", "max")))
-            curve.add(float(trained), float(metric))
+            curves.setdefault(trial_id, Trajectory(mode)).add(float(trained), float(metric))
 
     @property
     def race_rows(self) -> list[TrialRow]:

@@ -205,6 +205,7 @@ def _differs(row: TrialRow, told: list[dict[str, Any]] | None) -> str | None:
             ("reached", row.status is TrialStatus.REACHED,
              attrs.get(STATUS_ATTR) == TrialStatus.REACHED.value),
             ("time_to_target_s", row.time_to_target_s, attrs.get(TIME_TO_TARGET_ATTR)),
+            ("meet_level", row.meet_level, attrs.get(keys.MEET_LEVEL)),
             *([("recipe", mine, knobs)] if None not in knobs else []),
         ]  # fmt: skip
         wrong = [(name, a, b) for name, a, b in checks if not _same(a, b)]
