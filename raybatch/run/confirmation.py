@@ -100,7 +100,8 @@ class Race:
         then (both would meet at their first evaluation, a pair that tells nothing)."""
         if not all(self.judged(e).times for e in (leader, challenger)):
             return None
-        curve = getattr(self, "curves", {}).get(leader.trial_id)  # (older checkpoints: none)
+        curves: dict[str, Trajectory] = getattr(self, "curves", {})  # (older checkpoints: none)
+        curve = curves.get(leader.trial_id)
         if curve is None or leader.time_to_target_s is None:
             return None
         value = curve.value_at(leader.time_to_target_s * MEET_SHARE, before_first=False)
