@@ -104,6 +104,19 @@ def final_status(
     return status, float(value)
 
 
+def timed_evaluation(result: dict[str, Any]) -> tuple[float, float] | None:
+    """The evaluation a trial's report holds on training time: ``(training seconds, target
+    metric)``; ``None`` for a heartbeat or a trial's end at its time cap (each repeats the last
+    evaluation's value at a later time, which would flatten a curve between evaluations), or a
+    report without them. A point of the curves the scheduler judges at its rungs and the race
+    meets on."""
+    metric, trained = result.get(keys.METRIC), result.get(keys.TRAIN_S)
+    running = result.get(keys.STATUS) in (TrialStatus.RUNNING.value, TrialStatus.REACHED.value)
+    if result.get(keys.HEARTBEAT) or not running or metric is None or trained is None:
+        return None
+    return float(trained), float(metric)
+
+
 def evaluation_of(result: dict[str, Any]) -> tuple[int, float] | None:
     """The evaluation a trial's report holds: ``(samples seen, target metric)``; ``None`` for
     a heartbeat, a report without the metric, or a metric that is not finite. A point of the

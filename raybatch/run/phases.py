@@ -36,7 +36,7 @@ from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.study import SearchStudy
 from raybatch.space.config import carried_recipe
-from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, final_status
+from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, final_status, timed_evaluation
 
 
 def search_row(config: dict[str, Any], result: dict[str, Any] | None, error: bool,
@@ -208,14 +208,11 @@ class SearchThenRace(Searcher):
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> None:
         """A search trial's evaluation on its curve (a heartbeat repeats the last one)."""
-        metric, trained = result.get(keys.METRIC), result.get(keys.TRAIN_S)
-        if result.get(keys.HEARTBEAT) or metric is None or trained is None:
-            return
+        evaluation = timed_evaluation(result)
         mode = getattr(self, "target_mode", None)  # a checkpoint of an earlier release: none
-        if mode and result.get(keys.STATUS) in (TrialStatus.RUNNING.value,
-                                                TrialStatus.REACHED.value):  # fmt: skip
+        if evaluation is not None and mode:
             curves = self.__dict__.setdefault("curves", {})
-            curves.setdefault(trial_id, Trajectory(mode)).add(float(trained), float(metric))
+            curves.setdefault(trial_id, Trajectory(mode)).add(*evaluation)
 
     @property
     def race_rows(self) -> list[TrialRow]:

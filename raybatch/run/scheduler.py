@@ -42,7 +42,7 @@ from raybatch.run.rungs import (
 )
 from raybatch.run.tune_state import follow_storage
 from raybatch.run.warm import WarmSlots
-from raybatch.status import HANG_GRACE_S, TrialStatus
+from raybatch.status import HANG_GRACE_S, TrialStatus, timed_evaluation
 from raybatch.trial.settings import parts_of
 
 DEFAULT_SLACK = 1.2
@@ -359,11 +359,9 @@ class CappingScheduler(FIFOScheduler):
         heartbeat, or a trial's end at its time cap, repeats the last evaluation's value at a
         later time, which would flatten the curve between evaluations)."""
         trajectory = self._trajectories.setdefault(trial_id, Trajectory(self.mode))
-        metric, trained = result.get(keys.METRIC), result.get(keys.TRAIN_S)
-        evaluated = not result.get(keys.HEARTBEAT) and result.get(keys.STATUS) in (
-            TrialStatus.RUNNING.value, TrialStatus.REACHED.value)  # fmt: skip
-        if evaluated and metric is not None and trained is not None:
-            trajectory.add(float(trained), float(metric))
+        evaluation = timed_evaluation(result)
+        if evaluation is not None:
+            trajectory.add(*evaluation)
         return trajectory
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
