@@ -9,8 +9,8 @@ no rung rule can go under: the training a search would hold if every trial but i
 stopped at ``B/eta`` (or at ``B/eta^2``) at the latest, whatever its curve; and the search's
 other costs: the confirmation's training (with what the trials trained past their last
 evaluation), and what the slots held beyond training (evaluation, start-up beyond one process
-per slot, gaps), all in trainings of the grid's best. Nothing is run: every figure comes from
-the committed results.
+per slot, gaps), all in trainings of the fastest recipe measured (the real benchmark's unit).
+Nothing is run: every figure comes from the committed results.
 
 Run: .venv/bin/python bench/near_ties.py   (after bench/real_training.py; writes
 bench/results/near_ties.json)

@@ -90,7 +90,7 @@ from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.gates import search_gates
 from raybatch.run.options import SearchOptions
 from raybatch.run.plan import Plan, search_plan
-from raybatch.run.rungs import DEFAULT_ZONE, Trajectory
+from raybatch.run.rungs import DEFAULT_ETA, DEFAULT_ZONE, Trajectory
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
@@ -469,8 +469,9 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
     estimator = SimulatedEstimator(member) if prescreen else None
     # The driver's own plan (search_plan); without one, only the reference and the baseline.
     shipped, baseline, reference = search_plan(
-        space, estimator, int(member.budget), PROBE_MARGIN, measure=model
-    )
+        space, estimator, int(member.budget), PROBE_MARGIN, measure=model,
+        horizon_s=member.max_time_s / DEFAULT_ETA,
+    )  # fmt: skip
     if not plan:
         points = [searched_knobs(space, p) for p in (reference, baseline) if p is not None]
         shipped = Plan(space, points, None, baseline)

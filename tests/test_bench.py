@@ -383,6 +383,10 @@ def test_real_training_benchmark_searches_then_compares(
     assert reached[str(sweep["best_multiplier"])] == min(reached.values())
     assert set(w["compared"]) == {"max_batch", "max_batch_tuned", "reference", "grid_best"}
     assert all(len(c["ratio_ci95"]) == 2 for c in w["compared"].values())
+    # The unit of cost is the fastest re-run recipe by its median, whichever it is.
+    medians = {n: r["median_time_to_target_s"] for n, r in w["recipes"].items()
+               if r["median_time_to_target_s"] is not None}  # fmt: skip
+    assert w["cost_unit_s"] == min(medians.values()) == medians[w["cost_unit_recipe"]]
     search = w["searches"][0]
     assert search["cost_trainings_device"] > search["cost_trainings_train"] > 0
     # What the user paid: slots x wall clock, the gaps included, is at least what the trials

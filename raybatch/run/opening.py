@@ -36,11 +36,14 @@ class Opening:
         baseline: The largest batch's integer knobs, all of them (a knob with one choice is not
             among the searched ones); default: read from the first point.
         mode: The target's direction (``max`` or ``min``), to read the sweep's curves.
+        horizon_s: The guess of the optimum's time to target before any trial reached (the
+            time cap / eta, as the scheduler's rungs take it; ``None``: none, and the opening
+            waits for a reach or for no sweep point to run).
     """
 
     def __init__(
         self, space: SearchSpace, points: Sequence[KnobPoint], baseline: KnobPoint | None,
-        mode: str = "max",
+        mode: str = "max", horizon_s: float | None = None,
     ) -> None:  # fmt: skip
         self.space = space
         self.points = [p.copy() for p in points]
@@ -56,6 +59,7 @@ class Opening:
         reached when it is queued."""
         self.mode = mode
         self.curves: dict[int, Trajectory] = {}  # sweep index -> its curve on training time
+        self.horizon_s = horizon_s
 
     def _study(self) -> SearchStudy:
         if self.record is None:
@@ -116,17 +120,17 @@ class Opening:
         """Whether the ladder has what it needs from the opening, the LR it carries, chosen at
         equal time: every sweep point still running (Optuna trials ``running``) has trained as
         long as the sweep's curves are compared at (:meth:`ahead`), and some point reached the
-        target (``B``, and the time model, measured near it) or none of the sweep runs at all
-        (each paused or ended at a rung, two curves or more compared there). No reach is
-        waited for: on a digits CNN the largest batch took 3-4x the optimum's training to
-        reach, and the opening's points trained 6.9 trainings of the optimum before the
-        reference reached, half the search; the ladder runs geometric where no model was
+        target (``B``, and the time model, measured near it), or none did (:meth:`_led`) and
+        one trained as long as :attr:`horizon_s`, the guess of ``B``. The largest batch's
+        optimum is then not near the guess: no reach is waited for (on a digits CNN the
+        largest batch reaches at no LR in the cap, and each sweep point in turn trained to its
+        cap, resumed as the leader into the slot the withheld ladder leaves free: 4 caps, 60 of
+        a search's 107 training seconds), and the ladder runs geometric where no model was
         measured by then (:class:`~raybatch.run.seeding.Ladder`)."""
         at = self._compared_at()
         sweep = self.sweep_indices()
         if not self.reached:
-            # Compared at a rung: every sweep point paused or ended there, two curves or more.
-            return at is not None and not any(self.numbers.get(n) in sweep for n in running)
+            return self._led(running, sweep, at)
         for number in running:
             i = self.numbers.get(number)
             if i in sweep and at is not None:
@@ -134,6 +138,20 @@ class Opening:
                 if curve is None or not curve.times or curve.times[-1] < at:
                     return False
         return True
+
+    def _led(self, running: set[int], sweep: set[int], at: float | None) -> bool:
+        """Before any point reached: short of :attr:`horizon_s` (the guess of ``B``), every
+        sweep point paused or ended at a rung, compared there; once one has trained that long
+        without reaching, every sweep point evaluated or ended, and each still running (Optuna
+        trials ``running``: the leaders) trained as long as the sweep's curves are compared at
+        (:meth:`ahead`)."""
+        ends = {i: c.times[-1] for i, c in self.curves.items() if c.times}
+        going = [self.numbers[n] for n in running if self.numbers.get(n) in sweep]
+        if self.horizon_s is None or max(ends.values(), default=0.0) < self.horizon_s:
+            return at is not None and not going  # each paused or ended at a rung
+        if not all(i in self.times or i in ends for i in sweep):
+            return False  # a sweep point not yet evaluated nor ended: not compared at all
+        return at is not None and all(ends.get(i, 0.0) >= at for i in going)
 
     def _compared_at(self) -> float | None:
         """The longest training time two sweep curves or more have got to."""

@@ -61,6 +61,8 @@ class Plan:
         baseline: The largest batch's integer knobs, all of them (a knob with one choice is not
             among the searched ones); default: read from the first opening point.
         mode: The target's direction (``max`` or ``min``): the opening reads its sweep's curves.
+        horizon_s: The guess of ``B`` before any reach (the time cap / eta): the opening
+            settles once its leader trained that long without reaching (:class:`Opening`).
     """
 
     def __init__(
@@ -70,9 +72,10 @@ class Plan:
         ladder: Ladder | None = None,
         baseline: KnobPoint | None = None,
         mode: str = "max",
+        horizon_s: float | None = None,
     ) -> None:
         self._record: SearchStudy | None = None  # the searcher's, given by attach()
-        self.opening = Opening(space, opening, baseline, mode)
+        self.opening = Opening(space, opening, baseline, mode, horizon_s)
         self.ladder = ladder
         self.time_model: MeasuredTimeModel | None = None
         """The time model a trial measured at the target, and which trial, once one has."""
@@ -175,14 +178,17 @@ class Plan:
     def awaits_opening(self) -> bool:
         """Whether the ladder waits for the opening to settle: every point has been asked, the
         opening has not settled (:meth:`Opening.settled`: a sweep point runs short of the time
-        the sweep's curves are compared at, or one runs and none reached), and some is running
-        or paused. While it waits, a free slot goes to the opening's leader (the scheduler
-        resumes the paused trial that got furthest) rather than to a new trial, so that the LR
-        the ladder carries is chosen at equal time: the sweep's fastest to reach, else its
-        leader's, else the one ahead (:meth:`Opening.best_multiplier`). Without the wait,
-        paused trials go on only once nothing new waits, at the search's end: on the simulated
-        family the ladder then ran at the LR multiplier 1, and the optimum of
-        ``needs_accumulation`` (64 x 4) was never proposed."""
+        the sweep's curves are compared at, or, none reached, every sweep point is not yet
+        paused at a rung and no leader trained as long as the guess of ``B``), and some is
+        running or paused. While it waits, a free slot goes to the
+        opening's leader (the scheduler resumes the paused trial that got furthest) rather
+        than to a new trial, so that the LR the ladder carries is chosen at equal time: the
+        sweep's fastest to reach, else its leader's, else the one ahead
+        (:meth:`Opening.best_multiplier`). Without the wait, paused trials go on only once
+        nothing new waits, at the search's end: on the simulated family the ladder then ran
+        at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4) was never
+        proposed. Past the guess of ``B`` the wait ends without a reach (its cost on that member
+        at two slots is in ``docs/search.md``)."""
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished
@@ -212,17 +218,19 @@ class Plan:
 
 def search_plan(
     space: SearchSpace, estimator: Any, budget: int | None, margin: float = 0.0,
-    measure: bool = True, mode: str = "max",
+    measure: bool = True, mode: str = "max", horizon_s: float | None = None,
 ) -> tuple[Plan, KnobPoint, KnobPoint | None]:  # fmt: skip
     """The plan ``raybatch search`` runs, and its baseline and reference: the largest batch
     that fits (the estimate, or real steps where measured, within ``margin`` for the trial's
     probe to decide) at the LR sweep and the reference recipe, then the ladder (its time model
-    measured in a trial where ``measure``), for a target in direction ``mode``. The one way a
-    plan is built: the driver and the simulated benchmark both call it."""
+    measured in a trial where ``measure``), for a target in direction ``mode``, trials capped
+    at ``horizon_s x eta`` of training. The one way a plan is built: the driver and the
+    simulated benchmark both call it."""
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
     ladder = Ladder(space, estimator, budget, measure=measure)
-    plan = Plan(space, opening_points(space, baseline, reference), ladder, baseline, mode)
+    plan = Plan(space, opening_points(space, baseline, reference), ladder, baseline, mode,
+                horizon_s)  # fmt: skip
     return plan, baseline, reference
 
 
