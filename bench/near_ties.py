@@ -75,6 +75,7 @@ def main(real: Path = REAL, out: Path = RESULTS) -> dict[str, Any]:
         measured = [s for s in searches if s["best_s"] is not None]
         cases[name] = {
             "unit_s": case["cost_unit_s"],
+            "unit_recipe": case.get("cost_unit_recipe"),
             "searches": searches,
             "median": {
                 key: statistics.median(s[key] for s in measured)

@@ -365,8 +365,10 @@ def _case(case: Case, searches: int, trials: int, reruns: int, sweep_runs: int,
         "grid_rung_rank_agreement": rung_rank_agreement(grid["runs"], unit, sign, max_time_s)
         if unit
         else None,
+        # Whether the case can tell 10 %: its fastest recipe (the unit) trains 3 s or more and
+        # varies at most 10 % run to run; ``rerun_spread`` stays the grid's pick's.
         "can_tell_10_percent": bool(
-            unit and unit >= 3.0 and (_spread(runs["grid_best"]) or 1) <= 0.10
+            unit and unit_recipe and unit >= 3.0 and (_spread(runs[unit_recipe]) or 1) <= 0.10
         ),
         "rerun_spread": _spread(runs["grid_best"]),
         "rerun_spread_by_recipe": {n: _spread(r) for n, r in runs.items()},
@@ -381,16 +383,17 @@ def _noise_scale(workloads: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for name, w in workloads.items():
         searches = w["searches"]
-        predicted = [s["predicted_best_effective_batch"] for s in searches]
+        # A search with no winner has no prior of its own to say (None, as JSON says nothing).
+        predicted = [s.get("predicted_best_effective_batch") for s in searches]
         measured = w["grid"]["best_effective_batch"]
         within = [p is not None and measured / 2 <= p <= measured * 2 for p in predicted]
         out[name] = {
-            "noise_scale": [s["noise_scale"] for s in searches],
+            "noise_scale": [s.get("noise_scale") for s in searches],
             "predicted_best_effective_batch": predicted,
             "measured_best_effective_batch": measured,
             "measured_best": w["grid"]["best"],
             "predicted_within_2x": within,
-            "spearman": [s["spearman"] for s in searches],
+            "spearman": [s.get("spearman") for s in searches],
         }
     return out
 

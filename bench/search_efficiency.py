@@ -90,7 +90,7 @@ from raybatch.run.confirmation import Race, RaceSearcher
 from raybatch.run.gates import search_gates
 from raybatch.run.options import SearchOptions
 from raybatch.run.plan import Plan, search_plan
-from raybatch.run.rungs import DEFAULT_ETA, DEFAULT_ZONE, Trajectory
+from raybatch.run.rungs import DEFAULT_ZONE, Trajectory, guess_of_b
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import (
@@ -470,7 +470,7 @@ def _searcher(member: Member, seed: int, prescreen: bool, plan: bool, model: boo
     # The driver's own plan (search_plan); without one, only the reference and the baseline.
     shipped, baseline, reference = search_plan(
         space, estimator, int(member.budget), PROBE_MARGIN, measure=model,
-        horizon_s=member.max_time_s / DEFAULT_ETA,
+        horizon_s=guess_of_b(member.max_time_s),
     )  # fmt: skip
     if not plan:
         points = [searched_knobs(space, p) for p in (reference, baseline) if p is not None]

@@ -933,28 +933,49 @@ def test_a_sweep_point_running_short_of_the_compared_time_holds_the_ladder_till_
 
 
 @pytest.mark.usefixtures("ray_session")
+def test_the_opening_settles_at_a_rung_without_waiting_for_a_reach(tmp_path: Path) -> None:
+    """Every sweep point paused at a rung, compared there: the ladder is queued at the LR ahead
+    at equal time, though nothing has reached. The wait for a reach kept the opening's slow
+    recipes training: on a digits CNN the largest batch's sweep and the reference trained 6.9
+    trainings of the optimum before the first reach, half the search. While a sweep point
+    still runs short of the time compared at, the ladder waits for it."""
+    searcher = _driver_searcher(tmp_path, prior=True)
+    ids = _opening_asked(searcher)
+    for lr, level in ((0.5, 0.2), (1.0, 0.3), (2.0, 0.5), (4.0, 0.4)):
+        _evaluated(searcher, ids[lr, 256], 0.6, level)
+    searcher.on_unpause(ids[2.0, 256])  # the scheduler resumed the furthest: it runs on
+    assert searcher.suggest("next") is None and not searcher.record.ladder_queued()
+    _evaluated(searcher, ids[2.0, 256], 1.8, 0.7)
+    searcher.on_pause(ids[2.0, 256])  # paused at its next rung: every sweep point paused
+    assert isinstance(searcher.suggest("l0"), dict) and searcher.record.ladder_queued()
+    assert not searcher.plan.opening.reached
+    assert searcher.plan.opening.best_multiplier() == 2.0
+
+
+@pytest.mark.usefixtures("ray_session")
 def test_the_opening_settles_at_the_guess_of_b_without_waiting_for_a_reach(tmp_path: Path) -> None:
-    """Every sweep point evaluated and compared at a rung, and the leader the scheduler resumed
-    has trained as long as the guess of ``B`` (the 60 s cap / 3) without reaching: the ladder
-    is queued at the leader's LR, though nothing has reached. The largest batch's optimum is
-    not near the guess: on a digits CNN, where it reaches at no LR in the cap, the wait for a
-    reach or for no sweep point to run at all kept each sweep point in turn training to its
-    cap (the scheduler resumes the leader into the slot the withheld ladder leaves free: 4
-    caps, 60 of a search's 107 training seconds). Short of the guess, the wait stands: a
-    sweep point that reaches measures the time model the ladder is ranked by (the simulated
-    ``needs_accumulation`` missed its optimum with a geometric ladder)."""
+    """A leader that trained as long as the guess of ``B`` (the default 60 s cap / 3) without
+    reaching ends the wait while it runs on: the ladder is queued at its LR once every sweep
+    point has been evaluated and each still running has trained as long as the sweep's curves
+    are compared at. The wait for no sweep point to run at all kept each sweep point in turn
+    training to its cap on a digits CNN, whose largest batch reaches at no LR in the cap (the
+    scheduler resumes the leader into the slot the withheld ladder leaves free: 4 caps, 60 of
+    a search's 107 training seconds). Short of the guess the wait stands: a sweep point that
+    reaches measures the time model the ladder is ranked by."""
     searcher = _driver_searcher(tmp_path, prior=True)
     ids = _opening_asked(searcher)
     for lr, level in ((0.5, 0.2), (1.0, 0.3), (2.0, 0.5)):
         _evaluated(searcher, ids[lr, 256], 0.6, level)
     searcher.on_unpause(ids[2.0, 256])  # the scheduler resumed the furthest: it runs on
-    assert searcher.suggest("next") is None  # 256 at 4x not evaluated yet
-    searcher.on_unpause(ids[4.0, 256])
-    _evaluated(searcher, ids[4.0, 256], 0.62, 0.45)
-    searcher.on_pause(ids[4.0, 256])  # behind at the rung: the leader alone runs
     _evaluated(searcher, ids[2.0, 256], 12.0, 0.7)
-    assert searcher.suggest("next") is None and not searcher.record.ladder_queued()
-    _evaluated(searcher, ids[2.0, 256], 20.5, 0.8)  # past the guess of B, short of the target
+    assert searcher.suggest("next") is None  # short of the guess, a sweep point runs: it waits
+    _evaluated(searcher, ids[2.0, 256], 20.5, 0.8)  # past the guess, short of the target
+    assert searcher.suggest("next") is None  # 256 at 4x not evaluated yet: not compared
+    searcher.on_unpause(ids[4.0, 256])
+    _evaluated(searcher, ids[4.0, 256], 0.3, 0.4)
+    assert searcher.suggest("next") is None  # running short of the 0.6 s the others got to
+    assert not searcher.record.ladder_queued()
+    _evaluated(searcher, ids[4.0, 256], 0.62, 0.45)
     assert isinstance(searcher.suggest("l0"), dict) and searcher.record.ladder_queued()
     assert not searcher.plan.opening.reached
     assert searcher.plan.opening.best_multiplier() == 2.0

@@ -62,7 +62,7 @@ from raybatch.run.rundir import (
     read_run,
     write_run_files,
 )
-from raybatch.run.rungs import DEFAULT_ETA
+from raybatch.run.rungs import guess_of_b
 from raybatch.run.scheduler import CappingScheduler
 from raybatch.run.searcher import RaybatchSearcher
 from raybatch.run.seeding import nothing_fits
@@ -274,9 +274,8 @@ def _plan(
         why = nothing_fits(space, estimator, budget, margin)
         if why is not None:
             raise NothingFitsError(f"{why}; nothing to search (a smaller model, or more memory)")
-    guess = options.max_time_s / DEFAULT_ETA  # the scheduler's guess of B, before a reach
     searched, baseline, reference = search_plan(
-        space, estimator, budget, margin, options.prior, target.mode, guess
+        space, estimator, budget, margin, options.prior, target.mode, guess_of_b(options.max_time_s)
     )
     # The trials' settings, one frozen object the trainable carries: the searcher and the
     # resources below read what they need from it, as a plugin user's parts do.

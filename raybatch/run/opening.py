@@ -41,6 +41,8 @@ class Opening:
             waits for a reach or for no sweep point to run).
     """
 
+    horizon_s: float | None = None  # an Opening pickled before it was kept: no guess
+
     def __init__(
         self, space: SearchSpace, points: Sequence[KnobPoint], baseline: KnobPoint | None,
         mode: str = "max", horizon_s: float | None = None,
@@ -118,15 +120,18 @@ class Opening:
 
     def settled(self, running: set[int]) -> bool:
         """Whether the ladder has what it needs from the opening, the LR it carries, chosen at
-        equal time: every sweep point still running (Optuna trials ``running``) has trained as
-        long as the sweep's curves are compared at (:meth:`ahead`), and some point reached the
-        target (``B``, and the time model, measured near it), or none did (:meth:`_led`) and
-        one trained as long as :attr:`horizon_s`, the guess of ``B``. The largest batch's
-        optimum is then not near the guess: no reach is waited for (on a digits CNN the
-        largest batch reaches at no LR in the cap, and each sweep point in turn trained to its
-        cap, resumed as the leader into the slot the withheld ladder leaves free: 4 caps, 60 of
-        a search's 107 training seconds), and the ladder runs geometric where no model was
-        measured by then (:class:`~raybatch.run.seeding.Ladder`)."""
+        equal time. Once some point reached the target (``B``, and the time model, measured
+        near it): every sweep point still running (Optuna trials ``running``) has trained as
+        long as the sweep's curves are compared at (:meth:`ahead`). Before (:meth:`_led`):
+        short of :attr:`horizon_s`, the guess of ``B``, every sweep point paused or ended at a
+        rung, two curves or more compared there; once a point trained as long as the guess
+        without reaching, every sweep point evaluated or ended and each still running as long
+        as the curves are compared at. The largest batch's optimum is then not near the guess:
+        no reach is waited for (on a digits CNN the largest batch reaches at no LR in the cap,
+        and each sweep point in turn trained to its cap, resumed as the leader into the slot
+        the withheld ladder leaves free: 4 caps, 60 of a search's 107 training seconds), and
+        the ladder runs geometric where no model was measured by then
+        (:class:`~raybatch.run.seeding.Ladder`)."""
         at = self._compared_at()
         sweep = self.sweep_indices()
         if not self.reached:
@@ -151,7 +156,8 @@ class Opening:
             return at is not None and not going  # each paused or ended at a rung
         if not all(i in self.times or i in ends for i in sweep):
             return False  # a sweep point not yet evaluated nor ended: not compared at all
-        return at is not None and all(ends.get(i, 0.0) >= at for i in going)
+        # One curve only (the others ended before an evaluation): nothing to compare it with.
+        return at is None or all(ends.get(i, 0.0) >= at for i in going)
 
     def _compared_at(self) -> float | None:
         """The longest training time two sweep curves or more have got to."""
@@ -236,6 +242,7 @@ class Opening:
             self.times[i] = time_to_target
             return
         micro = smaller[keys.MICRO_BATCH_SIZE]
+        self.curves.pop(i, None)  # the larger batch's curve is not the replacement's
         record.set_baseline({**self.baseline, keys.MICRO_BATCH_SIZE: micro})
         self.points = [*self.points[:i], smaller, *self.points[i + 1 :]]
         record.study.enqueue_trial(dict(smaller))

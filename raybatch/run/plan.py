@@ -10,9 +10,10 @@ runs before TPE takes over, kept apart from the pre-screen, placement and Optuna
 2. **the time model** (:mod:`raybatch.timemodel.model`), measured inside the search's first trial
    that reaches the target (:mod:`raybatch.timemodel.measure`): every trial launched before one
    has is asked;
-3. **the ladder** (:class:`raybatch.run.seeding.Ladder`), queued once every opening point has
-   ended: the LR multiplier that was fastest at the largest batch, carried to the batches the
-   model predicts fastest (a geometric ladder without one).
+3. **the ladder** (:class:`raybatch.run.seeding.Ladder`), queued once the opening has settled
+   (:meth:`Opening.settled`: its sweep compared at equal time): the LR multiplier that was
+   fastest at the largest batch, carried to the batches the model predicts fastest (a
+   geometric ladder without one).
 
 Where it keeps its state: the baseline as found and whether the ladder is queued live in the
 study (they survive a resume through it); the rest is in the searcher's Tune checkpoint
@@ -150,9 +151,11 @@ class Plan:
     # ------------------------------------------------------------------ the ladder
 
     def queue_ladder(self) -> None:
-        """Queue the ladder once every opening point has finished (once: the study remembers
-        it across a resume). Until then a free slot gets TPE's suggestion rather than idling:
-        on a cluster the last opening trial may run long while other GPUs wait."""
+        """Queue the ladder once every opening point has finished, or every one was asked and
+        the opening settled while some wait paused (:meth:`Opening.settled`); once: the study
+        remembers it across a resume. Until then a free slot with nothing paused gets TPE's
+        suggestion rather than idling: on a cluster the last opening trial may run long while
+        other GPUs wait."""
         if self.ladder is None or self.record.ladder_queued():
             return
         opening = self.opening
@@ -178,17 +181,17 @@ class Plan:
     def awaits_opening(self) -> bool:
         """Whether the ladder waits for the opening to settle: every point has been asked, the
         opening has not settled (:meth:`Opening.settled`: a sweep point runs short of the time
-        the sweep's curves are compared at, or, none reached, every sweep point is not yet
-        paused at a rung and no leader trained as long as the guess of ``B``), and some is
-        running or paused. While it waits, a free slot goes to the
-        opening's leader (the scheduler resumes the paused trial that got furthest) rather
-        than to a new trial, so that the LR the ladder carries is chosen at equal time: the
-        sweep's fastest to reach, else its leader's, else the one ahead
+        the sweep's curves are compared at; none reached: short of the guess of ``B``, some
+        sweep point still runs; past it, some sweep point is not yet evaluated, or one runs
+        short of the time compared at), and some is running or paused. While it waits, a free
+        slot goes to the opening's leader (the scheduler resumes the paused trial that got
+        furthest) rather than to a new trial, so that the LR the ladder carries is chosen at
+        equal time: the sweep's fastest to reach, else its leader's, else the one ahead
         (:meth:`Opening.best_multiplier`). Without the wait, paused trials go on only once
         nothing new waits, at the search's end: on the simulated family the ladder then ran
         at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4) was never
-        proposed. Past the guess of ``B`` the wait ends without a reach (its cost on that member
-        at two slots is in ``docs/search.md``)."""
+        proposed. Past the guess of ``B`` the wait ends without a reach (its cost on that
+        member at two slots is in ``docs/search.md``)."""
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished
@@ -223,9 +226,10 @@ def search_plan(
     """The plan ``raybatch search`` runs, and its baseline and reference: the largest batch
     that fits (the estimate, or real steps where measured, within ``margin`` for the trial's
     probe to decide) at the LR sweep and the reference recipe, then the ladder (its time model
-    measured in a trial where ``measure``), for a target in direction ``mode``, trials capped
-    at ``horizon_s x eta`` of training. The one way a plan is built: the driver and the
-    simulated benchmark both call it."""
+    measured in a trial where ``measure``), for a target in direction ``mode``; ``horizon_s``,
+    the scheduler's guess of ``B`` before a reach (:func:`~raybatch.run.rungs.guess_of_b`),
+    ends the opening's wait for a reach (``None``: it waits). The one way a plan is built: the
+    driver and the simulated benchmark both call it."""
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))
     reference = reference_point(space)
     ladder = Ladder(space, estimator, budget, measure=measure)

@@ -94,6 +94,13 @@ class Trajectory:
         return v0 if t1 <= t0 else v0 + (v1 - v0) * (train_s - t0) / (t1 - t0)
 
 
+def guess_of_b(max_time_s: float, eta: float = DEFAULT_ETA) -> float:
+    """The guess of ``B``, the optimum's time to target, before any trial reached: trials
+    capped at ``max_time_s`` of training, the optimum is guessed a rung (``eta``) below the
+    cap. The scheduler's rungs and the opening's wait for a reach take it alike."""
+    return max_time_s / eta
+
+
 def rung_times(horizon_s: float, eta: float = DEFAULT_ETA, count: int = RUNG_COUNT) -> list[float]:
     """The rungs' training times for a best estimate ``horizon_s`` of the optimum's time to
     target, earliest first: ``B/eta^(count-1) .. B``."""
@@ -216,6 +223,7 @@ __all__ = [
     "Trajectory",
     "extrapolated",
     "grid_rungs",
+    "guess_of_b",
     "guessed_rungs",
     "hedged_zone",
     "lowest_mark",

@@ -34,6 +34,7 @@ from raybatch.run.rungs import (
     TOLERANCE,
     Trajectory,
     grid_rungs,
+    guess_of_b,
     guessed_rungs,
     hedged_zone,
     lowest_mark,
@@ -166,7 +167,7 @@ class CappingScheduler(FIFOScheduler):
         hang guard)."""
         if hang_grace_s is not None:
             kwargs.setdefault("hang_after_s", max_time_s + hang_grace_s)
-        kwargs.setdefault("horizon_s", max_time_s / kwargs.get("eta", DEFAULT_ETA))
+        kwargs.setdefault("horizon_s", guess_of_b(max_time_s, kwargs.get("eta", DEFAULT_ETA)))
         return cls(**kwargs)
 
     def race_cap_s(self, seed: int) -> float | None:
