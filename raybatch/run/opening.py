@@ -122,7 +122,7 @@ class Opening:
         """Whether the ladder has what it needs from the opening, the LR it carries, chosen at
         equal time. Once some point reached the target (``B``, and the time model, measured
         near it): every sweep point still running (Optuna trials ``running``) has trained as
-        long as the sweep's curves are compared at (:meth:`ahead`). Before (:meth:`_led`):
+        long as the sweep's curves are compared at (:meth:`ahead`). Before:
         short of :attr:`horizon_s`, the guess of ``B``, every sweep point paused or ended at a
         rung, two curves or more compared there; once a point trained as long as the guess
         without reaching, every sweep point evaluated or ended and each still running as long
@@ -134,29 +134,14 @@ class Opening:
         (:class:`~raybatch.run.seeding.Ladder`)."""
         at = self._compared_at()
         sweep = self.sweep_indices()
-        if not self.reached:
-            return self._led(running, sweep, at)
-        for number in running:
-            i = self.numbers.get(number)
-            if i in sweep and at is not None:
-                curve = self.curves.get(i)
-                if curve is None or not curve.times or curve.times[-1] < at:
-                    return False
-        return True
-
-    def _led(self, running: set[int], sweep: set[int], at: float | None) -> bool:
-        """Before any point reached: short of :attr:`horizon_s` (the guess of ``B``), every
-        sweep point paused or ended at a rung, compared there; once one has trained that long
-        without reaching, every sweep point evaluated or ended, and each still running (Optuna
-        trials ``running``: the leaders) trained as long as the sweep's curves are compared at
-        (:meth:`ahead`)."""
         ends = {i: c.times[-1] for i, c in self.curves.items() if c.times}
         going = [self.numbers[n] for n in running if self.numbers.get(n) in sweep]
-        if self.horizon_s is None or max(ends.values(), default=0.0) < self.horizon_s:
-            return at is not None and not going  # each paused or ended at a rung
-        if not all(i in self.times or i in ends for i in sweep):
-            return False  # a sweep point not yet evaluated nor ended: not compared at all
-        # One curve only (the others ended before an evaluation): nothing to compare it with.
+        if not self.reached:
+            if self.horizon_s is None or max(ends.values(), default=0.0) < self.horizon_s:
+                return at is not None and not going  # each paused or ended at a rung
+            if not all(i in self.times or i in ends for i in sweep):
+                return False  # a sweep point not yet evaluated nor ended: not compared at all
+        # At None: one curve only (past the guess, the others ended before an evaluation).
         return at is None or all(ends.get(i, 0.0) >= at for i in going)
 
     def _compared_at(self) -> float | None:
