@@ -228,11 +228,17 @@ def test_a_leader_that_misses_drops_out_and_the_next_candidate_enters() -> None:
     assert best is not None and best.config.micro_batch_size == 128
 
 
-def test_a_lone_candidate_runs_once_more_and_no_race_without_seeds() -> None:
+def test_the_only_recipe_that_reached_is_not_run_again_unless_it_was_the_one_asked_for() -> None:
+    """Every other recipe was stopped behind it: a run again on a fresh seed would cost a whole
+    training (the other slot idle) and could only take the search's one answer away."""
     rows = _search((A, 1.0), (B, None))
     race = Race(rows, top=2, seeds=[1, 2], slack=SLACK)
-    assert _play(race, {A: {1: 1.1}}) == [(1, [A])]
+    assert race.next_round() is None and [e for e, _ in race.standing()] == [race.entrants[0]]
     assert Race(rows, top=2, seeds=[], slack=SLACK).next_round() is None
+    asked = Race(rows, top=1, seeds=[1, 2], slack=SLACK)  # one candidate asked: run once more
+    assert _play(asked, {A: {1: 1.1}}) == [(1, [A])]
+    best = choose_winner(Target(0.97), rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == A[0]
 
 
 def test_the_verdict_compares_with_the_largest_batch_as_a_bound_when_it_was_capped() -> None:

@@ -4,7 +4,10 @@ A search ranks recipes on one run each; the confirmation checks the order of the
 before one is exported, and spends as little as it can doing so:
 
 - the search's runs are the first pair: where they show one ahead by more than the noise,
-  there is no race;
+  there is no race, nor where only one recipe reached the target (every other was stopped
+  behind it: a run of it again on a fresh seed cost a whole training, with the other slot
+  idle, and proved only that the seed was not lucky; with ``confirm_top`` 1, asked for, it
+  is run once more);
 - each round is one fresh seed on which the two *meet*: each trains to the level the leader's
   search run had at half its time to target (:data:`MEET_SHARE`; the runs' ``meet_level``), not
   to the target, so a round costs about one training, not two; the later to the level is
@@ -85,6 +88,7 @@ class Race:
                  curves: Mapping[str, Trajectory] | None = None) -> None:  # fmt: skip
         self.rows = list(rows)
         self.entrants = candidates(rows, top)
+        self.top = top
         self.seeds = list(seeds)
         self.slack = slack
         self.zone = zone
@@ -141,8 +145,11 @@ class Race:
         if not alive:
             return None
         seed = self.seeds[self.rounds]
-        if len(alive) == 1:  # a lone recipe is run once more to show it reaches again
+        if len(alive) == 1:
             lone, runs = alive[0]
+            if getattr(self, "top", 1) > 1:  # the only one that reached: nothing to race
+                return None
+            # One candidate asked for (``confirm_top`` 1): it is run once more, on a fresh seed.
             confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in runs.runs)
             return None if confirmed else Round([lone], seed)
         paired = compare_paired(alive[0][1], alive[1][1])
@@ -277,6 +284,11 @@ DECIDED_BY_THE_SEARCH = (
     " next by more than the {zone:.0%} indifference zone; the winner stands on its search run"
 )
 """The closing note of a race the search's own runs decided (:meth:`Race.next_round`)."""
+ONLY_ONE_REACHED = (
+    "no confirmation race was run: only one recipe reached the target in the search (every"
+    " other was stopped behind it); the winner stands on its search run"
+)
+"""The closing note where the search's runs left one recipe standing: it is not run again."""
 
 
 def _time_of(row: TrialRow) -> float:

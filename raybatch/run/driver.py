@@ -37,7 +37,7 @@ from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TRIALS_CSV, TrialRow
 from raybatch.results.selection import choose_winner
 from raybatch.run.cluster import init_ray
-from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH
+from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH, ONLY_ONE_REACHED
 from raybatch.run.datafit import check_batches_fit_data
 from raybatch.run.diskfull import disk_full_said
 from raybatch.run.failfast import FailFast, ray_errors_to
@@ -445,7 +445,9 @@ def _write_up(path: Path, results: Any, plan: _Plan, workload: Workload, space: 
     notes = plan.notes
     rows = _rows_of(results, plan, options.seed, scheduler, notes)
     plan.baseline = {**plan.baseline, **(plan.searcher.record.baseline() or {})}  # as found
-    if plan.tuned.decided_by_the_search:
+    if plan.tuned.only_one_reached:
+        notes.append(ONLY_ONE_REACHED)
+    elif plan.tuned.decided_by_the_search:
         notes.append(DECIDED_BY_THE_SEARCH.format(zone=plan.tuned.zone))
     # What the rows cannot say: the hardware, the workload's autocast, the loop's gradient
     # clipping (a search trains with raybatch's default loop: none), which exports carry; the

@@ -53,7 +53,8 @@ class SearchOptions:
             most this fraction, for the trial's real probe step to decide.
         confirm_top: The search's best recipes that may enter the confirmation's race: the
             two best race on paired seeds; the next enters when one misses the target (0: no
-            confirmation). See :mod:`raybatch.run.confirmation`.
+            confirmation). The only recipe that reached stands on its search run (with 1, the
+            one candidate is run once more). See :mod:`raybatch.run.confirmation`.
         confirm_seeds: At most this many fresh seeds (race rounds: the two run side by side
             where the search had two slots, the later capped at ``slack`` x the first to
             reach; one at a time, the leader first, on one); no round at all where the

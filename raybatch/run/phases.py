@@ -68,6 +68,10 @@ class SearchThenRace(Searcher):
             race's two meet (:meth:`~raybatch.run.confirmation.Race.meeting_level`).
     """
 
+    only_one_reached = False
+    """The search's runs decided it: one recipe reached the target, and is not run again (a
+    class default: a checkpoint of an earlier release lacks it)."""
+
     def __init__(self, search: RaybatchSearcher, options: SearchOptions, slots: int,
                  whole_gpus: bool = False, limit: int | None = None,
                  mode: str = "max") -> None:  # fmt: skip
@@ -170,6 +174,7 @@ class SearchThenRace(Searcher):
         first = race.next_round()
         if first is None:
             self.decided_by_the_search = bool(self.seeds and race.entrants)
+            self.only_one_reached = self.decided_by_the_search and len(race.standing()) == 1
             return None
         names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
         how = "side by side" if self.at_once > 1 else "one run at a time"
