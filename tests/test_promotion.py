@@ -106,6 +106,33 @@ def test_before_a_reach_one_alone_at_a_rung_waits_and_the_furthest_goes_on_when_
     assert s.next_to_run(pending=True, running=0) == ("b", False)
 
 
+def test_before_a_reach_a_trial_ahead_past_the_guess_of_b_yields_its_slot_once(
+) -> None:  # fmt: skip
+    """The guess of ``B`` (9 s for a 27 s cap) is the top of the rungs before a reach; from
+    there to the time cap is a search's dearest stretch, so it is taken last: a trial ahead at
+    every rung pauses once past it, new trials go first (even one behind it), and it goes on as
+    the leader only when none waits, not paused there again. Once a trial has reached, the
+    pause is judged at its rung like any other: behind the one that reached, it is stopped."""
+    for reach in (False, True):
+        s = _scheduler(slots=1)
+        _report(s, "a", 0.2, 0.1)
+        assert _report(s, "a", 0.4, 0.2) == TrialScheduler.PAUSE  # alone at the 1/3 s rung
+        assert s.next_to_run(pending=False, running=0) == ("a", False)  # the leader
+        s.resume("a")
+        for t, m in ((1.2, 0.4), (3.5, 0.6)):
+            assert _report(s, "a", t, m) == TrialScheduler.CONTINUE
+        assert _report(s, "a", 9.5, 0.8) == TrialScheduler.PAUSE
+        assert s.promotions.paused == {"a": 9.0} and s.capped_at_rung == {"a": 9.0}
+        assert s.next_to_run(pending=True, running=0) == (None, False)  # the new trials first
+        if reach:
+            _reached(s)  # 0.9 at 9 s, where "a" had 0.8
+            assert s.next_to_run(pending=False, running=0) == (None, True)
+            continue
+        assert s.next_to_run(pending=False, running=0) == ("a", False)
+        s.resume("a")
+        assert _report(s, "a", 12.0, 0.85) == TrialScheduler.CONTINUE
+
+
 def test_paused_trials_are_ranked_at_the_rung_they_were_paused_at_not_at_their_last_level(
 ) -> None:  # fmt: skip
     """x trained on to 0.9 s before the 1/3 s rung judged it, and shows 0.6 there; y, paused

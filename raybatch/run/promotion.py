@@ -39,6 +39,9 @@ class Promotions:
         self.guessed: set[str] = set()
         """Paused trials that fell behind at a rung tied to the guess of ``B``: the hedge may
         promote them."""
+        self.yielded: set[str] = set()
+        """Trials paused once past the guess of ``B`` before any trial reached, for the new
+        trials the searcher has by then (:meth:`yields`)."""
 
     def pause(self, trial_id: str, rung_s: float, guessed: bool = False) -> None:
         """Paused at the rung at ``rung_s``, one tied to the guess of ``B`` where ``guessed``."""
@@ -59,6 +62,20 @@ class Promotions:
         self.paused.pop(trial_id, None)
         getattr(self, "leading", set()).discard(trial_id)
         getattr(self, "guessed", set()).discard(trial_id)
+
+    def yields(self, trial_id: str, trained_s: float, guess_s: float) -> bool:
+        """Whether a trial ahead at every rung, with none reached yet, pauses now to free its
+        slot: once, at its first evaluation past the guess of ``B``, the top of the rungs
+        before a reach. From there to its time cap is the dearest stretch of a search, taken
+        last, as successive halving takes its top rung: the new trials go first, and a reach
+        among them judges it at that rung like any pause (a trial that ran on took its slot to
+        the cap: on the digits CNN, two or three a real search, 2.5-3.5 trainings of its best).
+        With nothing new to run it goes on as the leader."""
+        yielded: set[str] = getattr(self, "yielded", set())  # (older pickles lack it)
+        if trial_id in yielded or trained_s < guess_s:
+            return False
+        self.yielded = {*yielded, trial_id}
+        return True
 
     def leads(self, trial_id: str) -> bool:
         """Whether the trial went on as the leader (:attr:`leading`)."""

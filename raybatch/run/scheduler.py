@@ -190,12 +190,10 @@ class CappingScheduler(FIFOScheduler):
             tell_searcher(tune_controller, "on_unpause", trial.trial_id)
         if trial.trial_id in self.promotions.promoted:  # it runs again: its pause is over
             self.capped_at_rung.pop(trial.trial_id, None)
-        if is_packed(result.get(keys.GPU_SHARE)):
-            # Its clock runs at the pace its neighbours leave it: neither capped nor an
-            # incumbent (only times measured alone are compared; its own time cap still holds).
-            return TrialScheduler.CONTINUE
-        # A confirmation run (its config carries its seed) is judged at the target only,
-        # capped at slack x the first run on its seed to reach, and never moves the search's B.
+        if is_packed(result.get(keys.GPU_SHARE)):  # its clock runs at its neighbours' pace:
+            return TrialScheduler.CONTINUE  # not capped, nor an incumbent (its time cap holds)
+        # A confirmation run (its config carries its seed) is judged at the target only, capped
+        # at slack x the first run on its seed to reach, and never moves the search's B.
         seed = race_seed(getattr(trial, "config", None))
         trajectory = self._follow(trial.trial_id, result) if seed is None else None
         self._warm(trial.trial_id, result)
@@ -215,13 +213,17 @@ class CappingScheduler(FIFOScheduler):
             # batch's next mark may be far off); the rungs are judged at evaluations.
             return TrialScheduler.CONTINUE
         rung = self._failed_rung(trial.trial_id, trajectory, float(trained))
+        before, why = self.best_time_to_target_s is None, "behind at"
+        guess = self.horizon_s if self.pause and before else None
+        if rung is None and guess and self.promotions.yields(trial.trial_id, trained, guess):
+            rung, why = self.horizon_s, "yielding its slot (ahead) at"
         if rung is None:
             return TrialScheduler.CONTINUE
         self.capped_at_rung[trial.trial_id] = rung
-        if self.pause and (self.best_time_to_target_s is None or rung < self.rungs()[-1]):
-            self.promotions.pause(trial.trial_id, rung, self.best_time_to_target_s is None)
-            log.debug("trial %s paused at %.3f s, behind at the %.3f s rung",
-                      trial.trial_id, trained, rung)  # fmt: skip
+        if self.pause and (before or rung < self.rungs()[-1]):
+            self.promotions.pause(trial.trial_id, rung, before and why == "behind at")
+            log.debug("trial %s paused at %.3f s, %s the %.3f s rung",
+                      trial.trial_id, trained, why, rung)  # fmt: skip
             tell_searcher(tune_controller, "on_pause", trial.trial_id)
             return TrialScheduler.PAUSE
         self.capped[trial.trial_id] = float(trained)
@@ -395,10 +397,9 @@ class CappingScheduler(FIFOScheduler):
     def next_to_run(self, pending: bool, running: int) -> tuple[str | None, bool]:
         """The paused trial to run next, and whether the paused left are to stop for good
         (:meth:`Promotions.choose` on this search's curves)."""
-        reached, strict = self.best_time_to_target_s is not None, self._promotable
-        hedged = functools.partial(self._promotable, hedged=True)
-        return self.promotions.choose(strict, hedged, self._level, pending, running, reached,
-                                      self.slots)  # fmt: skip
+        hedged, reached = functools.partial(self._promotable, hedged=True), self.cap_s is not None
+        return self.promotions.choose(self._promotable, hedged, self._level, pending, running,
+                                      reached, self.slots)  # fmt: skip
 
     def _promotable(self, trial_id: str, hedged: bool = False) -> bool:
         """Whether the rung a paused trial was paused at passes it now, against every curve
@@ -406,8 +407,9 @@ class CappingScheduler(FIFOScheduler):
         that rung has among the rungs now, wider early)."""
         at = self.promotions.paused[trial_id]
         trajectory = self._trajectories.get(trial_id)
-        if trajectory is None:
-            return True
+        yielded = trial_id in getattr(self.promotions, "yielded", ())
+        if trajectory is None or (yielded and self.best_time_to_target_s is None):
+            return trajectory is None  # one that yielded goes on as the leader only
         zone = 0.0
         rungs = self.rungs()
         if hedged and rungs and self.best_time_to_target_s is not None and (
