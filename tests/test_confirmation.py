@@ -237,8 +237,23 @@ def test_the_only_recipe_that_reached_is_not_run_again_unless_it_was_the_one_ask
     assert Race(rows, top=2, seeds=[], slack=SLACK).next_round() is None
     asked = Race(rows, top=1, seeds=[1, 2], slack=SLACK)  # one candidate asked: run once more
     assert _play(asked, {A: {1: 1.1}}) == [(1, [A])]
+    # Its search run packed beside neighbours judges nothing: it runs once more, alone.
+    packed = [dataclasses.replace(r, gpu_share=0.5) for r in rows]
+    assert _play(Race(packed, top=2, seeds=[1, 2], slack=SLACK), {A: {1: 1.1}}) == [(1, [A])]
     best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None and best.config.micro_batch_size == A[0]
+
+
+def test_a_candidate_left_alone_mid_race_runs_before_it_wins() -> None:
+    """Both of the first round's recipes miss on its seed: the third, left alone, has no
+    confirmation run to judge it (a race's verdict reads them), so it runs on the next seed."""
+    C = (256, 1, 1.0)
+    rows = _search((A, 1.0), (B, 1.05), (C, 1.08))
+    race = Race(rows, top=3, seeds=[1, 2], slack=SLACK)
+    rounds = _play(race, {A: {1: None}, B: {1: None}, C: {2: 1.1}})
+    assert rounds == [(1, [A, B]), (2, [C])]
+    best = choose_winner(Target(0.97), race.rows, confirmed=True)
+    assert best is not None and best.config.micro_batch_size == C[0]
 
 
 def test_the_verdict_compares_with_the_largest_batch_as_a_bound_when_it_was_capped() -> None:

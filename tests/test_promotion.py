@@ -128,9 +128,31 @@ def test_before_a_reach_a_trial_ahead_past_the_guess_of_b_yields_its_slot_once(
             _reached(s)  # 0.9 at 9 s, where "a" had 0.8
             assert s.next_to_run(pending=False, running=0) == (None, True)
             continue
+        _report(s, "b", 0.2, 0.05)
+        assert _report(s, "b", 9.5, 0.7) == TrialScheduler.PAUSE  # behind "a" from 1/3 s on
+        # Ahead of "b" at 9 s, "a" is still not promoted before the new trials.
+        assert s.next_to_run(pending=True, running=0) == (None, False)
         assert s.next_to_run(pending=False, running=0) == ("a", False)
         s.resume("a")
         assert _report(s, "a", 12.0, 0.85) == TrialScheduler.CONTINUE
+    plain = CappingScheduler.for_time_cap(27.0, None)  # no pauses (the plugin's default)
+    for t, m in ((0.2, 0.1), (0.4, 0.2), (1.2, 0.4), (3.5, 0.6), (9.5, 0.8)):
+        assert _report(plain, "a", t, m) == TrialScheduler.CONTINUE
+
+
+def test_a_trial_paused_at_the_guess_of_b_does_not_yield_again_once_it_goes_on() -> None:
+    """First to the guess's rung, a trial waits there for others (successive halving's
+    rounds); gone on from there as the leader, it has given its slot once: no second pause."""
+    s = _scheduler(slots=1)
+    for peer in ("w1", "w2"):  # two peers at the rungs below the guess's, behind
+        for t, m in ((0.2, 0.05), (3.5, 0.3)):
+            _report(s, peer, t, m)
+    _report(s, "a", 0.2, 0.1)
+    assert _report(s, "a", 9.2, 0.8) == TrialScheduler.PAUSE  # alone at the 9 s rung: waits
+    assert s.promotions.paused["a"] == 9.0 and "a" not in s.promotions.yielded
+    assert s.next_to_run(pending=False, running=0) == ("a", False)
+    s.resume("a")
+    assert _report(s, "a", 10.0, 0.82) == TrialScheduler.CONTINUE
 
 
 def test_paused_trials_are_ranked_at_the_rung_they_were_paused_at_not_at_their_last_level(

@@ -147,11 +147,13 @@ class Race:
         seed = self.seeds[self.rounds]
         if len(alive) == 1:
             lone, runs = alive[0]
-            if getattr(self, "top", 1) > 1:  # the only one that reached: nothing to race
-                return None
-            # One candidate asked for (``confirm_top`` 1): it is run once more, on a fresh seed.
             confirmed = any(r.phase == keys.PHASE_CONFIRMATION for r in runs.runs)
-            return None if confirmed else Round([lone], seed)
+            # The only one that reached, on a run that judges it (alone on its device): the
+            # search's answer, nothing to race. Run once more where one candidate was asked for
+            # (``confirm_top`` 1), where no run judges it yet (its search run was packed), or
+            # where it is left alone mid-race (a race's verdict reads confirmation runs).
+            sole = getattr(self, "top", 1) > 1 and bool(runs.times) and self.rounds == 0
+            return None if confirmed or sole else Round([lone], seed)
         paired = compare_paired(alive[0][1], alive[1][1])
         if paired is not None and paired.pairs == 1 and paired.ratio > 1 + self.zone:
             return None  # the search's runs: one leads by more than the noise, no race

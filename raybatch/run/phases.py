@@ -174,7 +174,7 @@ class SearchThenRace(Searcher):
         first = race.next_round()
         if first is None:
             self.decided_by_the_search = bool(self.seeds and race.entrants)
-            self.only_one_reached = self.decided_by_the_search and len(race.standing()) == 1
+            self.only_one_reached = self.decided_by_the_search and len(race.entrants) == 1
             return None
         names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
         how = "side by side" if self.at_once > 1 else "one run at a time"
@@ -289,6 +289,10 @@ def _capped_reason(metrics: dict[str, Any], scheduler: CappingScheduler) -> str:
         if rung is not None
         else "slower than the best time to target x slack"
     )
+    if rung is not None and tune_id in getattr(scheduler.promotions, "yielded", ()) and (
+            rung == scheduler.horizon_s):  # fmt: skip
+        why = (f"paused at {rung:.3f} s, the guess of the optimum's time, to go on last, and"
+               f" not taken on: no rung passed it once a trial had reached the target")  # fmt: skip
     return f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: {why}"
 
 

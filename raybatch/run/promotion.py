@@ -59,7 +59,10 @@ class Promotions:
             self.promoted[trial_id] = self.paused.pop(trial_id)
 
     def ended(self, trial_id: str) -> None:
+        """The trial ended (or failed: a retry starts it from scratch, with none of this)."""
         self.paused.pop(trial_id, None)
+        self.promoted.pop(trial_id, None)
+        getattr(self, "yielded", set()).discard(trial_id)
         getattr(self, "leading", set()).discard(trial_id)
         getattr(self, "guessed", set()).discard(trial_id)
 
@@ -72,7 +75,10 @@ class Promotions:
         the cap: on the digits CNN, two or three a real search, 2.5-3.5 trainings of its best).
         With nothing new to run it goes on as the leader."""
         yielded: set[str] = getattr(self, "yielded", set())  # (older pickles lack it)
-        if trial_id in yielded or trained_s < guess_s:
+        # Once only; not either where it went on from a pause at or past the guess: it gave its
+        # slot there once already.
+        if trial_id in yielded or trained_s < guess_s or (
+                self.exempt_up_to(trial_id) >= guess_s * (1.0 - 1e-9)):  # fmt: skip
             return False
         self.yielded = {*yielded, trial_id}
         return True

@@ -214,7 +214,7 @@ class CappingScheduler(FIFOScheduler):
             return TrialScheduler.CONTINUE
         rung = self._failed_rung(trial.trial_id, trajectory, float(trained))
         before, why = self.best_time_to_target_s is None, "behind at"
-        guess = self.horizon_s if self.pause and before else None
+        guess = self.horizon_s if self.pause and before and self.zone is not None else None
         if rung is None and guess and self.promotions.yields(trial.trial_id, trained, guess):
             rung, why = self.horizon_s, "yielding its slot (ahead) at"
         if rung is None:
