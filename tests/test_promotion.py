@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from ray.tune.schedulers import TrialScheduler
 
 from raybatch import keys
+from raybatch.run.phases import _capped_reason
 from raybatch.run.promotion import Promotions
 from raybatch.run.scheduler import CappingScheduler
 
@@ -127,6 +128,9 @@ def test_before_a_reach_a_trial_ahead_past_the_guess_of_b_yields_its_slot_once(
         if reach:
             _reached(s)  # 0.9 at 9 s, where "a" had 0.8
             assert s.next_to_run(pending=False, running=0) == (None, True)
+            s.on_trial_remove(None, _trial("a"))  # Tune's stop_trial: capped, and says why
+            reason = _capped_reason({keys.TRIAL_ID: "a", keys.TRAIN_S: 9.5}, s)
+            assert "to go on last, and not taken on" in reason
             continue
         _report(s, "b", 0.2, 0.05)
         assert _report(s, "b", 9.5, 0.7) == TrialScheduler.PAUSE  # behind "a" from 1/3 s on
@@ -136,8 +140,10 @@ def test_before_a_reach_a_trial_ahead_past_the_guess_of_b_yields_its_slot_once(
         s.resume("a")
         assert _report(s, "a", 12.0, 0.85) == TrialScheduler.CONTINUE
     plain = CappingScheduler.for_time_cap(27.0, None)  # no pauses (the plugin's default)
+    unruled = CappingScheduler.for_time_cap(27.0, None, pause=True, zone=None)  # no rungs
     for t, m in ((0.2, 0.1), (0.4, 0.2), (1.2, 0.4), (3.5, 0.6), (9.5, 0.8)):
         assert _report(plain, "a", t, m) == TrialScheduler.CONTINUE
+        assert _report(unruled, "a", t, m) == TrialScheduler.CONTINUE
 
 
 def test_a_trial_paused_at_the_guess_of_b_does_not_yield_again_once_it_goes_on() -> None:

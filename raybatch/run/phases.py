@@ -173,8 +173,9 @@ class SearchThenRace(Searcher):
         race = Race(rows, self.top, self.seeds, self.slack, self.zone, curves)
         first = race.next_round()
         if first is None:
-            self.decided_by_the_search = bool(self.seeds and race.entrants)
-            self.only_one_reached = self.decided_by_the_search and len(race.entrants) == 1
+            standing = race.standing()  # none: every recipe that reached missed in a run
+            self.decided_by_the_search = bool(self.seeds and standing)
+            self.only_one_reached = self.decided_by_the_search and len(standing) == 1
             return None
         names = " and ".join(recipe(e.config.to_dict()) for e in first.entrants)
         how = "side by side" if self.at_once > 1 else "one run at a time"

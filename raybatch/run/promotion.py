@@ -59,10 +59,9 @@ class Promotions:
             self.promoted[trial_id] = self.paused.pop(trial_id)
 
     def ended(self, trial_id: str) -> None:
-        """The trial ended (or failed: a retry starts it from scratch, with none of this)."""
+        """The trial ended or failed. What it was promoted from and whether it yielded stay: a
+        retry goes on from its last save, and a stopped trial's reason reads them."""
         self.paused.pop(trial_id, None)
-        self.promoted.pop(trial_id, None)
-        getattr(self, "yielded", set()).discard(trial_id)
         getattr(self, "leading", set()).discard(trial_id)
         getattr(self, "guessed", set()).discard(trial_id)
 
