@@ -148,12 +148,16 @@ def test_search_efficiency_benchmark_rows_have_the_required_fields(tmp_path: Pat
     def cell(strategy: str) -> dict[str, Any]:
         return next(r for r in rows if (r["strategy"], r["budget"]) == (strategy, 10))
 
-    # The confirmation is charged to every strategy: the same trials cost more once confirmed.
+    # The confirmation is charged to every strategy: the same trials cost more once a race
+    # runs (none where only one recipe reached: it stands on its search run).
     member = simulator.MEMBERS[1]
-    trials = module.run("optuna_tpe", member, 0, 10)
     optimum = member.optimum()[0]
-    confirmed = module.score(member, trials, optimum, module.random.Random(0))
-    assert confirmed["compute"] > sum(t["cost"] for t in trials)
+    extra = []
+    for seed in range(4):
+        trials = module.run("optuna_tpe", member, seed, 10)
+        confirmed = module.score(member, trials, optimum, module.random.Random(seed))
+        extra.append(confirmed["compute"] - sum(t["cost"] for t in trials))
+    assert min(extra) >= 0 and max(extra) > 0, extra
     # The estimate under-predicts by 15% here (and the probe margin admits 20% more), yet the
     # pre-screen avoids OOMs the search without any estimate runs into.
     assert cell("raybatch")["oom_median"] < cell("raybatch_no_prescreen")["oom_median"]

@@ -3,24 +3,20 @@
 A search ranks recipes on one run each; the confirmation checks the order of the two best
 before one is exported, and spends as little as it can doing so:
 
-- the search's runs are the first pair: where they show one ahead by more than the noise,
-  there is no race, nor where only one recipe reached the target (every other was stopped
-  behind it: a run of it again on a fresh seed cost a whole training, with the other slot
-  idle, and proved only that the seed was not lucky; with ``confirm_top`` 1, asked for, it
-  is run once more);
+- the search's runs are the first pair: no race where they show one ahead by more than the
+  noise, nor where only one recipe reached (it stands on its search run: :meth:`Race.next_round`);
 - each round is one fresh seed on which the two *meet*: each trains to the level the leader's
-  search run had at half its time to target (:data:`MEET_SHARE`; the runs' ``meet_level``), not
-  to the target, so a round costs about one training, not two; the later to the level is
-  capped at ``slack`` x the first on that seed: slower there, and more would cost full price;
+  search run had at half its time to target (:data:`MEET_SHARE`; the runs' ``meet_level``), so a
+  round costs about one training, not two; the later to the level is capped at ``slack`` x the
+  first on that seed: slower there, and more would cost full price;
 - a recipe that misses the target in any run is out, and the next candidate takes its place;
 - the race ends once two pairs agree or their paired ratio is within the indifference zone
   ("within noise"), or after ``confirm_seeds`` seeds; the baseline and the reference are not
   re-run (:func:`~raybatch.results.selection.comparisons` reads their search runs).
 
-:class:`Race` holds the decisions and nothing else, so the simulated benchmark drives the same
-object as the search; :class:`RaceSearcher` runs its rounds as Ray Tune trials in the search's
-own experiment, on its warm processes (:class:`~raybatch.run.phases.SearchThenRace`). On GPUs
-every confirmation run holds a whole GPU: it is a measurement.
+:class:`Race` holds the decisions, so the simulated benchmark drives the same object as the
+search; :class:`RaceSearcher` runs its rounds as Ray Tune trials in the search's own experiment
+(:class:`~raybatch.run.phases.SearchThenRace`). On GPUs every confirmation run holds a GPU.
 """
 
 from __future__ import annotations
