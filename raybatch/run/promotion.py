@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from raybatch.run.rungs import TOLERANCE
+
 
 class Promotions:
     """The paused trials of a search and the trials promoted from a pause."""
@@ -77,7 +79,7 @@ class Promotions:
         # Once only; not either where it went on from a pause at or past the guess: it gave its
         # slot there once already.
         if trial_id in yielded or trained_s < guess_s or (
-                self.exempt_up_to(trial_id) >= guess_s * (1.0 - 1e-9)):  # fmt: skip
+                self.exempt_up_to(trial_id) >= guess_s * (1.0 - TOLERANCE)):  # fmt: skip
             return False
         self.yielded = {*yielded, trial_id}
         return True

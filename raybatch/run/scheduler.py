@@ -213,15 +213,15 @@ class CappingScheduler(FIFOScheduler):
             # batch's next mark may be far off); the rungs are judged at evaluations.
             return TrialScheduler.CONTINUE
         rung = self._failed_rung(trial.trial_id, trajectory, float(trained))
-        before, why = self.best_time_to_target_s is None, "behind at"
+        before, why, yielding = self.best_time_to_target_s is None, "behind at", False
         guess = self.horizon_s if self.pause and before and self.zone is not None else None
         if rung is None and guess and self.promotions.yields(trial.trial_id, trained, guess):
-            rung, why = self.horizon_s, "yielding its slot (ahead) at"
+            rung, why, yielding = guess, "yielding its slot (ahead) at", True
         if rung is None:
             return TrialScheduler.CONTINUE
         self.capped_at_rung[trial.trial_id] = rung
         if self.pause and (before or rung < self.rungs()[-1]):
-            self.promotions.pause(trial.trial_id, rung, before and why == "behind at")
+            self.promotions.pause(trial.trial_id, rung, before and not yielding)
             log.debug("trial %s paused at %.3f s, %s the %.3f s rung",
                       trial.trial_id, trained, why, rung)  # fmt: skip
             tell_searcher(tune_controller, "on_pause", trial.trial_id)
