@@ -524,6 +524,10 @@ def _noise_scale(data: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _rule_text(name: str, rule: dict[str, Any]) -> str:
+    return f"`{name}` zone {rule['zone']}, hedge {rule['hedge']}, eta {rule.get('eta', 3.0):g}"
+
+
 def _rung_replay(data: dict[str, Any]) -> list[str]:
     rules = data["settings"]["rules"]
     out = [
@@ -534,19 +538,24 @@ def _rung_replay(data: dict[str, Any]) -> list[str]:
         f" simulated clock, {data['settings']['slots']} slots: {data['settings']['draws']} draws"
         f" of {data['settings']['trials']} recipes, the plan's opening then recipes drawn from"
         " the rest of the grid; only the rule's settings vary. Cost: the training seconds the"
-        " trials held, in trainings of the grid's best (no start-up nor evaluation). Regret:"
+        " trials held, in trainings of the grid's best (no start-up nor evaluation), and in"
+        " brackets the part of it before the search's first reach, while `B` is a guess. Regret:"
         " the fastest recipe that reached against the fastest drawn, each by its one grid run"
         ' (median, 90th percentile); "stopped": the draws where the fastest drawn did not'
-        " reach. Rules: "
-        + "; ".join(f"`{n}` zone {r['zone']}, hedge {r['hedge']}" for n, r in rules.items())
-        + ".",
+        " reach. Rules: " + "; ".join(_rule_text(n, r) for n, r in rules.items()) + ".",
         "",
         "| workload | " + " | ".join(f"`{n}`: cost, regret (p90), stopped" for n in rules) + " |",
         "| --- |" + " --- |" * len(rules),
     ]
     for name, by_rule in data["cases"].items():
         cells = [
-            f"{c['median_cost_trainings']:.1f}, {c['median_regret']:.2f}"
+            f"{c['median_cost_trainings']:.1f}"
+            + (
+                f" [{c['median_before_reach_trainings']:.1f}]"
+                if "median_before_reach_trainings" in c
+                else ""
+            )
+            + f", {c['median_regret']:.2f}"
             f" ({c['p90_regret']:.2f}), {c['fastest_drawn_stopped']:.0%}"
             for c in by_rule.values()
         ]

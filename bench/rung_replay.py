@@ -14,9 +14,10 @@ Each draw: the opening as the plan builds it (:func:`~raybatch.run.seeding.openi
 the largest batch at the LR sweep and the reference recipe), then recipes drawn at random from
 the rest of the grid, 12 in all. Per case and rule, over the draws: the training seconds the
 trials held, in trainings of the grid's best (no start-up nor evaluation: the rule's share of
-the cost), and the regret of the fastest recipe that reached against the fastest of those
-drawn (each recipe's one grid run: what the rule saw is what it is judged by), median and 90th
-percentile, with the share of draws where the fastest drawn was stopped.
+the cost), the part of it before the search's first reach (while ``B`` is the guess), and the
+regret of the fastest recipe that reached against the fastest of those drawn (each recipe's
+one grid run: what the rule saw is what it is judged by), median and 90th percentile, with
+the share of draws where the fastest drawn was stopped.
 
 The confirmation's race replays too: each recipe has one recorded curve, so its fresh-seed run
 is that curve again (to the race's meeting level, or the target; the race's cap is not
@@ -51,25 +52,51 @@ from provenance import measured_at, write_result
 import raybatch
 from raybatch import keys
 from raybatch.run.options import SearchOptions
-from raybatch.run.rungs import DEFAULT_ZONE, HEDGE
+from raybatch.run.rungs import DEFAULT_ETA, DEFAULT_ZONE, HEDGE
 from raybatch.run.seeding import opening_points
 
 REAL = Path(__file__).parent / "results" / "real_training.json"
 RESULTS = Path(__file__).parent / "results" / "rung_replay.json"
 TRIALS = 12
 SLOTS = 2
+PAUSE = SearchOptions().pause
+
+
+def _rule(zone: float | None, hedge: float, pause: bool, eta: float = DEFAULT_ETA
+          ) -> dict[str, Any]:  # fmt: skip
+    return {"zone": zone, "hedge": hedge, "pause": pause, "eta": eta}
+
+
 RULES: dict[str, dict[str, Any]] = {
-    "shipped": {"zone": DEFAULT_ZONE, "hedge": HEDGE, "pause": SearchOptions().pause},
-    "stopped_not_paused": {"zone": DEFAULT_ZONE, "hedge": HEDGE, "pause": False},
-    "zone_unhedged": {"zone": DEFAULT_ZONE, "hedge": 0.0, "pause": False},
-    "level_or_top_third": {"zone": 0.0, "hedge": 0.0, "pause": False},
-    "no_rungs": {"zone": None, "hedge": HEDGE, "pause": False},
+    "shipped": _rule(DEFAULT_ZONE, HEDGE, PAUSE),
+    "stopped_not_paused": _rule(DEFAULT_ZONE, HEDGE, False),
+    "zone_unhedged": _rule(DEFAULT_ZONE, 0.0, False),
+    "level_or_top_third": _rule(0.0, 0.0, False),
+    "no_rungs": _rule(None, HEDGE, False),
+    "halving_by_2": _rule(DEFAULT_ZONE, HEDGE, PAUSE, eta=2.0),
+    "halving_by_4": _rule(DEFAULT_ZONE, HEDGE, PAUSE, eta=4.0),
 }
 """The shipped rule (a trial behind at a rung below the top paused, :mod:`raybatch.run.
 promotion`), the same stopping trials instead of pausing them (the rule before pauses), its
 zone unhedged (10 % at every rung), no zone at all (a trial goes on only while level with the
-best curve or in the top third: ASHA's rule with ties kept), and capping on the final time
-alone."""
+best curve or in the top third: ASHA's rule with ties kept), capping on the final time alone,
+and the shipped rule halving by 2 and by 4 instead of 3 (its rungs and its guess of ``B``
+before a reach, the cap / eta, with it): what halving harder saves, and what it loses."""
+
+
+class _Observed(se._Capping):
+    """The rule as the simulated benchmark drives it, noting each trial's training up to the
+    search's first reach: before it, ``B`` is a guess and the rungs are tied to it."""
+
+    def __init__(self, zone: float | None, max_time_s: float, **settings: Any) -> None:
+        super().__init__(zone, max_time_s, **settings)
+        self.before_reach: dict[str, float] = {}
+
+    def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False
+             ) -> bool | str:  # fmt: skip
+        if self.scheduler.best_time_to_target_s is None:
+            self.before_reach[trial_id] = max(t, self.before_reach.get(trial_id, 0.0))
+        return super().mark(trial_id, t, progress, beat)
 
 
 class ReplayedCase:
@@ -152,8 +179,8 @@ def replay(case: ReplayedCase, order: list[str], rule: dict[str, Any], seed: int
         micro, multiplier = name.split("@")
         return int(micro), 1, float(multiplier)
 
-    capping = se._Capping(rule["zone"], case.max_time_s, hedge=rule["hedge"],
-                          pause=rule["pause"])  # fmt: skip
+    capping = _Observed(rule["zone"], case.max_time_s, hedge=rule["hedge"], pause=rule["pause"],
+                        eta=rule["eta"])  # fmt: skip
     trials = se.simulate_search(case, random.Random(seed), len(order), suggest,  # type: ignore[arg-type]
                                 lambda _t, _r: None, capping, SLOTS)  # fmt: skip
     reached = [(t["time"], name_of(t["knobs"][0], t["knobs"][2]))
@@ -162,6 +189,7 @@ def replay(case: ReplayedCase, order: list[str], rule: dict[str, Any], seed: int
     picked = min(reached)[1] if reached else None
     return {
         "cost_trainings": sum(t["train"] for t in trials) / case.best,
+        "before_reach_trainings": sum(capping.before_reach.values()) / case.best,
         "regret": case.times[picked] / case.times[drawn] if picked else math.inf,
         "fastest_drawn_stopped": all(n != drawn for _, n in reached),
     }
@@ -183,12 +211,16 @@ def main(draws: int = 40, real: Path = REAL, out: Path = RESULTS) -> dict[str, A
             regrets = [r["regret"] for r in runs]
             cases[name][rule_name] = {
                 "median_cost_trainings": statistics.median(r["cost_trainings"] for r in runs),
+                "median_before_reach_trainings": statistics.median(
+                    r["before_reach_trainings"] for r in runs
+                ),
                 "median_regret": statistics.median(regrets),
                 "p90_regret": se._p90(regrets),
                 "fastest_drawn_stopped": sum(r["fastest_drawn_stopped"] for r in runs) / draws,
             }
             row = cases[name][rule_name]
             print(f"{name:18} {rule_name:20} cost {row['median_cost_trainings']:5.2f}"
+                  f" (before a reach {row['median_before_reach_trainings']:5.2f})"
                   f" regret {row['median_regret']:.2f} p90 {row['p90_regret']:.2f}"
                   f" fastest stopped {row['fastest_drawn_stopped']:.0%}", flush=True)  # fmt: skip
     data = {
