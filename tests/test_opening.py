@@ -30,13 +30,14 @@ def _opening(curves: dict[int, list[tuple[float, float]]], running: dict[int, in
     return opening
 
 
-def test_a_lone_leader_past_the_guess_settles_the_opening_when_the_rest_ended_unevaluated() -> None:
+def test_a_lone_leader_past_the_rung_under_the_guess_settles_the_opening() -> None:
     """The other sweep points ended before their first evaluation: the leader's curve is the
-    only one, and once it trained as long as the guess of ``B`` without reaching, nothing is
-    left to compare it with: the ladder is not held until it runs out its cap."""
-    short = _opening({0: [(4.0, 0.5)]}, running={7: 0}, ended=(1, 2, 3, 4))
+    only one, and once it trained as long as the rung under the guess of ``B`` (5 s / 3)
+    without reaching, nothing is left to compare it with: the ladder is not held until it
+    runs out its cap, nor until it gets to the guess (its leaders leapfrogging to it)."""
+    short = _opening({0: [(1.2, 0.5)]}, running={7: 0}, ended=(1, 2, 3, 4))
     assert not short.settled({7})
-    past = _opening({0: [(4.0, 0.5), (5.2, 0.6)]}, running={7: 0}, ended=(1, 2, 3, 4))
+    past = _opening({0: [(1.2, 0.5), (1.8, 0.6)]}, running={7: 0}, ended=(1, 2, 3, 4))
     assert past.settled({7})
 
 

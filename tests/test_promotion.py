@@ -220,6 +220,43 @@ def test_a_trial_paused_once_b_is_measured_goes_on_only_when_its_rung_passes_it(
     assert guess.next_to_run(pending=False, running=1)[0] in ("b", "c")
 
 
+def _leaders_and_pauses(s: CappingScheduler) -> None:
+    """Before a reach: two leaders (l1, l2) go on alone from the 1/3 s rung to 3.5 s; y, level
+    with them to 1 s, is paused behind them at the 3 s rung, within its hedged zone (0.63 at
+    3 s, where they had 0.61 at 3 s / 1.45); x is paused behind at the 1 s rung, within its
+    zone too (0.28, where the best had 0.23 at 1 s / 1.9). Both pauses are tied to the guess."""
+    for leader in ("l1", "l2"):
+        _report(s, leader, 0.2, 0.1)
+        assert _report(s, leader, 0.5, 0.11) == TrialScheduler.PAUSE  # first at 1/3 s: waits
+        assert s.next_to_run(pending=False, running=0) == (leader, False)  # goes on, leading
+        s.resume(leader)
+        for t, m in ((1.2, 0.5), (3.5, 0.8)):
+            assert _report(s, leader, t, m) == TrialScheduler.CONTINUE
+    _report(s, "y", 0.2, 0.1)
+    assert _report(s, "y", 1.1, 0.45) == TrialScheduler.CONTINUE  # the best at 1/3 s and 1 s
+    assert _report(s, "y", 3.2, 0.65) == TrialScheduler.PAUSE
+    _report(s, "x", 0.2, 0.1)
+    assert _report(s, "x", 1.1, 0.31) == TrialScheduler.PAUSE
+    assert s.promotions.paused == {"y": 3.0, "x": 1.0}
+    assert {"x", "y"} <= s.promotions.guessed
+
+
+def test_before_a_reach_the_hedge_takes_back_a_cheap_pause_not_one_at_the_guess_top_rungs(
+) -> None:  # fmt: skip
+    """With nothing new to run, the hedge takes back a pause within its zone; from the guess's
+    two top rungs on (3 and 9 s for a 27 s cap) a trial goes on as the leader only, once no
+    cheaper pause is within its zone: the dearest stretch of a search goes to the trial ahead
+    at equal time, not to one behind that got further."""
+    s = _scheduler()
+    _leaders_and_pauses(s)
+    assert s.next_to_run(pending=True, running=0) == (None, False)  # new trials first
+    assert s.next_to_run(pending=False, running=1) == ("x", False)  # not y, though further
+    s.resume("x")
+    assert not s.promotions.leads("x")
+    assert s.next_to_run(pending=False, running=1) == ("y", False)  # as the leader
+    assert s.promotions.leads("y")
+
+
 def test_a_trial_paused_in_its_warmup_goes_on_once_no_new_trial_waits() -> None:
     """Judged in its LR warmup (its curve there says how long its ramp is, not how fast it
     trains), a pause is taken back once the search has started every new trial."""

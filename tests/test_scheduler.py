@@ -241,6 +241,28 @@ def test_a_trial_in_the_top_third_goes_on_outside_the_zone() -> None:
     assert s.on_trial_result(None, _trial("v"), _report(1.0, 0.2)) == TrialScheduler.STOP
 
 
+def test_at_b_itself_only_the_zone_passes_a_trial_not_the_top_third() -> None:
+    """At ``B`` the incumbent has reached (0.9 at 9 s, 0.87 at 9 s / 1.1); a trial not there
+    yet can only tie it. 0.8 is outside the zone, though in the top third of the curves at
+    9 s (three others that did not reach, 0.5-0.6): stopped at the rung, not run on to
+    slack x B. Within the zone (0.88), it goes on."""
+    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0)
+    _curve(s, "inc", ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)))
+    reached = {keys.STATUS: "reached", keys.TRAIN_S: 9.0, keys.METRIC: 0.9,
+               keys.TIME_TO_TARGET_S: 9.0}  # fmt: skip
+    s.on_trial_result(None, _trial("inc"), reached)
+    assert s.rungs() == pytest.approx([1.0, 3.0, 9.0])
+    for name, at_b in (("p1", 0.6), ("p2", 0.55), ("p3", 0.5)):
+        _curve(s, name, ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7), (9.0, at_b)))
+    level = ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7))
+    _curve(s, "top_third", level)
+    assert s.on_trial_result(None, _trial("top_third"), _report(9.0, 0.8)) == TrialScheduler.STOP
+    assert s.capped_at_rung["top_third"] == 9.0
+    _curve(s, "close", level)
+    verdict = s.on_trial_result(None, _trial("close"), _report(9.0, 0.88))
+    assert verdict == TrialScheduler.CONTINUE
+
+
 def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
     """A large-LR recipe starts slowly and catches up: at the 1 s rung (B/9) it shows 0.25, the
     level the incumbent had at about 0.6 s (0.1 at 0.25 s, 0.4 at 1 s): 1.7x slower to it,

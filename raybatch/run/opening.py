@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
 from raybatch.keys import KnobPoint, knob_items
-from raybatch.run.rungs import Trajectory
+from raybatch.run.rungs import DEFAULT_ETA, Trajectory
 from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
 
@@ -38,7 +38,8 @@ class Opening:
         mode: The target's direction (``max`` or ``min``), to read the sweep's curves.
         horizon_s: The guess of the optimum's time to target before any trial reached (the
             time cap / eta, as the scheduler's rungs take it; ``None``: none, and the opening
-            waits for a reach or for no sweep point to run).
+            waits for a reach or for no sweep point to run). The wait for a reach ends at the
+            rung under it (:meth:`settled`).
     """
 
     horizon_s: float | None = None  # an Opening pickled before it was kept: no guess
@@ -122,27 +123,36 @@ class Opening:
         """Whether the ladder has what it needs from the opening, the LR it carries, chosen at
         equal time. Once some point reached the target (``B``, and the time model, measured
         near it): every sweep point still running (Optuna trials ``running``) has trained as
-        long as the sweep's curves are compared at (:meth:`ahead`). Before:
-        short of :attr:`horizon_s`, the guess of ``B``, every sweep point paused or ended at a
-        rung, two curves or more compared there; once a point trained as long as the guess
-        without reaching, every sweep point evaluated or ended and each still running as long
-        as the curves are compared at. The largest batch's optimum is then not near the guess:
-        no reach is waited for (on a digits CNN the largest batch reaches at no LR in the cap,
-        and each sweep point in turn trained to its cap, resumed as the leader into the slot
-        the withheld ladder leaves free: 4 caps, 60 of a search's 107 training seconds), and
-        the ladder runs geometric where no model was measured by then
-        (:class:`~raybatch.run.seeding.Ladder`)."""
+        long as the sweep's curves are compared at (:meth:`ahead`). Before: short of the rung
+        under the guess of ``B`` (:attr:`horizon_s` / eta), every sweep point paused or ended at
+        a rung, two curves or more compared there; once a point trained that long without
+        reaching, every sweep point evaluated or ended and each still running as long as the
+        curves are compared at: no reach is waited for, and the ladder runs geometric where no
+        model was measured by then (:class:`~raybatch.run.seeding.Ladder`). With two slots a
+        sweep point always runs while the ladder is withheld (the scheduler resumes the leader
+        into the free slot), so the wait lasts until a leader gets that far. Waiting to the
+        guess itself, the sweep's leaders leapfrogged to it: in a real friedman search, whose
+        optimum reaches in two thirds of the guess, the largest batch trained 4.3 trainings of
+        the optimum before the ladder began. On a digits CNN the largest batch
+        reaches at no LR in the cap: with no end to the wait but a reach, each sweep point in
+        turn trained to its cap (4 caps, 60 of a search's 107 training seconds)."""
         at = self._compared_at()
         sweep = self.sweep_indices()
         ends = {i: c.times[-1] for i, c in self.curves.items() if c.times}
         going = [self.numbers[n] for n in running if self.numbers.get(n) in sweep]
         if not self.reached:
-            if self.horizon_s is None or max(ends.values(), default=0.0) < self.horizon_s:
+            if self.horizon_s is None or max(ends.values(), default=0.0) < self.settle_s():
                 return at is not None and not going  # each paused or ended at a rung
             if not all(i in self.times or i in ends for i in sweep):
                 return False  # a sweep point not yet evaluated nor ended: not compared at all
         # At None: one curve only (past the guess, the others ended before an evaluation).
         return at is None or all(ends.get(i, 0.0) >= at for i in going)
+
+    def settle_s(self) -> float:
+        """The training time past which the wait for a sweep point to reach ends: the rung
+        under the guess of ``B``."""
+        assert self.horizon_s is not None
+        return self.horizon_s / DEFAULT_ETA
 
     def _compared_at(self) -> float | None:
         """The longest training time two sweep curves or more have got to."""

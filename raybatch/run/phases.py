@@ -286,7 +286,7 @@ def _capped_reason(metrics: dict[str, Any], scheduler: CappingScheduler) -> str:
     zone = scheduler.rung_zones.get(tune_id, scheduler.zone or 0.0)
     why = (
         f"at the rung of {rung:.3f} s, more than {1 + zone:.2g}x slower to its level than the"
-        f" best curve and outside the top 1/{scheduler.eta:g} there"
+        f" best curve there and, below B, outside the top 1/{scheduler.eta:g}"
         if rung is not None
         else "slower than the best time to target x slack"
     )

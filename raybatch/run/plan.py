@@ -181,17 +181,17 @@ class Plan:
     def awaits_opening(self) -> bool:
         """Whether the ladder waits for the opening to settle: every point has been asked, the
         opening has not settled (:meth:`Opening.settled`: a sweep point runs short of the time
-        the sweep's curves are compared at; none reached: short of the guess of ``B``, some
-        sweep point still runs; past it, some sweep point is not yet evaluated, or one runs
-        short of the time compared at), and some is running or paused. While it waits, a free
-        slot goes to the opening's leader (the scheduler resumes the paused trial that got
-        furthest) rather than to a new trial, so that the LR the ladder carries is chosen at
-        equal time: the sweep's fastest to reach, else its leader's, else the one ahead
-        (:meth:`Opening.best_multiplier`). Without the wait, paused trials go on only once
-        nothing new waits, at the search's end: on the simulated family the ladder then ran
-        at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4) was never
-        proposed. Past the guess of ``B`` the wait ends without a reach (its cost on that
-        member at two slots is in ``docs/search.md``)."""
+        the sweep's curves are compared at; none reached: short of the rung under the guess of
+        ``B``, some sweep point still runs; past it, some sweep point is not yet evaluated, or
+        one runs short of the time compared at), and some is running or paused. While it
+        waits, a free slot goes to the opening's leader (the scheduler resumes the paused trial
+        that got furthest) rather than to a new trial, so that the LR the ladder carries is
+        chosen at equal time: the sweep's fastest to reach, else its leader's, else the one
+        ahead (:meth:`Opening.best_multiplier`). Without the wait, paused trials go on only
+        once nothing new waits, at the search's end: on the simulated family the ladder then
+        ran at the LR multiplier 1, and the optimum of ``needs_accumulation`` (64 x 4) was
+        never proposed. Past the rung under the guess of ``B`` the wait ends without a reach (its
+        cost on that member at two slots is in ``docs/search.md``)."""
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished

@@ -9,9 +9,10 @@ trial). What a stop loses for good, a pause keeps for nothing until it is needed
 - **Before any trial has reached the target** the rungs are tied to a guess: when the searcher
   has no new trial to run, the paused trial that got furthest goes on toward the target.
 - **The hedge** (a wider zone early on) takes back, once no new trial waits, only a pause at
-  a rung tied to the guess or in the trial's LR warmup. A pause once ``B`` is measured is
-  ASHA's: a search's trials are counted, so after its last no new trial ever waits, and the
-  hedge there sent every trial within 1.45x at ``B/3`` on to ``B`` (``docs/search.md``).
+  a rung tied to the guess (before a reach, below its top two: from there a trial goes on as
+  the leader only) or in the trial's LR warmup. A pause once ``B`` is measured is ASHA's: a
+  search's trials are counted, so after its last no new trial ever waits, and the hedge there
+  sent every trial within 1.45x at ``B/3`` on to ``B`` (``docs/search.md``).
 - **Once the search has nothing left to run**, a paused trial no rung passes is stopped: it
   ends as a trial capped at the rung it was paused at.
 

@@ -2,8 +2,8 @@
 
 Every trial is judged at rungs of its own training time (``train_s``, evaluations excluded)
 tied to the target (``B``, the fastest time to target seen, and about ``B/3`` and ``B/9`` on a
-fixed grid: :func:`~raybatch.run.rungs.grid_rungs`), and goes on
-only while it is within the indifference zone of the best curve there or in the top 1/eta
+fixed grid: :func:`~raybatch.run.rungs.grid_rungs`), and goes on only while within the
+indifference zone of the best curve there or (below ``B``) in the top 1/eta
 (:mod:`raybatch.run.rungs`); one behind below the top rung is paused instead where ``pause``
 (:mod:`raybatch.run.promotion`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
 capping, as in ParamILS and SMAC); the searcher records it PRUNED with the PAR-10 penalty. A
@@ -327,40 +327,38 @@ class CappingScheduler(FIFOScheduler):
             seen = sum(c.value_at(rung_s, first) is not None for c in others)
             if seen + 1 < self.eta and trajectory.value_at(rung_s) is not None:
                 return False
-        return passes(trajectory, rung_s, others, zone, self.eta, first)
+        # At B a trial not there yet can at best tie: the zone passes it, not a top third of
+        # curves that did not reach either (a real digits search ran 5 on to slack x B, vainly).
+        top = not before and math.isclose(rung_s, self.best_time_to_target_s or 0.0)
+        return passes(trajectory, rung_s, others, zone, math.inf if top else self.eta, first)
 
     def _rung_zone(self, below_top: int) -> float:
         """The zone a rung ``below_top`` under the highest judges with: hedged, wider early
-        (:func:`~raybatch.run.rungs.hedged_zone`); where a trial behind is paused, none below
-        the top once a trial has reached (a pause is taken back when the rung passes it later:
-        the hedge is in the promotion, :meth:`_promotable`)."""
+        (:func:`~raybatch.run.rungs.hedged_zone`); where a trial behind is paused, none but at
+        ``B`` once measured (before, the hedge is in the promotion: :meth:`_promotable`)."""
         assert self.zone is not None
         if self.pause and not (below_top == 0 and self.best_time_to_target_s is not None):
             return 0.0
         return hedged_zone(self.zone, self.eta, below_top, self.hedge)
 
     def _judges_warmup(self) -> bool:
-        """Whether a rung judges a trial still in its LR warmup: once a trial has reached the
-        target in ``B`` (a recipe whose ramp alone takes a ninth of that is slow, and its curve
-        says so; ``docs/search.md`` has the figures), or where a trial behind is paused (taken
+        """Whether a rung judges a trial still in its LR warmup: once ``B`` is measured (a ramp
+        of a ninth of it is slow: ``docs/search.md``), or where a trial behind is paused (taken
         back once its ramp is over). Before, ``B`` is only a bound: every rung spares it."""
         return self.pause or self.best_time_to_target_s is not None
 
     def _others(self, trial_id: str) -> list[Trajectory]:
-        """The curves a trial is judged against: once a trial has reached the target, every
-        other seen, running or ended (what a capped one showed up to its stop is evidence at
-        the rungs it got to); before, the trials running or paused beside it and those that
-        ran their whole time cap short of the target (a trial clearly behind a recipe that
-        could not reach in the cap cannot either; curves stopped at a rung are left out, since
-        early curves cross: a real search once had all six trials stopped and none reached)."""
+        """The curves a trial is judged against: once a trial has reached, every other seen
+        (a capped one's up to its stop); before, those running or paused beside it and those
+        that ran their whole time cap short of the target (early curves cross: one stopped at a
+        rung is left out; a real search once had all six trials stopped and none reached)."""
         ended = self._ended - self._ran_out if self.best_time_to_target_s is None else set()
         return [t for other, t in self._trajectories.items()
                 if other != trial_id and other not in ended]  # fmt: skip
 
     def _follow(self, trial_id: str, result: dict[str, Any]) -> Trajectory:
-        """The trial's trajectory, with this result's evaluation added (if it is one: a
-        heartbeat, or a trial's end at its time cap, repeats the last evaluation's value at a
-        later time, which would flatten the curve between evaluations)."""
+        """The trial's trajectory, with this result's evaluation added (if it is one: a heartbeat
+        or an end at the cap repeats the last value later, which would flatten the curve)."""
         trajectory = self._trajectories.setdefault(trial_id, Trajectory(self.mode))
         evaluation = timed_evaluation(result)
         if evaluation is not None:
@@ -404,7 +402,7 @@ class CappingScheduler(FIFOScheduler):
     def _promotable(self, trial_id: str, hedged: bool = False) -> bool:
         """Whether the rung a paused trial was paused at passes it now, against every curve
         seen since: level with the best or in the top 1/eta (``hedged``: or within the zone
-        that rung has among the rungs now, wider early)."""
+        that rung has, wider early; before a reach, not from the guess's top two rungs)."""
         at = self.promotions.paused[trial_id]
         trajectory = self._trajectories.get(trial_id)
         yielded = trial_id in getattr(self.promotions, "yielded", ())
@@ -419,6 +417,9 @@ class CappingScheduler(FIFOScheduler):
             return True  # paused in its LR warmup early: judged once more, further on
         if hedged and trial_id not in getattr(self.promotions, "guessed", ()):
             return False  # paused once B was measured: ASHA's promotion only (promotion.py)
+        if hedged and self.best_time_to_target_s is None and len(rungs) > 1 and (
+                at >= rungs[-2] * (1.0 - TOLERANCE)):  # fmt: skip
+            return False  # from the guess's top two rungs, the dearest: as the leader only
         if hedged and self.zone is not None:
             top = rungs[-1] if rungs else at
             below_top = max(0, round(math.log(max(top / at, 1.0)) / math.log(self.eta)))
@@ -445,13 +446,12 @@ class CappingScheduler(FIFOScheduler):
         self.promotions.ended(trial.trial_id)
         self._trajectories.pop(trial.trial_id, None)
         self._warming.pop(trial.trial_id, None)
-        self._warm_judged.discard(trial.trial_id)
-        self._warm_before_reach.discard(trial.trial_id)
+        for judged in (self._warm_judged, self._warm_before_reach):
+            judged.discard(trial.trial_id)
         super().on_trial_error(tune_controller, trial)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Tune pickles the scheduler with the experiment: one saved by an earlier raybatch of
-        # the same run format lacks what was added since, and resumes with it empty.
+        # One pickled by an earlier raybatch of the same run format resumes with what it lacks.
         self.__dict__.update(state)
         added = {"_ended": set(), "_ran_out": set(), "_warm_judged": set(), "_warming": {},
                  "warm": WarmSlots(), "experiment": None, "pause": False,
@@ -479,7 +479,7 @@ class CappingScheduler(FIFOScheduler):
         self._ended.add(trial.trial_id)
         if result and result.get(keys.STATUS) == TrialStatus.CENSORED.value:
             self._ran_out.add(trial.trial_id)
-        # Its curve stays: what it showed up to its end is evidence at the rungs it got to.
+        # Its curve stays: evidence at the rungs it got to.
         if result and is_packed(result.get(keys.GPU_SHARE)):
             return
         if result and result.get(keys.STATUS) == TrialStatus.REACHED.value:
