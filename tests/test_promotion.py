@@ -224,7 +224,7 @@ def _leaders_and_pauses(s: CappingScheduler) -> None:
     """Before a reach: two leaders (l1, l2) go on alone from the 1/3 s rung to 3.5 s; y, level
     with them to 1 s, is paused behind them at the 3 s rung, within its hedged zone (0.63 at
     3 s, where they had 0.61 at 3 s / 1.45); x is paused behind at the 1 s rung, within its
-    zone too (0.28, where the best had 0.23 at 1 s / 1.9). Both pauses are tied to the guess."""
+    zone too (0.29, where the best had 0.23 at 1 s / 1.9). Both pauses are tied to the guess."""
     for leader in ("l1", "l2"):
         _report(s, leader, 0.2, 0.1)
         assert _report(s, leader, 0.5, 0.11) == TrialScheduler.PAUSE  # first at 1/3 s: waits
@@ -245,8 +245,8 @@ def test_before_a_reach_the_hedge_takes_back_a_cheap_pause_not_one_at_the_guess_
 ) -> None:  # fmt: skip
     """With nothing new to run, the hedge takes back a pause within its zone; from the guess's
     two top rungs on (3 and 9 s for a 27 s cap) a trial goes on as the leader only, once no
-    cheaper pause is within its zone: the dearest stretch of a search goes to the trial ahead
-    at equal time, not to one behind that got further."""
+    cheaper pause is within its zone: the cheap pause is taken back before the dear one that
+    got further (the furthest went first)."""
     s = _scheduler()
     _leaders_and_pauses(s)
     assert s.next_to_run(pending=True, running=0) == (None, False)  # new trials first
