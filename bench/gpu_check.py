@@ -51,10 +51,10 @@ from gpu_recipes import StoredSpace, at_micro_batch, recipe
 from gpu_targets import Goal, at_least, at_most, begin, finish, holds
 
 import raybatch
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
+from raybatch.cluster.nvml import read_all_devices, read_device_memory
+from raybatch.cluster.placement import packed_memory_fraction
 from raybatch.errors import first_line
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
-from raybatch.memory.nvml import read_all_devices, read_device_memory
-from raybatch.trial.placement import packed_memory_fraction
 
 REQUIRES_GPU = True
 NAME = "gpu_check"
@@ -191,7 +191,7 @@ class _Sampler:
 
 def _context_process(out: Any) -> None:
     """A fresh process measures its own CUDA context, as the search's measuring task does."""
-    from raybatch.memory.context import measure_context_bytes
+    from raybatch.cluster.context import measure_context_bytes
 
     out.put(measure_context_bytes(0))
 

@@ -10,7 +10,7 @@ autocast, at four micro-batch sizes each:
   out-of-memory boundary, found with real steps to within 1/64 of it; the admitted micro batch
   itself is run on the emulated card;
 - the CUDA context's size outside the allocator (NVML used memory before and after
-  ``torch.cuda.init``), which ``raybatch.memory.budget.CUDA_CONTEXT_OVERHEAD_BYTES`` stands for.
+  ``torch.cuda.init``), which ``raybatch.cluster.budget.CUDA_CONTEXT_OVERHEAD_BYTES`` stands for.
 
 Targets (issue 3), enforced: every step of the table is measured; the prediction is never
 below the measured (allocated) peak by more than 5 % and never above it by more than 15 %;
@@ -42,9 +42,9 @@ from gpu_targets import Goal, at_least, at_most, begin, finish, holds
 from models import WORKLOADS
 from provenance import results_dir
 
-from raybatch.memory.budget import DEFAULT_HEADROOM
+from raybatch.cluster.budget import DEFAULT_HEADROOM
+from raybatch.cluster.nvml import read_device_memory
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.memory.nvml import read_device_memory
 from raybatch.memory.probe import probe, release_memory
 
 REQUIRES_GPU = True

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from provenance import measured_at, write_result
 
-from raybatch.run.rungs import DEFAULT_ETA
+from raybatch.tuning.rungs import DEFAULT_ETA
 
 REAL = Path(__file__).parent / "results" / "real_training.json"
 RESULTS = Path(__file__).parent / "results" / "near_ties.json"

@@ -15,7 +15,7 @@ or more pairs of raybatch / plain, with a 95% bootstrap interval over pairs so t
 run cannot decide it (target <= 1.10).
 
 raybatch sets ``max_concurrent_trials`` to the trials the cluster can run at once
-(:func:`raybatch.run.hardware.trials_in_flight`), as ``raybatch.search`` does: without a
+(:func:`raybatch.cluster.hardware.trials_in_flight`), as ``raybatch.search`` does: without a
 limit, Ray Tune keeps a single trial pending at a time for any custom searcher (its own random
 search gets 200), so trials start one by one — measured here, that alone was most of the
 overhead.
@@ -37,15 +37,15 @@ from ray import tune
 from stats import paired_ratio
 
 import raybatch
+from raybatch.cluster.hardware import trials_in_flight
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.gates import search_gates
-from raybatch.run.hardware import trials_in_flight
-from raybatch.run.scheduler import CappingScheduler
-from raybatch.run.searcher import RaybatchSearcher
-from raybatch.run.study import SearchStudy
 from raybatch.space.tune_space import tune_param_space
 from raybatch.trial.reporting import TrialReporter
+from raybatch.tuning.gates import search_gates
+from raybatch.tuning.scheduler import CappingScheduler
+from raybatch.tuning.searcher import RaybatchSearcher
+from raybatch.tuning.study import SearchStudy
 
 RESULTS = Path(__file__).parent / "results" / "plugin_overhead.json"
 SPACE = raybatch.load_space("digits_cnn_sgd")

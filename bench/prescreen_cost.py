@@ -57,7 +57,7 @@ import raybatch
 from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.seeding import budget_check, max_batch_point
+from raybatch.tuning.seeding import budget_check, max_batch_point
 from raybatch.workload import build_optimizer
 
 RESULTS = Path(__file__).parent / "results" / "prescreen_cost.json"
@@ -140,7 +140,7 @@ def raybatch_procedure(member: Member) -> tuple[int, list[tuple[int, bool]]]:
     """What a search does on a GPU to land on its largest batch, with the member's error.
 
     The opening point is the largest micro batch of the space the estimate admits within the
-    probe margin (:func:`raybatch.run.seeding.max_batch_point` with ``budget_check``, as the
+    probe margin (:func:`raybatch.tuning.seeding.max_batch_point` with ``budget_check``, as the
     search benchmark plans it); its trial's probe runs one real step; one that runs out of
     memory ends its trial and the next smaller micro batch of the space is launched in its place
     (a new trial: a restart). The batch found is the first one whose probe fits.

@@ -50,14 +50,14 @@ import raybatch
 from raybatch import keys
 from raybatch.metric import Target, resolve_target
 from raybatch.results.cost import search_cost
-from raybatch.run.options import SearchOptions
-from raybatch.run.race_record import race_seed
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
-from raybatch.run.sessions import slots_recorded
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.model import spearman
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.race_record import race_seed
+from raybatch.tuning.sessions import slots_recorded
 from raybatch.workload import Workload
 
 RESULTS = Path(__file__).parent / "results" / "real_training.json"

@@ -1,16 +1,16 @@
 """The rung rule on real learning curves: what each rule saves, and what it loses.
 
-The equal-time rungs (:mod:`raybatch.run.rungs`) stop a trial early only where its rank there
+The equal-time rungs (:mod:`raybatch.tuning.rungs`) stop a trial early only where its rank there
 holds; how well early ranks hold is a property of real curves, not of the simulated family's.
 This replays the real benchmark's grid (``bench/results/real_training.json``: every micro
 batch at each LR, one run each, its curve of metric against training time) through the
-shipped :class:`~raybatch.run.scheduler.CappingScheduler`, built as the driver builds it
-(:meth:`~raybatch.run.scheduler.CappingScheduler.for_time_cap`, through the simulated
+shipped :class:`~raybatch.tuning.scheduler.CappingScheduler`, built as the driver builds it
+(:meth:`~raybatch.tuning.scheduler.CappingScheduler.for_time_cap`, through the simulated
 benchmark's ``_Capping``), on the simulated benchmark's
 clock (:func:`search_efficiency.simulate_search`: two slots, marks in clock order, heartbeats
 between them). Only the rule's settings vary.
 
-Each draw: the opening as the plan builds it (:func:`~raybatch.run.seeding.opening_points`:
+Each draw: the opening as the plan builds it (:func:`~raybatch.tuning.seeding.opening_points`:
 the largest batch at the LR sweep and the reference recipe), then recipes drawn at random from
 the rest of the grid, 12 in all. Per case and rule, over the draws: the training seconds the
 trials held, in trainings of the grid's best (no start-up nor evaluation: the rule's share of
@@ -51,9 +51,9 @@ from provenance import measured_at, write_result
 
 import raybatch
 from raybatch import keys
-from raybatch.run.options import SearchOptions
-from raybatch.run.rungs import DEFAULT_ETA, DEFAULT_ZONE, HEDGE
-from raybatch.run.seeding import opening_points
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.rungs import DEFAULT_ETA, DEFAULT_ZONE, HEDGE
+from raybatch.tuning.seeding import opening_points
 
 REAL = Path(__file__).parent / "results" / "real_training.json"
 RESULTS = Path(__file__).parent / "results" / "rung_replay.json"

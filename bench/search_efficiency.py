@@ -6,9 +6,9 @@ One code path: only the training and its clock are simulated (:mod:`simulator`).
 machine's two slots),
 each trial's reports -- its evaluation marks (where the product's own cadence puts them:
 :mod:`simulator`) and its heartbeats between them -- delivered in clock order across the
-running trials to the shipped :class:`~raybatch.run.scheduler.CappingScheduler` (or a peer's
+running trials to the shipped :class:`~raybatch.tuning.scheduler.CappingScheduler` (or a peer's
 early-stopping rule), the suggestions from the shipped
-:class:`~raybatch.run.searcher.RaybatchSearcher` built as the driver builds it (or from a peer's
+:class:`~raybatch.tuning.searcher.RaybatchSearcher` built as the driver builds it (or from a peer's
 sampler). A budget's figures are read off the first N trials of one run (in launch order).
 
 Strategies:
@@ -34,7 +34,7 @@ Strategies:
   max batch seeded), ``raybatch_no_prescreen``.
 
 Every strategy's pick is confirmed alike, by the shipped code (:func:`confirm`): the
-:class:`~raybatch.run.confirmation.Race` of its two best on paired seeds (its search runs the
+:class:`~raybatch.tuning.confirmation.Race` of its two best on paired seeds (its search runs the
 first pair, the challenger capped at 1.2x the leader) and the shipped selection
 (:func:`~raybatch.results.selection.select_winner`). The confirmation is charged to every
 strategy.
@@ -86,19 +86,19 @@ from simulator import (
 from raybatch import keys
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import select_winner
-from raybatch.run.confirmation import Race, RaceSearcher
-from raybatch.run.gates import search_gates
-from raybatch.run.options import SearchOptions
-from raybatch.run.plan import Plan, search_plan
-from raybatch.run.rungs import DEFAULT_ZONE, Trajectory, guess_of_b
-from raybatch.run.scheduler import CappingScheduler
-from raybatch.run.searcher import RaybatchSearcher
-from raybatch.run.seeding import (
-    searched_knobs,
-)
-from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus, penalty
 from raybatch.trial.cadence import heartbeat_for
+from raybatch.tuning.confirmation import Race, RaceSearcher
+from raybatch.tuning.gates import search_gates
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.plan import Plan, search_plan
+from raybatch.tuning.rungs import DEFAULT_ZONE, Trajectory, guess_of_b
+from raybatch.tuning.scheduler import CappingScheduler
+from raybatch.tuning.searcher import RaybatchSearcher
+from raybatch.tuning.seeding import (
+    searched_knobs,
+)
+from raybatch.tuning.study import SearchStudy
 
 RESULTS = Path(__file__).parent / "results" / "search_efficiency.json"
 BUDGETS = (5, 10, 12, 20, 40, 80)
@@ -560,8 +560,8 @@ def _row(knobs: tuple[int, int, float], phase: str, name: str, trial: Trial, see
 
 def confirm(member: Member, trials: list[Trial], rng: random.Random
             ) -> tuple[tuple[int, int, float] | None, float]:  # fmt: skip
-    """Every strategy's confirmation: the shipped :class:`~raybatch.run.confirmation.Race` over
-    its trials' rows, run by the shipped :class:`~raybatch.run.confirmation.RaceSearcher` (its
+    """Every strategy's confirmation: the shipped :class:`~raybatch.tuning.confirmation.Race` over
+    its trials' rows, run by the shipped :class:`~raybatch.tuning.confirmation.RaceSearcher` (its
     runs in order) with the shipped :class:`CappingScheduler` capping each challenger at its
     leader's time on the same seed (its ``race_cap_s`` once the leader ended), and the shipped
     selection. Returns the pick and what the confirmation runs held their devices for."""

@@ -30,15 +30,15 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.metric import Metric, Target
     from raybatch.report import verdict
     from raybatch.run.driver import resume, search
-    from raybatch.run.options import SearchOptions
     from raybatch.run.record import analyze_run
-    from raybatch.run.resources import with_resources
-    from raybatch.run.scheduler import CappingScheduler
-    from raybatch.run.searcher import RaybatchSearcher
     from raybatch.space.config import TrialConfig
     from raybatch.space.presets import load_space
     from raybatch.space.search_space import SearchSpace
+    from raybatch.trial.with_resources import with_resources
     from raybatch.trial.wrapper import trainable
+    from raybatch.tuning.options import SearchOptions
+    from raybatch.tuning.scheduler import CappingScheduler
+    from raybatch.tuning.searcher import RaybatchSearcher
     from raybatch.version import __version__
     from raybatch.workload import Workload
 
@@ -49,13 +49,13 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "report": ("verdict",),
     "run.driver": ("resume", "search"),
     "run.record": ("analyze_run",),
-    "run.options": ("SearchOptions",),
-    "run.scheduler": ("CappingScheduler",),
-    "run.searcher": ("RaybatchSearcher",),
+    "tuning.options": ("SearchOptions",),
+    "tuning.scheduler": ("CappingScheduler",),
+    "tuning.searcher": ("RaybatchSearcher",),
     "space.config": ("TrialConfig",),
     "space.presets": ("load_space",),
     "space.search_space": ("SearchSpace",),
-    "run.resources": ("with_resources",),
+    "trial.with_resources": ("with_resources",),
     "trial.wrapper": ("trainable",),
     "version": ("__version__",),
     "workload": ("Workload",),

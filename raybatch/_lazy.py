@@ -15,7 +15,7 @@ from typing import Any
 
 IMPORTED_AT = time.perf_counter()
 """When this process first imported raybatch (the package imports this module first): where
-a reused trial process's start-up is charged from (:mod:`raybatch.trial.process_age`)."""
+a reused trial process's start-up is charged from (:mod:`raybatch.cluster.process_age`)."""
 
 DEFERRED_IMPORTS: Mapping[str, str] = {
     "torch": "PyTorch (seconds to import) loads only where a model is built, traced or trained:"

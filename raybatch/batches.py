@@ -21,15 +21,33 @@ last short batch dropped and, when data-parallel, each rank a disjoint slice, as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raybatch.errors import ConfigError, Issue
-from raybatch.memory.probe import move_to
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
+
+
+def move_to(batch: Any, device: torch.device | str) -> Any:
+    """``batch`` with every tensor leaf on ``device`` (tuples, lists and dicts preserved).
+
+    Copies to CUDA are ``non_blocking``: from pinned memory (a ``DataLoader`` with
+    ``pin_memory``) they overlap the running step; from pageable memory they are ordinary.
+    """
+    import torch
+    from torch.utils._pytree import tree_map
+
+    # Never non_blocking towards the CPU: that copy would return before the data arrived.
+    overlap = torch.device(device).type == "cuda"
+    if isinstance(batch, Mapping) and type(batch) is not dict:  # a tokenizer's BatchEncoding:
+        batch = dict(batch)  # a leaf to torch's pytree, it would stay where it was
+    return tree_map(
+        lambda x: x.to(device, non_blocking=overlap) if isinstance(x, torch.Tensor) else x, batch
+    )
+
 
 CPU_EVAL_BATCH_LIMIT = 4096
 """On CPU the validation set is evaluated in batches of up to this many samples (the whole

@@ -77,7 +77,7 @@ far from the target; :mod:`raybatch.trial.validation`)."""
 WARMING_UP: Final = "warming_up"
 """Whether the trial's LR was still below its peak (its warmup) at its last evaluation: before
 any trial has reached the target, a rung does not judge it before its warmup has ended
-(:class:`~raybatch.run.scheduler.CappingScheduler`); ``None`` where the loop does not say (a
+(:class:`~raybatch.tuning.scheduler.CappingScheduler`); ``None`` where the loop does not say (a
 loop of the user's own): judged as warm."""
 HEARTBEAT: Final = "heartbeat"
 """True on a report sent between evaluation marks (training time only, no new evaluation):
@@ -120,7 +120,7 @@ SEED: Final = "seed"
 MEET_LEVEL: Final = "meet_level"
 """In a confirmation run's config and row: the level its two recipes meet at, the target
 metric's value the leader's search run had at half its time to target; the run trains to that
-level instead of the target (:mod:`raybatch.run.confirmation`). Empty: a run to the target."""
+level instead of the target (:mod:`raybatch.tuning.confirmation`). Empty: a run to the target."""
 ALONE: Final = "alone"
 """In a trial's config: run on a whole GPU, never packed (confirmation runs, and the retry of a
 trial that ran out of memory while packed)."""
@@ -129,7 +129,7 @@ MEASURE_TIME_MODEL: Final = "measure_time_model"
 trained model (:mod:`raybatch.timemodel.measure`); the searcher asks every trial until one has."""
 RUNG_MARKS: Final = "rung_marks"
 """In a trial's config: training times (seconds) at which it also evaluates, the equal-time
-rungs tied to the fastest time to target when it was launched (:mod:`raybatch.run.rungs`): a
+rungs tied to the fastest time to target when it was launched (:mod:`raybatch.tuning.rungs`): a
 rung judges a trial at its first evaluation past it, and the geometric marks alone lie up to
 ``sqrt(3)`` apart, so a trial paused there trained up to 73 % past the rung."""
 TIME_MODEL: Final = "time_model"

@@ -125,3 +125,8 @@ def evaluation_of(result: dict[str, Any]) -> tuple[int, float] | None:
     if metric is None or result.get(keys.HEARTBEAT) or not math.isfinite(float(metric)):
         return None
     return int(result.get(keys.SAMPLES_SEEN) or 0), float(metric)
+
+
+def is_packed(share: Any) -> bool:
+    """Whether a trial shared its GPU with others (a fraction of one GPU)."""
+    return share is not None and 0 < float(share) < 1

@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from raybatch.errors import Issue, RunDirError
 
-RUN_FORMAT = 5
+RUN_FORMAT = 6
 """The format of the files a search writes and reads back. Bump it when any of them changes in
 a way this reader would misread; older formats of that file are then refused (or migrated
 here). 2: the searcher Tune pickles whole, and its checkpoint, are composed of other parts
@@ -25,8 +25,10 @@ the scheduler Tune also pickles a hang guard, and what ran out of memory is kept
 records; 4: the scheduler Tune pickles judges trials at rungs (its state changed shape), and
 ``run.json``'s options name the rungs' ``zone`` (a format-1 to 3 file's ``level_slack`` is
 ignored); 5: the search's Tuner runs the confirmation's race too, its searcher (what Tune
-pickles) the search's wrapped with the race's state (:class:`~raybatch.run.phases.
-SearchThenRace`). ``run.json`` and ``best_config.yaml`` read as in 1
+pickles) the search's wrapped with the race's state (:class:`~raybatch.tuning.phases.
+SearchThenRace`); 6: what Tune pickles lives in :mod:`raybatch.tuning` (it was
+``raybatch.run``), so an unfinished run of format 5 or older is refused by its ``run.json``
+before Tune unpickles it. ``run.json`` and ``best_config.yaml`` read as in 1
 (:data:`SAME_SINCE`)."""
 SAME_SINCE = 1
 """The oldest format ``run.json`` and ``best_config.yaml`` are read from: a finished run of

@@ -26,6 +26,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -310,3 +311,22 @@ def load_workload(reference: str) -> Workload:
             f"{reference}: {attr} is a {type(obj).__name__}, not a raybatch.Workload"
         )
     return obj
+
+
+def autocast_context(workload: Workload, device_type: str) -> Any:
+    """The workload's autocast (``amp_dtype``) on ``device_type``, or a no-op context.
+
+    The trace runs on CPU fake tensors and uses CPU autocast, which lowers the same matmul and
+    convolution ops to the reduced dtype as CUDA autocast does; :func:`cuda_autocast_policy`
+    adds what CUDA autocast runs in float32 and CPU autocast does not.
+    """
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if workload.amp_dtype is None:
+        return nullcontext()
+    if workload.amp_dtype not in dtypes:
+        raise WorkloadError(
+            f"{workload.name}: amp_dtype must be None, 'bf16' or 'fp16', got {workload.amp_dtype!r}"
+        )
+    return torch.autocast(device_type, dtype=dtypes[workload.amp_dtype])

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
+from raybatch.cluster.connect import LOCAL_SYSTEM_CONFIG
 
 # Every Ray a test starts without an address is its own: the suite runs in two processes
 # (pytest -n 2), and Ray's default would join whichever Ray already runs on this machine (the

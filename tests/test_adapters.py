@@ -372,7 +372,7 @@ def test_cli_search_of_a_hugging_face_model_from_another_folder(tmp_path: Path) 
 def test_python_search_of_a_lightning_job(job: Path, tmp_path: Path) -> None:
     """The same job searched from Python (``raybatch.search``), as a notebook would: the
     workload object is the user's, its module shipped to the trials' workers."""
-    from raybatch.run.options import SearchOptions
+    from raybatch.tuning.options import SearchOptions
 
     workload = load_workload(f"{job}:workload")
     options = SearchOptions(trials=2, max_time_s=120.0, max_samples=100_000, confirm_seeds=0,

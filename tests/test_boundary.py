@@ -15,9 +15,9 @@ from raybatch.memory.boundary import Edge, MeasuredBoundary, find_boundary
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.probe import ProbeResult, probe
-from raybatch.run.gates import MemoryFits
-from raybatch.run.seeding import budget_check, max_batch_point, nothing_fits
 from raybatch.space.config import TrialConfig
+from raybatch.tuning.gates import MemoryFits
+from raybatch.tuning.seeding import budget_check, max_batch_point, nothing_fits
 from raybatch.workload import Workload
 
 from .workloads import MLPWorkload
@@ -106,8 +106,8 @@ def test_the_gate_the_largest_batch_and_nothing_fits_read_the_measured_boundary(
 
 @pytest.mark.usefixtures("ray_session")
 def test_without_a_gpu_to_step_on_the_trace_decides_and_the_notes_say_so() -> None:
-    from raybatch.run.gpu_budget import cluster_boundary
-    from raybatch.run.hardware import ClusterView, NodeView
+    from raybatch.cluster.gpu_budget import cluster_boundary
+    from raybatch.cluster.hardware import ClusterView, NodeView
 
     notes: list[str] = []
     cpus = ClusterView((NodeView("head", "10.0.0.1", 3, 0),))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
+from raybatch.cluster.nvml import DeviceMemory, read_device_memory
 from raybatch.errors import BudgetUnavailableError, OptionError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
-from raybatch.memory.nvml import DeviceMemory, read_device_memory
 from raybatch.memory.sizes import format_bytes, parse_size
 
 from .fake_nvml import FourGpus, NoPermission
@@ -74,7 +74,7 @@ def test_an_explicit_budget_needs_no_driver_and_is_used_as_is() -> None:
 def test_nvml_budget_applies_headroom_and_context_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
     """The arithmetic on NVML's reading (the reading itself is verified on a real GPU)."""
     gpu = DeviceMemory("NVIDIA H100", 80 * 2**30, 60 * 2**30, 20 * 2**30, 19 * 2**30)
-    monkeypatch.setattr("raybatch.memory.budget.read_device_memory", lambda index: gpu)
+    monkeypatch.setattr("raybatch.cluster.budget.read_device_memory", lambda index: gpu)
     budget = resolve_budget(None, cuda_index=0, headroom=0.9)
     assert budget.bytes == int(0.9 * 60 * 2**30) - CUDA_CONTEXT_OVERHEAD_BYTES
     assert "0.9 x 60.00 GiB free on NVIDIA H100" in budget.source
@@ -106,8 +106,8 @@ class _ContainerNvml:
 
 
 def test_a_process_listing_nvml_refuses_keeps_the_memory_reading() -> None:
-    from raybatch.memory.budget import budget_of
-    from raybatch.memory.nvml import _device_memory
+    from raybatch.cluster.budget import budget_of
+    from raybatch.cluster.nvml import _device_memory
 
     device = _device_memory(_ContainerNvml(), handle=object())
     assert (device.free_bytes, device.total_bytes) == (70 * 2**30, 80 * 2**30)
@@ -126,8 +126,8 @@ def test_the_node_reader_sees_the_gpus_cuda_numbers_not_every_physical_one(
     """A node started with CUDA_VISIBLE_DEVICES gives Ray only those GPUs (indices or UUIDs, in
     CUDA's order); a busy GPU outside them must not shrink the budget. With --num-gpus below
     what CUDA sees, Ray manages the first ones."""
-    import raybatch.memory.nvml as nvml
-    from raybatch.run.hardware import ClusterView, NodeView, rays_devices
+    import raybatch.cluster.nvml as nvml
+    from raybatch.cluster.hardware import ClusterView, NodeView, rays_devices
 
     monkeypatch.setattr(nvml, "nvml", FourGpus)
     if visible is None:

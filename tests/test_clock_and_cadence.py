@@ -79,7 +79,7 @@ def test_the_held_time_runs_on_a_plain_wall_clock_from_held_since() -> None:
 
 
 def test_a_paused_trial_resumed_holds_its_earlier_seconds_and_its_first_start_up() -> None:
-    """Paused and resumed in another process (raybatch.run.promotion), a trial's report says
+    """Paused and resumed in another process (raybatch.tuning.promotion), a trial's report says
     what all its processes held and the start-up of its first: its span ends at its end."""
     first, _ = started()
     first.held_since -= 3.0

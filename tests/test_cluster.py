@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME
-from raybatch.run.study import SearchStudy
+from raybatch.tuning.study import SearchStudy
 
 from .conftest import start_emulated_cluster
 
@@ -29,7 +29,7 @@ CLUSTER = textwrap.dedent(
     """
     import sys
     from ray.cluster_utils import Cluster
-    from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
+    from raybatch.cluster.connect import LOCAL_SYSTEM_CONFIG
 
     cluster = Cluster(
         initialize_head=True,
@@ -57,7 +57,7 @@ DEVICES = textwrap.dedent(
         import torch
         # Only CUDA is faked (there is none behind the declared GPUs); Ray's assignment is real.
         torch.cuda.is_available = lambda: True
-        from raybatch.trial.placement import assigned_gpu_ids, assigned_gpu_share, trial_device
+        from raybatch.cluster.placement import assigned_gpu_ids, assigned_gpu_share, trial_device
         return {"ids": assigned_gpu_ids(), "share": assigned_gpu_share(),
                 "device": str(trial_device()), "node": ray.get_runtime_context().get_node_id()}
 
@@ -84,11 +84,11 @@ PACKED = textwrap.dedent(
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory.estimator import MemoryEstimator
-    from raybatch.run.gates import Devices, search_gates
-    from raybatch.run.plan import Plan
-    from raybatch.run.searcher import RaybatchSearcher
-    from raybatch.run.study import SearchStudy
-    from raybatch.trial.placement import assigned_gpu_share
+    from raybatch.tuning.gates import Devices, search_gates
+    from raybatch.tuning.plan import Plan
+    from raybatch.tuning.searcher import RaybatchSearcher
+    from raybatch.tuning.study import SearchStudy
+    from raybatch.cluster.placement import assigned_gpu_share
 
     ray.init(address=sys.argv[1], log_to_driver=False)
 
@@ -135,10 +135,10 @@ SUGGEST = textwrap.dedent(
     import json, sys
     import ray
     import raybatch
-    from raybatch.run.gates import Devices, search_gates
-    from raybatch.run.plan import Plan
-    from raybatch.run.searcher import RaybatchSearcher
-    from raybatch.run.study import SearchStudy
+    from raybatch.tuning.gates import Devices, search_gates
+    from raybatch.tuning.plan import Plan
+    from raybatch.tuning.searcher import RaybatchSearcher
+    from raybatch.tuning.study import SearchStudy
 
     ray.init(address=sys.argv[1], log_to_driver=False)
     space = raybatch.SearchSpace.from_yaml(sys.argv[2])
@@ -319,7 +319,7 @@ def test_a_ray_of_our_own_prestarts_no_idle_workers(tmp_path: Path) -> None:
         """
         import ray
         from ray._private.state import state
-        from raybatch.run.cluster import init_ray
+        from raybatch.cluster.connect import init_ray
 
         assert init_ray(None)
         print(state.get_system_config().get("prestart_worker_first_driver"), flush=True)

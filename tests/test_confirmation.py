@@ -1,4 +1,4 @@
-"""The confirmation's race (:class:`raybatch.run.confirmation.Race`), driven round by round as
+"""The confirmation's race (:class:`raybatch.tuning.confirmation.Race`), driven round by round as
 the driver drives it, with the rows a round returns; the verdict's comparisons and the cost."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from raybatch.provenance import Provenance, SearchCost
 from raybatch.results.cost import search_cost, wall_clock
 from raybatch.results.rows import TrialRow
 from raybatch.results.selection import choose_winner
-from raybatch.run.confirmation import Race, RaceSearcher
-from raybatch.run.race_record import RaceRecord
-from raybatch.run.rungs import Trajectory
-from raybatch.run.scheduler import CappingScheduler
-from raybatch.run.study import SearchStudy
 from raybatch.status import TrialStatus
+from raybatch.tuning.confirmation import Race, RaceSearcher
+from raybatch.tuning.race_record import RaceRecord
+from raybatch.tuning.rungs import Trajectory
+from raybatch.tuning.scheduler import CappingScheduler
+from raybatch.tuning.study import SearchStudy
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 A = (64, 1, 4.0)
@@ -390,7 +390,7 @@ def test_a_packed_search_run_is_no_pair_of_the_race() -> None:
 def test_trials_take_a_whole_gpu_unless_packing_is_asked_for() -> None:
     """Packing is an opt-in (``gpus_per_trial="auto"``): by default a GPU cluster's trials run
     alone on their GPUs, so their times compare."""
-    from raybatch.run.hardware import ClusterView, NodeView
+    from raybatch.cluster.hardware import ClusterView, NodeView
 
     gpu_node = NodeView("n", "10.0.0.2", 8, 2)
     assert ClusterView((gpu_node,)).gpus_per_trial(None) == 1
@@ -448,7 +448,7 @@ def test_a_run_tune_errors_without_telling_the_searcher_does_not_stall_the_race(
     second telling changes nothing."""
     from types import SimpleNamespace
 
-    from raybatch.run.untold import TellUntold
+    from raybatch.tuning.untold import TellUntold
 
     race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2], slack=SLACK)
     searcher = RaceSearcher(race, PENALTY)

@@ -31,9 +31,9 @@ from raybatch.results.outcome import SearchResult, no_winner_reason
 from raybatch.results.rows import TrialRow, read_trials_csv, write_trials_csv
 from raybatch.run.driver import rebuild_report, resume
 from raybatch.run.lock import LOCK_FILE, RunLock
-from raybatch.run.options import SearchOptions
 from raybatch.run.rundir import write_run_files
 from raybatch.status import TrialStatus
+from raybatch.tuning.options import SearchOptions
 
 from .conftest import run_cli
 from .test_resume import _cli, _kill_when, _told

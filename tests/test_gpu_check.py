@@ -113,7 +113,7 @@ def test_the_gpu_checks_whole_import_path_and_a_trial_run_offline(
         from gpu_recipes import USED, StoredSpace, recipe
         import raybatch
         from raybatch.examples.digits import DigitsWorkload
-        from raybatch.memory.context import measure_context_bytes
+        from raybatch.cluster.context import measure_context_bytes
         from raybatch.trial.gpu_monitor import UtilizationMonitor
         from raybatch.trial.settings import TrialSettings
         from raybatch.trial.wrapper import run_trial

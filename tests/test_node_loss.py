@@ -19,7 +19,7 @@ import pytest
 
 from raybatch.results.rows import stored_rows
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME, read_run
-from raybatch.run.study import STATUS_ATTR
+from raybatch.tuning.study import STATUS_ATTR
 
 from .conftest import start_emulated_cluster
 
@@ -31,7 +31,7 @@ CLUSTER = textwrap.dedent(
     import ray
     from ray._private.state import actors  # the GCS's actor table (no dashboard here)
     from ray.cluster_utils import Cluster
-    from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
+    from raybatch.cluster.connect import LOCAL_SYSTEM_CONFIG
 
     # The head holds no CPU: every trial runs on a worker node.
     cluster = Cluster(

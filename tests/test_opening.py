@@ -7,8 +7,8 @@ from typing import Any
 
 import raybatch
 from raybatch import keys
-from raybatch.run.opening import Opening
-from raybatch.run.study import SearchStudy
+from raybatch.tuning.opening import Opening
+from raybatch.tuning.study import SearchStudy
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 SWEEP = (1.0, 2.0, 4.0, 0.5)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from raybatch.errors import OptionError, RunDirError
-from raybatch.run.options import SearchOptions
 from raybatch.run.rundir import read_run
+from raybatch.tuning.options import SearchOptions
 
 
 def test_defaults_are_valid() -> None:
@@ -91,6 +91,10 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     assert run["format"] == RUN_FORMAT
     (tmp_path / "run.json").write_text(json.dumps({**run, "format": SAME_SINCE}))
     assert read_run(tmp_path).workload == "wl.py:w"  # a finished run of format 1 reads as is
+    # Unfinished, it is not resumed: Tune's pickles name classes of the raybatch that wrote it
+    # (before format 6 the searcher lived in raybatch.run), refused by run.json, not unpickled.
+    with pytest.raises(RunDirError, match=rf"run\.json: format: {SAME_SINCE}: written by another"):
+        raybatch.resume(tmp_path)
     # Formats 1-3 capped at levels of the metric: their level_slack means nothing now.
     older = {**run, "format": 3, "options": {**run["options"], "level_slack": 1.5}}
     older["options"].pop("zone")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from raybatch.run.orphans import workers_of
+from raybatch.cluster.orphans import workers_of
 
 SLEEPER = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n"
 DRIVER = """import subprocess, sys, time
@@ -55,7 +55,7 @@ def test_the_watch_kills_the_drivers_ray_descendants_once_its_pipe_closes_and_on
     assert driver.stdout is not None
     agent, mine = (int(pid) for pid in driver.stdout.readline().split())
     watch = subprocess.Popen(
-        [sys.executable, "-m", "raybatch.run.orphans", str(driver.pid), str(ray_dir)],
+        [sys.executable, "-m", "raybatch.cluster.orphans", str(driver.pid), str(ray_dir)],
         stdin=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
@@ -115,7 +115,7 @@ def test_a_worker_the_raylet_started_as_the_driver_died_is_killed_though_handed_
         env={**os.environ, "RAY_RAYLET_PID": str(driver.pid + 100000)},
     )  # fmt: skip
     watch = subprocess.Popen(
-        [sys.executable, "-m", "raybatch.run.orphans", str(driver.pid), str(ray_dir)],
+        [sys.executable, "-m", "raybatch.cluster.orphans", str(driver.pid), str(ray_dir)],
         stdin=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     worker = 0

@@ -138,9 +138,10 @@ def test_no_module_imports_itself_back_through_others() -> None:
     assert cycles == [], cycles[:3]
 
 
-def test_the_rows_the_report_and_the_exports_lie_below_the_run() -> None:
+def test_the_rows_the_report_and_the_exports_lie_below_the_tuning_and_the_run() -> None:
     """``raybatch.results`` (rows, selection), the report and the exports (``export``,
-    ``formats``) never import ``raybatch.run``, not even inside a function: the run imports
+    ``formats``) never import ``raybatch.tuning`` or ``raybatch.run``, not even inside a
+    function: the search and the run import
     them, and a finished run's files are read back and exported without the machinery that
     wrote them."""
     graph = _module_graph()
@@ -148,7 +149,8 @@ def test_the_rows_the_report_and_the_exports_lie_below_the_run() -> None:
     below = [m for m in graph if m.startswith(sides)]
     assert {"raybatch.results.rows", "raybatch.report", "raybatch.export"} <= set(below)
     assert "raybatch.formats.hf" in below
-    upward = {m: sorted(e for e in graph[m] if e.startswith("raybatch.run")) for m in below}
+    above = ("raybatch.tuning", "raybatch.run")
+    upward = {m: sorted(e for e in graph[m] if e.startswith(above)) for m in below}
     assert {m: e for m, e in upward.items() if e} == {}
 
 
@@ -289,12 +291,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("raybatch.errors", "raybatch.keys", "raybatch._lazy", "raybatch.shipping"),
     ("raybatch.version", "raybatch.status", "raybatch.metric", "raybatch.provenance",
      "raybatch.space"),
-    ("raybatch.workload",),
+    ("raybatch.workload", "raybatch.batches"),
     ("raybatch.memory", "raybatch.formats", "raybatch.adapters", "raybatch.examples"),
-    ("raybatch.batches", "raybatch.export"),
+    ("raybatch.cluster",),
+    ("raybatch.export",),
     ("raybatch.results",),
     ("raybatch.timemodel", "raybatch.report"),
     ("raybatch.trial",),
+    ("raybatch.tuning",),
     ("raybatch.run",),
     ("raybatch.cli", "raybatch.__main__"),
 )  # fmt: skip

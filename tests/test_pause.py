@@ -145,8 +145,8 @@ def test_the_first_evaluation_past_a_rung_saves_however_dear_the_save(tmp_path: 
 def test_the_rung_grid_is_every_other_time_mark_below_the_cap() -> None:
     """The trial's pause points are where the scheduler's grid rungs sit, anchored as
     ``CappingScheduler.for_time_cap`` anchors them (the cap / eta), below any ``B``."""
-    from raybatch.run.rungs import DEFAULT_ETA, grid_rungs
     from raybatch.trial.cadence import rung_grid
+    from raybatch.tuning.rungs import DEFAULT_ETA, grid_rungs
 
     cap = 15.0
     grid = rung_grid(cap)

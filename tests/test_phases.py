@@ -1,4 +1,4 @@
-"""The search, then its race, suggested to one Tuner (raybatch/run/phases.py): the race waits for
+"""The search, then its race, suggested to one Tuner (raybatch/tuning/phases.py): the race waits for
 every search trial, runs on the same slots, is skipped where the search's runs decided it, and
 resumes from its checkpoint where it stood. Built as the driver builds it."""
 
@@ -12,8 +12,8 @@ from ray.tune.search import Searcher
 
 import raybatch
 from raybatch import keys
-from raybatch.run.options import SearchOptions
-from raybatch.run.phases import SearchThenRace
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.phases import SearchThenRace
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 

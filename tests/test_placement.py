@@ -6,16 +6,16 @@ import os
 
 import pytest
 
-from raybatch.errors import TrialDeviceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
-from raybatch.memory.nvml import DeviceMemory
-from raybatch.run.hardware import ClusterView, NodeView, collect_readings
-from raybatch.trial.placement import (
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.cluster.hardware import ClusterView, NodeView, collect_readings
+from raybatch.cluster.nvml import DeviceMemory
+from raybatch.cluster.placement import (
     choose_device,
     cuda_index_of,
     placeable_workers,
     ray_leaves_visible_devices,
 )
+from raybatch.errors import TrialDeviceError
 
 GIB = 2**30
 
@@ -141,8 +141,8 @@ def test_a_node_whose_nvml_reader_raises_is_said_not_to_answer_and_nothing_crash
 def test_a_cluster_of_mixed_gpu_models_is_refused_unless_one_is_chosen() -> None:
     """Times to target on an A100 and an H100 cannot be ranked against each other: the search
     refuses the mix, naming the models and the flag, or runs on the model chosen."""
+    from raybatch.cluster.hardware import one_gpu_model
     from raybatch.errors import OptionError
-    from raybatch.run.hardware import one_gpu_model
 
     a100, h100 = (_gpu("NVIDIA A100", 80, 79),), (_gpu("NVIDIA H100", 80, 60),)
     view = ClusterView((
@@ -176,7 +176,7 @@ def test_a_cluster_of_mixed_gpu_models_is_refused_unless_one_is_chosen() -> None
 
 
 def test_trials_pinned_to_a_model_ask_for_its_accelerator_type() -> None:
-    from raybatch.trial.placement import model_resource
+    from raybatch.cluster.placement import model_resource
 
     assert model_resource("A100") == {"accelerator_type:A100": 0.001}
     assert model_resource("accelerator_type:A100") == {"accelerator_type:A100": 0.001}
@@ -194,9 +194,9 @@ def test_an_autoscaling_cluster_with_its_gpu_nodes_at_zero_is_still_a_gpu_cluste
     """No GPU node alive yet, but the autoscaler may start 8 GPUs: trials default to GPUs
     (not silently to CPUs), go on with an explicit budget (said in the notes), and without one
     are refused with what to give, since no GPU's memory can be read before one exists."""
+    from raybatch.cluster.hardware import gpu_request
+    from raybatch.cluster.preflight import preflight
     from raybatch.errors import OptionError
-    from raybatch.run.hardware import gpu_request
-    from raybatch.run.preflight import preflight
 
     head = NodeView("head", "10.0.0.1", 8, 0)
     autoscaling = ClusterView((head,), autoscale_gpus=8)
@@ -240,9 +240,9 @@ def test_an_autoscaler_s_gpus_count_for_a_pinned_model_only_where_its_node_types
     from ray._private.state import state
     from ray.core.generated import autoscaler_pb2
 
-    import raybatch.run.hardware as hardware
+    import raybatch.cluster.hardware as hardware
+    from raybatch.cluster import placement
     from raybatch.errors import OptionError
-    from raybatch.trial import placement
 
     def config(*groups: tuple[str | None, int, int]) -> autoscaler_pb2.ClusterConfig:
         out = autoscaler_pb2.ClusterConfig()
@@ -280,10 +280,10 @@ def test_an_autoscaler_s_gpus_count_for_a_pinned_model_only_where_its_node_types
 def test_a_chosen_gpu_model_whose_nodes_are_at_zero_asks_for_the_budget() -> None:
     """A100 nodes up, the T4 nodes the user chose at zero under the autoscaler: no T4's memory
     can be read yet, so the search asks for --memory-budget (it said "NVML answered on none")."""
+    from raybatch.cluster.gpu_budget import search_budget
+    from raybatch.cluster.hardware import one_gpu_model
     from raybatch.errors import OptionError
-    from raybatch.run.gpu_budget import search_budget
-    from raybatch.run.hardware import one_gpu_model
-    from raybatch.run.options import SearchOptions
+    from raybatch.tuning.options import SearchOptions
 
     a100 = NodeView("a", "10.0.0.2", 16, 2, (_gpu("NVIDIA A100", 80, 79),), None, ("A100",))
     view = ClusterView((NodeView("head", "10.0.0.1", 8, 0), a100), 6, 24, (("A100", 2), ("T4", 4)))
@@ -316,8 +316,8 @@ def test_the_nvml_reader_reads_the_node_s_gpus_when_ray_blanks_a_zero_gpu_task_s
     cloudpickle.register_pickle_by_value(fake_nvml)  # the worker cannot import tests.*
 
     def read() -> tuple[str | None, list[str] | None]:
-        import raybatch.memory.nvml as nvml
-        from raybatch.run.hardware import read_node_devices
+        import raybatch.cluster.nvml as nvml
+        from raybatch.cluster.hardware import read_node_devices
 
         nvml.nvml = fake_nvml.FourGpus  # type: ignore[assignment]
         devices = read_node_devices()
@@ -342,7 +342,7 @@ def test_the_context_is_measured_on_the_gpu_ray_assigned_not_on_device_zero(
     GPU 3 is CUDA's device 3: the context is measured there, by the trials' own rule."""
     import torch
 
-    from raybatch.run import gpu_budget as context
+    from raybatch.cluster import gpu_budget as context
 
     measured_on: list[int] = []
     monkeypatch.setattr(context, "trial_device", lambda requested: torch.device("cuda", 3))
@@ -360,7 +360,7 @@ def test_the_context_is_measured_after_every_kind_of_work_a_trial_may_load_kerne
     from torch.overrides import TorchFunctionMode
     from torch.profiler import ProfilerActivity, profile
 
-    from raybatch.memory.context import typical_step
+    from raybatch.cluster.context import typical_step
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         typical_step(torch.device("cpu"))
@@ -388,7 +388,7 @@ def test_a_trial_numbers_gpus_as_nvml_does_unless_told_otherwise(
 ) -> None:
     """CUDA's default order (fastest first) may differ from NVML's and Ray's (PCI bus): the
     trial sets PCI order before CUDA starts, and keeps a user's own setting."""
-    from raybatch.trial.placement import trial_device
+    from raybatch.cluster.placement import trial_device
 
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     trial_device("cpu")

@@ -64,7 +64,7 @@ def test_a_searcher_is_built_with_a_penalty_or_from_a_trainable() -> None:
 
 
 def test_the_trainables_memory_budget_turns_the_prescreen_on() -> None:
-    from raybatch.run.gates import MemoryFits, gate_of
+    from raybatch.tuning.gates import MemoryFits, gate_of
 
     screened = raybatch.RaybatchSearcher.for_trainable(_trainable(memory_budget="64MiB"))
     gate = gate_of(screened.gates, MemoryFits)

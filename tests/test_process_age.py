@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from raybatch.trial import process_age
+from raybatch.cluster import process_age
 
 
 def test_the_first_trial_in_a_process_is_charged_from_raybatchs_import(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from raybatch import keys
-from raybatch.run.progress import LOGGER, Progress, printed
+from raybatch.tuning.progress import LOGGER, Progress, printed
 
 
 def _trial(status: str, micro: int, reached_s: float | None, held_s: float, **extra: Any

@@ -1,4 +1,4 @@
-"""Paused trials and their promotions (raybatch/run/promotion.py, through the capping scheduler
+"""Paused trials and their promotions (raybatch/tuning/promotion.py, through the capping scheduler
 built as the driver builds it: ``for_time_cap`` with ``pause=True`` and its slots said)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from ray.tune.schedulers import TrialScheduler
 
 from raybatch import keys
-from raybatch.run.phases import _capped_reason
-from raybatch.run.promotion import Promotions
-from raybatch.run.scheduler import CappingScheduler
+from raybatch.tuning.phases import _capped_reason
+from raybatch.tuning.promotion import Promotions
+from raybatch.tuning.scheduler import CappingScheduler
 
 
 def _scheduler(slots: int = 2) -> CappingScheduler:

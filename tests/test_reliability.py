@@ -20,12 +20,12 @@ from raybatch import SearchSpace, Target, keys
 from raybatch.cli.app import app
 from raybatch.errors import RaybatchError, RunDirError, SpaceError
 from raybatch.results.rows import read_trials_csv
-from raybatch.run.options import SearchOptions
 from raybatch.run.rundir import STUDY_NAME
-from raybatch.run.study import STATUS_ATTR
 from raybatch.status import TrialStatus, penalty
 from raybatch.trial.settings import TrialSettings
 from raybatch.trial.wrapper import run_trial
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.study import STATUS_ATTR
 
 from .conftest import minimal_space
 from .workloads import (

@@ -15,15 +15,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raybatch
-from raybatch.errors import OptionError
-from raybatch.examples.digits import DigitsWorkload
-from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.resources import DRIVER_CPUS, gpu_fraction, trial_resources
-from raybatch.trial.placement import (
+from raybatch.cluster.placement import (
     MAX_TRIALS_PER_GPU,
     packed_budget_bytes,
     packed_memory_fraction,
 )
+from raybatch.cluster.resources import DRIVER_CPUS, gpu_fraction, trial_resources
+from raybatch.errors import OptionError
+from raybatch.examples.digits import DigitsWorkload
+from raybatch.memory.estimator import MemoryEstimator
 
 
 @given(
@@ -118,9 +118,9 @@ CLUSTER_SCRIPT = textwrap.dedent(
     import raybatch
     from raybatch.examples.digits import DigitsWorkload
     from raybatch.memory.estimator import MemoryEstimator
-    from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES as CONTEXT
-    from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
-    from raybatch.run.resources import gpu_fraction, trial_resources
+    from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES as CONTEXT
+    from raybatch.cluster.connect import LOCAL_SYSTEM_CONFIG
+    from raybatch.cluster.resources import gpu_fraction, trial_resources
 
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "num_gpus": 1, "_system_config": LOCAL_SYSTEM_CONFIG})
@@ -206,7 +206,7 @@ def test_trials_on_a_multi_node_cluster_get_the_estimated_fraction_and_never_ove
 def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
     """Tune keeps one trial pending at a time for a searcher without a concurrency limit, so
     the search sets the limit to what can run: CPUs per trial, and GPUs per trial."""
-    from raybatch.run.hardware import trials_in_flight
+    from raybatch.cluster.hardware import trials_in_flight
 
     assert trials_in_flight({"CPU": 8.0}, 0, 1.0) == 8
     assert trials_in_flight({"CPU": 8.0}, 0, 3.0) == 2
@@ -217,7 +217,7 @@ def test_trials_in_flight_is_what_the_cluster_can_run_at_once() -> None:
     assert trials_in_flight({"CPU": 6.0, "GPU": 2.0}, "auto", 1.0) == 6
     # An autoscaling cluster with its GPU nodes at zero: the trials wait on the GPUs the
     # autoscaler may start (which makes it start them), not one at a time.
-    from raybatch.run.hardware import ClusterView, NodeView
+    from raybatch.cluster.hardware import ClusterView, NodeView
 
     scaling = ClusterView((NodeView("head", "10.0.0.1", 16, 0),), autoscale_gpus=4)
     assert scaling.trials_at_once(1, 1.0) == 4
@@ -233,9 +233,9 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
 ) -> None:
     """A CPU-only head has no NVML: connected to Ray, "auto" asks the GPU nodes (the smallest
     GPU of the cluster), so the public helper works from a laptop driving a GPU cluster."""
-    import raybatch.memory.budget as budget_module
-    import raybatch.run.hardware as hardware
-    from raybatch.memory.nvml import DeviceMemory
+    import raybatch.cluster.budget as budget_module
+    import raybatch.cluster.hardware as hardware
+    from raybatch.cluster.nvml import DeviceMemory
 
     gib = 2**30
     gpu = DeviceMemory("A100", 40 * gib, 38 * gib, 2 * gib, 0)
@@ -244,7 +244,7 @@ def test_auto_resources_budget_from_the_clusters_gpus_not_the_drivers(
         hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,), accelerator_types=("A100",)),
         hardware.NodeView("t", "10.0.0.3", 8, 1, (small,), accelerator_types=("T4",)),
     ))  # fmt: skip
-    monkeypatch.setattr("raybatch.run.resources.read_cluster", lambda: view)  # its import
+    monkeypatch.setattr("raybatch.cluster.resources.read_cluster", lambda: view)  # its import
     monkeypatch.setattr(budget_module, "read_device_memory", lambda index: None)  # the head
     space = raybatch.load_space("digits_cnn_sgd")
     predicted = MemoryEstimator.for_space(DigitsWorkload(), space).predict(space.derive(64))
@@ -286,9 +286,9 @@ def test_gpu_trials_pinned_to_a_model_ask_for_it_and_data_parallel_drivers_do_no
 def test_the_cuda_context_is_measured_on_a_gpu_or_said_to_be_assumed() -> None:
     """No GPU alive, or none free in time: the assumed context, and the notes say why; the
     search neither fails nor waits for this figure."""
-    from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
-    from raybatch.run.gpu_budget import cluster_context_bytes
-    from raybatch.run.hardware import ClusterView, NodeView
+    from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+    from raybatch.cluster.gpu_budget import cluster_context_bytes
+    from raybatch.cluster.hardware import ClusterView, NodeView
 
     notes: list[str] = []
     cpus = ClusterView((NodeView("head", "10.0.0.1", 3, 0),))
@@ -321,11 +321,11 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
 ) -> None:
     """The context measured at a GPU search's start reaches the budget, the searcher's packing,
     the trainable's allocator caps and the resources' shares: none of them keeps 512 MiB."""
+    import raybatch.cluster.hardware as hardware
     import raybatch.run.driver as driver
-    import raybatch.run.hardware as hardware
-    from raybatch.memory.nvml import DeviceMemory
-    from raybatch.run.options import SearchOptions
+    from raybatch.cluster.nvml import DeviceMemory
     from raybatch.trial.settings import parts_of
+    from raybatch.tuning.options import SearchOptions
 
     gib = 2**30
     measured = 3 * gib  # far from the 512 MiB assumed where nothing can be measured
@@ -334,11 +334,11 @@ def test_the_search_plan_hands_the_measured_cuda_context_to_every_receiver(
         (hardware.NodeView("w", "10.0.0.2", 8, 1, (gpu,), accelerator_types=("A100",)),)
     )
     monkeypatch.setattr(driver, "read_cluster", lambda: view)
-    monkeypatch.setattr("raybatch.run.gpu_budget.cluster_context_bytes", lambda *a: measured)
+    monkeypatch.setattr("raybatch.cluster.gpu_budget.cluster_context_bytes", lambda *a: measured)
     # The real steps at the top of the range would wait for a GPU this Ray does not have.
-    monkeypatch.setattr("raybatch.run.gpu_budget.cluster_boundary", lambda *a, **k: None)
+    monkeypatch.setattr("raybatch.cluster.gpu_budget.cluster_boundary", lambda *a, **k: None)
     received: dict[str, int] = {}
-    import raybatch.run.resources as resources_module
+    import raybatch.trial.with_resources as resources_module
 
     def resources(fn, *args, **kw):  # type: ignore[no-untyped-def]
         received["trainable"] = parts_of(fn).settings.cuda_context_bytes
@@ -369,9 +369,9 @@ def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_car
     with the figures its share was computed from, and a searcher built from it pre-screens
     with them. A fixed share is said to turn capping off; a bad one is refused by name."""
     import raybatch
-    import raybatch.run.hardware as hardware
+    import raybatch.cluster.hardware as hardware
+    from raybatch.cluster.nvml import DeviceMemory
     from raybatch.examples.digits import workload
-    from raybatch.memory.nvml import DeviceMemory
     from raybatch.trial.settings import parts_of
 
     gib = 2**30
@@ -387,14 +387,14 @@ def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_car
         notes.append(f"CUDA context measured on {model}: 700 MiB per trial")
         return measured
 
-    monkeypatch.setattr("raybatch.run.resources.read_cluster", lambda: view)
-    monkeypatch.setattr("raybatch.run.resources.cluster_context_bytes", context)
+    monkeypatch.setattr("raybatch.trial.with_resources.read_cluster", lambda: view)
+    monkeypatch.setattr("raybatch.trial.with_resources.cluster_context_bytes", context)
     mixed = raybatch.trainable(workload, "digits_cnn_sgd", target=0.9, max_time_s=5)
     with pytest.raises(OptionError, match=r"gpu_model='A100'"):
         raybatch.with_resources(mixed, "auto")
     fn = raybatch.trainable(workload, "digits_cnn_sgd", target=0.9, max_time_s=5,
                             gpu_model="A100")  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="raybatch.run.resources"):
+    with caplog.at_level(logging.INFO, logger="raybatch.trial.with_resources"):
         resourced = raybatch.with_resources(fn, "auto")
     # What every trial runs with, and what a searcher built from fn pre-screens with.
     settings = parts_of(resourced).settings
@@ -411,7 +411,7 @@ def test_the_plugin_path_reads_the_cluster_as_the_search_does_and_its_trials_car
     fits = [g for g in searcher.gates if getattr(g, "budget_bytes", None) is not None]
     assert [g.budget_bytes for g in fits] == [budget.bytes]  # type: ignore[attr-defined]
     assert searcher.devices.context_bytes == measured
-    with caplog.at_level(logging.WARNING, logger="raybatch.run.resources"):
+    with caplog.at_level(logging.WARNING, logger="raybatch.trial.with_resources"):
         raybatch.with_resources(fn, 0.5)
     assert "gpus_per_trial=0.5: every trial shares its GPU" in caplog.text
     with pytest.raises(OptionError, match="gpus_per_trial"):

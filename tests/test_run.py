@@ -14,11 +14,11 @@ from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.results.rows import read_trials_csv
-from raybatch.run.options import SearchOptions
 from raybatch.run.record import stored_result
 from raybatch.run.rundir import STUDY_NAME
-from raybatch.run.scheduler import DEFAULT_SLACK
-from raybatch.run.study import STATUS_ATTR
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.scheduler import DEFAULT_SLACK
+from raybatch.tuning.study import STATUS_ATTR
 
 from .conftest import run_cli
 from .workloads import CLOCKED_SECONDS, CLOCKED_TARGET_SAMPLES, ClockedWorkload
@@ -365,7 +365,7 @@ CLUSTER_SEARCH = """
 import json, subprocess, sys
 import ray
 from ray.cluster_utils import Cluster
-from raybatch.run.cluster import LOCAL_SYSTEM_CONFIG
+from raybatch.cluster.connect import LOCAL_SYSTEM_CONFIG
 
 cluster = Cluster(initialize_head=True, head_node_args={
     "num_cpus": 0, "_system_config": LOCAL_SYSTEM_CONFIG})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raybatch.run.rungs import (
+from raybatch.tuning.rungs import (
     Trajectory,
     extrapolated,
     grid_rungs,

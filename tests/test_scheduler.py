@@ -9,7 +9,7 @@ import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from raybatch import keys
-from raybatch.run.scheduler import CappingScheduler
+from raybatch.tuning.scheduler import CappingScheduler
 
 
 def _trial(name: str) -> SimpleNamespace:
@@ -52,7 +52,7 @@ def test_disabled_capping_keeps_score_but_never_stops() -> None:
 def test_slack_below_one_is_refused_as_the_options_refuse_it() -> None:
     """The same class and words as ``SearchOptions(slack=0.9)``: an option, named."""
     from raybatch.errors import OptionError
-    from raybatch.run.options import SearchOptions
+    from raybatch.tuning.options import SearchOptions
 
     with pytest.raises(OptionError, match=r"<python>: slack: must be >= 1, got 0\.9"):
         CappingScheduler(slack=0.9)
@@ -109,7 +109,7 @@ def test_a_trial_that_keeps_reporting_is_not_hung_however_long_it_runs(
 ) -> None:
     """Evaluations are outside the time cap, so a healthy trial may outlive it; silence, not
     age, is what marks a trial as stuck in a step."""
-    import raybatch.run.hang as hang
+    import raybatch.tuning.hang as hang
 
     now = [0.0]
     monkeypatch.setattr(hang.time, "monotonic", lambda: now[0])
@@ -268,7 +268,7 @@ def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
     level the incumbent had at about 0.6 s (0.1 at 0.25 s, 0.4 at 1 s): 1.7x slower to it,
     inside the hedged zone there (1.1 x 3^0.5 = 1.9x), so it goes on; without the hedge (1.1x
     at every rung) the same curve is stopped there."""
-    from raybatch.run.rungs import hedged_zone
+    from raybatch.tuning.rungs import hedged_zone
 
     assert hedged_zone(0.1, 3.0, 2, 0.25) == pytest.approx(1.1 * 3**0.5 - 1)
     assert hedged_zone(0.1, 3.0, 0, 0.25) == pytest.approx(0.1)

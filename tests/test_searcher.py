@@ -15,19 +15,19 @@ from raybatch import keys
 from raybatch.examples.digits import DigitsWorkload
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import RanOut
-from raybatch.run import gates as gates_module
-from raybatch.run import screen as screen_module
-from raybatch.run.gates import LearnedOutOfMemory, for_settings, gate_of, search_gates
-from raybatch.run.plan import Plan
-from raybatch.run.progress import LOGGER
-from raybatch.run.searcher import RaybatchSearcher
-from raybatch.run.seeding import max_batch_point, reference_point
-from raybatch.run.sessions import sessions_recorded
-from raybatch.run.study import REASON_ATTR, STATUS_ATTR, SearchStudy, status_of
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import TrialStatus, final_status
 from raybatch.trial.settings import parts_of
+from raybatch.tuning import gates as gates_module
+from raybatch.tuning import screen as screen_module
+from raybatch.tuning.gates import LearnedOutOfMemory, for_settings, gate_of, search_gates
+from raybatch.tuning.plan import Plan
+from raybatch.tuning.progress import LOGGER
+from raybatch.tuning.searcher import RaybatchSearcher
+from raybatch.tuning.seeding import max_batch_point, reference_point
+from raybatch.tuning.sessions import sessions_recorded
+from raybatch.tuning.study import REASON_ATTR, STATUS_ATTR, SearchStudy, status_of
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
 
@@ -52,7 +52,7 @@ def _searcher(
 ) -> RaybatchSearcher:
     """A searcher composed as the driver composes it: a trainable's settings (the budget, the
     data-parallel workers' kind, the time cap whose 10x is the penalty) read by
-    :func:`~raybatch.run.gates.for_settings`, the driver's own function."""
+    :func:`~raybatch.tuning.gates.for_settings`, the driver's own function."""
     if budget is not None and estimator is None:
         estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     fn = raybatch.trainable(
@@ -165,7 +165,7 @@ def test_suggestions_over_the_budget_are_told_infeasible_and_never_launched(
 def test_prescreened_rows_carry_the_recipes_the_searcher_derived_not_derived_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from raybatch.run.phases import prescreened_rows
+    from raybatch.tuning.phases import prescreened_rows
 
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     searcher = _searcher(tmp_path, budget=estimator.predict(SPACE.derive(64, 4)))
@@ -380,7 +380,7 @@ def test_the_trials_probes_calibrate_the_share_of_later_suggestions(tmp_path: Pa
     """Each probe's reserved peak calibrates the estimator (the most it reserved above the
     trace at a batch is kept there, and added near it), and the searcher sets every later
     suggestion's GPU share from the calibrated prediction."""
-    from raybatch.run.resources import gpu_fraction
+    from raybatch.cluster.resources import gpu_fraction
 
     estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     budget = 8 * 2**30
@@ -460,7 +460,7 @@ def test_a_world_size_the_cluster_cannot_place_is_prescreened_with_the_count(
 
 
 def _plan_searcher(tmp_path: Path, model: Any = None, **kw: Any) -> RaybatchSearcher:
-    from raybatch.run.seeding import Ladder, opening_points
+    from raybatch.tuning.seeding import Ladder, opening_points
 
     baseline = max_batch_point(SPACE, lambda recipe: True)
     points = opening_points(SPACE, baseline, reference_point(SPACE))
@@ -577,7 +577,7 @@ def test_a_config_over_the_budget_by_less_than_the_margin_is_launched_for_its_pr
 def test_a_replacement_that_is_already_planned_does_not_stall_the_ladder(tmp_path: Path) -> None:
     """256 runs out of memory; 128 at the rule's LR is the reference, already planned, so the
     sweep's point is not replaced (Optuna would not queue it twice) and the ladder still comes."""
-    from raybatch.run.seeding import Ladder, opening_points
+    from raybatch.tuning.seeding import Ladder, opening_points
 
     data = SPACE.model_dump()
     data["reference"]["batch_size"] = 128
@@ -595,7 +595,7 @@ def test_a_replacement_that_is_already_planned_does_not_stall_the_ladder(tmp_pat
 
 
 def test_the_ladder_works_when_the_micro_batch_is_not_searched(tmp_path: Path) -> None:
-    from raybatch.run.seeding import Ladder, opening_points
+    from raybatch.tuning.seeding import Ladder, opening_points
 
     data = SPACE.model_dump()
     data["search"]["micro_batch_size"] = [64]
@@ -640,7 +640,7 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     assert refused and all(p.params[keys.MICRO_BATCH_SIZE] == 256 for p in refused)
     assert all(p.recipe is None for p in refused)  # the rules refused it: no recipe
     # The run's rows at the end leave them out (no recipe to show), instead of failing there.
-    from raybatch.run.phases import prescreened_rows
+    from raybatch.tuning.phases import prescreened_rows
 
     assert all(r.micro_batch_size != 256 for r in prescreened_rows(searcher.record))
 
@@ -675,8 +675,8 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
 ) -> None:
     """A node lost while a data-parallel suggestion is held: with nothing running, waiting
     would stall the search forever; the held recipe is pre-screened with the count instead."""
-    from raybatch.run.launches import Held
     from raybatch.space.search_space import SearchSpace
+    from raybatch.tuning.launches import Held
 
     from .conftest import minimal_space
 
@@ -698,7 +698,7 @@ def test_a_held_recipe_the_cluster_can_no_longer_place_is_told_not_waited_for(
 def test_a_data_parallel_trial_waiting_for_its_workers_gets_a_second_hang_window() -> None:
     from types import SimpleNamespace
 
-    from raybatch.run.hang import placement_allowance
+    from raybatch.tuning.hang import placement_allowance
 
     tune_fields = {"trial_id": "a", "pid": 1234, "hostname": "n"}  # Tune's, from the start
     waiting = SimpleNamespace(config={keys.WORLD_SIZE: 2}, last_result=tune_fields)
@@ -715,7 +715,7 @@ def test_a_trial_starting_up_is_given_the_startup_allowance_on_top_of_its_hang_w
     for its window plus the start-up allowance; from its first report on, the window alone."""
     from types import SimpleNamespace
 
-    from raybatch.run.hang import HangGuard
+    from raybatch.tuning.hang import HangGuard
 
     guard = HangGuard(after_s=8.0, startup_s=100.0)
     tune_fields = {"trial_id": "a", "pid": 1234, "hostname": "n"}
@@ -734,7 +734,7 @@ def _driver_searcher(tmp_path: Path, prior: bool = False) -> RaybatchSearcher:
     from raybatch.examples.digits import workload
     from raybatch.metric import resolve_target
     from raybatch.run.driver import _plan
-    from raybatch.run.options import SearchOptions
+    from raybatch.tuning.options import SearchOptions
 
     target = resolve_target("accuracy>=0.9", workload.metrics)
     plan = _plan(tmp_path, workload, SPACE, target, SearchOptions(trials=12, prior=prior))
@@ -1001,7 +1001,7 @@ def test_once_a_trial_reached_each_launch_names_the_rungs_it_ties(tmp_path: Path
     each trial launched evaluates at the rungs too (B, and the grid of the 60 s cap below it:
     60/81 and 60/243 s, as the scheduler judges), and a restored searcher goes on naming them;
     a packed trial's time, its neighbours' pace in it, ties no rungs."""
-    from raybatch.run.scheduler import CappingScheduler
+    from raybatch.tuning.scheduler import CappingScheduler
 
     scheduler = CappingScheduler.for_time_cap(60.0)  # the searcher's penalty: 10x a 60 s cap
     scheduler._record(2.0)
@@ -1078,7 +1078,7 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
     """The searcher's gates are parts: a user's ``Gate`` beside the search's own refuses what
     it must (told to Optuna, recorded with its reason, never launched) and learns from every
     trial that ends; what it learned is in the searcher's checkpoint."""
-    from raybatch.run.gates import Gate, Rejection
+    from raybatch.tuning.gates import Gate, Rejection
 
     class NoLargeBatches(Gate):
         def __init__(self) -> None:
@@ -1131,7 +1131,7 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
 
 def test_the_plans_checkpoint_holds_exactly_its_declared_keys(tmp_path: Path) -> None:
     """``CHECKPOINTED`` names what the plan's state holds, opening and time model together."""
-    from raybatch.run.plan import CHECKPOINTED
+    from raybatch.tuning.plan import CHECKPOINTED
 
     searcher = _searcher(tmp_path)
     assert set(searcher.plan.state()) == set(CHECKPOINTED)

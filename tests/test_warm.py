@@ -11,8 +11,8 @@ import pytest
 from ray import tune
 from ray.tune.search import Searcher
 
-from raybatch.run.resources import REUSE_ACTORS
-from raybatch.run.scheduler import CappingScheduler
+from raybatch.tuning.scheduler import CappingScheduler
+from raybatch.tuning.warm import REUSE_ACTORS
 
 
 class _WaitsForTheFirstPair(Searcher):

@@ -36,6 +36,10 @@ from raybatch.cli.args import (
     SpaceOpt,
 )
 from raybatch.cli.quick_exit import run_then_exit
+from raybatch.cluster.budget import resolve_budget
+from raybatch.cluster.connect import init_ray
+from raybatch.cluster.hardware import read_cluster
+from raybatch.cluster.preflight import preflight
 from raybatch.errors import (
     BudgetUnavailableError,
     DiskFullError,
@@ -47,17 +51,13 @@ from raybatch.errors import (
 )
 from raybatch.export import AMP_NOT_RECORDED, load_best
 from raybatch.formats.registry import format_named, formats_help
-from raybatch.memory.budget import resolve_budget
 from raybatch.memory.estimator import estimate
 from raybatch.memory.sizes import parse_size
 from raybatch.metric import Target, resolve_target
 from raybatch.results.outcome import no_winner_reason
-from raybatch.run.cluster import init_ray
-from raybatch.run.hardware import read_cluster
-from raybatch.run.options import SearchOptions
-from raybatch.run.preflight import preflight
 from raybatch.run.rundir import RUN_FILE, read_run
 from raybatch.space.presets import list_presets, load_space
+from raybatch.tuning.options import SearchOptions
 from raybatch.workload import load_workload
 
 EXIT_NO_RECIPE = 1  # the search ran and no recipe reached the target
@@ -294,7 +294,7 @@ def search_command(
         directory = run_dir or f"runs/{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         # The search's machinery (Ray Tune, Optuna: 1.7 s) loads once the input is known good.
         from raybatch.run.driver import search
-        from raybatch.run.progress import printed
+        from raybatch.tuning.progress import printed
 
         with printed(True):  # raybatch's lines always; Ray's table with --verbose
             result = search(loaded, chosen, parsed_target, directory, options, workload,
@@ -371,7 +371,7 @@ def resume_command(
         target = read_run(run_dir).target
         # The search's machinery (Ray Tune, Optuna: 1.7 s) loads once the run reads well.
         from raybatch.run.driver import resume
-        from raybatch.run.progress import printed
+        from raybatch.tuning.progress import printed
 
         with printed(True):
             result = resume(run_dir, 2 if verbose else 1)

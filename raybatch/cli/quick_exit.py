@@ -7,7 +7,7 @@ a second tearing down torch and Ray's modules. Everything a command writes is on
 (the run directory, the Optuna study's commits), so the command flushes its streams and logs
 and ends with :func:`os._exit`. A Ray the command started (``address="local"``) ends with its
 driver, as after a ``kill -9``: its processes share the driver's fate, and the watch of
-:mod:`raybatch.run.orphans` kills what lingers. A cluster the command joined is left the
+:mod:`raybatch.cluster.orphans` kills what lingers. A cluster the command joined is left the
 ordinary way (``ray.shutdown()`` only disconnects from it).
 """
 
@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from raybatch.run.orphans import watching
+from raybatch.cluster.orphans import watching
 
 
 def run_then_exit(app: Callable[[], object]) -> None:

@@ -13,8 +13,8 @@ from raybatch.results.rows import status_counts
 from raybatch.space.config import TrialConfig
 
 if TYPE_CHECKING:
+    from raybatch.cluster.preflight import Preflight
     from raybatch.memory.estimator import MemoryReport
-    from raybatch.run.preflight import Preflight
 
 
 def budget_text(report: Any) -> str:

@@ -19,17 +19,16 @@ import contextlib
 import copy
 import gc
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from raybatch.batches import move_to
 from raybatch.errors import first_line
 from raybatch.memory.model import EstimateSource
 from raybatch.memory.prescreen import PrescreenResult
 from raybatch.memory.sizes import format_bytes
-from raybatch.memory.trace import autocast_context
 from raybatch.space.config import TrialConfig
-from raybatch.workload import Workload
+from raybatch.workload import Workload, autocast_context
 
 if TYPE_CHECKING:
     import torch
@@ -121,24 +120,6 @@ class ProbeResult:
             source=EstimateSource.PROBE,
             reason=reason,
         )
-
-
-def move_to(batch: Any, device: torch.device | str) -> Any:
-    """``batch`` with every tensor leaf on ``device`` (tuples, lists and dicts preserved).
-
-    Copies to CUDA are ``non_blocking``: from pinned memory (a ``DataLoader`` with
-    ``pin_memory``) they overlap the running step; from pageable memory they are ordinary.
-    """
-    import torch
-    from torch.utils._pytree import tree_map
-
-    # Never non_blocking towards the CPU: that copy would return before the data arrived.
-    overlap = torch.device(device).type == "cuda"
-    if isinstance(batch, Mapping) and type(batch) is not dict:  # a tokenizer's BatchEncoding:
-        batch = dict(batch)  # a leaf to torch's pytree, it would stay where it was
-    return tree_map(
-        lambda x: x.to(device, non_blocking=overlap) if isinstance(x, torch.Tensor) else x, batch
-    )
 
 
 def probe(

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from raybatch.errors import TraceError, WorkloadError
+from raybatch.errors import TraceError
 from raybatch.space.config import TrialConfig
-from raybatch.workload import Workload
+from raybatch.workload import Workload, autocast_context
 
 if TYPE_CHECKING:
     import torch
@@ -175,25 +175,6 @@ class _AllocationTracker:
                 return out
 
         return _Mode()
-
-
-def autocast_context(workload: Workload, device_type: str) -> Any:
-    """The workload's autocast (``amp_dtype``) on ``device_type``, or a no-op context.
-
-    The trace runs on CPU fake tensors and uses CPU autocast, which lowers the same matmul and
-    convolution ops to the reduced dtype as CUDA autocast does; :func:`cuda_autocast_policy`
-    adds what CUDA autocast runs in float32 and CPU autocast does not.
-    """
-    import torch
-
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    if workload.amp_dtype is None:
-        return nullcontext()
-    if workload.amp_dtype not in dtypes:
-        raise WorkloadError(
-            f"{workload.name}: amp_dtype must be None, 'bf16' or 'fp16', got {workload.amp_dtype!r}"
-        )
-    return torch.autocast(device_type, dtype=dtypes[workload.amp_dtype])
 
 
 def _cuda_autocast_functions() -> tuple[frozenset[Any], frozenset[Any]]:

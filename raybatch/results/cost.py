@@ -99,7 +99,7 @@ def wall_clock(rows: Sequence[Span], sessions: Sequence[float] = ()) -> float | 
     driver's ``sessions`` (their starts, epoch seconds: the search, then each resume) where it
     was interrupted: the time a run lay interrupted, between its last run then and its resume,
     is not a cost (a run belongs to the last session that started before it ended). A run paused
-    and resumed (:mod:`raybatch.run.promotion`) reports one span as long as all its processes
+    and resumed (:mod:`raybatch.tuning.promotion`) reports one span as long as all its processes
     held it, ending at its end: where it reaches back before its session began (resumed after
     an interruption), it counts from the session's start."""
     spans = [(r.started_at, r.started_at + (r.held_s or 0.0)) for r in rows

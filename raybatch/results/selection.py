@@ -20,7 +20,7 @@ from raybatch.metric import Target
 from raybatch.provenance import Comparison, Provenance, RunnerUp
 from raybatch.results.cost import search_cost
 from raybatch.results.rows import TrialRow
-from raybatch.status import INDIFFERENCE_ZONE, TrialStatus
+from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, is_packed
 from raybatch.version import __version__
 
 INDIFFERENCE = 1.0 + INDIFFERENCE_ZONE
@@ -264,11 +264,6 @@ def judges(row: TrialRow) -> bool:
         and row.status is not TrialStatus.CAPPED
         and not is_packed(row.gpu_share)
     )
-
-
-def is_packed(share: Any) -> bool:
-    """Whether a trial shared its GPU with others (a fraction of one GPU)."""
-    return share is not None and 0 < float(share) < 1
 
 
 def measured(runs: list[TrialRow]) -> Measured:

@@ -1,12 +1,12 @@
 """The search end to end, and the run directory that holds everything it produced.
 
 ``raybatch.search(...)`` (and ``raybatch search``) runs, in one run directory: the search (Ray
-Tune with :class:`~raybatch.run.searcher.RaybatchSearcher`: the plan, :mod:`raybatch.run.plan`,
-then Optuna TPE, pre-screened for memory; and :class:`~raybatch.run.scheduler.CappingScheduler`,
-which pauses or stops a trial behind at a rung, over :func:`raybatch.trainable` trials); the
-confirmation, a race of the two best recipes on paired seeds (:mod:`raybatch.run.confirmation`);
-and the record: ``trials.csv``, ``best_config.yaml``/``.json`` (with what the search cost, in
-trainings of the recipe found) and the report (:mod:`raybatch.run.rundir`).
+Tune with :class:`~raybatch.tuning.searcher.RaybatchSearcher`: the plan,
+:mod:`raybatch.tuning.plan`, then Optuna TPE, pre-screened for memory; and
+:class:`~raybatch.tuning.scheduler.CappingScheduler`, which pauses or stops a trial behind at a
+rung, over :func:`raybatch.trainable` trials); the confirmation, a race of the two best recipes
+on paired seeds (:mod:`raybatch.tuning.confirmation`); and the record (``trials.csv``, the
+winner with the search's cost, the report: :mod:`raybatch.run.rundir`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raybatch.cluster.connect import init_ray
+from raybatch.cluster.gpu_budget import search_budget, search_estimator
+from raybatch.cluster.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.errors import (
     Issue,
     NothingFitsError,
@@ -36,23 +39,12 @@ from raybatch.report import write_report
 from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TRIALS_CSV, TrialRow
 from raybatch.results.selection import choose_winner
-from raybatch.run.cluster import init_ray
-from raybatch.run.confirmation import DECIDED_BY_THE_SEARCH, ONLY_ONE_REACHED
 from raybatch.run.datafit import check_batches_fit_data
 from raybatch.run.diskfull import disk_full_said
 from raybatch.run.failfast import FailFast, ray_errors_to
-from raybatch.run.gates import for_settings
-from raybatch.run.gpu_budget import search_budget, search_estimator
-from raybatch.run.hardware import gpu_request, one_gpu_model, read_cluster
 from raybatch.run.heartbeat import Heartbeat
 from raybatch.run.lock import RunLock
-from raybatch.run.options import SearchOptions
-from raybatch.run.phases import SearchThenRace, prescreened_rows, search_rows
-from raybatch.run.plan import search_plan
-from raybatch.run.progress import Progress, printed, ray_quiet, say_start
-from raybatch.run.progress import log as progress
 from raybatch.run.record import analyze_run, rebuild_report, stored_result, write_rows
-from raybatch.run.resources import REUSE_ACTORS, pending_trials, with_resources
 from raybatch.run.rundir import (
     LOG_FILE,
     OPTUNA_DB,
@@ -62,12 +54,7 @@ from raybatch.run.rundir import (
     read_run,
     write_run_files,
 )
-from raybatch.run.rungs import guess_of_b
-from raybatch.run.scheduler import CappingScheduler
-from raybatch.run.searcher import RaybatchSearcher
-from raybatch.run.seeding import nothing_fits
 from raybatch.run.signals import interrupted_while, interruptible, sigint_given_back
-from raybatch.run.study import SearchStudy, check_study_file, runs_recorded
 from raybatch.run.tune_state import (
     TUNER_FILE,
     KeepWhole,
@@ -75,19 +62,32 @@ from raybatch.run.tune_state import (
     restored_parts,
     save_on_change,
 )
-from raybatch.run.untold import TellUntold
 from raybatch.space.infer import not_searched
 from raybatch.space.presets import load_space
 from raybatch.space.search_space import SearchSpace
 from raybatch.timemodel.prediction import time_model_found, write_predictions
 from raybatch.trial.settings import parts_of
+from raybatch.trial.with_resources import with_resources
 from raybatch.trial.wrapper import trainable
+from raybatch.tuning.confirmation import DECIDED_BY_THE_SEARCH, ONLY_ONE_REACHED
+from raybatch.tuning.gates import for_settings
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.phases import SearchThenRace, prescreened_rows, search_rows
+from raybatch.tuning.plan import search_plan
+from raybatch.tuning.progress import Progress, printed, ray_quiet, say_start
+from raybatch.tuning.progress import log as progress
+from raybatch.tuning.rungs import guess_of_b
+from raybatch.tuning.scheduler import CappingScheduler
+from raybatch.tuning.searcher import RaybatchSearcher
+from raybatch.tuning.seeding import nothing_fits
+from raybatch.tuning.study import SearchStudy, check_study_file, runs_recorded
+from raybatch.tuning.untold import TellUntold
+from raybatch.tuning.warm import REUSE_ACTORS, pending_trials
 from raybatch.version import check_format
 from raybatch.workload import Workload, absolute_reference, load_workload
 
 if TYPE_CHECKING:
     from raybatch.memory.estimator import MemoryEstimator
-    from raybatch.run.searcher import RaybatchSearcher
 
 
 def search(
@@ -117,10 +117,8 @@ def search(
     space = space if isinstance(space, SearchSpace) else load_space(space)
     path = Path(run_dir)
     if (path / RUN_FILE).exists():
-        raise RunDirError(
-            [Issue(RUN_FILE, "exists: this directory holds a run; use resume, or another dir")],
-            str(path),
-        )
+        why = "exists: this directory holds a run; use resume, or another dir"
+        raise RunDirError([Issue(RUN_FILE, why)], str(path))
     check_batches_fit_data(workload, space)  # before Ray starts: a batch the data cannot fill
     # A cluster that does not answer fails in seconds, before the run directory is written.
     if options.address is not None:
@@ -158,6 +156,7 @@ def resume(run_dir: str | Path, verbose: int = 1) -> SearchResult:
     with RunLock(path, "resume") as lock:
         if (path / TRIALS_CSV).is_file():
             return _finished(path)
+        check_format(run.format, str(path / RUN_FILE))  # Tune's pickles: this raybatch's only
         check_study_file(path / OPTUNA_DB, path)
         repaired = repair_state(path / "tune" / "search", path)
         try:

@@ -1,7 +1,7 @@
 """A line that breaks a silence outside Ray Tune's loop: what the driver is busy with.
 
 Inside Tune's loop the progress callback says what the running trials are doing whenever
-:data:`~raybatch.run.progress.SILENCE_S` pass without a line. Outside it the driver works on
+:data:`~raybatch.tuning.progress.SILENCE_S` pass without a line. Outside it the driver works on
 its own: Ray's start, the workload's model built to read what a search leaves out, the memory
 estimate traced for the space's largest recipes, and, at the end, the winner chosen and the
 files written. On a large model each of these can take a minute, which a user reads as a hang.
@@ -16,8 +16,8 @@ import threading
 import time
 from types import TracebackType
 
-from raybatch.run import progress
-from raybatch.run.progress import log
+from raybatch.tuning import progress
+from raybatch.tuning.progress import log
 
 _last_line = [time.monotonic()]  # when the progress logger last said something
 
@@ -36,7 +36,7 @@ class Heartbeat:
 
     Args:
         every_s: Seconds of silence before a line (default:
-            :data:`~raybatch.run.progress.SILENCE_S`).
+            :data:`~raybatch.tuning.progress.SILENCE_S`).
     """
 
     def __init__(self, every_s: float | None = None) -> None:

@@ -22,17 +22,17 @@ from raybatch.results.outcome import SearchResult
 from raybatch.results.rows import TRIALS_CSV, TrialRow, stored_rows, write_trials_csv
 from raybatch.results.selection import choose_winner
 from raybatch.run.rundir import OPTUNA_DB, STUDY_NAME, read_run
-from raybatch.run.seeding import budget_check, max_batch_point, reference_point
-from raybatch.run.sessions import sessions_recorded, slots_recorded
-from raybatch.run.study import (
+from raybatch.space.search_space import SearchSpace
+from raybatch.status import TrialStatus
+from raybatch.tuning.seeding import budget_check, max_batch_point, reference_point
+from raybatch.tuning.sessions import sessions_recorded, slots_recorded
+from raybatch.tuning.study import (
     CONFIG_ATTR,
     STATUS_ATTR,
     TIME_TO_TARGET_ATTR,
     TUNE_TRIAL_ID_ATTR,
     runs_recorded,
 )
-from raybatch.space.search_space import SearchSpace
-from raybatch.status import TrialStatus
 from raybatch.workload import load_workload
 
 if TYPE_CHECKING:

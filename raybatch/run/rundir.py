@@ -33,8 +33,8 @@ import yaml
 from raybatch.errors import Issue, OptionError, RunDirError
 from raybatch.export import TUNE_EXPERIMENT_WHY, is_tune_experiment
 from raybatch.metric import Target
-from raybatch.run.options import SearchOptions
 from raybatch.space.search_space import SearchSpace
+from raybatch.tuning.options import SearchOptions
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, SAME_SINCE, check_format
 
 RUN_FILE = "run.json"
@@ -102,6 +102,9 @@ class RunRecord:
     space: SearchSpace
     target: Target
     options: SearchOptions
+    format: int = RUN_FORMAT
+    """The format of the raybatch that wrote it: a finished run of an older one is read, an
+    unfinished one is not resumed (Tune's pickles name that raybatch's classes)."""
 
 
 def read_run(run_dir: str | Path) -> RunRecord:
@@ -129,7 +132,8 @@ def read_run(run_dir: str | Path) -> RunRecord:
         # Format 3 and older capped at levels of the metric; its slack has no meaning now.
         stored.pop("level_slack", None)
         options = SearchOptions(**stored)
-        return RunRecord(path, str(run["workload"]), space, Target(**run["target"]), options)
+        target = Target(**run["target"])
+        return RunRecord(path, str(run["workload"]), space, target, options, run[FORMAT_KEY])
     except OptionError as exc:
         names = {name: f"options.{name}" for name in SearchOptions.field_names()}
         raise RunDirError(exc.renamed(names, "").issues, str(path / RUN_FILE)) from None

@@ -5,7 +5,7 @@ Ray's core worker, started in the driver by ``ray.init``, handles SIGTERM by dum
 stack and aborting (exit 134): no raybatch line, no resume command, and trials left RUNNING.
 Ctrl-C already ends a search cleanly (Ray Tune stops its trials, the driver records the
 interruption and says how to resume), so SIGTERM is sent on as SIGINT, to the driver alone,
-while the search runs (:func:`~raybatch.run.cluster.init_ray` keeps this handler through
+while the search runs (:func:`~raybatch.cluster.connect.init_ray` keeps this handler through
 ``ray.init``); the handler that was there before is put back then (one installed outside
 Python, as Ray's is, cannot be: the default, which also ends the process, takes its place).
 
@@ -32,8 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from raybatch.cluster.orphans import workers_of
 from raybatch.errors import SearchInterrupted
-from raybatch.run.orphans import workers_of
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 WATCH_EVERY_S = 0.2

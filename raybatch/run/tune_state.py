@@ -24,14 +24,13 @@ import contextlib
 import json
 import pickletools
 import shutil
-from copy import copy as shallow_copy
 from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
 
 from raybatch.errors import Issue, RunDirError
-from raybatch.run.study import runs_recorded
+from raybatch.tuning.study import runs_recorded
 
 TUNER_FILE = "tuner.pkl"
 """The Tuner Ray Tune pickles when the experiment starts (searcher and callbacks included)."""
@@ -319,27 +318,6 @@ def restored_parts(tuner: Any) -> tuple[Any, Any, Any]:
             " raybatch cannot point it at the run directory (tuner._local_tuner._tune_config)"
         )
     return tune_config.search_alg, run_config, tune_config.scheduler
-
-
-def follow_storage(trial: Any, experiment: tuple[str, str] | None) -> None:
-    """Point a trial Tune has just added at the run's own experiment folder, ``experiment``
-    (the storage path and the experiment's name; ``None``: left as Tune made it).
-
-    Restored from a copied or moved run directory, Tune re-points the trials it restores, but
-    builds each new one from the experiment its search algorithm saved, with the storage of the
-    directory the run was copied from: the trial's checkpoints (its saved state,
-    :mod:`raybatch.trial.pause`) would be written there. Re-pointed as Tune re-points a
-    restored trial (``Trial.set_storage``), they stay in the run's own directory.
-    """
-    mine = getattr(trial, "storage", None)
-    if experiment is None or mine is None:
-        return
-    path, name = experiment
-    if (mine.storage_fs_path, mine.experiment_dir_name) == (path, name):
-        return
-    moved = shallow_copy(mine)
-    moved.storage_fs_path, moved.experiment_dir_name = path, name
-    trial.set_storage(moved)
 
 
 def _sessions(experiment: Path) -> dict[str, dict[str, Path]]:

@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.batches import train_batches
-from raybatch.memory.trace import autocast_context
 from raybatch.space.config import TrialConfig
 from raybatch.timemodel.model import TimeModel, noise_scale
-from raybatch.workload import Workload
+from raybatch.workload import Workload, autocast_context
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ averaged over many batches before the ratio is taken, as both are noisy:
 
     |G|^2 ~ (b |G_b|^2 - s |G_s|^2) / (b - s),    tr(Sigma) ~ (|G_s|^2 - |G_b|^2) / (1/s - 1/b)
 
-It is a *prior*: it orders and seeds the search (:class:`raybatch.run.seeding.Ladder`) and is
+It is a *prior*: it orders and seeds the search (:class:`raybatch.tuning.seeding.Ladder`) and is
 shown beside what was measured (``predicted_time_s``); where it is wrong, TPE still searches.
 It ignores the LR (the rule carries the LR that worked best at the largest batch) and
 communication between data-parallel workers.

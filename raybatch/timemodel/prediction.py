@@ -1,7 +1,7 @@
 """The time model in a search's record: kept in the run directory, written into its rows.
 
 :mod:`raybatch.timemodel.model` holds the model; :mod:`raybatch.timemodel.measure` measures it
-in the trial the searcher's plan asked (:mod:`raybatch.run.plan`). Here the driver's two uses
+in the trial the searcher's plan asked (:mod:`raybatch.tuning.plan`). Here the driver's two uses
 once the search has ended: :func:`time_model_found` (the model, kept in the run directory,
 with a note saying where it was measured and what it found) and :func:`write_predictions`
 (each row's ``predicted_time_s``, and how well the model ranked the search's trials).

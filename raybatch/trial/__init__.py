@@ -6,7 +6,7 @@
 - ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's progress,
   target check and statuses, reported to Ray Tune, with its parts: ``clock`` (training time),
   ``cadence`` (when an evaluation or a heartbeat is due) and ``limits`` (why a trial stops);
-- ``resources``: what a trial asks Ray for (GPU fraction from the memory estimate);
+- ``with_resources``: ``tune.with_resources`` for a trainable, from the settings it carries;
 - ``gpu_monitor``: GPU utilisation sampled during a trial (NVML).
 
 The search's time model, measured inside a trial, lives in :mod:`raybatch.timemodel`.

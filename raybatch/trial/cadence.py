@@ -3,7 +3,7 @@
 Three kinds of mark, each for a reader of the reports:
 
 - training-time marks (:func:`time_marks`), read on the host clock: the equal-time rungs
-  (:mod:`raybatch.run.rungs`) need an evaluation near each whatever the batch size, and near
+  (:mod:`raybatch.tuning.rungs`) need an evaluation near each whatever the batch size, and near
   the target each evaluation sets the next at most 15 % later (:data:`NEAR_MARK_RATIO`), so a
   time to target is read close to the crossing;
 - sample marks, ``eval_every_samples`` training samples apart. Beside time marks they are a
@@ -38,7 +38,7 @@ cap of seconds. A report every 5 s costs one device sync and one Tune result."""
 
 TIME_MARK_RATIO = 3**0.5
 """Training-time marks are this far apart (a factor): two between rungs a factor 3 apart, so
-each rung is judged within ``sqrt(3)`` x its time (:mod:`raybatch.run.rungs`)."""
+each rung is judged within ``sqrt(3)`` x its time (:mod:`raybatch.tuning.rungs`)."""
 NEAR_MARK_RATIO = 1.15
 """Near the target the time marks are this far apart (a factor): a time to target is read at
 the first evaluation past the crossing, so marks ``sqrt(3)`` apart overstated it by up to 73 %
@@ -69,7 +69,7 @@ def default_eval_every(train_size: int, space: SearchSpace, per_epoch: int = EVA
 
 def time_marks(max_time_s: float) -> list[float]:
     """Evaluation marks on training time, geometric up to the time cap: the equal-time rungs
-    (:mod:`raybatch.run.rungs`) need an evaluation near each, whatever the batch size, where a
+    (:mod:`raybatch.tuning.rungs`) need an evaluation near each, whatever the batch size, where a
     sample mark (an epoch apart) may come only after the first rungs have passed. From the cap
     / ``sqrt(3)`` on they are :data:`NEAR_MARK_RATIO` apart, as near the target: there each
     evaluation decides whether the trial reaches before its cap, and an epoch can be longer
@@ -82,7 +82,7 @@ def time_marks(max_time_s: float) -> list[float]:
 
 def rung_grid(max_time_s: float) -> list[float]:
     """Every other time mark below the cap (the cap / 3, / 9, ... / 243): where a capping
-    scheduler's rungs below ``B`` sit (:func:`~raybatch.run.rungs.grid_rungs`, anchored at the
+    scheduler's rungs below ``B`` sit (:func:`~raybatch.tuning.rungs.grid_rungs`, anchored at the
     cap / 3), and so where it may pause the trial."""
     return time_marks(max_time_s)[:TIME_MARKS_BELOW_CAP][::2]
 

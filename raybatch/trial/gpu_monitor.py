@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from raybatch import keys
-from raybatch.memory.nvml import nvml, physical_handle
-from raybatch.trial.placement import assigned_gpu_ids
+from raybatch.cluster.nvml import nvml, physical_handle
+from raybatch.cluster.placement import assigned_gpu_ids
 
 
 class UtilizationMonitor:

@@ -31,14 +31,13 @@ from typing import TYPE_CHECKING, Any
 from raybatch import keys
 from raybatch.batches import eval_batch_size, eval_batches, train_batches
 from raybatch.errors import first_line
-from raybatch.memory.trace import autocast_context
 from raybatch.metric import metric_values, target_value
 from raybatch.space.config import TrialConfig, warmup_factor, warmup_scheduler
 from raybatch.trial.ema import WeightAverage
 from raybatch.trial.pause import Saver, capture, restore, set_rng_state
 from raybatch.trial.reporting import TrialReporter
 from raybatch.trial.validation import EARLY_FRACTION, Validation, subset_of
-from raybatch.workload import Workload
+from raybatch.workload import Workload, autocast_context
 
 if TYPE_CHECKING:
     import torch

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.errors import Issue, NotATrainableError, UnknownSettingError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.sizes import parse_size
 from raybatch.metric import Target
 from raybatch.status import penalty
@@ -48,13 +48,13 @@ class TrialSettings:
             one), ``cpu`` or ``cuda``.
         gpu_budget_bytes: One trial's budget on one GPU (the search's); a trial packed with
             others caps its allocator to its share of it
-            (:func:`raybatch.trial.placement.packed_memory_fraction`).
+            (:func:`raybatch.cluster.placement.packed_memory_fraction`).
         data_parallel_gpus: Whether data-parallel workers reserve a GPU each (NCCL) or a CPU
             (gloo); the search decides from the cluster. ``None``: GPUs when the cluster has any.
         gpu_model: Pin data-parallel GPU workers to GPUs of this model (the search's
             ``--gpu-model``), as the trial itself is pinned.
         cuda_context_bytes: One process's CUDA context on the search's GPUs (measured at the
-            search's start, :mod:`raybatch.run.gpu_budget`): a packed trial's allocator cap
+            search's start, :mod:`raybatch.cluster.gpu_budget`): a packed trial's allocator cap
             leaves room for its own.
         loop: Options of the training loop.
     """

@@ -27,6 +27,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
+from raybatch.cluster import process_age
+from raybatch.cluster.placement import (
+    assigned_gpu_share,
+    limit_packed_memory,
+    model_resource,
+    placement_problem,
+    running_ray,
+    trial_device,
+)
 from raybatch.errors import WorkerLostError, WorkerMemoryError
 from raybatch.memory.probe import is_out_of_memory, model_bytes, probe, release_memory
 from raybatch.memory.sizes import format_bytes, parse_size
@@ -35,7 +44,6 @@ from raybatch.shipping import ship_by_value
 from raybatch.space.config import TrialConfig
 from raybatch.status import TrialStatus
 from raybatch.timemodel.measure import at_target_measure
-from raybatch.trial import process_age
 from raybatch.trial.cadence import (
     BACKSTOP_EVALS_PER_EPOCH,
     EVALS_PER_EPOCH,
@@ -48,14 +56,6 @@ from raybatch.trial.failures import lost_worker, memory_failure
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.pause import checkpointing
-from raybatch.trial.placement import (
-    assigned_gpu_share,
-    limit_packed_memory,
-    model_resource,
-    placement_problem,
-    running_ray,
-    trial_device,
-)
 from raybatch.trial.reporting import ReporterOptions, ReportFn, TrialReporter
 from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialParts, TrialSettings, settings_of
 from raybatch.workload import Workload

@@ -1,12 +1,12 @@
 """The plan's opening: the largest batch that fits at a sweep of LRs, and the reference recipe.
 
 Enqueued in the search's study once, while it is new, so they run before TPE
-(:func:`raybatch.run.seeding.opening_points` chooses them). An opening point that runs out of
+(:func:`raybatch.tuning.seeding.opening_points` chooses them). An opening point that runs out of
 memory for real is replaced by the next smaller micro batch (only the largest batch's sweep
 follows the batch down: the reference is a recipe of its own), so that the largest batch that
 *really* fits is swept; the smaller baseline is kept in the study, where it survives a resume.
 What the opening measured (the fastest LR multiplier at the largest batch) is what the plan's
-ladder carries to other batches (:mod:`raybatch.run.plan`): the fastest to reach the target;
+ladder carries to other batches (:mod:`raybatch.tuning.plan`): the fastest to reach the target;
 where none of the sweep has reached when the ladder is queued, the leader's (the first the
 scheduler resumed), else the one ahead at equal training time (each sweep point's curve is
 kept, as the scheduler keeps it).
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
 from raybatch.keys import KnobPoint, knob_items
-from raybatch.run.rungs import DEFAULT_ETA, Trajectory
-from raybatch.run.study import SearchStudy
 from raybatch.space.search_space import SearchSpace
+from raybatch.tuning.rungs import DEFAULT_ETA, Trajectory
+from raybatch.tuning.study import SearchStudy
 
 if TYPE_CHECKING:
     import optuna
@@ -128,7 +128,7 @@ class Opening:
         a rung, two curves or more compared there; once a point trained that long without
         reaching, every sweep point evaluated or ended and each still running as long as the
         curves are compared at: no reach is waited for, and the ladder runs geometric where no
-        model was measured by then (:class:`~raybatch.run.seeding.Ladder`). With two slots a
+        model was measured by then (:class:`~raybatch.tuning.seeding.Ladder`). With two slots a
         sweep point always runs while the ladder is withheld (the scheduler resumes the leader
         into the free slot), so the wait lasts until a leader gets that far. Waiting to the
         guess itself, the sweep's leaders leapfrogged to it: in a real friedman search, whose

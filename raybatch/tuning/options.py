@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from raybatch.cluster.placement import GPUS_PER_TRIAL_ALLOWED, gpus_per_trial_ok
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.sizes import parse_size
 from raybatch.status import HANG_GRACE_S, INDIFFERENCE_ZONE
-
-GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
-
-
-def gpus_per_trial_ok(value: Any) -> bool:
-    """Whether ``value`` is a GPU request a trial can make: ``"auto"`` or a number >= 0."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return value == "auto" or (number and value >= 0)
 
 
 @dataclass(frozen=True)
@@ -40,12 +33,12 @@ class SearchOptions:
         prescreen: Screen suggestions for memory before launching them.
         capping: Stop trials that cannot beat the incumbent (slack x best time).
         slack: The capping slack.
-        zone: The indifference zone at the rungs (:mod:`raybatch.run.rungs`): at each rung
+        zone: The indifference zone at the rungs (:mod:`raybatch.tuning.rungs`): at each rung
             a trial goes on while it is at most ``1 + zone`` times slower than the best curve
             to its level, or in the top 1/3 there; ``None``: no rungs, only the final time
             caps. It is the regret the search accepts, and the verdict names it.
         pause: A trial behind at a rung below the top is paused, not stopped, and goes on
-            when the rung passes it later (:mod:`raybatch.run.promotion`); ``False``: stopped.
+            when the rung passes it later (:mod:`raybatch.tuning.promotion`); ``False``: stopped.
         prior: Measure the time model (gradient noise scale, step times) inside the first
             trial that reaches the target, and let it choose the batches the plan tries after
             the largest batch's LR sweep.
@@ -54,7 +47,7 @@ class SearchOptions:
         confirm_top: The search's best recipes that may enter the confirmation's race: the
             two best race on paired seeds; the next enters when one misses the target (0: no
             confirmation). The only recipe that reached stands on its search run (with 1, the
-            one candidate is run once more). See :mod:`raybatch.run.confirmation`.
+            one candidate is run once more). See :mod:`raybatch.tuning.confirmation`.
         confirm_seeds: At most this many fresh seeds (race rounds: the two run side by side
             where the search had two slots, the later capped at ``slack`` x the first to
             reach; one at a time, the leader first, on one); no round at all where the

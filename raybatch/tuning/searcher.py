@@ -6,7 +6,7 @@ positive constraint, so constrained TPE steers away) and another is asked inside
 ``suggest``; a recipe that ran out of memory refuses every larger one after it; a recipe the
 cluster cannot place is never launched. One study is the record: a trial that reached is
 COMPLETE with its time to target, one the scheduler stopped is PRUNED with its learning curve,
-every other end COMPLETE with the penalty. :mod:`raybatch.run.plan` says what runs before TPE.
+every other end COMPLETE with the penalty. :mod:`raybatch.tuning.plan` says what runs before TPE.
 
 Example::
 
@@ -32,15 +32,15 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.errors import Issue, OptionError
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.gates import Devices, Gate, LearnedOutOfMemory, for_settings
-from raybatch.run.launches import Launches
-from raybatch.run.plan import Plan
-from raybatch.run.screen import Screen
-from raybatch.run.study import DEFAULT_STUDY, Prescreened, SearchStudy
 from raybatch.space.config import carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.status import evaluation_of, final_status
 from raybatch.trial.settings import parts_of
+from raybatch.tuning.gates import Devices, Gate, LearnedOutOfMemory, for_settings
+from raybatch.tuning.launches import Launches
+from raybatch.tuning.plan import Plan
+from raybatch.tuning.screen import Screen
+from raybatch.tuning.study import DEFAULT_STUDY, Prescreened, SearchStudy
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, check_format
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class RaybatchSearcher(Searcher):
             Tune checkpoint for a restore).
         plan: What runs before TPE (default: nothing; TPE from the first trial).
         gates: Asked in order before every launch (default: only what ran out of memory is
-            refused: :class:`~raybatch.run.gates.LearnedOutOfMemory`).
+            refused: :class:`~raybatch.tuning.gates.LearnedOutOfMemory`).
         devices: How trials take devices (default: whole devices, room not checked).
 
     Example::
@@ -104,7 +104,7 @@ class RaybatchSearcher(Searcher):
         self.screen = Screen(space, self.record, self.plan, self.gates, penalty)
         self.launches = Launches(self.screen, self.devices)
         self.paused: set[str] = set()
-        """Trials the scheduler paused (Ray's ``on_pause``; :mod:`raybatch.run.promotion`)."""
+        """Trials the scheduler paused (Ray's ``on_pause``; :mod:`raybatch.tuning.promotion`)."""
 
     def on_pause(self, trial_id: str) -> None:
         self.paused.add(trial_id)
@@ -164,7 +164,7 @@ class RaybatchSearcher(Searcher):
         return mode in (None, "min")  # the objective (a time) is always minimised
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
-        """The next config that passes the pre-screen (:class:`~raybatch.run.screen.Screen`);
+        """The next config that passes the pre-screen (:class:`~raybatch.tuning.screen.Screen`);
         ``Searcher.FINISHED`` once it gave up (the reason in :attr:`gave_up`), rather than
         raising inside Tune's controller, which would end the whole experiment as a crash."""
         again = self.launches.again(trial_id)  # a restored trial, or a packed OOM run alone

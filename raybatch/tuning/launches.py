@@ -15,7 +15,7 @@ resumed search and its study agree:
 - **the fastest time to target told so far**: each trial launched once one is known evaluates
   at the rungs it ties (:data:`~raybatch.keys.RUNG_MARKS`): ``B`` itself, and the grid rungs
   below it where they lie under the cap's lowest time mark
-  (:func:`~raybatch.run.rungs.grid_rungs`, anchored as ``CappingScheduler.for_time_cap``).
+  (:func:`~raybatch.tuning.rungs.grid_rungs`, anchored as ``CappingScheduler.for_time_cap``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
-from raybatch.results.selection import is_packed
-from raybatch.run.gates import OOM_VIOLATION, Devices
-from raybatch.run.rungs import DEFAULT_ETA, grid_rungs
-from raybatch.run.screen import Passed, Screen
 from raybatch.space.config import TrialConfig
-from raybatch.status import PAR_FACTOR, TrialStatus
+from raybatch.status import PAR_FACTOR, TrialStatus, is_packed
+from raybatch.tuning.gates import OOM_VIOLATION, Devices
+from raybatch.tuning.rungs import DEFAULT_ETA, grid_rungs
+from raybatch.tuning.screen import Passed, Screen
 
 if TYPE_CHECKING:
     import optuna

@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES, MemoryBudget
+from raybatch.cluster.gpu_budget import cluster_context_bytes
+from raybatch.cluster.hardware import ClusterView, gpu_request
+from raybatch.cluster.placement import unplaceable_reason
+from raybatch.cluster.resources import gpu_fraction
 from raybatch.errors import OptionError, TraceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, MemoryBudget
 from raybatch.memory.estimator import MemoryEstimator
-from raybatch.run.gpu_budget import cluster_context_bytes
-from raybatch.run.hardware import ClusterView, gpu_request
-from raybatch.run.resources import gpu_fraction
 from raybatch.space.search_space import SearchSpace
-from raybatch.trial.placement import unplaceable_reason
 from raybatch.workload import Workload
 
 

@@ -1,6 +1,6 @@
 """The confirmation's record: each race run in an Optuna study beside the search's.
 
-The race (:mod:`raybatch.run.confirmation`) is not the search: its runs are not asked of TPE,
+The race (:mod:`raybatch.tuning.confirmation`) is not the search: its runs are not asked of TPE,
 and telling them to the search's study would teach the sampler from seeds it never chose. They
 go to a study of their own beside it (:data:`CONFIRMATION_STUDY`), one Optuna trial per run,
 so that optuna-dashboard shows the race too, each with the parameters of the search trial that
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.results.rows import TrialRow
-from raybatch.run.study import (
+from raybatch.status import TrialStatus
+from raybatch.tuning.study import (
     CONFIG_ATTR,
     REASON_ATTR,
     STATUS_ATTR,
@@ -22,7 +23,6 @@ from raybatch.run.study import (
     TUNE_TRIAL_ID_ATTR,
     SearchStudy,
 )
-from raybatch.status import TrialStatus
 
 if TYPE_CHECKING:
     import optuna
@@ -38,7 +38,7 @@ SEARCH_TRIAL_ATTR = "search_trial_id"
 
 def race_seed(config: dict[str, Any] | None) -> int | None:
     """The seed of a confirmation run's Tune config (it carries its candidate and seed:
-    :class:`~raybatch.run.confirmation.RaceSearcher`); ``None`` for a search trial."""
+    :class:`~raybatch.tuning.confirmation.RaceSearcher`); ``None`` for a search trial."""
     if not config or keys.CANDIDATE not in config or config.get(keys.SEED) is None:
         return None
     return int(config[keys.SEED])

@@ -1,6 +1,6 @@
 """How much GPU memory a trial may use: NVML readings, or an explicit budget.
 
-On a machine with an NVIDIA driver the budget comes from NVML (:mod:`raybatch.memory.nvml`):
+On a machine with an NVIDIA driver the budget comes from NVML (:mod:`raybatch.cluster.nvml`):
 
     budget = headroom x free - CUDA_CONTEXT_OVERHEAD_BYTES
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raybatch.cluster.nvml import DeviceMemory, read_device_memory
 from raybatch.errors import BudgetUnavailableError, Issue, OptionError
-from raybatch.memory.nvml import DeviceMemory, read_device_memory
 from raybatch.memory.sizes import format_bytes, parse_size
 
 DEFAULT_HEADROOM = 0.9
@@ -28,7 +28,7 @@ CUDA_CONTEXT_OVERHEAD_BYTES = 512 * 2**20
 """Memory a new process's CUDA context takes outside PyTorch's allocator, where it is not
 measured.
 
-A search measures it on its GPU model at start (:mod:`raybatch.run.gpu_budget`) and uses that;
+A search measures it on its GPU model at start (:mod:`raybatch.cluster.gpu_budget`) and uses that;
 this figure, the upper end of what recent drivers take for the context and PyTorch's loaded
 kernel modules, is the fallback (no GPU alive yet, NVML silent) and the default of the helpers
 called outside a search.

@@ -19,16 +19,14 @@ import platform
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raybatch.errors import Issue, OptionError, first_line
-from raybatch.memory.budget import (
+from raybatch.cluster.budget import (
     CUDA_CONTEXT_OVERHEAD_BYTES,
     DEFAULT_HEADROOM,
     MemoryBudget,
     budget_of,
 )
-from raybatch.memory.nvml import DeviceMemory, read_devices, visible_devices
-from raybatch.memory.sizes import format_bytes, parse_size
-from raybatch.trial.placement import (
+from raybatch.cluster.nvml import DeviceMemory, read_devices, visible_devices
+from raybatch.cluster.placement import (
     ACCELERATOR_TYPE,
     MAX_TRIALS_PER_GPU,
     accelerator_type_of,
@@ -36,7 +34,9 @@ from raybatch.trial.placement import (
     autoscaling_max,
     whole_units,
 )
-from raybatch.trial.process_age import charged_to_task
+from raybatch.cluster.process_age import charged_to_task
+from raybatch.errors import Issue, OptionError, first_line
+from raybatch.memory.sizes import format_bytes, parse_size
 
 NVML_TIMEOUT_S = 30.0
 """How long the NVML reading tasks may take together (a busy node answers in well under 1 s)."""

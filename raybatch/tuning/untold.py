@@ -1,6 +1,6 @@
 """Trials Ray Tune ended in ERROR without telling the searcher: told, so no search waits on them.
 
-Tune reuses a trial's process for the next trial (:data:`raybatch.run.resources.REUSE_ACTORS`).
+Tune reuses a trial's process for the next trial (:data:`raybatch.tuning.warm.REUSE_ACTORS`).
 When the process cannot be reset -- the last trial's thread still running after
 ``TUNE_FUNCTION_THREAD_TIMEOUT_S`` (a trial hung inside a step, stopped by the scheduler) --
 Ray Tune 2.60 marks the *next* trial ERROR and calls neither the search algorithm nor the

@@ -1,7 +1,7 @@
 """The pre-screen loop: ask Optuna for recipes until one passes every gate.
 
 The one place a suggestion is turned from Optuna's knobs into a recipe (derived once, by the
-space's define-by-run) and put through the gates (:mod:`raybatch.run.gates`). A recipe a gate
+space's define-by-run) and put through the gates (:mod:`raybatch.tuning.gates`). A recipe a gate
 refuses is never launched: it is told to Optuna at once, with the penalty and the gate's
 constraint (infeasible where the refusal is about memory, so that TPE steers away), and kept
 as a typed row for ``trials.csv``. When :data:`MAX_PRESCREEN_ATTEMPTS` suggestions in a row
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch.keys import ACCUMULATION_STEPS, LR_MULTIPLIER, MICRO_BATCH_SIZE, WORLD_SIZE
-from raybatch.run.gates import Gate, Placement, Rejection, gate_of, gates_state, restore_gates
-from raybatch.run.plan import Plan
-from raybatch.run.study import Prescreened, SearchStudy
 from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
+from raybatch.tuning.gates import Gate, Placement, Rejection, gate_of, gates_state, restore_gates
+from raybatch.tuning.plan import Plan
+from raybatch.tuning.study import Prescreened, SearchStudy
 
 if TYPE_CHECKING:
     import optuna
@@ -71,7 +71,7 @@ class Screen:
 
     def next(self) -> Passed | None:
         """The next suggestion that passes every gate; ``None`` when it gave up (the reason is
-        in the study's :meth:`~raybatch.run.study.SearchStudy.gave_up_reason`). The plan's points
+        in the study's :meth:`~raybatch.tuning.study.SearchStudy.gave_up_reason`). The plan's points
         are queued in the study first: they are asked before TPE's."""
         self.plan.queue_opening()
         self.plan.queue_ladder()

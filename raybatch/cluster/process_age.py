@@ -1,7 +1,7 @@
 """A trial's process, reused: the start-up its first trial is charged, and Tune's wait for it.
 
 Tune reuses a trial's process for the next trial of the same resources
-(:data:`raybatch.run.resources.REUSE_ACTORS`), so the process's start-up (unpickling the
+(:data:`raybatch.tuning.warm.REUSE_ACTORS`), so the process's start-up (unpickling the
 trainable, which imports raybatch, torch and the workload) is paid once per process, not once
 per trial, but it is still device time the search held: the first trial run in a process is
 charged from when the process first imported raybatch (``raybatch._lazy.IMPORTED_AT``), every later

@@ -1,16 +1,16 @@
 """The searcher's plan: the opening, the time model measured in a trial, then the ladder.
 
-:class:`Plan` is the part of :class:`raybatch.run.searcher.RaybatchSearcher` that decides what
+:class:`Plan` is the part of :class:`raybatch.tuning.searcher.RaybatchSearcher` that decides what
 runs before TPE takes over, kept apart from the pre-screen, placement and Optuna's bookkeeping:
 
-1. **the opening** (:class:`raybatch.run.opening.Opening`): the largest batch that fits at a
+1. **the opening** (:class:`raybatch.tuning.opening.Opening`): the largest batch that fits at a
    sweep of LRs, and the reference recipe, enqueued in the study; an opening point that runs
    out of memory for real is replaced by the next smaller micro batch, so that the largest
    batch that *really* fits is swept;
 2. **the time model** (:mod:`raybatch.timemodel.model`), measured inside the search's first trial
    that reaches the target (:mod:`raybatch.timemodel.measure`): every trial launched before one
    has is asked;
-3. **the ladder** (:class:`raybatch.run.seeding.Ladder`), queued once the opening has settled
+3. **the ladder** (:class:`raybatch.tuning.seeding.Ladder`), queued once the opening has settled
    (:meth:`Opening.settled`: its sweep compared at equal time): the LR multiplier that was
    fastest at the largest batch, carried to the batches the model predicts fastest (a
    geometric ladder without one).
@@ -28,19 +28,19 @@ from typing import Any
 
 from raybatch import keys
 from raybatch.keys import KnobPoint
-from raybatch.run.opening import Opening
-from raybatch.run.progress import log
-from raybatch.run.seeding import (
+from raybatch.space.config import TrialConfig
+from raybatch.space.search_space import SearchSpace
+from raybatch.timemodel.model import MeasuredTimeModel, TimeModel
+from raybatch.tuning.opening import Opening
+from raybatch.tuning.progress import log
+from raybatch.tuning.seeding import (
     Ladder,
     budget_check,
     max_batch_point,
     opening_points,
     reference_point,
 )
-from raybatch.run.study import SearchStudy
-from raybatch.space.config import TrialConfig
-from raybatch.space.search_space import SearchSpace
-from raybatch.timemodel.model import MeasuredTimeModel, TimeModel
+from raybatch.tuning.study import SearchStudy
 
 CHECKPOINTED = (
     "opening", "opening_number", "opening_time", "sweep", "opening_leader", "opening_curves",
@@ -227,7 +227,7 @@ def search_plan(
     that fits (the estimate, or real steps where measured, within ``margin`` for the trial's
     probe to decide) at the LR sweep and the reference recipe, then the ladder (its time model
     measured in a trial where ``measure``), for a target in direction ``mode``; ``horizon_s``,
-    the scheduler's guess of ``B`` before a reach (:func:`~raybatch.run.rungs.guess_of_b`),
+    the scheduler's guess of ``B`` before a reach (:func:`~raybatch.tuning.rungs.guess_of_b`),
     ends the opening's wait for a reach (``None``: it waits). The one way a plan is built: the
     driver and the simulated benchmark both call it."""
     baseline = max_batch_point(space, budget_check(estimator, budget, margin))

@@ -1,6 +1,6 @@
 """What a suggestion passes before it is launched: gates, and the devices trials take.
 
-The searcher (:class:`raybatch.run.searcher.RaybatchSearcher`) puts each recipe Optuna suggests
+The searcher (:class:`raybatch.tuning.searcher.RaybatchSearcher`) puts each recipe Optuna suggests
 through its gates in order; the first :class:`Rejection` keeps it from launching, and Optuna is
 told why (infeasible where it is about memory, so that TPE steers away). A gate is one question
 about one recipe, as a sampler is one way to choose in Optuna: subclass :class:`Gate`, answer
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from raybatch import keys
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.cluster.placement import placement_problem, running_ray, worker_room
+from raybatch.cluster.resources import gpu_fraction
 from raybatch.errors import Issue, RunDirError, TraceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import RanOut, learned_oom
-from raybatch.run.resources import gpu_fraction
 from raybatch.space.config import TrialConfig
-from raybatch.trial.placement import placement_problem, running_ray, worker_room
 from raybatch.trial.settings import TrialSettings
 
 OOM_VIOLATION = 1.0

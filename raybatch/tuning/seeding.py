@@ -58,7 +58,7 @@ def budget_check(
 ) -> Callable[[TrialConfig], bool]:
     """Whether a recipe's predicted peak fits the budget (everything fits without one);
     with ``margin``, also one predicted over it by at most that fraction (for a real probe
-    to decide: the ``probe_margin`` of :class:`raybatch.run.gates.MemoryFits`)."""
+    to decide: the ``probe_margin`` of :class:`raybatch.tuning.gates.MemoryFits`)."""
 
     def fits(recipe: TrialConfig) -> bool:
         if estimator is None or budget is None:
@@ -168,7 +168,7 @@ class Ladder:
             ``None``: the geometric ladder, unless one is measured.
         size: Recipes on the ladder (each at two LRs, see :meth:`points`).
         measure: Have the search measure the model inside its first trial that reaches the
-            target (:class:`~raybatch.run.searcher.RaybatchSearcher` asks every trial it
+            target (:class:`~raybatch.tuning.searcher.RaybatchSearcher` asks every trial it
             launches until one has); ``False``: the model given, or the geometric ladder.
     """
 

@@ -2,7 +2,7 @@
 
 Each is one Ray task holding one GPU of the model the search runs on (``--gpu-model``, or the
 cluster's one model), in a fresh worker process, as a trial would start:
-:func:`raybatch.memory.context.measure_context_bytes` (the figure goes into the budget, the
+:func:`raybatch.cluster.context.measure_context_bytes` (the figure goes into the budget, the
 packing and every packed trial's allocator cap), then :func:`raybatch.memory.boundary.
 find_boundary` under the budget (real steps that decide over the trace). Where a figure cannot
 be measured (no GPU alive yet on an autoscaling cluster, NVML silent, the task not placed in
@@ -13,8 +13,13 @@ search never waits or fails for these figures.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES
+from raybatch.cluster.context import measure_context_bytes
+from raybatch.cluster.hardware import ClusterView
+from raybatch.cluster.placement import model_resource, trial_device
+from raybatch.cluster.process_age import charged_to_task
 from raybatch.errors import (
     BudgetUnavailableError,
     Issue,
@@ -23,19 +28,27 @@ from raybatch.errors import (
     first_line,
 )
 from raybatch.memory.boundary import MeasuredBoundary, find_boundary
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES
-from raybatch.memory.context import measure_context_bytes
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.sizes import format_bytes
-from raybatch.run.hardware import ClusterView
-from raybatch.run.options import SearchOptions
 from raybatch.shipping import ship_by_value
-from raybatch.trial.placement import model_resource, trial_device
-from raybatch.trial.process_age import charged_to_task
 
 if TYPE_CHECKING:
     from raybatch.space.search_space import SearchSpace
     from raybatch.workload import Workload
+
+
+class BudgetAsked(Protocol):
+    """What the search was asked about its GPUs' memory (the search's options are one)."""
+
+    @property
+    def memory_budget(self) -> str | int | None: ...  # given, or read from the GPUs
+
+    @property
+    def gpu_model(self) -> str | None: ...  # the GPU model the trials are pinned to
+
+    @property
+    def prescreen(self) -> bool: ...  # whether suggestions are pre-screened at all
+
 
 CONTEXT_TIMEOUT_S = 60.0
 """How long the search waits for the measuring task (its worker starts and imports torch)."""
@@ -50,7 +63,7 @@ def _assigned_cuda() -> Any:
     """The GPU Ray assigned this task, as CUDA names it: device 0 where Ray narrows the task's
     ``CUDA_VISIBLE_DEVICES`` to it, its own index where Ray is told not to
     (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) -- the trials' own rule
-    (:func:`~raybatch.trial.placement.trial_device`); ``None`` where CUDA is not usable."""
+    (:func:`~raybatch.cluster.placement.trial_device`); ``None`` where CUDA is not usable."""
     try:
         device = trial_device("auto")
     except TrialDeviceError:  # a GPU assigned where CUDA is not usable: nothing to measure
@@ -128,7 +141,7 @@ def cluster_boundary(
 
 def search_estimator(
     view: ClusterView,
-    options: SearchOptions,
+    options: BudgetAsked,
     cuda: bool,
     workload: Workload,
     space: SearchSpace,
@@ -169,7 +182,7 @@ def cluster_context_bytes(
 
 
 def search_budget(
-    view: ClusterView, options: SearchOptions, cuda: bool, notes: list[str]
+    view: ClusterView, options: BudgetAsked, cuda: bool, notes: list[str]
 ) -> tuple[int | None, int]:
     """One trial's memory budget on one GPU of the cluster the search runs on (``None``: a
     CPU search without ``--memory-budget``), and one trial's CUDA context (measured on GPUs).

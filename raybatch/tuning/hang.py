@@ -5,7 +5,7 @@ has not reported for longer than the cap (plus a grace for start-up and one eval
 stuck inside a step (a collective that never completes, a data loader that deadlocked, a
 blocking call) and will never report again: no result-driven rule can stop it. Ray Tune asks
 its scheduler which trial to run at every step of its loop; there
-:class:`~raybatch.run.scheduler.CappingScheduler` has this guard stop any trial silent for
+:class:`~raybatch.tuning.scheduler.CappingScheduler` has this guard stop any trial silent for
 longer than ``after_s``, recording it as ``censored`` with the reason, and the search goes on.
 (Silence, not age: evaluation time is outside the cap, so a healthy trial's total age may
 exceed it.) Start-up is timed apart: before its first report a trial also has

@@ -2,13 +2,13 @@
 
 Every trial is judged at rungs of its own training time (``train_s``, evaluations excluded)
 tied to the target (``B``, the fastest time to target seen, and about ``B/3`` and ``B/9`` on a
-fixed grid: :func:`~raybatch.run.rungs.grid_rungs`), and goes on only while within the
+fixed grid: :func:`~raybatch.tuning.rungs.grid_rungs`), and goes on only while within the
 indifference zone of the best curve there or (below ``B``) in the top 1/eta
-(:mod:`raybatch.run.rungs`); one behind below the top rung is paused instead where ``pause``
-(:mod:`raybatch.run.promotion`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
+(:mod:`raybatch.tuning.rungs`); one behind below the top rung is paused instead where ``pause``
+(:mod:`raybatch.tuning.promotion`). Past ``slack x B`` a trial cannot win and is stopped (adaptive
 capping, as in ParamILS and SMAC); the searcher records it PRUNED with the PAR-10 penalty. A
 trial silent past ``hang_after_s`` is stuck inside a step: the hang guard
-(:class:`~raybatch.run.hang.HangGuard`) stops it at Tune's next scheduling step.
+(:class:`~raybatch.tuning.hang.HangGuard`) stops it at Tune's next scheduling step.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raybatch import keys
 from raybatch.errors import Issue, OptionError
-from raybatch.results.selection import is_packed
-from raybatch.run.hang import HangGuard
-from raybatch.run.promotion import Promotions, tell_searcher
-from raybatch.run.race_record import race_seed
-from raybatch.run.rungs import (
+from raybatch.status import HANG_GRACE_S, TrialStatus, is_packed, timed_evaluation
+from raybatch.trial.settings import parts_of
+from raybatch.tuning.hang import HangGuard
+from raybatch.tuning.promotion import Promotions, follow_storage, tell_searcher
+from raybatch.tuning.race_record import race_seed
+from raybatch.tuning.rungs import (
     DEFAULT_ETA,
     DEFAULT_ZONE,
     HEDGE,
@@ -41,10 +42,7 @@ from raybatch.run.rungs import (
     passes,
     rung_times,
 )
-from raybatch.run.tune_state import follow_storage
-from raybatch.run.warm import WarmSlots
-from raybatch.status import HANG_GRACE_S, TrialStatus, timed_evaluation
-from raybatch.trial.settings import parts_of
+from raybatch.tuning.warm import WarmSlots
 
 DEFAULT_SLACK = 1.2
 log = logging.getLogger("raybatch.progress")
@@ -67,10 +65,10 @@ class CappingScheduler(FIFOScheduler):
         hedge: How much wider the zone is at earlier rungs (0: the same at every rung).
         horizon_s: The guess of ``B`` until a trial has reached (``None``: no rungs before).
         target: The target's value (``for_trainable`` reads it): curves extrapolated to it
-            add rungs below the guess (:func:`~raybatch.run.rungs.guessed_rungs`).
+            add rungs below the guess (:func:`~raybatch.tuning.rungs.guessed_rungs`).
         mode: The target's direction (``max`` or ``min``), to read the reported metric.
         pause: A trial behind at a rung below the top is paused, not stopped, and goes on
-            when the rung passes it later (:mod:`~raybatch.run.promotion`); Tune's
+            when the rung passes it later (:mod:`~raybatch.tuning.promotion`); Tune's
             ``max_concurrent_trials`` counts paused trials: bound concurrency otherwise.
 
     Example::
@@ -141,7 +139,7 @@ class CappingScheduler(FIFOScheduler):
         """Keeps an ended trial's process for the next while the searcher waits."""
         self.experiment: tuple[str, str] | None = None
         """The run's experiment folder (storage path, name), where the driver says it is: each
-        trial Tune adds is kept there (:func:`~raybatch.run.tune_state.follow_storage`)."""
+        trial Tune adds is kept there (:func:`~raybatch.tuning.promotion.follow_storage`)."""
 
     @classmethod
     def for_trainable(
@@ -242,7 +240,7 @@ class CappingScheduler(FIFOScheduler):
     def rungs(self) -> list[float]:
         """The rungs' training times now (none without a horizon or a zone): on the grid below
         ``B`` and ``B`` itself once a trial has reached the target (``B`` the fastest time to
-        target); before, the guess (:func:`~raybatch.run.rungs.guessed_rungs`)."""
+        target); before, the guess (:func:`~raybatch.tuning.rungs.guessed_rungs`)."""
         best, horizon, eta = self.best_time_to_target_s, self.horizon_s, self.eta
         if self.zone is None or (best is None and horizon is None):
             return []
@@ -314,7 +312,7 @@ class CappingScheduler(FIFOScheduler):
 
     def _verdict(self, trial_id: str, trajectory: Trajectory, rung_s: float, zone: float
                  ) -> bool | None:  # fmt: skip
-        """:func:`~raybatch.run.rungs.passes` at the rung; where a trial behind is paused,
+        """:func:`~raybatch.tuning.rungs.passes` at the rung; where a trial behind is paused,
         before any trial has reached, one of fewer than eta curves at the rung waits there for
         the next trials (successive halving's rounds: the first trial to a rung would otherwise
         go on alone, a slow recipe with it, until it reached the target), unless it went on as
@@ -334,7 +332,7 @@ class CappingScheduler(FIFOScheduler):
 
     def _rung_zone(self, below_top: int) -> float:
         """The zone a rung ``below_top`` under the highest judges with: hedged, wider early
-        (:func:`~raybatch.run.rungs.hedged_zone`); where a trial behind is paused, none but at
+        (:func:`~raybatch.tuning.rungs.hedged_zone`); where a trial behind is paused, none but at
         ``B`` once measured (before, the hedge is in the promotion: :meth:`_promotable`)."""
         assert self.zone is not None
         if self.pause and not (below_top == 0 and self.best_time_to_target_s is not None):

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 from raybatch import keys
 from raybatch.errors import ConfigError, Issue, RunDirError
 from raybatch.keys import KnobPoint
-from raybatch.run.sessions import SESSIONS_ATTR, SLOTS_ATTR, sessions_in, slots_in
 from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.status import WORKLOAD_RAN, TrialStatus
+from raybatch.tuning.sessions import SESSIONS_ATTR, SLOTS_ATTR, sessions_in, slots_in
 
 if TYPE_CHECKING:
     import optuna
@@ -48,7 +48,7 @@ TIME_TO_TARGET_ATTR = "time_to_target_s"
 """The measured time to target of a trial that reached it."""
 
 LADDER_ATTR = "ladder_queued"
-"""Study attribute: the plan's second stage (:class:`raybatch.run.seeding.Ladder`) is queued."""
+"""Study attribute: the plan's second stage (:class:`raybatch.tuning.seeding.Ladder`) is queued."""
 BASELINE_ATTR = "baseline"
 """Study attribute: the largest batch that fits, when the opening had to go below the one the
 estimate chose (that one ran out of memory)."""

@@ -27,7 +27,7 @@ from ray.tune import Callback
 
 from raybatch import keys
 from raybatch.results.cost import device_seconds, slots_used, wall_clock
-from raybatch.run.race_record import race_seed
+from raybatch.tuning.race_record import race_seed
 
 LOGGER = "raybatch.progress"
 log = logging.getLogger(LOGGER)

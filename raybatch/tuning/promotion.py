@@ -23,9 +23,10 @@ from a save a little before it, :data:`~raybatch.trial.pause.SAVE_RATIO`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from copy import copy as shallow_copy
 from typing import Any
 
-from raybatch.run.rungs import TOLERANCE
+from raybatch.tuning.rungs import TOLERANCE
 
 
 class Promotions:
@@ -142,3 +143,24 @@ def tell_searcher(tune_controller: Any, hook: str, trial_id: str) -> None:
 
 
 __all__ = ["Promotions", "tell_searcher"]
+
+
+def follow_storage(trial: Any, experiment: tuple[str, str] | None) -> None:
+    """Point a trial Tune has just added at the run's own experiment folder, ``experiment``
+    (the storage path and the experiment's name; ``None``: left as Tune made it).
+
+    Restored from a copied or moved run directory, Tune re-points the trials it restores, but
+    builds each new one from the experiment its search algorithm saved, with the storage of the
+    directory the run was copied from: the trial's checkpoints (its saved state,
+    :mod:`raybatch.trial.pause`) would be written there. Re-pointed as Tune re-points a
+    restored trial (``Trial.set_storage``), they stay in the run's own directory.
+    """
+    mine = getattr(trial, "storage", None)
+    if experiment is None or mine is None:
+        return
+    path, name = experiment
+    if (mine.storage_fs_path, mine.experiment_dir_name) == (path, name):
+        return
+    moved = shallow_copy(mine)
+    moved.storage_fs_path, moved.experiment_dir_name = path, name
+    trial.set_storage(moved)

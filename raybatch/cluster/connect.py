@@ -13,8 +13,8 @@ import signal
 import socket
 import threading
 
+from raybatch.cluster.orphans import watch_local_ray
 from raybatch.errors import ClusterUnreachableError, RayStartError, first_line
-from raybatch.run.orphans import watch_local_ray
 
 CONNECT_TIMEOUT_S = 5.0
 

@@ -16,7 +16,7 @@ before one is exported, and spends as little as it can doing so:
 
 :class:`Race` holds the decisions, so the simulated benchmark drives the same object as the
 search; :class:`RaceSearcher` runs its rounds as Ray Tune trials in the search's own experiment
-(:class:`~raybatch.run.phases.SearchThenRace`). On GPUs every confirmation run holds a GPU.
+(:class:`~raybatch.tuning.phases.SearchThenRace`). On GPUs every confirmation run holds a GPU.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from raybatch.results.selection import (
     measured,
     same_knobs,
 )
-from raybatch.run.options import SearchOptions
-from raybatch.run.race_record import RaceRecord
-from raybatch.run.rungs import Trajectory
 from raybatch.space.config import carried_recipe
 from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, evaluation_of, final_status
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.race_record import RaceRecord
+from raybatch.tuning.rungs import Trajectory
 
 MEET_SHARE = 0.5
 """Where the race's two recipes meet: the level the leader's search run had at this share of
@@ -165,7 +165,7 @@ class RaceSearcher(Searcher):
     With ``at_once`` 1 a round's leader runs first and its challenger is suggested only once
     the leader's run ended; with 2 both run side by side. Each run's config carries its seed
     and candidate, and the scheduler caps a run at ``slack`` x the first run *on the same seed*
-    to reach (:meth:`~raybatch.run.scheduler.CappingScheduler.race_cap_s`); the next round
+    to reach (:meth:`~raybatch.tuning.scheduler.CappingScheduler.race_cap_s`); the next round
     starts once both runs of this one ended. The race's rows are built as each run ends
     (:attr:`rows`): the next round depends on them.
 
@@ -174,7 +174,7 @@ class RaceSearcher(Searcher):
         penalty: The objective of a run that did not reach the target.
         whole_gpus: Each run holds a whole GPU (``alone``): a measurement.
         record: Where each run is recorded as it ends, beside the search's study
-            (:class:`~raybatch.run.race_record.RaceRecord`: optuna-dashboard shows the race).
+            (:class:`~raybatch.tuning.race_record.RaceRecord`: optuna-dashboard shows the race).
         at_once: A round's runs at once: with two slots the leader and the challenger run side
             by side on the same seed, and the scheduler caps the later at ``slack`` x the
             first to reach (each on a slot of its own: a lone measurement, half the wall
@@ -271,7 +271,7 @@ class RaceSearcher(Searcher):
 
 def capped_reason(train_s: float | None, slack: float, level: float | None = None) -> str:
     """Why a confirmation run was stopped: the scheduler's cap on its seed
-    (:meth:`~raybatch.run.scheduler.CappingScheduler.race_cap_s`)."""
+    (:meth:`~raybatch.tuning.scheduler.CappingScheduler.race_cap_s`)."""
     to = "the target" if level is None else f"the meeting level {level:.4g}"
     return (f"capped at {train_s or 0:.3f} s of training: slower on this seed than {slack} x"
             f" the time of the first to reach {to}")  # fmt: skip

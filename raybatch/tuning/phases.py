@@ -1,13 +1,13 @@
 """The search, then its confirmation, in one Ray Tune experiment: the race runs on warm slots.
 
-The confirmation's race (:mod:`raybatch.run.confirmation`) used to run in a Tuner of its own
+The confirmation's race (:mod:`raybatch.tuning.confirmation`) used to run in a Tuner of its own
 once the search's had ended: a Tuner to build (1.4 s on the tabular demo) and, on every slot,
 a cold process to start (Python, torch, raybatch and the workload imported, the data built
 again: 3-4 s on the benchmark's MLPs), while a race run trains for a few seconds. Here the
 search's own Tuner runs it: :class:`SearchThenRace` suggests the search's trials through the
-:class:`~raybatch.run.searcher.RaybatchSearcher` until they have all been launched, waits for
+:class:`~raybatch.tuning.searcher.RaybatchSearcher` until they have all been launched, waits for
 the last to end (the race's entrants are chosen from all of them), then suggests the race's
-runs through a :class:`~raybatch.run.confirmation.RaceSearcher`, and Tune's reused processes
+runs through a :class:`~raybatch.tuning.confirmation.RaceSearcher`, and Tune's reused processes
 (``reuse_actors``) run them. A race decided by the search's own runs (one recipe ahead by more
 than the zone) runs nothing.
 
@@ -27,16 +27,16 @@ from ray.tune.search import Searcher
 from raybatch import keys
 from raybatch.errors import SearchInterrupted
 from raybatch.results.rows import TrialRow
-from raybatch.run.confirmation import Race, RaceSearcher, confirmation_seeds
-from raybatch.run.options import SearchOptions
-from raybatch.run.progress import log, recipe
-from raybatch.run.race_record import RaceRecord, race_seed
-from raybatch.run.rungs import Trajectory
-from raybatch.run.scheduler import CappingScheduler
-from raybatch.run.searcher import RaybatchSearcher
-from raybatch.run.study import SearchStudy
 from raybatch.space.config import carried_recipe
 from raybatch.status import INDIFFERENCE_ZONE, TrialStatus, final_status, timed_evaluation
+from raybatch.tuning.confirmation import Race, RaceSearcher, confirmation_seeds
+from raybatch.tuning.options import SearchOptions
+from raybatch.tuning.progress import log, recipe
+from raybatch.tuning.race_record import RaceRecord, race_seed
+from raybatch.tuning.rungs import Trajectory
+from raybatch.tuning.scheduler import CappingScheduler
+from raybatch.tuning.searcher import RaybatchSearcher
+from raybatch.tuning.study import SearchStudy
 
 
 def search_row(config: dict[str, Any], result: dict[str, Any] | None, error: bool,
@@ -65,7 +65,7 @@ class SearchThenRace(Searcher):
             ``max_concurrent_trials`` counts them, and a search whose scheduler pauses trials
             would stall with every slot held by a paused one); ``None``: Tune's limit.
         mode: The target's direction: the search trials' curves are kept in it, where the
-            race's two meet (:meth:`~raybatch.run.confirmation.Race.meeting_level`).
+            race's two meet (:meth:`~raybatch.tuning.confirmation.Race.meeting_level`).
     """
 
     only_one_reached = False

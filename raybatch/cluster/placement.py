@@ -23,9 +23,17 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DEFAULT_HEADROOM
+from raybatch.cluster.nvml import visible_devices
 from raybatch.errors import TrialDeviceError
-from raybatch.memory.budget import CUDA_CONTEXT_OVERHEAD_BYTES, DEFAULT_HEADROOM
-from raybatch.memory.nvml import visible_devices
+
+GPUS_PER_TRIAL_ALLOWED = "'auto' or a number >= 0"
+
+
+def gpus_per_trial_ok(value: Any) -> bool:
+    """Whether ``value`` is a GPU request a trial can make: ``"auto"`` or a number >= 0."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return value == "auto" or (number and value >= 0)
 
 
 def running_ray() -> Any:
@@ -251,7 +259,7 @@ def packed_memory_fraction(
     """The allocator cap (fraction of the GPU's total memory) of a trial holding ``share``.
 
     ``budget_bytes`` is what one trial alone may use (headroom x free memory, less one CUDA
-    context: :func:`raybatch.memory.budget.resolve_budget`). Packed, the GPU's usable memory
+    context: :func:`raybatch.cluster.budget.resolve_budget`). Packed, the GPU's usable memory
     ``budget + context`` is split in ``1/share`` slots, and each slot pays for its own
     process's context outside the allocator: the cap is ``share x (budget + context) -
     context``. ``k`` trials then never hold more than ``budget + context`` between them,

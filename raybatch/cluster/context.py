@@ -5,7 +5,7 @@ kernel modules PyTorch loads) takes memory outside PyTorch's allocator: the budg
 one context, and packed trials each pay one. Its size depends on the GPU model, the driver and
 the CUDA and PyTorch builds (a few hundred MiB, more with lazy loading off), so the search
 measures it once, on the GPU model it runs on, in a process that has not touched CUDA yet
-(:mod:`raybatch.run.gpu_budget`); :data:`~raybatch.memory.budget.CUDA_CONTEXT_OVERHEAD_BYTES`
+(:mod:`raybatch.cluster.gpu_budget`); :data:`~raybatch.cluster.budget.CUDA_CONTEXT_OVERHEAD_BYTES`
 is only the fallback where it cannot.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raybatch.memory.nvml import read_device_memory
+from raybatch.cluster.nvml import read_device_memory
 
 if TYPE_CHECKING:
     import torch
