@@ -1,5 +1,5 @@
-"""The plan's opening on its own, as a resumed searcher holds it (its checkpoint's state): when
-its sweep has been compared before any reach, and what a sweep point out of memory changes."""
+"""The plan's opening on its own, in the state a search leaves it in: when its sweep has been
+compared before any reach, and what a sweep point out of memory changes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import raybatch
 from raybatch import keys
 from raybatch.tuning.opening import Opening
+from raybatch.tuning.rungs import Trajectory
 from raybatch.tuning.study import SearchStudy
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
@@ -24,9 +25,11 @@ def _opening(curves: dict[int, list[tuple[float, float]]], running: dict[int, in
                       keys.LR_MULTIPLIER: 1.0})  # fmt: skip
     opening = Opening(SPACE, points, None, horizon_s=5.0)
     opening.record = SearchStudy(None, "opening")
-    opening.restore({"opening": points, "opening_number": running,
-                     "opening_time": dict.fromkeys(ended), "sweep": None,
-                     "opening_curves": curves})  # fmt: skip
+    opening.numbers, opening.times = dict(running), dict.fromkeys(ended)
+    for i, marks in curves.items():
+        curve = opening.curves[i] = Trajectory("max")
+        for t, value in marks:
+            curve.add(t, value)
     return opening
 
 

@@ -75,13 +75,12 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     """run.json, best_config.yaml and the searcher's checkpoint carry one format stamp, read by
     one function: a file without it, or of another, is refused with the file named, not
     misread. The files the product writes carry the current one (they read back)."""
-    import pickle
-
     import raybatch
     from raybatch.export import BestConfig, load_best, write_best
     from raybatch.metric import Target
     from raybatch.run.rundir import write_run_files
     from raybatch.space.presets import load_space
+    from raybatch.tuning.searcher import read_checkpoint, write_checkpoint
     from raybatch.version import RUN_FORMAT, SAME_SINCE
 
     space = load_space("generic_adamw")
@@ -124,7 +123,7 @@ def test_files_of_another_format_are_refused_naming_the_file(tmp_path: Path) -> 
     searcher = raybatch.RaybatchSearcher(space, penalty=60.0)
     searcher.save(str(tmp_path / "ckpt.pkl"))
     raybatch.RaybatchSearcher(space, penalty=60.0).restore(str(tmp_path / "ckpt.pkl"))
-    state = pickle.loads((tmp_path / "ckpt.pkl").read_bytes())
-    (tmp_path / "old.pkl").write_bytes(pickle.dumps({**state, "format": SAME_SINCE}))
+    state = read_checkpoint(str(tmp_path / "ckpt.pkl"), searcher.record)
+    write_checkpoint({**state, "format": SAME_SINCE}, str(tmp_path / "old.pkl"), searcher.record)
     with pytest.raises(RunDirError, match=rf"old\.pkl: format: {SAME_SINCE}: .* reads format"):
         raybatch.RaybatchSearcher(space, penalty=60.0).restore(str(tmp_path / "old.pkl"))

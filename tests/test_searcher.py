@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,13 @@ from raybatch.status import TrialStatus, final_status
 from raybatch.trial.settings import parts_of
 from raybatch.tuning import gates as gates_module
 from raybatch.tuning import screen as screen_module
-from raybatch.tuning.gates import LearnedOutOfMemory, for_settings, gate_of, search_gates
+from raybatch.tuning.gates import (
+    LearnedOutOfMemory,
+    MemoryFits,
+    for_settings,
+    gate_of,
+    search_gates,
+)
 from raybatch.tuning.plan import Plan
 from raybatch.tuning.progress import LOGGER
 from raybatch.tuning.searcher import RaybatchSearcher
@@ -424,7 +431,9 @@ def test_what_the_probes_taught_survives_a_checkpoint(tmp_path: Path) -> None:
     fresh = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
     restored = _searcher(tmp_path, budget=8 * 2**30, estimator=fresh, pack_gpus=True)
     restored.restore(str(tmp_path / "searcher.pkl"))
-    assert fresh.predict(recipe) == pytest.approx(measured, rel=1e-6)
+    fits = gate_of(restored.gates, MemoryFits)
+    assert fits is not None and fits.estimator is not fresh  # the checkpoint's, pickled whole
+    assert fits.estimator.predict(recipe) == pytest.approx(measured, rel=1e-6)
 
 
 def test_a_probe_below_the_prediction_never_shrinks_the_estimate(tmp_path: Path) -> None:
@@ -1094,12 +1103,6 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
         ) -> None:
             self.ended.append(trial_id)
 
-        def state(self) -> Any:
-            return list(self.ended)
-
-        def restore(self, state: Any) -> None:
-            self.ended = list(state)
-
     def build() -> tuple[RaybatchSearcher, NoLargeBatches]:
         gate = NoLargeBatches()
         study = SearchStudy(f"sqlite:///{tmp_path / 'optuna.db'}", "t")
@@ -1118,23 +1121,39 @@ def test_a_gate_of_ones_own_refuses_with_its_reason_and_learns_from_finished_tri
     refused = [p for p in searcher.prescreened if p.reason == "too large for this test"]
     assert refused and all(p.params[keys.MICRO_BATCH_SIZE] >= 128 for p in refused)
     searcher.save(str(tmp_path / "ckpt.pkl"))
-    restored, fresh_gate = build()
-    restored.restore(str(tmp_path / "ckpt.pkl"))
-    assert fresh_gate.ended == gate.ended
-    from raybatch.errors import RunDirError
-
-    other = RaybatchSearcher(SPACE, penalty=600.0, study=SearchStudy(None, "x"))  # other gates
-    with pytest.raises(RunDirError, match=r"gates: saved by a searcher with gates \['Learned"):
-        other.restore(str(tmp_path / "ckpt.pkl"))
+    restored, _ = build()
+    restored.restore(str(tmp_path / "ckpt.pkl"))  # the gate, pickled with the searcher
+    mine = [g for g in restored.gates if type(g).__name__ == "NoLargeBatches"]
+    assert [g.ended for g in mine] == [gate.ended]  # type: ignore[attr-defined]
     assert Gate().check(SPACE.derive(64)) is None  # the base objects to nothing
 
 
-def test_the_plans_checkpoint_holds_exactly_its_declared_keys(tmp_path: Path) -> None:
-    """``CHECKPOINTED`` names what the plan's state holds, opening and time model together."""
-    from raybatch.tuning.plan import CHECKPOINTED
+def test_a_checkpoint_this_raybatch_cannot_unpickle_is_refused_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint pickles the searcher whole, so it names the classes of the raybatch that
+    wrote it: one whose classes are gone (moved in another version) is refused with the file
+    named, not a bare ``ModuleNotFoundError`` from deep in Tune's restore."""
+    import sys
+    import types
 
-    searcher = _searcher(tmp_path)
-    assert set(searcher.plan.state()) == set(CHECKPOINTED)
+    from raybatch.errors import RunDirError
+    from raybatch.version import RUN_FORMAT
+
+    class Part:
+        pass
+
+    gone = types.ModuleType("raybatch_gone_for_this_test")
+    Part.__module__, Part.__qualname__ = gone.__name__, "Part"  # a class of another version
+    gone.Part = Part  # type: ignore[attr-defined]
+    sys.modules[gone.__name__] = gone
+    try:
+        payload = pickle.dumps({"format": RUN_FORMAT, "searcher": {"plan": Part()}})
+    finally:
+        del sys.modules[gone.__name__]
+    (tmp_path / "ckpt.pkl").write_bytes(payload)
+    with pytest.raises(RunDirError, match=r"ckpt\.pkl: format: unreadable \(ModuleNotFound"):
+        _searcher(tmp_path).restore(str(tmp_path / "ckpt.pkl"))
 
 
 def test_points_queued_for_tpe_that_never_ran_are_closed_with_a_reason(tmp_path: Path) -> None:

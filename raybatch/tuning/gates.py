@@ -26,7 +26,7 @@ from raybatch import keys
 from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES
 from raybatch.cluster.placement import placement_problem, running_ray, worker_room
 from raybatch.cluster.resources import gpu_fraction
-from raybatch.errors import Issue, RunDirError, TraceError
+from raybatch.errors import TraceError
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.memory.prescreen import RanOut, learned_oom
 from raybatch.space.config import TrialConfig
@@ -60,8 +60,9 @@ class Rejection:
 class Gate:
     """One check every suggestion passes before launch; the base answers "no objection".
 
-    Subclasses override :meth:`check`, and :meth:`learn`, :meth:`state` and :meth:`restore`
-    where they learn from finished trials.
+    Subclasses override :meth:`check`, and :meth:`learn` where they learn from finished
+    trials; a gate is pickled with the searcher in its Tune checkpoint, so what it learned
+    is kept through a resume without more code.
     """
 
     def check(self, recipe: TrialConfig) -> Rejection | None:
@@ -74,13 +75,6 @@ class Gate:
         """Tune trial ``trial_id`` ran ``recipe`` and ended with ``result`` (Tune's);
         ``out_of_memory``: it ran out of memory and that is its recipe's verdict (not a packed
         trial about to run again alone)."""
-
-    def state(self) -> Any:
-        """What the searcher's checkpoint keeps of what this gate learned."""
-        return None
-
-    def restore(self, state: Any) -> None:
-        """Take back what :meth:`state` returned."""
 
 
 class Placement(Gate):
@@ -131,12 +125,6 @@ class MemoryFits(Gate):
         except TraceError:  # an untraceable workload has no model to calibrate
             return
 
-    def state(self) -> Any:
-        return dict(self.estimator.probed)
-
-    def restore(self, state: Any) -> None:
-        self.estimator.probed.update(state or {})
-
 
 class LearnedOutOfMemory(Gate):
     """A recipe needing at least the memory of one that ran out for real (micro batch,
@@ -155,12 +143,6 @@ class LearnedOutOfMemory(Gate):
     ) -> None:
         if out_of_memory:
             self.out_of_memory.append(RanOut(trial_id, recipe))
-
-    def state(self) -> Any:
-        return list(self.out_of_memory)
-
-    def restore(self, state: Any) -> None:
-        self.out_of_memory = list(state or [])
 
 
 def search_gates(
@@ -184,26 +166,6 @@ def search_gates(
 def gate_of(gates: Sequence[Gate], kind: type[Gate]) -> Gate | None:
     """The first of ``gates`` of ``kind``, or ``None``."""
     return next((g for g in gates if isinstance(g, kind)), None)
-
-
-def gates_state(gates: Sequence[Gate]) -> dict[str, Any]:
-    """What ``gates`` learned, and which kinds they are, for the searcher's checkpoint."""
-    return {"gates": [g.state() for g in gates], "gate_kinds": [type(g).__name__ for g in gates]}
-
-
-def restore_gates(gates: Sequence[Gate], state: dict[str, Any], source: str) -> None:
-    """Teach ``gates`` what they had learned before an interruption (:func:`gates_state`).
-
-    Raises:
-        RunDirError: ``state`` was saved by other gates (a searcher built otherwise than the
-            one that saved ``source``).
-    """
-    kinds = [type(g).__name__ for g in gates]
-    if state["gate_kinds"] != kinds:
-        why = f"saved by a searcher with gates {state['gate_kinds']}, restored into {kinds}"
-        raise RunDirError([Issue("gates", why)], source)
-    for gate, learned in zip(gates, state["gates"], strict=True):
-        gate.restore(learned)
 
 
 def for_settings(
@@ -281,5 +243,5 @@ class Devices:
 
 __all__ = [
     "OOM_VIOLATION", "Devices", "Gate", "LearnedOutOfMemory", "MemoryFits", "Placement",
-    "Rejection", "for_settings", "gate_of", "gates_state", "restore_gates", "search_gates",
+    "Rejection", "for_settings", "gate_of", "search_gates",
 ]  # fmt: skip

@@ -163,25 +163,5 @@ class Launches:
         """``trial_id``'s end is told (:meth:`to_tell` answers ``None`` from now on)."""
         self._told.add(trial_id)
 
-    def state(self) -> dict[str, Any]:
-        """What the searcher's checkpoint keeps (all but a held recipe, which is asked again)."""
-        return {
-            "trial_numbers": dict(self.numbers),
-            "completed": set(self._told),
-            "retry_alone": list(self._alone),
-            "retried": set(self._retried),
-            "devices": dict(self.devices.held),
-            "fastest_s": self.fastest_s,
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.numbers = dict(state["trial_numbers"])
-        self._told = set(state["completed"])
-        self._alone = list(state["retry_alone"])
-        self._retried = set(state["retried"])
-        self.devices.held = dict(state["devices"])
-        self.fastest_s = state.get("fastest_s")  # a checkpoint from before it was kept
-        self.held = None
-
 
 __all__ = ["Held", "Launches"]

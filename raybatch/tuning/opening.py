@@ -15,7 +15,7 @@ kept, as the scheduler keeps it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from raybatch import keys
 from raybatch.keys import KnobPoint, knob_items
@@ -74,24 +74,6 @@ class Opening:
         if self._to_queue:
             self._study().enqueue_if_new(self._to_queue)
             self._to_queue = []
-
-    def state(self) -> dict[str, Any]:
-        """What the searcher's checkpoint keeps, under the plan's keys."""
-        return {"opening": self.points, "opening_number": self.numbers,
-                "opening_time": self.times, "sweep": self.sweep_indices(),
-                "opening_leader": self.leader,
-                "opening_curves": {i: list(zip(c.times, c.best, strict=True))
-                                   for i, c in self.curves.items()}}  # fmt: skip
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.points, self.numbers = state["opening"], state["opening_number"]
-        self.times, self.sweep = state["opening_time"], state["sweep"]
-        self.leader = state.get("opening_leader")  # a checkpoint from before it was kept
-        self.curves = {}
-        for i, points in state.get("opening_curves", {}).items():
-            curve = self.curves[i] = Trajectory(self.mode)
-            curve.times, curve.best = [t for t, _ in points], [v for _, v in points]
-        self._to_queue = []  # the study has them since the first suggestion
 
     def note(self, ot_trial: optuna.Trial) -> None:
         """Remember which point an asked trial runs (enqueued params come back as given)."""

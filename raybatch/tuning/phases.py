@@ -18,7 +18,6 @@ flight is run again by Tune under its own trial id, and the rest are run.
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from raybatch.tuning.progress import log, recipe
 from raybatch.tuning.race_record import RaceRecord, race_seed
 from raybatch.tuning.rungs import Trajectory
 from raybatch.tuning.scheduler import CappingScheduler
-from raybatch.tuning.searcher import RaybatchSearcher
+from raybatch.tuning.searcher import RaybatchSearcher, read_checkpoint, write_checkpoint
 from raybatch.tuning.study import SearchStudy
 
 
@@ -226,17 +225,16 @@ class SearchThenRace(Searcher):
         return [] if self.race is None else list(self.race.rows)
 
     def save(self, checkpoint_path: str) -> None:
-        state = {k: v for k, v in self.__dict__.items() if k != "search"}
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump({"search": self.search.state(), "phases": state}, f)
+        """The searcher's checkpoint and the race's state, in one pickle (the study they
+        share is the restoring searcher's: :func:`write_checkpoint`)."""
+        phases = {k: v for k, v in self.__dict__.items() if k != "search"}
+        state = {"search": self.search.checkpoint(), "phases": phases}
+        write_checkpoint(state, checkpoint_path, self.search.record)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
-        self.search.restore_state(state["search"], checkpoint_path)
+        state = read_checkpoint(checkpoint_path, self.search.record)
+        self.search.restore_checkpoint(state.get("search", {}), checkpoint_path)
         self.__dict__.update(state["phases"])
-        if self.race is not None and self.race.record is not None:
-            self.race.record.record = self.search.record  # one study, relocated with the run
 
     def ended_or_interrupted(self, gave_up: str | None, path: Path, notes: list[str]) -> None:
         """The search and its race ran to their end (a searcher that gave up is said in a

@@ -16,8 +16,8 @@ runs before TPE takes over, kept apart from the pre-screen, placement and Optuna
    geometric ladder without one).
 
 Where it keeps its state: the baseline as found and whether the ladder is queued live in the
-study (they survive a resume through it); the rest is in the searcher's Tune checkpoint
-(:data:`CHECKPOINTED`).
+study (they survive a resume through it); the rest is pickled with the searcher in its Tune
+checkpoint (:meth:`raybatch.tuning.searcher.RaybatchSearcher.save`).
 """
 
 from __future__ import annotations
@@ -41,12 +41,6 @@ from raybatch.tuning.seeding import (
     reference_point,
 )
 from raybatch.tuning.study import SearchStudy
-
-CHECKPOINTED = (
-    "opening", "opening_number", "opening_time", "sweep", "opening_leader", "opening_curves",
-    "time_model", "time_model_problem",
-)  # fmt: skip
-"""The keys of the plan's state in the searcher's Tune checkpoint."""
 
 
 class Plan:
@@ -102,18 +96,6 @@ class Plan:
     def queue_opening(self) -> None:
         """Queue the opening points in the study, once, while it has no trial."""
         self.opening.queue()
-
-    def state(self) -> dict[str, Any]:
-        """What the searcher's checkpoint keeps (:data:`CHECKPOINTED`)."""
-        model = None if self.time_model is None else self.time_model.to_dict()
-        return {**self.opening.state(), "time_model": model,
-                "time_model_problem": self.time_model_problem}  # fmt: skip
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.opening.restore(state)
-        model, self.time_model_problem = state["time_model"], state["time_model_problem"]
-        self.time_model = None if model is None else MeasuredTimeModel.from_dict(model)
-        self.said_tpe = False
 
     # ------------------------------------------------------------------ the time model
 
@@ -238,4 +220,4 @@ def search_plan(
     return plan, baseline, reference
 
 
-__all__ = ["CHECKPOINTED", "Plan", "search_plan"]
+__all__ = ["Plan", "search_plan"]

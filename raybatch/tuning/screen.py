@@ -20,7 +20,7 @@ from raybatch.keys import ACCUMULATION_STEPS, LR_MULTIPLIER, MICRO_BATCH_SIZE, W
 from raybatch.space.config import TrialConfig, carried_recipe
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
-from raybatch.tuning.gates import Gate, Placement, Rejection, gate_of, gates_state, restore_gates
+from raybatch.tuning.gates import Gate, Placement, Rejection, gate_of
 from raybatch.tuning.plan import Plan
 from raybatch.tuning.study import Prescreened, SearchStudy
 
@@ -115,14 +115,6 @@ class Screen:
         """Teach every gate how a launched trial ended (:meth:`Gate.learn`)."""
         for gate in self.gates:
             gate.learn(trial_id, recipe, result, out_of_memory)
-
-    def state(self) -> dict[str, Any]:
-        """What the searcher's checkpoint keeps: the refusals, and what the gates learned."""
-        return {"prescreened": self.refused, **gates_state(self.gates)}
-
-    def restore(self, state: dict[str, Any], source: str) -> None:
-        restore_gates(self.gates, state, source)  # what probes and OOMs taught
-        self.refused = state["prescreened"]
 
     def refuse(self, ot_trial: optuna.Trial, config: dict[str, Any], why: Rejection) -> None:
         """Tell Optuna ``ot_trial`` is not launched, and why."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.search import Searcher
 
 from raybatch import keys
-from raybatch.errors import Issue, OptionError
+from raybatch.errors import Issue, OptionError, RunDirError, first_line
 from raybatch.memory.estimator import MemoryEstimator
 from raybatch.space.config import carried_recipe
 from raybatch.space.search_space import SearchSpace
@@ -216,25 +216,73 @@ class RaybatchSearcher(Searcher):
         self.launches.told(trial_id)  # once the study and the gates have it
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.state(), f)
+        """Tune's checkpoint: the searcher pickled whole, its parts with it, as Ray's
+        ``OptunaSearch`` pickles its ``__dict__``, stamped with the run format
+        (:func:`write_checkpoint`)."""
+        write_checkpoint(self.checkpoint(), checkpoint_path, self.record)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.restore_state(pickle.load(f), checkpoint_path)
+        state = read_checkpoint(checkpoint_path, self.record)
+        self.restore_checkpoint(state, checkpoint_path)
 
-    def state(self) -> dict[str, Any]:
-        """What its Tune checkpoint holds (its parts' state, the format stamp)."""
-        state = {FORMAT_KEY: RUN_FORMAT, **self.launches.state(), **self.screen.state()}
-        state["plan"] = self.plan.state()
-        state["memory_storage"] = self.record.memory_storage  # None for a storage URL
-        return state
+    def checkpoint(self) -> dict[str, Any]:
+        """What its Tune checkpoint holds: the format stamp, the searcher's ``__dict__`` and
+        an in-memory study's storage (the study itself is the restoring searcher's)."""
+        return {FORMAT_KEY: RUN_FORMAT, "searcher": self.__dict__,
+                "memory_storage": self.record.memory_storage}  # fmt: skip
 
-    def restore_state(self, state: dict[str, Any], source: str) -> None:
-        """Take back :meth:`state`, read from ``source`` (named where it cannot be read)."""
+    def restore_checkpoint(self, state: dict[str, Any], source: str) -> None:
+        """Take back :meth:`checkpoint`, read from ``source`` (named where it cannot be read):
+        every part as it was, but what a new session starts afresh."""
         check_format(state.get(FORMAT_KEY), source)
-        self.screen.restore(state, source)
-        self.launches.restore(state)  # a held data-parallel recipe is asked again
-        self.plan.restore(state["plan"])
+        self.__dict__.update(state["searcher"])
         self.record.use_memory_storage(state["memory_storage"])
+        self.launches.held = None  # a held data-parallel recipe is asked again
+        self.plan.said_tpe = False  # said once a session
         self.paused = set()  # Tune runs a restored paused trial again: the scheduler says
+
+
+STUDY_ID = "raybatch-study"
+"""How a checkpoint names the study: not pickled, but the restoring searcher's own, which the
+driver points at the run directory the run is resumed in (a copied run's own ``optuna.db``):
+every part that holds the study takes that one."""
+
+
+def write_checkpoint(state: dict[str, Any], path: str, study: SearchStudy) -> None:
+    """Pickle ``state`` to ``path`` with Ray's cloudpickle, as Tune pickles the searcher it is
+    given (a gate of your own defined in a notebook or a function pickles too), ``study``
+    named by :data:`STUDY_ID`."""
+    from ray import cloudpickle
+
+    class Checkpointer(cloudpickle.CloudPickler):
+        def persistent_id(self, obj: Any) -> str | None:
+            return STUDY_ID if obj is study else None
+
+    with open(path, "wb") as f:
+        Checkpointer(f).dump(state)
+
+
+def read_checkpoint(path: str, study: SearchStudy) -> dict[str, Any]:
+    """A searcher's Tune checkpoint (:func:`write_checkpoint`), unpickled with ``study`` where
+    it names the study.
+
+    Raises:
+        RunDirError: ``path`` does not unpickle here (written by a raybatch whose classes
+            lived elsewhere, or cut short), named; a format this one cannot read is refused
+            where it is taken back.
+    """
+
+    class Reader(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            if pid != STUDY_ID:
+                raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+            return study
+
+    try:
+        with open(path, "rb") as f:
+            state = Reader(f).load()
+    except (ImportError, AttributeError, EOFError, pickle.UnpicklingError) as exc:
+        why = (f"unreadable ({type(exc).__name__}: {first_line(exc)}): written by another"
+               " raybatch version, or cut short; start a new search")  # fmt: skip
+        raise RunDirError([Issue(FORMAT_KEY, why)], path) from None
+    return state if isinstance(state, dict) else {}
