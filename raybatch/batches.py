@@ -233,5 +233,5 @@ def eval_batches(
             yield _to_device([gather(t, index, pinned) for t in tensors], device)
 
 
-__all__ = ["CPU_EVAL_BATCH_LIMIT", "eval_batch_size", "eval_batches", "tensor_source",
-           "train_batches"]  # fmt: skip
+__all__ = ["CPU_EVAL_BATCH_LIMIT", "eval_batch_size", "eval_batches", "move_to",
+           "tensor_source", "train_batches"]  # fmt: skip

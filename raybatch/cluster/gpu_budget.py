@@ -219,6 +219,7 @@ def search_budget(
 __all__ = [
     "BOUNDARY_TIMEOUT_S",
     "CONTEXT_TIMEOUT_S",
+    "BudgetAsked",
     "cluster_boundary",
     "cluster_context_bytes",
     "search_budget",

@@ -354,6 +354,7 @@ def worker_room(ray: Any, use_gpu: bool, gpu_model: str | None = None) -> int:
 
 __all__ = [
     "ACCELERATOR_TYPE",
+    "GPUS_PER_TRIAL_ALLOWED",
     "MAX_TRIALS_PER_GPU",
     "MODEL_RESOURCE_SLIVER",
     "NOSET_VISIBLE_DEVICES",
@@ -364,6 +365,7 @@ __all__ = [
     "autoscaling_max",
     "choose_device",
     "cuda_index_of",
+    "gpus_per_trial_ok",
     "limit_packed_memory",
     "model_resource",
     "packed_budget_bytes",

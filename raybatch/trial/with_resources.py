@@ -110,3 +110,6 @@ def measured_on_cluster(settings: TrialSettings) -> TrialSettings:
         log.info(note)
     return replace(settings, cuda_context_bytes=context,
                    gpu_budget_bytes=budget.bytes if budget is not None else None)  # fmt: skip
+
+
+__all__ = ["FIXED_SHARE", "measured_on_cluster", "with_resources"]

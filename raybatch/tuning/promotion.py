@@ -142,9 +142,6 @@ def tell_searcher(tune_controller: Any, hook: str, trial_id: str) -> None:
         searcher = getattr(searcher, "searcher", None)
 
 
-__all__ = ["Promotions", "tell_searcher"]
-
-
 def follow_storage(trial: Any, experiment: tuple[str, str] | None) -> None:
     """Point a trial Tune has just added at the run's own experiment folder, ``experiment``
     (the storage path and the experiment's name; ``None``: left as Tune made it).
@@ -164,3 +161,6 @@ def follow_storage(trial: Any, experiment: tuple[str, str] | None) -> None:
     moved = shallow_copy(mine)
     moved.storage_fs_path, moved.experiment_dir_name = path, name
     trial.set_storage(moved)
+
+
+__all__ = ["Promotions", "follow_storage", "tell_searcher"]

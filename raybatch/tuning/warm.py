@@ -84,9 +84,6 @@ class WarmSlots:
         return {"_reserved": []}  # a reservation lives in this Tuner's cache only
 
 
-__all__ = ["WarmSlots"]
-
-
 @contextlib.contextmanager
 def pending_trials(pausing: bool, in_flight: int) -> Iterator[None]:
     """Where the scheduler pauses trials, Tune's ``max_concurrent_trials`` is off (it counts
@@ -102,3 +99,6 @@ def pending_trials(pausing: bool, in_flight: int) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(name, None)
+
+
+__all__ = ["REUSE_ACTORS", "WarmSlots", "pending_trials"]
