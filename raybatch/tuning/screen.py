@@ -6,8 +6,8 @@ refuses is never launched: it is told to Optuna at once, with the penalty and th
 constraint (infeasible where the refusal is about memory, so that TPE steers away), and kept
 as a typed row for ``trials.csv``. When :data:`MAX_PRESCREEN_ATTEMPTS` suggestions in a row
 are refused, the screen gives up and says why, in the study, so that a restored searcher does
-not ask again. The screen also teaches its gates how each launched trial ended, and keeps what
-they learned in the searcher's checkpoint.
+not ask again. The screen also teaches its gates how each launched trial ended; what they
+learned is pickled with the searcher in its checkpoint.
 """
 
 from __future__ import annotations

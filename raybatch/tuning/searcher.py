@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from ray import cloudpickle
 from ray.tune.search import Searcher
 
 from raybatch import keys
@@ -248,18 +249,35 @@ driver points at the run directory the run is resumed in (a copied run's own ``o
 every part that holds the study takes that one."""
 
 
+class _Checkpointer(cloudpickle.CloudPickler):
+    """Ray's cloudpickle, as Tune pickles the searcher it is given (a gate of your own defined
+    in a notebook or a function pickles too), naming ``study`` by :data:`STUDY_ID`."""
+
+    def __init__(self, file: BinaryIO, study: SearchStudy) -> None:
+        super().__init__(file)
+        self.study = study
+
+    def persistent_id(self, obj: Any) -> str | None:
+        return STUDY_ID if obj is self.study else None
+
+
+class _Reader(pickle.Unpickler):
+    """Reads what :class:`_Checkpointer` wrote, with ``study`` where it names the study."""
+
+    def __init__(self, file: BinaryIO, study: SearchStudy) -> None:
+        super().__init__(file)
+        self.study = study
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid != STUDY_ID:
+            raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+        return self.study
+
+
 def write_checkpoint(state: dict[str, Any], path: str, study: SearchStudy) -> None:
-    """Pickle ``state`` to ``path`` with Ray's cloudpickle, as Tune pickles the searcher it is
-    given (a gate of your own defined in a notebook or a function pickles too), ``study``
-    named by :data:`STUDY_ID`."""
-    from ray import cloudpickle
-
-    class Checkpointer(cloudpickle.CloudPickler):
-        def persistent_id(self, obj: Any) -> str | None:
-            return STUDY_ID if obj is study else None
-
+    """Pickle ``state`` to ``path``, ``study`` named, not pickled (:class:`_Checkpointer`)."""
     with open(path, "wb") as f:
-        Checkpointer(f).dump(state)
+        _Checkpointer(f, study).dump(state)
 
 
 def read_checkpoint(path: str, study: SearchStudy) -> dict[str, Any]:
@@ -271,16 +289,9 @@ def read_checkpoint(path: str, study: SearchStudy) -> dict[str, Any]:
             lived elsewhere, or cut short), named; a format this one cannot read is refused
             where it is taken back.
     """
-
-    class Reader(pickle.Unpickler):
-        def persistent_load(self, pid: Any) -> Any:
-            if pid != STUDY_ID:
-                raise pickle.UnpicklingError(f"unknown reference {pid!r}")
-            return study
-
     try:
         with open(path, "rb") as f:
-            state = Reader(f).load()
+            state = _Reader(f, study).load()
     except (ImportError, AttributeError, EOFError, pickle.UnpicklingError) as exc:
         why = (f"unreadable ({type(exc).__name__}: {first_line(exc)}): written by another"
                " raybatch version, or cut short; start a new search")  # fmt: skip
