@@ -44,7 +44,7 @@ def main(
             config = {"micro_batch_size": micro, "accumulation_steps": accumulation, "seed": seed}
             reporter = run_trial(workload, space, settings, config, report_fn=lambda m: None)
             runs.append({"seed": seed, "status": reporter.status.value,
-                         "time_to_target_s": reporter.time_to_target_s})  # fmt: skip
+                         "time_to_target_s": reporter.tally.time_to_target_s})  # fmt: skip
         times = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
         recipe = space.derive(micro, accumulation)
         rows.append(

@@ -232,7 +232,7 @@ def _rerun(
                 {
                     "seed": first_seed + round_,
                     "status": reporter.status.value,
-                    "time_to_target_s": reporter.time_to_target_s,
+                    "time_to_target_s": reporter.tally.time_to_target_s,
                     "curve": [
                         [r[keys.TRAIN_S], r[keys.METRIC]]
                         for r in reports

@@ -52,7 +52,7 @@ def _one_step_params(micro: int, accumulation: int) -> list[torch.Tensor]:
         report_fn=lambda m: None,
     )
     train(workload, recipe, reporter, torch.device("cpu"), LoopOptions(seed=3))
-    assert reporter.steps == 1 and reporter.samples_seen == micro * accumulation
+    assert reporter.tally.steps == 1 and reporter.tally.samples_seen == micro * accumulation
     return [p.detach().clone() for p in workload.kept[-1].parameters()]
 
 
@@ -180,10 +180,10 @@ def test_between_marks_the_device_loop_neither_reads_the_loss_nor_synchronises(
         report_fn=lambda m: None, clock=TrialClock(synchronize=lambda: syncs.append(1)),
     )  # fmt: skip
     train(MLPWorkload(), _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions())
-    assert reporter.steps == marks * 8  # 32 optimizer steps
+    assert reporter.tally.steps == marks * 8  # 32 optimizer steps
     assert reads == [8] * marks  # one read per mark, of the 8 steps since the last
     assert len(syncs) <= 4 * (marks + 1)
-    assert reporter.loss is not None and reporter.initial_loss is not None
+    assert reporter.tally.loss is not None and reporter.tally.initial_loss is not None
 
 
 def test_on_cpu_the_loss_is_read_every_step_so_a_nan_stops_the_trial_at_once() -> None:
@@ -199,7 +199,7 @@ def test_on_cpu_the_loss_is_read_every_step_so_a_nan_stops_the_trial_at_once() -
 
     reporter = TrialReporter(2.0, eval_every_samples=10**6, max_time_s=60, report_fn=lambda m: None)
     train(GoesNaN(), _space(8).derive(8), reporter, torch.device("cpu"), LoopOptions())
-    assert reporter.status is TrialStatus.DIVERGED and reporter.steps == 3
+    assert reporter.status is TrialStatus.DIVERGED and reporter.tally.steps == 3
 
 
 def test_an_fp16_step_the_scaler_skipped_moves_neither_the_schedule_nor_the_ema() -> None:

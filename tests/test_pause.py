@@ -103,7 +103,10 @@ def test_a_trial_resumed_from_a_save_follows_the_curve_of_one_never_paused(
     assert before and after.keys() == before.keys()
     for samples, metric in before.items():
         assert after[samples] == pytest.approx(metric, abs=1e-6)
-    assert again.samples_seen == reporter.samples_seen and again.steps == reporter.steps
+    assert (
+        again.tally.samples_seen == reporter.tally.samples_seen
+        and again.tally.steps == reporter.tally.steps
+    )
     clock = state["reporter"]["clock"]
     first = next(r for r in resumed if not r[keys.HEARTBEAT])
     assert first[keys.TRAIN_S] > clock["elapsed_s"] - clock["eval_s"]  # its clock went on

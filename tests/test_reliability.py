@@ -70,7 +70,7 @@ def test_a_trial_running_past_its_time_cap_is_censored_soon_after() -> None:
     # Stopped at the first step past the cap, whatever the machine's speed: each step sleeps
     # 0.3 s, so after 4 steps it had trained 1.2 s and a fifth would have run past the cap.
     assert reports[-1][keys.TRAIN_S] >= 1.0
-    assert reporter.steps <= math.ceil(1.0 / SlowStepWorkload.STEP_SLEEP_S)
+    assert reporter.tally.steps <= math.ceil(1.0 / SlowStepWorkload.STEP_SLEEP_S)
 
 
 @pytest.mark.parametrize("where", ["/proc/raybatch-run", "/sys/raybatch-run"])

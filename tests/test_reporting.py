@@ -246,7 +246,7 @@ def test_the_heartbeat_is_a_32nd_of_the_cap_and_never_over_five_seconds() -> Non
 
     assert heartbeat_for(60.0) == pytest.approx(60.0 / 32)
     assert heartbeat_for(3600.0) == 5.0
-    assert make(max_time_s=3600.0)[0].heartbeat_s == 5.0
+    assert make(max_time_s=3600.0)[0].cadence.heartbeat_s == 5.0
 
 
 def test_caps_can_wait_for_the_marks() -> None:

@@ -136,7 +136,7 @@ def test_too_high_a_learning_rate_diverges_quickly() -> None:
     hot = SearchSpace.from_dict(data)
     reporter, reports = _run({"micro_batch_size": 64}, space=hot)
     assert reporter.status is TrialStatus.DIVERGED
-    assert reporter.steps < 50
+    assert reporter.tally.steps < 50
     assert reports[-1][keys.OBJECTIVE] == 10 * TIME_CAP_S
 
 
@@ -164,7 +164,7 @@ def test_cpu_prescreen_with_a_budget_skips_a_config_that_cannot_fit() -> None:
     reporter, reports = _run({"micro_batch_size": 256}, memory_budget="1MiB")
     assert reporter.status is TrialStatus.INFEASIBLE_MEMORY
     assert "does not fit the budget of 1.00 MiB" in reports[-1][keys.REASON]
-    assert reporter.steps == 0  # no training time spent
+    assert reporter.tally.steps == 0  # no training time spent
 
 
 def _custom_loop(config: dict[str, Any], target: float, space: SearchSpace, max_time_s: float):
@@ -393,6 +393,6 @@ def test_a_confirmation_run_trains_to_its_meeting_level_not_to_the_target() -> N
     met, met_reports = _run({**config, keys.MEET_LEVEL: 0.5})
     whole, _ = _run(config)
     assert met.status is TrialStatus.REACHED and whole.status is TrialStatus.REACHED
-    assert 0.5 <= met_reports[-1][keys.METRIC] < 0.97 <= whole.metric
-    assert met.time_to_target_s is not None and whole.time_to_target_s is not None
-    assert met.samples_seen < whole.samples_seen
+    assert 0.5 <= met_reports[-1][keys.METRIC] < 0.97 <= whole.tally.metric
+    assert met.tally.time_to_target_s is not None and whole.tally.time_to_target_s is not None
+    assert met.tally.samples_seen < whole.tally.samples_seen

@@ -5,7 +5,8 @@
 - ``loop``: raybatch's own training loop (accumulation, warmup, AMP, DDP, evaluation marks);
 - ``reporting``: :class:`~raybatch.trial.reporting.TrialReporter`, the trial's progress,
   target check and statuses, reported to Ray Tune, with its parts: ``clock`` (training time),
-  ``cadence`` (when an evaluation or a heartbeat is due) and ``limits`` (why a trial stops);
+  ``cadence`` (when an evaluation or a heartbeat is due), ``limits`` (why a trial stops),
+  ``tally`` (what it counted and read) and ``channel`` (where its reports go);
 - ``with_resources``: ``tune.with_resources`` for a trainable, from the settings it carries;
 - ``gpu_monitor``: GPU utilisation sampled during a trial (NVML).
 

@@ -13,35 +13,33 @@ raybatch's own loop and a user's own loop both report through a :class:`TrialRep
                 if run.report(accuracy):
                     break
 
-The reporter counts, decides and reports; each of its parts holds one job: the clock
-(:mod:`raybatch.trial.clock`: training time, evaluations timed apart, the device synchronised at
-marks only), the cadence (:mod:`raybatch.trial.cadence`: when an evaluation or a heartbeat is
-due), the limits (:mod:`raybatch.trial.limits`: why a
-trial stops) and the :class:`ReportChannel` (where reports go, and what travels with them).
+The reporter decides; each of its parts holds one job: the clock (:mod:`~raybatch.trial.clock`:
+training time, the device synchronised at marks only), the cadence (:mod:`~raybatch.trial.cadence`:
+when an evaluation or a heartbeat is due), the limits (:mod:`~raybatch.trial.limits`: why a trial
+stops), the tally (:mod:`~raybatch.trial.tally`: what it counted and read) and the channel
+(:mod:`~raybatch.trial.channel`: where reports go, and what travels with them).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from raybatch import keys
-from raybatch.errors import Issue, OptionError, first_line
+from raybatch.errors import Issue, OptionError
 from raybatch.memory.probe import release_memory
 from raybatch.metric import Target
 from raybatch.status import TrialStatus
 from raybatch.trial.cadence import NEAR_MARK_RATIO, Cadence
+from raybatch.trial.channel import ReportChannel, ReportFn
 from raybatch.trial.clock import TrialClock
 from raybatch.trial.limits import TrialLimits, failure
-from raybatch.trial.pause import Saver
-
-ReportFn = Callable[[dict[str, Any]], None]
+from raybatch.trial.tally import TrialTally
 
 
 def _refuse_nonpositive(**values: float) -> None:
@@ -49,15 +47,6 @@ def _refuse_nonpositive(**values: float) -> None:
     issues = [Issue(name, f"must be positive, got {v}") for name, v in values.items() if v <= 0]
     if issues:
         raise OptionError(issues)
-
-
-def _tune_report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
-    from ray import tune
-
-    if checkpoint_dir is None:
-        tune.report(metrics)
-    else:  # Tune keeps it in the trial's storage; a paused or resumed trial goes on from it
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
 
 
 @dataclass(frozen=True)
@@ -93,81 +82,10 @@ class ReporterOptions:
     pause_at_s: Sequence[float] = ()
 
 
-class ReportChannel:
-    """Where a trial's reports go, and what each carries beside the trial's own figures: its
-    notes (what was evaluated, the probe's peak, the time model) and the device's (``extra``).
-
-    Args:
-        report_fn: Where reports go (default ``ray.tune.report``; Ray Train workers pass
-            ``ray.train.report``).
-        extra: Called at each report for device figures (:class:`ReporterOptions`).
-    """
-
-    def __init__(
-        self, report_fn: ReportFn | None, extra: Callable[[], dict[str, Any]] | None
-    ) -> None:
-        self.report_fn = report_fn or _tune_report
-        self.extra = extra
-        self.saver: Saver | None = None
-        """Set by a loop that can go on from a checkpoint (raybatch's own, in one process),
-        where reports go to Tune: an evaluation's report carries the state it saves."""
-        self.report_with_state: Callable[[dict[str, Any], str], None] = _tune_report
-        """Where a report goes with the directory of a saved state (Tune's checkpoint)."""
-        # A loop of the user's own evaluates what it evaluates; raybatch's reads an early
-        # subset far from the target and says so (raybatch.trial.validation). Whether the LR
-        # still ramps up is unknown (None) until a loop says (raybatch's does, at each mark).
-        self.notes: dict[str, Any] = {keys.EVAL_WHOLE: True, keys.WARMING_UP: None}
-
-    def carry_at_target(self, measure: Callable[[], dict[str, Any]]) -> None:
-        """Carry what ``measure`` returns from now on; its failure is a note, never the trial's:
-        the trial reached its target, and that stands."""
-        try:
-            self.notes.update(measure())
-        except Exception as exc:
-            self.notes[keys.TIME_MODEL_ERROR] = f"{type(exc).__name__}: {first_line(exc)}"
-
-    def beside(self, fields: dict[str, Any], traceback: str | None) -> dict[str, Any]:
-        """``fields``, then the notes, the traceback (of an ``error``) and the device's figures."""
-        out = {**fields, **self.notes}
-        if traceback is not None:
-            out[keys.ERROR_TRACEBACK] = traceback
-        if self.extra is not None:
-            out.update(self.extra())
-        return out
-
-    def send(self, report: dict[str, Any], evaluation: bool, clock: TrialClock) -> None:
-        """Send ``report``; an evaluation's goes with the trial's saved state where a saver
-        is set and due (the report's training time decides). Reporting (at an evaluation, or
-        anywhere on a CPU), saving, and Tune's copy of the save are timed as evaluation: no
-        training, never in the objective (Ray Train's report waits for its controller's poll,
-        which had entered a data-parallel trial's time to target). A heartbeat on a device is
-        not: the device trains on its queued steps while the host reports."""
-        train_s = float(report[keys.TRAIN_S])
-        if not (evaluation and self.saver is not None and self.saver.due(train_s)):
-            # The device idle (after an evaluation, or a CPU): no training while it reports; a
-            # heartbeat on a device trains on its queued steps meanwhile.
-            idle = evaluation or clock.synchronize is None
-            with clock.idle() if idle else nullcontext():
-                self.report_fn(report)
-            return
-        with clock.evaluating():
-            started = time.perf_counter()
-            try:
-                self.report_with_state(report, self.saver.save(train_s))
-            finally:
-                self.saver.close()
-                self.saver.cost_s = time.perf_counter() - started
-
-    def close(self) -> None:
-        """Release what ``extra`` holds (e.g. an NVML sampling thread), if it can be closed."""
-        close = getattr(self.extra, "close", None)
-        if close is not None:
-            close()
-
-
 class TrialReporter:
     """One trial's progress and verdict, told to Ray Tune; its parts hold the rest: the
-    :attr:`clock`, the :attr:`cadence`, the :attr:`limits` and the report :attr:`channel`.
+    :attr:`clock`, the :attr:`cadence`, the :attr:`limits`, the :attr:`tally` and the report
+    :attr:`channel`.
 
     Args:
         target: The value to reach (a float means ``Target(value)``, higher is better).
@@ -176,7 +94,8 @@ class TrialReporter:
             marks, counted from the last evaluation (:class:`~raybatch.trial.cadence.Cadence`).
         max_time_s: Cap on training time (evaluation excluded); past it, ``censored``.
         max_samples: Optional sample budget; past it, ``censored``.
-        report_fn: Where reports go (:class:`ReportChannel`; default ``ray.tune.report``).
+        report_fn: Where reports go (:class:`~raybatch.trial.channel.ReportChannel`; default
+            ``ray.tune.report``).
         clock: The trial's clock (default ``TrialClock()``: the host's, never synchronised;
             on CUDA ``TrialClock(synchronize=...)`` waits for the device at marks).
         options: The rarely set knobs (:class:`ReporterOptions`).
@@ -201,17 +120,10 @@ class TrialReporter:
         self.cadence = Cadence(eval_every_samples, max_time_s, self.options.heartbeat_s,
                                self.options.eval_at_s)  # fmt: skip
         self.channel = ReportChannel(report_fn, self.options.extra)
+        self.tally = TrialTally()
         self.status = TrialStatus.RUNNING
         self.reason = ""
-        self.samples_seen = self.steps = self.reports = 0
-        self.metric: float | None = None
-        self.loss: float | None = None
-        self.initial_loss: float | None = None
-        self.time_to_target_s: float | None = None
-        self.elapsed_to_target_s: float | None = None
-        self.samples_to_target: int | None = None
         self.error_traceback: str | None = None
-        self.values: dict[str, float] = {}
         self.at_target: Callable[[], dict[str, Any]] | None = None
         """Run once the target is reached, before the final report, which carries what it
         returns (the search's time model); its time counts as evaluation, never in training."""
@@ -219,11 +131,6 @@ class TrialReporter:
     @property
     def target(self) -> Target:
         return self.limits.target
-
-    @property
-    def heartbeat_s(self) -> float:
-        """The most training seconds between two reports (:class:`ReporterOptions`)."""
-        return self.cadence.heartbeat_s
 
     def near_target(self, ratio: float = NEAR_MARK_RATIO) -> None:
         """The trial is near its target: evaluate more often (:meth:`Cadence.near_target`)."""
@@ -245,7 +152,7 @@ class TrialReporter:
 
     def step_s(self) -> float:
         """Training seconds per optimizer step so far (0 before the first)."""
-        return self.clock.train_s / self.steps if self.steps else 0.0
+        return self.clock.train_s / self.tally.steps if self.tally.steps else 0.0
 
     def evaluating(self) -> AbstractContextManager[None]:
         """Time an evaluation: it counts in ``elapsed_s`` and ``eval_s``, never in the objective."""
@@ -262,7 +169,7 @@ class TrialReporter:
     @property
     def eval_due(self) -> bool:
         """A sample mark, or a training-time mark, has been passed since the last evaluation."""
-        return not self.stopped and self.cadence.due(self.samples_seen)
+        return not self.stopped and self.cadence.due(self.tally.samples_seen)
 
     def add(self, samples: int, steps: int = 0, loss: float | None = None) -> bool:
         """Count training progress; check the loss and the budgets. True once stopped.
@@ -270,8 +177,8 @@ class TrialReporter:
         Call it at optimizer-step boundaries; ``loss`` is the step's, or ``None`` where the loop
         reads it at marks only (:meth:`check_loss`). Between marks, no device sync.
         """
-        self.samples_seen += samples
-        self.steps += steps
+        self.tally.samples_seen += samples
+        self.tally.steps += steps
         if loss is not None:
             self.check_loss(loss)
         if not self.stopped and not self.eval_due and self.options.check_budgets_between_marks:
@@ -284,19 +191,22 @@ class TrialReporter:
 
     def check_loss(self, loss: float) -> bool:
         """Stop as ``diverged`` on a NaN/Inf loss or one past ``divergence_factor`` x the first."""
-        self.loss = float(loss)
+        tally = self.tally
+        tally.loss = float(loss)
         if self.stopped:
             return True
-        if (reason := self.limits.diverged(self.loss, self.initial_loss, self.steps)) is not None:
+        if (
+            reason := self.limits.diverged(tally.loss, tally.initial_loss, tally.steps)
+        ) is not None:
             self.finish(TrialStatus.DIVERGED, reason)
-        elif self.initial_loss is None:
-            self.initial_loss = self.loss
+        elif tally.initial_loss is None:
+            tally.initial_loss = tally.loss
         return self.stopped
 
     def _check_budgets(self, synchronize: bool = True) -> float:
         """Stop on an exhausted time or sample budget; the training time it read."""
         train_s = self.clock.train_s_now(synchronize)
-        if (reason := self.limits.spent(train_s, self.samples_seen)) is not None:
+        if (reason := self.limits.spent(train_s, self.tally.samples_seen)) is not None:
             self.finish(TrialStatus.CENSORED, reason)
         return train_s
 
@@ -315,21 +225,23 @@ class TrialReporter:
         """
         if self.stopped:
             return True
+        tally = self.tally
         named = {self.target.metric: metric} if values is None else values
-        self.values = {str(k): float(v) for k, v in named.items()}
-        self.samples_seen = self.samples_seen if samples is None else samples
-        self.steps = self.steps if steps is None else steps
-        self.metric = float(metric)
-        if not math.isfinite(self.metric):
-            self.finish(TrialStatus.DIVERGED, f"validation metric is {self.metric}")
+        tally.values = {str(k): float(v) for k, v in named.items()}
+        tally.samples_seen = tally.samples_seen if samples is None else samples
+        tally.steps = tally.steps if steps is None else steps
+        tally.metric = float(metric)
+        if not math.isfinite(tally.metric):
+            self.finish(TrialStatus.DIVERGED, f"validation metric is {tally.metric}")
             return True
-        self.cadence.passed(self.samples_seen)
-        if self.target.reached(self.metric):
-            self.elapsed_to_target_s = self.clock.elapsed_s
-            self.time_to_target_s = max(self.elapsed_to_target_s - self.clock.eval_s, 0.0)
-            self.samples_to_target = self.samples_seen
+        self.cadence.passed(tally.samples_seen)
+        if self.target.reached(tally.metric):
+            tally.elapsed_to_target_s = self.clock.elapsed_s
+            tally.time_to_target_s = max(tally.elapsed_to_target_s - self.clock.eval_s, 0.0)
+            tally.samples_to_target = tally.samples_seen
             self.status = TrialStatus.REACHED
-            self.reason = self.limits.reached(self.metric, self.samples_seen, self.time_to_target_s)
+            self.reason = self.limits.reached(tally.metric, tally.samples_seen,
+                                              tally.time_to_target_s)  # fmt: skip
             self._measure_at_target()
             self._emit()
             return True
@@ -339,12 +251,11 @@ class TrialReporter:
         return self.stopped
 
     def _measure_at_target(self) -> None:
-        if self.at_target is not None:
+        # It holds the model and optimizer: let go of it, so the trial's memory is freed after.
+        measure, self.at_target = self.at_target, None
+        if measure is not None:
             with self.evaluating():  # off the objective's clock
-                try:
-                    self.channel.carry_at_target(self.at_target)
-                finally:  # it holds the model and optimizer: the trial's memory is freed after
-                    self.at_target = None
+                self.channel.carry_at_target(measure)
 
     def finish(self, status: TrialStatus, reason: str, traceback: str | None = None) -> None:
         """End the trial with a terminal status and send the final report (once); a traceback
@@ -362,25 +273,15 @@ class TrialReporter:
 
     def metrics(self) -> dict[str, Any]:
         """The fields of a report (see :mod:`raybatch.keys`)."""
-        clock = self.clock.figures()
-        train_s = clock[keys.TRAIN_S]
+        clock = self.clock.figures()  # elapsed, training, evaluation and held seconds; start-up
         out: dict[str, Any] = {
             keys.STATUS: self.status.value,
             keys.REASON: self.reason,
-            keys.METRIC: self.metric,
-            keys.LOSS: self.loss,
-            **clock,  # elapsed, training, evaluation and held seconds; start-up
-            keys.SAMPLES_SEEN: self.samples_seen,
-            keys.STEPS: self.steps,
+            **clock,
+            **self.tally.fields(clock[keys.TRAIN_S], self.clock.data_wait_s),
             keys.EVAL_MARK: self.cadence.last_mark,
-            keys.TIME_TO_TARGET_S: self.time_to_target_s,
-            keys.ELAPSED_TO_TARGET_S: self.elapsed_to_target_s,
-            keys.SAMPLES_TO_TARGET: self.samples_to_target,
-            keys.THROUGHPUT: self.samples_seen / train_s if train_s > 0 else 0.0,
-            keys.DATA_WAIT_FRACTION: self.clock.data_wait_s / train_s if train_s > 0 else 0.0,
-            keys.OBJECTIVE: self.limits.objective(self.status, self.time_to_target_s),
+            keys.OBJECTIVE: self.limits.objective(self.status, self.tally.time_to_target_s),
         }
-        out.update({keys.VALIDATION_PREFIX + name: v for name, v in self.values.items()})
         return self.channel.beside(out, self.error_traceback)
 
     def close(self) -> None:
@@ -388,28 +289,25 @@ class TrialReporter:
         self.channel.close()
 
     def _emit(self, heartbeat: bool = False) -> None:
-        self.reports += 1
+        self.tally.reports += 1
         out = {**self.metrics(), keys.HEARTBEAT: heartbeat}
         self.cadence.reported(float(out[keys.TRAIN_S]))
         # An evaluation that goes on may be where the trial is paused: its state goes along.
         self.channel.send(out, not heartbeat and not self.stopped, self.clock)
 
-    _KEPT = ("samples_seen", "steps", "reports", "metric", "loss", "initial_loss", "values")
-
     def state(self) -> dict[str, Any]:
         """What a paused trial's reporter keeps: its counts, last values, marks and clock."""
-        return {**{name: getattr(self, name) for name in self._KEPT},
-                "cadence": dict(vars(self.cadence)), "clock": self.clock.state()}  # fmt: skip
+        return {**self.tally.kept(), "cadence": dict(vars(self.cadence)),
+                "clock": self.clock.state()}  # fmt: skip
 
     def restore(self, state: dict[str, Any]) -> None:
         """Go on from :meth:`state`: call before :meth:`start`, which starts the clock from the
         saved readings. Read whole before anything is set: a state it cannot read changes
         nothing."""
-        kept = {name: state[name] for name in self._KEPT}
+        kept = {name: state[name] for name in TrialTally.KEPT}
         cadence = dict(state["cadence"])
         self.clock.resume(state["clock"])  # whole or not at all
-        for name, value in kept.items():
-            setattr(self, name, value)
+        vars(self.tally).update(kept)
         vars(self.cadence).update(cadence)
 
     def __enter__(self) -> TrialReporter:
@@ -436,4 +334,4 @@ class TrialReporter:
         return True
 
 
-__all__ = ["ReportChannel", "ReportFn", "ReporterOptions", "TrialReporter"]
+__all__ = ["ReporterOptions", "TrialReporter"]

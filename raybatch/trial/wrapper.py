@@ -51,12 +51,13 @@ from raybatch.trial.cadence import (
     rung_grid,
     time_marks,
 )
+from raybatch.trial.channel import ReportFn
 from raybatch.trial.clock import TrialClock
 from raybatch.trial.failures import lost_worker, memory_failure
 from raybatch.trial.gpu_monitor import DeviceFigures
 from raybatch.trial.loop import LoopOptions, agreed_clock, train
 from raybatch.trial.pause import checkpointing
-from raybatch.trial.reporting import ReporterOptions, ReportFn, TrialReporter
+from raybatch.trial.reporting import ReporterOptions, TrialReporter
 from raybatch.trial.settings import PARTS_ATTRIBUTE, TrialParts, TrialSettings, settings_of
 from raybatch.workload import Workload
 
