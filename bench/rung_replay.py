@@ -88,8 +88,9 @@ class _Observed(se._Capping):
     """The rule as the simulated benchmark drives it, noting each trial's training up to the
     search's first reach: before it, ``B`` is a guess and the rungs are tied to it."""
 
-    def __init__(self, zone: float | None, max_time_s: float, **settings: Any) -> None:
-        super().__init__(zone, max_time_s, **settings)
+    def __init__(self, zone: float | None, max_time_s: float, pause: bool = False,
+                 **rule: Any) -> None:  # fmt: skip
+        super().__init__(zone, max_time_s, pause, **rule)
         self.before_reach: dict[str, float] = {}
 
     def mark(self, trial_id: str, t: float, progress: float | None, beat: bool = False

@@ -92,7 +92,7 @@ from raybatch.tuning.confirmation import Race, RaceSearcher
 from raybatch.tuning.gates import search_gates
 from raybatch.tuning.options import SearchOptions
 from raybatch.tuning.plan import Plan, search_plan
-from raybatch.tuning.rungs import DEFAULT_ZONE, Trajectory, guess_of_b
+from raybatch.tuning.rungs import DEFAULT_ZONE, RungRule, Trajectory, guess_of_b
 from raybatch.tuning.scheduler import CappingScheduler
 from raybatch.tuning.searcher import RaybatchSearcher
 from raybatch.tuning.seeding import (
@@ -160,13 +160,15 @@ class _Capping:
     eta until a trial reaches) and fed each mark as Tune feeds it (``on_trial_result``, then
     ``on_trial_complete``)."""
 
-    def __init__(self, zone: float | None, max_time_s: float, **settings: Any) -> None:
-        """``settings``: the scheduler's other arguments (``hedge``, ...), where a rule varies."""
+    def __init__(self, zone: float | None, max_time_s: float, pause: bool = False,
+                 **rule: Any) -> None:  # fmt: skip
+        """``rule``: the rungs' other settings (``hedge``, ``eta``), where a rule varies."""
         # The target in the simulated metric's units (progress 1), as ``for_trainable`` reads
         # the trainable's.
-        settings.setdefault("target", 1.0)
-        self.scheduler = CappingScheduler.for_time_cap(max_time_s, None, slack=SLACK, zone=zone,
-                                                       **settings)  # fmt: skip
+        rule.setdefault("target", 1.0)
+        self.scheduler = CappingScheduler.for_time_cap(
+            max_time_s, None, slack=SLACK, pause=pause, rungs=RungRule(zone=zone, **rule)
+        )
         self.warm_s: dict[str, float] = {}  # trial -> the training seconds its warmup lasts
         self.searcher: Any = None  # told of pauses, as Tune's searcher is (run_raybatch's)
 
@@ -196,7 +198,7 @@ class _Capping:
         """As the scheduler's ``choose_trial_to_run`` decides (a chosen trial resumes)."""
         chosen, stop = self.scheduler.next_to_run(pending, running)
         if chosen is not None:
-            self.scheduler.resume(chosen)
+            self.scheduler.promotions.resumed(chosen)
             if self.searcher is not None:
                 self.searcher.on_unpause(chosen)
         return chosen, stop
@@ -563,7 +565,7 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
     """Every strategy's confirmation: the shipped :class:`~raybatch.tuning.confirmation.Race` over
     its trials' rows, run by the shipped :class:`~raybatch.tuning.confirmation.RaceSearcher` (its
     runs in order) with the shipped :class:`CappingScheduler` capping each challenger at its
-    leader's time on the same seed (its ``race_cap_s`` once the leader ended), and the shipped
+    leader's time on the same seed (its ``race.cap_s`` once the leader ended), and the shipped
     selection. Returns the pick and what the confirmation runs held their devices for."""
     rows = [_row(t["knobs"], keys.PHASE_SEARCH, f"s{i}", t, 0) for i, t in enumerate(trials)]
     curves = {}  # as the search's phases keep them: each trial's marks (progress 1: target)
@@ -573,7 +575,7 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
             curve.add(train_s, progress)
     race = Race(rows, top=CONFIRM_TOP, seeds=list(range(1, CONFIRM_SEEDS + 1)), slack=SLACK,
                 curves=curves)  # fmt: skip
-    scheduler = CappingScheduler(SLACK, zone=None)
+    scheduler = CappingScheduler(SLACK, rungs=RungRule(zone=None))
     searcher = RaceSearcher(race, penalty=penalty(member.max_time_s))  # PAR-10
     cost = 0.0
     for n in itertools.count():
@@ -582,7 +584,7 @@ def confirm(member: Member, trials: list[Trial], rng: random.Random
             break
         knobs = (config[keys.MICRO_BATCH_SIZE], config[keys.ACCUMULATION_STEPS],
                  config[keys.LR_MULTIPLIER])  # fmt: skip
-        ran = _outcome(member, knobs, rng, cap_s=scheduler.race_cap_s(config[keys.SEED]),
+        ran = _outcome(member, knobs, rng, cap_s=scheduler.race.cap_s(config[keys.SEED]),
                        level=config.get(keys.MEET_LEVEL))  # fmt: skip
         cost += ran["cost"]
         result = {keys.TRIAL_ID: f"c{n}", keys.STATUS: _ROW_STATUS[ran["status"]].value,

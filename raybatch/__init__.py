@@ -10,7 +10,7 @@ the modules its trial needs (Ray, Optuna and PyTorch only in the functions that 
 - the winner: :func:`verdict` (what the CLI says at the end), :func:`load_best`,
   :class:`BestConfig`;
 - raybatch inside your own Ray Tune run (the plugin): :class:`RaybatchSearcher`,
-  :class:`CappingScheduler`, :func:`trainable`, :func:`with_resources`;
+  :class:`CappingScheduler` (its :class:`RungRule`), :func:`trainable`, :func:`with_resources`;
 - the errors a caller catches: :class:`RaybatchError` (every error raybatch raises on purpose),
   :class:`InputError` (bad input), :class:`TrialsFailedError`, :class:`SearchInterrupted`.
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the same names, typed for mypy and IDEs
     from raybatch.trial.with_resources import with_resources
     from raybatch.trial.wrapper import trainable
     from raybatch.tuning.options import SearchOptions
+    from raybatch.tuning.rungs import RungRule
     from raybatch.tuning.scheduler import CappingScheduler
     from raybatch.tuning.searcher import RaybatchSearcher
     from raybatch.version import __version__
@@ -50,6 +51,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "run.driver": ("resume", "search"),
     "run.record": ("analyze_run",),
     "tuning.options": ("SearchOptions",),
+    "tuning.rungs": ("RungRule",),
     "tuning.scheduler": ("CappingScheduler",),
     "tuning.searcher": ("RaybatchSearcher",),
     "space.config": ("TrialConfig",),
@@ -64,7 +66,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
 
 __all__ = [
     "BestConfig", "CappingScheduler", "InputError", "Metric", "RaybatchError",
-    "RaybatchSearcher", "SearchInterrupted", "SearchOptions", "SearchSpace", "Target",
+    "RaybatchSearcher", "RungRule", "SearchInterrupted", "SearchOptions", "SearchSpace", "Target",
     "TrialConfig", "TrialsFailedError", "Workload", "__version__", "analyze_run", "load_best",
     "load_space", "resume", "search", "trainable", "verdict", "with_resources",
 ]  # fmt: skip

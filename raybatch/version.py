@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from raybatch.errors import Issue, RunDirError
 
-RUN_FORMAT = 6
+RUN_FORMAT = 7
 """The format of the files a search writes and reads back. Bump it when any of them changes in
 a way this reader would misread; older formats of that file are then refused (or migrated
 here). 2: the searcher Tune pickles whole, and its checkpoint, are composed of other parts
@@ -28,8 +28,9 @@ ignored); 5: the search's Tuner runs the confirmation's race too, its searcher (
 pickles) the search's wrapped with the race's state (:class:`~raybatch.tuning.phases.
 SearchThenRace`); 6: what Tune pickles lives in :mod:`raybatch.tuning` (it was
 ``raybatch.run``), so an unfinished run of format 5 or older is refused by its ``run.json``
-before Tune unpickles it. ``run.json`` and ``best_config.yaml`` read as in 1
-(:data:`SAME_SINCE`)."""
+before Tune unpickles it; 7: the scheduler Tune pickles holds its rungs' rule and verdicts in a
+judge (:class:`~raybatch.tuning.judge.RungJudge`), and no part reads a pickle older than its
+format. ``run.json`` and ``best_config.yaml`` read as in 1 (:data:`SAME_SINCE`)."""
 SAME_SINCE = 1
 """The oldest format ``run.json`` and ``best_config.yaml`` are read from: a finished run of
 format 1 is analysed and exported as it is; only resuming one is refused (its searcher)."""

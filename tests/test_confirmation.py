@@ -20,7 +20,7 @@ from raybatch.results.selection import choose_winner
 from raybatch.status import TrialStatus
 from raybatch.tuning.confirmation import Race, RaceSearcher
 from raybatch.tuning.race_record import RaceRecord
-from raybatch.tuning.rungs import Trajectory
+from raybatch.tuning.rungs import RungRule, Trajectory
 from raybatch.tuning.scheduler import CappingScheduler
 from raybatch.tuning.study import SearchStudy
 
@@ -96,7 +96,7 @@ def _play(race: Race, times: dict[tuple[int, int, float], dict[int, float | None
           record: RaceRecord | None = None) -> Rounds:  # fmt: skip
     """Run the race as the driver does: the shipped :class:`RaceSearcher` suggests each run in
     order and the shipped :class:`CappingScheduler` caps it; the rounds, as (seed, recipes)."""
-    scheduler = CappingScheduler(SLACK, zone=None)
+    scheduler = CappingScheduler(SLACK, rungs=RungRule(zone=None))
     searcher = RaceSearcher(race, PENALTY, record=record)
     for n in itertools.count():
         config = searcher.suggest(f"t{n}")
@@ -466,7 +466,7 @@ def test_on_two_slots_a_round_runs_side_by_side_the_later_capped_at_the_first_to
     the first to reach (B, 1.0 s) sets the cap, and A, still short of the target at 1.2 s, is
     stopped there; the next round waits for both runs of this one."""
     race = Race(_search((A, 1.0), (B, 1.05)), top=2, seeds=[1, 2, 3], slack=SLACK)
-    scheduler = CappingScheduler(SLACK, zone=None)
+    scheduler = CappingScheduler(SLACK, rungs=RungRule(zone=None))
     searcher = RaceSearcher(race, PENALTY, at_once=2)
     first, second = searcher.suggest("a"), searcher.suggest("b")
     assert isinstance(first, dict) and isinstance(second, dict)

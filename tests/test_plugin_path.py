@@ -30,7 +30,11 @@ def test_the_penalty_and_the_hang_clock_follow_the_trainables_time_cap() -> None
     scheduler = raybatch.CappingScheduler.for_trainable(fn)
     assert searcher.penalty == 70.0 == parts_of(fn).settings.penalty
     assert searcher.space is SPACE
-    assert scheduler.hang_after_s == 7 + HANG_GRACE_S and scheduler.mode == "max"
+    assert (
+        scheduler.guard is not None
+        and scheduler.guard.after_s == 7 + HANG_GRACE_S
+        and scheduler.mode == "max"
+    )
     assert raybatch.CappingScheduler.for_trainable(fn, slack=3.0).slack == 3.0
     pinned = _trainable(gpu_model="A100", data_parallel_gpus=True, cuda_context_bytes=300 << 20)
     searcher = raybatch.RaybatchSearcher.for_trainable(pinned)

@@ -10,6 +10,7 @@ from ray.tune.schedulers import TrialScheduler
 from raybatch import keys
 from raybatch.tuning.phases import _capped_reason
 from raybatch.tuning.promotion import Promotions
+from raybatch.tuning.rungs import RungRule
 from raybatch.tuning.scheduler import CappingScheduler
 
 
@@ -60,7 +61,7 @@ def test_a_paused_trial_goes_on_before_new_trials_once_the_curves_since_put_it_i
     for name in ("w1", "w2", "w3"):  # three more trials, further behind at the same rung
         assert _report(s, name, 1.0, 0.05) == TrialScheduler.PAUSE
     assert s.next_to_run(pending=True, running=1) == ("slow", False)  # ahead of a new trial
-    s.resume("slow")
+    s.promotions.resumed("slow")
     assert "slow" not in s.promotions.paused
     # Not judged again at the rung it was promoted from (it may resume from a save before it).
     assert _report(s, "slow", 1.2, 0.12) == TrialScheduler.CONTINUE
@@ -73,7 +74,7 @@ def test_a_trial_chosen_to_go_on_but_stopped_before_it_reports_ends_capped_at_it
     s = _scheduler()
     _reached(s)
     _report(s, "slow", 1.0, 0.1)
-    s.resume("slow")
+    s.promotions.resumed("slow")
     s.on_trial_remove(None, _trial("slow"))
     assert s.capped_at_rung == {"slow": 1.0}
 
@@ -119,7 +120,7 @@ def test_before_a_reach_a_trial_ahead_past_the_guess_of_b_yields_its_slot_once(
         _report(s, "a", 0.2, 0.1)
         assert _report(s, "a", 0.4, 0.2) == TrialScheduler.PAUSE  # alone at the 1/3 s rung
         assert s.next_to_run(pending=False, running=0) == ("a", False)  # the leader
-        s.resume("a")
+        s.promotions.resumed("a")
         for t, m in ((1.2, 0.4), (3.5, 0.6)):
             assert _report(s, "a", t, m) == TrialScheduler.CONTINUE
         assert _report(s, "a", 9.5, 0.8) == TrialScheduler.PAUSE
@@ -137,10 +138,12 @@ def test_before_a_reach_a_trial_ahead_past_the_guess_of_b_yields_its_slot_once(
         # Ahead of "b" at 9 s, "a" is still not promoted before the new trials.
         assert s.next_to_run(pending=True, running=0) == (None, False)
         assert s.next_to_run(pending=False, running=0) == ("a", False)
-        s.resume("a")
+        s.promotions.resumed("a")
         assert _report(s, "a", 12.0, 0.85) == TrialScheduler.CONTINUE
     plain = CappingScheduler.for_time_cap(27.0, None)  # no pauses (the plugin's default)
-    unruled = CappingScheduler.for_time_cap(27.0, None, pause=True, zone=None)  # no rungs
+    unruled = CappingScheduler.for_time_cap(
+        27.0, None, pause=True, rungs=RungRule(zone=None)
+    )  # no rungs
     for t, m in ((0.2, 0.1), (0.4, 0.2), (1.2, 0.4), (3.5, 0.6), (9.5, 0.8)):
         assert _report(plain, "a", t, m) == TrialScheduler.CONTINUE
         assert _report(unruled, "a", t, m) == TrialScheduler.CONTINUE
@@ -157,7 +160,7 @@ def test_a_trial_paused_at_the_guess_of_b_does_not_yield_again_once_it_goes_on()
     assert _report(s, "a", 9.2, 0.8) == TrialScheduler.PAUSE  # alone at the 9 s rung: waits
     assert s.promotions.paused["a"] == 9.0 and "a" not in s.promotions.yielded
     assert s.next_to_run(pending=False, running=0) == ("a", False)
-    s.resume("a")
+    s.promotions.resumed("a")
     assert _report(s, "a", 10.0, 0.82) == TrialScheduler.CONTINUE
 
 
@@ -184,7 +187,7 @@ def test_the_leader_that_goes_on_with_nothing_new_to_run_does_not_wait_at_its_ne
     _report(s, "a", 0.2, 0.1)
     assert _report(s, "a", 0.4, 0.2) == TrialScheduler.PAUSE  # alone at the 1/3 s rung
     assert s.next_to_run(pending=False, running=0) == ("a", False)
-    s.resume("a")
+    s.promotions.resumed("a")
     for t, m in ((1.2, 0.4), (3.5, 0.6)):  # first past the 1 s and 3 s rungs, alone
         assert _report(s, "a", t, m) == TrialScheduler.CONTINUE
     s.on_trial_complete(None, _trial("a"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 5.0})
@@ -215,7 +218,7 @@ def test_a_trial_paused_once_b_is_measured_goes_on_only_when_its_rung_passes_it(
     guess = _scheduler()
     for name, m in (("a", 0.3), ("b", 0.28), ("c", 0.27)):
         _report(guess, name, 0.4, m)  # the 1/3 s rung: b and c behind a, c within the zone
-    guess.resume("a")
+    guess.promotions.resumed("a")
     assert "c" in guess.promotions.guessed
     assert guess.next_to_run(pending=False, running=1)[0] in ("b", "c")
 
@@ -229,7 +232,7 @@ def _leaders_and_pauses(s: CappingScheduler) -> None:
         _report(s, leader, 0.2, 0.1)
         assert _report(s, leader, 0.5, 0.11) == TrialScheduler.PAUSE  # first at 1/3 s: waits
         assert s.next_to_run(pending=False, running=0) == (leader, False)  # goes on, leading
-        s.resume(leader)
+        s.promotions.resumed(leader)
         for t, m in ((1.2, 0.5), (3.5, 0.8)):
             assert _report(s, leader, t, m) == TrialScheduler.CONTINUE
     _report(s, "y", 0.2, 0.1)
@@ -251,7 +254,7 @@ def test_before_a_reach_the_hedge_takes_back_a_cheap_pause_not_one_at_the_guess_
     _leaders_and_pauses(s)
     assert s.next_to_run(pending=True, running=0) == (None, False)  # new trials first
     assert s.next_to_run(pending=False, running=1) == ("x", False)  # not y, though further
-    s.resume("x")
+    s.promotions.resumed("x")
     assert not s.promotions.leads("x")
     assert s.next_to_run(pending=False, running=1) == ("y", False)  # as the leader
     assert s.promotions.leads("y")
@@ -275,8 +278,8 @@ def test_a_trial_paused_below_every_rung_a_reach_set_is_judged_at_the_lowest() -
         _report(s, name, 0.2, m / 2)
         _report(s, name, 0.4, m)  # the 1/3 s rung: c is behind the two before it
     assert s.next_to_run(pending=True, running=0) == ("a", False)  # the top third: a
-    s.resume("a")
-    s.resume("b")  # went on, say, when nothing was new
+    s.promotions.resumed("a")
+    s.promotions.resumed("b")  # went on, say, when nothing was new
     assert s.next_to_run(pending=True, running=0) == (None, False)  # c: behind at its rung
     _reached(s)  # rungs now 1, 3, 9 s
     assert s.next_to_run(pending=True, running=0) == (None, False)  # new trials first

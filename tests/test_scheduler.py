@@ -9,6 +9,7 @@ import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from raybatch import keys
+from raybatch.tuning.rungs import RungRule
 from raybatch.tuning.scheduler import CappingScheduler
 
 
@@ -57,7 +58,7 @@ def test_slack_below_one_is_refused_as_the_options_refuse_it() -> None:
     with pytest.raises(OptionError, match=r"<python>: slack: must be >= 1, got 0\.9"):
         CappingScheduler(slack=0.9)
     with pytest.raises(OptionError, match=r"zone: must be >= 0 or None, got -0\.5"):
-        CappingScheduler(zone=-0.5)
+        CappingScheduler(rungs=RungRule(zone=-0.5))
     with pytest.raises(OptionError, match=r"mode: must be 'max' or 'min', got 'up'"):
         CappingScheduler(mode="up")
     with pytest.raises(OptionError, match="slack"):
@@ -73,7 +74,7 @@ def test_a_resumed_scheduler_times_running_trials_afresh() -> None:
     s.guard._since["a"] = -1e9  # long ago, in another process
     restored = pickle.loads(pickle.dumps(s))
     assert restored.guard is not None and restored.guard._since == {}
-    assert restored.hang_after_s == restored.guard.after_s == 10.0
+    assert restored.guard.after_s == 10.0
 
 
 def test_capping_counts_training_time_not_evaluation() -> None:
@@ -146,22 +147,22 @@ def _incumbent(s: CappingScheduler) -> None:
 
 
 def test_the_rungs_are_tied_to_the_fastest_time_to_target() -> None:
-    s = CappingScheduler(horizon_s=30.0)
+    s = CappingScheduler(rungs=RungRule(horizon_s=30.0))
     # The guess, before: one rung further down (it is only a bound).
     assert s.rungs() == pytest.approx([30 / 27, 30 / 9, 30 / 3, 30.0])
     _incumbent(s)  # B = 9 s: the two grid points at or below 9 / sqrt(3), then B
     assert s.rungs() == pytest.approx([30 / 27, 30 / 9, 9.0])
-    assert CappingScheduler(zone=None, horizon_s=30.0).rungs() == []
+    assert CappingScheduler(rungs=RungRule(zone=None, horizon_s=30.0)).rungs() == []
     assert CappingScheduler().rungs() == []  # no guess and no reach: nothing to tie them to
 
 
 def test_the_rungs_stay_on_their_grid_while_the_fastest_time_moves() -> None:
     """Only the top rung follows B: the ones below sit on the grid the guess started, so a
     rung a trial was judged at before a reach is where it stays."""
-    s = CappingScheduler(horizon_s=30.0)
+    s = CappingScheduler(rungs=RungRule(horizon_s=30.0))
     grids = ((9.0, [30 / 27, 30 / 9]), (7.0, [30 / 27, 30 / 9]), (4.0, [30 / 81, 30 / 27]))
     for best, below in grids:
-        s._record(best)
+        s.judge.record(best)
         assert s.rungs() == pytest.approx([*below, best])
 
 
@@ -175,7 +176,7 @@ def test_every_rung_below_the_top_is_one_of_the_trials_own_time_marks() -> None:
     marks = time_marks(15.0)
     for best in (1.3, 2.23, 5.8, 12.0):
         s = CappingScheduler.for_time_cap(15.0)
-        s._record(best)
+        s.judge.record(best)
         for rung in s.rungs()[:-1]:
             assert any(math.isclose(rung, m, rel_tol=1e-9) for m in marks), (best, rung)
 
@@ -184,7 +185,7 @@ def test_before_a_reach_a_curve_far_ahead_of_the_guess_adds_the_grid_rung_under_
     """A 27 s cap guesses rungs at 1/3 .. 9 s; a curve half way to 0.9 in 0.18 s of training
     extrapolates to about 0.4 s: the grid rung under it (1/9 s, the cap's lowest time mark)
     is added, the one under that (1/27 s, where no trial evaluates) is not."""
-    s = CappingScheduler.for_time_cap(27.0, None, target=0.9)
+    s = CappingScheduler.for_time_cap(27.0, None, rungs=RungRule(target=0.9))
     assert s.rungs() == pytest.approx([1 / 3, 1.0, 3.0, 9.0])
     _curve(s, "d", ((0.12, 0.1), (0.3, 0.6)))
     assert s.rungs() == pytest.approx([1 / 9, 1 / 3, 1.0, 3.0, 9.0])
@@ -197,7 +198,7 @@ def test_a_rung_added_below_does_not_judge_a_trial_already_judged_at_a_later_one
     """Trial a passed the 1/3 s rung beside b and c; it was behind them at 1/9 s, a rung that
     did not exist then. Once a fast curve adds it, a is not judged there after the fact (a
     near-optimal recipe with a large LR was so paused at 129 s for 20 s it had trained)."""
-    s = CappingScheduler.for_time_cap(27.0, None, target=0.9, hedge=0.0)
+    s = CappingScheduler.for_time_cap(27.0, None, rungs=RungRule(target=0.9, hedge=0.0))
     for name, first in (("b", 0.3), ("c", 0.3), ("a", 0.28)):
         _curve(s, name, ((0.1, first), (0.4, 0.31 if name == "a" else 0.3)))
     assert "a" not in s.capped_at_rung
@@ -210,7 +211,7 @@ def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung()
     """At the 1 s rung the incumbent had 0.4, and 0.36 at 1/1.1 s: a trial showing 0.2 there is
     more than 10 % slower to its level and ranks below the top third: stopped at that rung,
     long before the final cap (10.8 s) would have stopped it."""
-    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, hedge=0.0))
     _incumbent(s)
     assert s.on_trial_result(None, _trial("slow"), _report(1.2, 0.2)) == TrialScheduler.STOP
     assert s.capped_at_rung == {"slow": 1.0} and s.capped == {"slow": 1.2}
@@ -219,11 +220,11 @@ def test_a_trial_outside_the_zone_and_below_the_top_third_is_stopped_at_a_rung()
 def test_a_trial_within_the_zone_goes_on_whatever_its_rank() -> None:
     """0.38 at the 1 s rung: below the incumbent's 0.4 (last of two), but above the 0.36 the
     incumbent had at 1/1.1 s: within 10 %, so it goes on (the hedge against early ranks)."""
-    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, hedge=0.0))
     _incumbent(s)
     assert s.on_trial_result(None, _trial("close"), _report(1.05, 0.38)) == TrialScheduler.CONTINUE
     # The same trial with no zone at all is judged by its rank alone: stopped.
-    strict = CappingScheduler(slack=1.2, zone=0.0, hedge=0.0)
+    strict = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.0, hedge=0.0))
     _incumbent(strict)
     assert strict.on_trial_result(None, _trial("close"), _report(1.05, 0.38)) == (
         TrialScheduler.STOP
@@ -233,7 +234,7 @@ def test_a_trial_within_the_zone_goes_on_whatever_its_rank() -> None:
 def test_a_trial_in_the_top_third_goes_on_outside_the_zone() -> None:
     """ASHA's rule: 0.45 at 1 s is more than 10 % behind the best curve (0.464 at 1/1.1 s),
     but in the top third of the four trials that got to the rung (0.1, 0.3, 0.45, 0.5)."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     for name, value in (("x", 0.5), ("y", 0.3), ("z", 0.1)):
         s.on_trial_result(None, _trial(name), _report(0.5, 0.6 * value))
         s.on_trial_result(None, _trial(name), _report(1.0, value))
@@ -246,7 +247,7 @@ def test_at_b_itself_only_the_zone_passes_a_trial_not_the_top_third() -> None:
     yet can only tie it. 0.8 is outside the zone, though in the top third of the curves at
     9 s (three others that did not reach, 0.5-0.6): stopped at the rung, not run on to
     slack x B. Within the zone (0.88), it goes on."""
-    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, hedge=0.0))
     _curve(s, "inc", ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)))
     reached = {keys.STATUS: "reached", keys.TRAIN_S: 9.0, keys.METRIC: 0.9,
                keys.TIME_TO_TARGET_S: 9.0}  # fmt: skip
@@ -272,7 +273,10 @@ def test_the_zone_is_wider_at_earlier_rungs_so_a_slow_starter_goes_on() -> None:
 
     assert hedged_zone(0.1, 3.0, 2, 0.25) == pytest.approx(1.1 * 3**0.5 - 1)
     assert hedged_zone(0.1, 3.0, 0, 0.25) == pytest.approx(0.1)
-    hedged, flat = CappingScheduler(zone=0.1, hedge=0.25), CappingScheduler(zone=0.1, hedge=0.0)
+    hedged, flat = (
+        CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.25)),
+        CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0)),
+    )
     for s in (hedged, flat):
         _incumbent(s)
     slow = _report(1.05, 0.25)
@@ -293,8 +297,8 @@ def test_a_rung_reached_in_warmup_is_judged_at_the_first_evaluation_past_it() ->
     neighbour, once saying nothing of a warmup and once still warming up at 1.2 s: the first is
     stopped at the 1 s rung; the second is not judged there, but at 2 s, its first evaluation
     past the warmup, against the neighbour's curve at 2 s (0.55): 0.25 is far behind."""
-    warm = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
-    warming = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    warm = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
+    warming = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     for s in (warm, warming):
         _neighbour(s)
     assert warm.on_trial_result(None, _trial("t"), _report(1.2, 0.2)) == TrialScheduler.STOP
@@ -311,7 +315,7 @@ def test_a_trial_within_the_zone_past_its_warmup_goes_on_and_is_not_judged_there
     within the zone, it goes on. A far faster trial then runs beside (0.95 at 2 s): judged
     again at 2 s, 0.53 would be stopped; its next evaluation (2.5 s, before the 3 s rung) is
     not, and it goes on."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _neighbour(s)
     for t, value, flag in ((1.2, 0.2, True), (2.0, 0.53, False)):
         said = {**_report(t, value), keys.WARMING_UP: flag}
@@ -319,7 +323,7 @@ def test_a_trial_within_the_zone_past_its_warmup_goes_on_and_is_not_judged_there
     _curve(s, "fast", ((1.0, 0.8), (2.0, 0.95), (2.6, 0.97)))
     said = {**_report(2.5, 0.6), keys.WARMING_UP: False}
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
-    assert "t" not in s.capped_at_rung and s._warm_judged == {"t"}
+    assert "t" not in s.capped_at_rung and s.judge.warm_judged == {"t"}
 
 
 def test_a_trial_still_warming_up_when_the_first_trial_reaches_is_judged_at_every_rung(
@@ -327,7 +331,7 @@ def test_a_trial_still_warming_up_when_the_first_trial_reaches_is_judged_at_ever
     """Spared at the guess's rungs while warming up (0.05 at 1.2 s, beside a neighbour), a
     trial is judged at the new 1 s rung once a trial reaches the target in 9 s: still warming
     at 1.5 s with 0.06, where the others had 0.4 at 1 s, it is stopped there."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _neighbour(s)
     said = {**_report(1.2, 0.05), keys.WARMING_UP: True}
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
@@ -342,16 +346,16 @@ def test_a_trial_warm_before_the_first_reach_is_judged_there_once_not_on_its_ram
     ends at 1 s), a trial's judgment past the warmup is still owed when a trial reaches the
     target in 9 s: at 2.5 s (0.66) it is judged at 2 s against the incumbent's 0.55 there and
     goes on; the 1 s rung, inside its warmup, does not judge it on its ramp's 0.05."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _curve(s, "beside", ((0.25, 0.1), (1.0, 0.4)))
     for t, value, flag in ((1.2, 0.05, True), (2.0, 0.56, False)):
         said = {**_report(t, value), keys.WARMING_UP: flag}
         assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE, t
-    assert s._warm_judged == set()  # nothing to judge it against at 2 s yet
+    assert s.judge.warm_judged == set()  # nothing to judge it against at 2 s yet
     _incumbent(s)
     said = {**_report(2.5, 0.66), keys.WARMING_UP: False}
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.CONTINUE
-    assert "t" not in s.capped_at_rung and s._warm_judged == {"t"}
+    assert "t" not in s.capped_at_rung and s.judge.warm_judged == {"t"}
 
 
 def test_a_trial_judged_past_its_warmup_before_the_first_reach_is_not_judged_on_its_ramp_after(
@@ -360,7 +364,7 @@ def test_a_trial_judged_past_its_warmup_before_the_first_reach_is_not_judged_on_
     a trial is ahead of the incumbent that then reaches in 9 s (0.55 at 2 s, 0.625 at 2.5 s):
     at 2.5 s with 0.66 it goes on. The 1 s rung, inside the warmup its judgment covered, does
     not judge it on its ramp's 0.05."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _neighbour(s)
     for t, value, flag in ((1.2, 0.05, True), (2.0, 0.56, False)):
         said = {**_report(t, value), keys.WARMING_UP: flag}
@@ -377,7 +381,7 @@ def test_before_any_reaches_a_recipe_that_diverges_after_a_long_warmup_is_stoppe
     past the highest rung, then at chance accuracy (its LR diverged once the ramp was over):
     judged at 4 s against its running neighbour (0.8 there), it is stopped, instead of running
     at chance to its time cap (a real search: two such trials ran their 15 s cap at 0.1)."""
-    s = CappingScheduler(slack=1.2, zone=0.1, horizon_s=9.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, horizon_s=9.0))
     _curve(s, "ahead", ((0.5, 0.3), (2.0, 0.6), (4.0, 0.8), (4.5, 0.82)))
     for t, value, flag, verdict in ((1.5, 0.1, True, TrialScheduler.CONTINUE),
                                     (3.5, 0.1, True, TrialScheduler.CONTINUE),
@@ -393,7 +397,7 @@ def test_once_a_trial_has_reached_every_rung_judges_a_trial_still_warming_up() -
     incumbent had 0.4, stops it (spared there, such trials each held a third of the
     incumbent's training: a real tabular search stopped 7 of 12 at the B/3 rung). Before any
     trial has reached, no rung judges a trial in its warmup."""
-    s = CappingScheduler(zone=0.1, hedge=0.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0))
     _incumbent(s)
     said = {**_report(1.2, 0.05), keys.WARMING_UP: True}
     assert s.on_trial_result(None, _trial("t"), said) == TrialScheduler.STOP
@@ -409,7 +413,7 @@ def test_once_a_trial_has_reached_every_rung_judges_a_trial_still_warming_up() -
         assert s.on_trial_result(None, _trial("u"), said) == verdict, t
     assert s.capped_at_rung["u"] == 3.0
 
-    guessing = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    guessing = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _curve(guessing, "ahead", ((0.25, 0.1), (1.0, 0.4), (3.0, 0.7)))
     for t, value in ((1.2, 0.05), (3.3, 0.3)):
         said = {**_report(t, value), keys.WARMING_UP: True}
@@ -420,7 +424,7 @@ def test_once_a_trial_has_reached_every_rung_judges_a_trial_still_warming_up() -
 def test_a_lone_trial_goes_on_as_the_first_at_every_rung() -> None:
     """No other curve reached the rung: the first trial there always goes on (only its own
     time cap, or a later incumbent's, stops it)."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     for t in (0.5, 1.5, 4.0, 8.5):
         assert s.on_trial_result(None, _trial("alone"), _report(t, 0.01)) == (
             TrialScheduler.CONTINUE
@@ -433,7 +437,7 @@ def test_trials_started_together_are_judged_against_each_other_before_any_reache
     guess (9 s: rungs at 1/9, 1/3, 1, 3 s), and a trial is judged against its neighbour's curve
     at the same training time, from the neighbour's first evaluation on (0.4 s: nothing to
     compare with at the first two rungs); the leader is never stopped by those behind it."""
-    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     assert s.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("a"), _report(1.2, 0.6)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("b"), _report(1.2, 0.2)) == TrialScheduler.STOP
@@ -447,7 +451,7 @@ def test_before_any_reaches_only_running_neighbours_judge_so_the_best_running_cu
     some rung while early curves cross, and with no incumbent all of them were stopped (a
     real search: six trials, four at a time, none reached). Before any reaches, a trial is
     judged against the trials running beside it; after, against every curve seen."""
-    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _curve(s, "gone", ((0.4, 0.3), (1.2, 0.6)))
     s.on_trial_complete(None, _trial("gone"), {keys.STATUS: "running", keys.TRAIN_S: 1.2})
     # Far behind the ended curve at the 1 s rung, but nothing running is ahead: it goes on.
@@ -462,7 +466,7 @@ def test_before_any_reaches_a_lone_trial_is_judged_against_a_curve_that_ran_its_
     """One slot (one GPU): nothing runs beside a trial. A curve that ran to its own time cap
     short of the target judges it: behind a recipe that could not reach, it cannot either (a
     real search ran six of twelve trials to their cap). One stopped at a rung does not."""
-    s = CappingScheduler(slack=1.2, zone=0.1, hedge=0.0, horizon_s=9.0)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
     _curve(s, "ran_out", ((0.4, 0.3), (1.2, 0.6), (9.0, 0.85)))
     s.on_trial_complete(None, _trial("ran_out"), {keys.STATUS: "censored", keys.TRAIN_S: 9.0})
     assert s.on_trial_result(None, _trial("ahead"), _report(1.2, 0.62)) == TrialScheduler.CONTINUE
@@ -475,7 +479,7 @@ def test_before_any_reaches_a_lone_trial_is_judged_against_a_curve_that_ran_its_
 
 
 def test_without_a_zone_only_the_final_time_caps() -> None:
-    s = CappingScheduler(slack=1.2, zone=None)
+    s = CappingScheduler(slack=1.2, rungs=RungRule(zone=None))
     _incumbent(s)
     assert s.on_trial_result(None, _trial("slow"), _report(10.0, 0.1)) == TrialScheduler.CONTINUE
     assert s.on_trial_result(None, _trial("slow"), _report(11.0, 0.1)) == TrialScheduler.STOP
@@ -483,7 +487,7 @@ def test_without_a_zone_only_the_final_time_caps() -> None:
 
 
 def test_rungs_read_a_loss_target_as_lower_is_better() -> None:
-    s = CappingScheduler(zone=0.1, hedge=0.0, mode="min")
+    s = CappingScheduler(mode="min", rungs=RungRule(zone=0.1, hedge=0.0))
     _curve(s, "inc", ((1.0, 1.0), (3.0, 0.6)))
     s.on_trial_complete(None, _trial("inc"), {keys.STATUS: "reached", keys.TIME_TO_TARGET_S: 9.0})
     assert s.on_trial_result(None, _trial("a"), _report(3.2, 0.58)) == TrialScheduler.CONTINUE
@@ -493,7 +497,7 @@ def test_rungs_read_a_loss_target_as_lower_is_better() -> None:
 def test_a_faster_incumbent_moves_the_rungs_earlier() -> None:
     """A trial alone at the rungs of a 27 s guess goes on (nothing to compare with); once a
     9 s incumbent has reached, the rungs it had got to first are judged against that curve."""
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=27.0)
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=27.0))
     assert s.on_trial_result(None, _trial("late"), _report(3.5, 0.3)) == TrialScheduler.CONTINUE
     _incumbent(s)
     assert s.on_trial_result(None, _trial("late"), _report(3.6, 0.31)) == TrialScheduler.STOP
@@ -540,26 +544,21 @@ def test_a_heartbeat_is_capped_at_the_final_time_but_not_judged_at_rungs() -> No
     assert s.on_trial_result(None, _trial("other"), evaluated) == TrialScheduler.STOP
 
 
-def test_the_hang_window_is_the_guards_one_and_none_without_it() -> None:
-    """``hang_after_s`` reads the guard's window: no second copy to drift from it."""
-    assert CappingScheduler().hang_after_s is None and CappingScheduler().hung == {}
+def test_a_hang_guard_is_there_only_with_a_window_and_holds_it() -> None:
+    """``hang_after_s`` is the guard's window: no second copy to drift from it."""
+    assert CappingScheduler().guard is None and CappingScheduler().hung == {}
     s = CappingScheduler(hang_after_s=12.0)
-    assert s.guard is not None and s.hang_after_s == s.guard.after_s == 12.0
+    assert s.guard is not None and s.guard.after_s == 12.0
 
 
-def test_a_scheduler_pickled_before_warm_slots_and_the_running_guard_resumes() -> None:
-    """Tune pickles the scheduler with the experiment: a run of the same format saved by the
-    raybatch before these were added resumes with them empty, not an AttributeError."""
+def test_a_pickled_scheduler_resumes_with_its_curves_b_and_one_set_of_pauses() -> None:
+    """Tune pickles the scheduler with the experiment: the restored one judges with the curves
+    and ``B`` it had, and its judge reads the very pauses the scheduler keeps (not a copy)."""
     import pickle
 
-    s = CappingScheduler(zone=0.1, hedge=0.0, horizon_s=9.0)
-    state = dict(s.__dict__)
-    del state["_ended"], state["warm"], state["_warm_judged"], state["_warm_before_reach"]
-    old = CappingScheduler.__new__(CappingScheduler)
-    old.__dict__.update(state)
-    restored = pickle.loads(pickle.dumps(old))
-    assert restored.warm.reserved == 0 and restored._ended == set()
-    assert restored._warm_judged == set() and restored._warm_before_reach == set()
-    assert restored.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == (
-        TrialScheduler.CONTINUE
-    )
+    s = CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=9.0))
+    s.judge.record(2.0)
+    assert s.on_trial_result(None, _trial("a"), _report(0.4, 0.3)) == TrialScheduler.CONTINUE
+    restored = pickle.loads(pickle.dumps(s))
+    assert restored.best_time_to_target_s == 2.0 and set(restored.judge.trajectories) == {"a"}
+    assert restored.judge.promotions is restored.promotions

@@ -1013,7 +1013,7 @@ def test_once_a_trial_reached_each_launch_names_the_rungs_it_ties(tmp_path: Path
     from raybatch.tuning.scheduler import CappingScheduler
 
     scheduler = CappingScheduler.for_time_cap(60.0)  # the searcher's penalty: 10x a 60 s cap
-    scheduler._record(2.0)
+    scheduler.judge.record(2.0)
     rungs = scheduler.rungs()
     assert rungs == pytest.approx([60 / 243, 60 / 81, 2.0])
 

@@ -11,6 +11,7 @@ import pytest
 from ray import tune
 from ray.tune.search import Searcher
 
+from raybatch.tuning.rungs import RungRule
 from raybatch.tuning.scheduler import CappingScheduler
 from raybatch.tuning.warm import REUSE_ACTORS
 
@@ -47,7 +48,7 @@ def _trial(config: dict[str, Any]) -> None:
 def test_trials_suggested_after_a_wait_reuse_the_processes_the_ended_trials_left(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    scheduler = CappingScheduler(zone=None)
+    scheduler = CappingScheduler(rungs=RungRule(zone=None))
     tuner = tune.Tuner(
         tune.with_resources(_trial, {"cpu": 1}),
         tune_config=tune.TuneConfig(search_alg=_WaitsForTheFirstPair(), scheduler=scheduler,

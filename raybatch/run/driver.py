@@ -76,7 +76,7 @@ from raybatch.tuning.phases import SearchThenRace, prescreened_rows, search_rows
 from raybatch.tuning.plan import search_plan
 from raybatch.tuning.progress import Progress, printed, ray_quiet, say_start
 from raybatch.tuning.progress import log as progress
-from raybatch.tuning.rungs import guess_of_b
+from raybatch.tuning.rungs import RungRule, guess_of_b
 from raybatch.tuning.scheduler import CappingScheduler
 from raybatch.tuning.searcher import RaybatchSearcher
 from raybatch.tuning.seeding import nothing_fits
@@ -401,7 +401,7 @@ def _execute(
 
         scheduler = CappingScheduler.for_trainable(
             plan.trainable, options.hang_grace_s, slack=options.slack, enabled=options.capping,
-            zone=options.zone, pause=options.pause,
+            rungs=RungRule(zone=options.zone), pause=options.pause,
         )  # fmt: skip
         tuner = _search_tuner(path, plan, options, resume, verbose, watch, scheduler)
         say_start(not_searched(workload, space), options.trials, plan.in_flight)

@@ -100,8 +100,7 @@ class Race:
         then (both would meet at their first evaluation, a pair that tells nothing)."""
         if not all(self.judged(e).times for e in (leader, challenger)):
             return None
-        curves: dict[str, Trajectory] = getattr(self, "curves", {})  # (older checkpoints: none)
-        curve = curves.get(leader.trial_id)
+        curve = self.curves.get(leader.trial_id)
         if curve is None or leader.time_to_target_s is None:
             return None
         value = curve.value_at(leader.time_to_target_s * MEET_SHARE, before_first=False)
@@ -148,7 +147,7 @@ class Race:
             # search's answer, nothing to race. Run once more where one candidate was asked for
             # (``confirm_top`` 1), where no run judges it yet (its search run was packed), or
             # where it is left alone mid-race (a race's verdict reads confirmation runs).
-            sole = getattr(self, "top", 1) > 1 and bool(runs.times) and self.rounds == 0
+            sole = self.top > 1 and bool(runs.times) and self.rounds == 0
             return None if confirmed or sole else Round([lone], seed)
         paired = compare_paired(alive[0][1], alive[1][1])
         if paired is not None and paired.pairs == 1 and paired.ratio > 1 + self.zone:
@@ -165,7 +164,7 @@ class RaceSearcher(Searcher):
     With ``at_once`` 1 a round's leader runs first and its challenger is suggested only once
     the leader's run ended; with 2 both run side by side. Each run's config carries its seed
     and candidate, and the scheduler caps a run at ``slack`` x the first run *on the same seed*
-    to reach (:meth:`~raybatch.tuning.scheduler.CappingScheduler.race_cap_s`); the next round
+    to reach (:meth:`~raybatch.tuning.race_record.RaceCaps.cap_s`); the next round
     starts once both runs of this one ended. The race's rows are built as each run ends
     (:attr:`rows`): the next round depends on them.
 
@@ -271,7 +270,7 @@ class RaceSearcher(Searcher):
 
 def capped_reason(train_s: float | None, slack: float, level: float | None = None) -> str:
     """Why a confirmation run was stopped: the scheduler's cap on its seed
-    (:meth:`~raybatch.tuning.scheduler.CappingScheduler.race_cap_s`)."""
+    (:meth:`~raybatch.tuning.race_record.RaceCaps.cap_s`)."""
     to = "the target" if level is None else f"the meeting level {level:.4g}"
     return (f"capped at {train_s or 0:.3f} s of training: slower on this seed than {slack} x"
             f" the time of the first to reach {to}")  # fmt: skip

@@ -280,16 +280,15 @@ def search_rows(results: Any, penalty: float, seed: int, scheduler: CappingSched
 
 def _capped_reason(metrics: dict[str, Any], scheduler: CappingScheduler) -> str:
     tune_id = str(metrics.get(keys.TRIAL_ID))
-    rung = scheduler.capped_at_rung.get(tune_id)
-    zone = scheduler.rung_zones.get(tune_id, scheduler.zone or 0.0)
+    rung, rule = scheduler.capped_at_rung.get(tune_id), scheduler.judge.rule
+    zone = scheduler.judge.rung_zones.get(tune_id, rule.zone or 0.0)
     why = (
         f"at the rung of {rung:.3f} s, more than {1 + zone:.2g}x slower to its level than the"
-        f" best curve there and, below B, outside the top 1/{scheduler.eta:g}"
+        f" best curve there and, below B, outside the top 1/{rule.eta:g}"
         if rung is not None
         else "slower than the best time to target x slack"
     )
-    if rung is not None and tune_id in getattr(scheduler.promotions, "yielded", ()) and (
-            rung == scheduler.horizon_s):  # fmt: skip
+    if rung is not None and tune_id in scheduler.promotions.yielded and rung == rule.horizon_s:
         why = (f"paused at {rung:.3f} s, the guess of the optimum's time, to go on last, and"
                f" not taken on: no rung passed it once a trial had reached the target")  # fmt: skip
     return f"capped at {metrics.get(keys.TRAIN_S, 0):.3f} s of training: {why}"

@@ -50,12 +50,10 @@ class Promotions:
     def pause(self, trial_id: str, rung_s: float, guessed: bool = False) -> None:
         """Paused at the rung at ``rung_s``, one tied to the guess of ``B`` where ``guessed``."""
         self.paused[trial_id] = float(rung_s)
-        hedgeable: set[str] = getattr(self, "guessed", set())  # (older pickles lack it)
         if guessed:
-            hedgeable.add(trial_id)
+            self.guessed.add(trial_id)
         else:
-            hedgeable.discard(trial_id)
-        self.guessed = hedgeable
+            self.guessed.discard(trial_id)
 
     def resumed(self, trial_id: str) -> None:
         """A paused trial runs again (promoted here, or restored by Tune after a restart)."""
@@ -66,8 +64,8 @@ class Promotions:
         """The trial ended or failed. What it was promoted from and whether it yielded stay: a
         retry goes on from its last save, and a stopped trial's reason reads them."""
         self.paused.pop(trial_id, None)
-        getattr(self, "leading", set()).discard(trial_id)
-        getattr(self, "guessed", set()).discard(trial_id)
+        self.leading.discard(trial_id)
+        self.guessed.discard(trial_id)
 
     def yields(self, trial_id: str, trained_s: float, guess_s: float) -> bool:
         """Whether a trial ahead at every rung, with none reached yet, pauses now to free its
@@ -77,18 +75,17 @@ class Promotions:
         among them judges it at that rung like any pause (a trial that ran on took its slot to
         the cap: on the digits CNN, two or three a real search, 2.5-3.5 trainings of its best).
         With nothing new to run it goes on as the leader."""
-        yielded: set[str] = getattr(self, "yielded", set())  # (older pickles lack it)
         # Once only; not either where it went on from a pause at or past the guess: it gave its
         # slot there once already.
-        if trial_id in yielded or trained_s < guess_s or (
+        if trial_id in self.yielded or trained_s < guess_s or (
                 self.exempt_up_to(trial_id) >= guess_s * (1.0 - TOLERANCE)):  # fmt: skip
             return False
-        self.yielded = {*yielded, trial_id}
+        self.yielded.add(trial_id)
         return True
 
     def leads(self, trial_id: str) -> bool:
         """Whether the trial went on as the leader (:attr:`leading`)."""
-        return trial_id in getattr(self, "leading", ())
+        return trial_id in self.leading
 
     def exempt_up_to(self, trial_id: str) -> float:
         """The training time up to which no rung judges the trial again (-1: none)."""
@@ -125,7 +122,7 @@ class Promotions:
             return self._furthest(ready, level), False
         if not reached:  # nothing new to run: the leader of the highest rung goes on
             leader = self._furthest(self.paused, level)
-            self.leading = {*getattr(self, "leading", ()), leader}  # (older pickles lack it)
+            self.leading.add(leader)
             return leader, False
         return None, running == 0  # nothing will pass them any more
 

@@ -10,6 +10,7 @@ measured its recipe first.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
@@ -117,4 +118,29 @@ class RaceRecord:
         )
 
 
-__all__ = ["CONFIRMATION_STUDY", "SEARCH_TRIAL_ATTR", "SEED_ATTR", "RaceRecord", "race_seed"]
+class RaceCaps:
+    """The confirmation's runs, capped per seed: past ``slack`` x the first run on its seed to
+    reach, a run cannot win its pair. The race never moves the search's ``B``.
+
+    Args:
+        slack: The scheduler's multiple of the best time.
+    """
+
+    def __init__(self, slack: float) -> None:
+        self.slack = slack
+        self.best_s: dict[int, float] = {}
+        """Confirmation seed -> the first (fastest) time to target of a run on it."""
+
+    def reached(self, seed: int, time_to_target_s: float) -> None:
+        """A run on ``seed`` reached the target in ``time_to_target_s`` of training."""
+        self.best_s[seed] = min(self.best_s.get(seed, math.inf), time_to_target_s)
+
+    def cap_s(self, seed: int) -> float | None:
+        """The training time past which a run on ``seed`` is stopped (None before one reached)."""
+        best = self.best_s.get(seed)
+        return None if best is None else self.slack * best
+
+
+__all__ = [
+    "CONFIRMATION_STUDY", "SEARCH_TRIAL_ATTR", "SEED_ATTR", "RaceCaps", "RaceRecord", "race_seed",
+]  # fmt: skip

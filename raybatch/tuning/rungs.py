@@ -23,7 +23,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from raybatch.errors import Issue, OptionError
 from raybatch.status import INDIFFERENCE_ZONE
 from raybatch.trial.cadence import time_marks
 
@@ -215,11 +217,46 @@ def hedged_zone(zone: float, eta: float, below_top: int, hedge: float = HEDGE) -
     return float((1.0 + zone) * eta ** (hedge * below_top) - 1.0)
 
 
+@dataclass(frozen=True)
+class RungRule:
+    """How the rungs judge a trial: ASHA's rule on training time, tied to the target.
+
+    Attributes:
+        zone: The indifference zone at the rungs: a trial at most ``1 + zone`` times slower
+            than the best curve to its level goes on (``None``: no rungs).
+        eta: A trial outside the zone goes on while it is in the top ``1/eta`` at its rung.
+        hedge: How much wider the zone is at earlier rungs (0: the same at every rung).
+        horizon_s: The guess of ``B`` until a trial has reached (``None``: no rungs before).
+        target: The target's value: curves extrapolated to it add rungs below the guess
+            (:func:`guessed_rungs`).
+
+    Example::
+
+        raybatch.CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=20.0))
+    """
+
+    zone: float | None = DEFAULT_ZONE
+    eta: float = DEFAULT_ETA
+    hedge: float = HEDGE
+    horizon_s: float | None = None
+    target: float | None = None
+
+    def __post_init__(self) -> None:
+        issues = [Issue(name, f"must be {allowed}, got {value!r}")
+                  for name, value, allowed, ok in (
+                      ("zone", self.zone, ">= 0 or None", self.zone is None or self.zone >= 0),
+                      ("eta", self.eta, "> 1", self.eta > 1.0))
+                  if not ok]  # fmt: skip
+        if issues:
+            raise OptionError(issues)
+
+
 __all__ = [
     "DEFAULT_ETA",
     "DEFAULT_ZONE",
     "GUESS_RUNG_COUNT",
     "RUNG_COUNT",
+    "RungRule",
     "Trajectory",
     "extrapolated",
     "grid_rungs",
