@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import math
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,16 +35,14 @@ from raybatch.errors import (
     ConfigError,
     Issue,
     OptionError,
-    PresetNotFoundError,
-    RaybatchError,
     RunDirError,
 )
 from raybatch.formats import deepspeed, hf, lightning, ray_train
 from raybatch.formats.registry import format_named
-from raybatch.formats.retarget import retarget
+from raybatch.formats.retarget import preset_deriving, retarget
+from raybatch.formats.written import origin_comment
 from raybatch.provenance import Provenance, RetargetVerdict
 from raybatch.space.config import TrialConfig, warmup_scheduler
-from raybatch.space.presets import load_space
 from raybatch.version import FORMAT_KEY, RUN_FORMAT, SAME_SINCE, check_format
 from raybatch.workload import build_optimizer
 
@@ -136,17 +133,6 @@ class BestConfig:
             out["retargeted"] = note
         return out
 
-    def origin_comment(self) -> str:
-        """:meth:`origin` as comment lines (``#``) for the text formats."""
-        o = self.origin()
-        trial = f", trial {o['trial_id']}" if o["trial_id"] else ""
-        head = f"# raybatch recipe from {o['from']}{trial}:"
-        if o["measured"]:
-            lines = [f"{head} the measured recipe"]
-        else:
-            lines = [f"{head} NOT MEASURED", f"# {o.get('retargeted', 'NOT MEASURED')}"]
-        return "\n".join(lines) + "\n"
-
     def build_optimizer(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         """The optimizer of the space's family with the recipe's lr and weight decay."""
         return build_optimizer(params, self.config)
@@ -230,16 +216,8 @@ class BestConfig:
         """A real ``ray.train.ScalingConfig`` with the placement the trials had
         (:mod:`raybatch.formats.ray_train`); ``use_gpu`` defaults to where it was measured,
         GPUs (with a warning) when that was not recorded."""
-        from ray.train import ScalingConfig
-
         gpu = self.measured_on_gpu() if use_gpu is None else use_gpu
-        if gpu is None:
-            warnings.warn(
-                "this recipe does not record the device it was measured on: use_gpu=True"
-                " assumed; pass use_gpu= to say", stacklevel=2,
-            )  # fmt: skip
-            gpu = True
-        return ScalingConfig(**ray_train.scaling_config_kwargs(self.config, gpu))
+        return ray_train.scaling_config(self.config, gpu)
 
     def ray_train_loop_config(self) -> dict[str, Any]:
         """``TorchTrainer(train_loop_config=...)``: the recipe's knobs and the whole recipe;
@@ -275,7 +253,8 @@ class BestConfig:
                 space is known.
         """
 
-        moved = retarget(self.config, world_size, space or self._space())
+        space = space or preset_deriving(self.config, self.provenance.space)
+        moved = retarget(self.config, world_size, space)
         if moved.config == self.config:
             return self
         c = self.config
@@ -288,26 +267,6 @@ class BestConfig:
         retargeted = RetargetVerdict(world_size, moved.measured, moved.note, measured)
         provenance = replace(self.provenance, retargeted=retargeted)
         return BestConfig(moved.config, provenance, self.source)
-
-    def _space(self) -> SearchSpace | None:
-        name = self.provenance.space
-        if not name:
-            return None
-        try:
-            space = load_space(str(name))
-        except PresetNotFoundError:
-            return None
-        # A custom space may share a preset's name: the preset is the space only if it derives
-        # exactly the measured recipe.
-        c = self.config
-        try:
-            again = space.derive(
-                c.micro_batch_size, c.accumulation_steps, c.world_size, c.lr_multiplier,
-                c.weight_decay_multiplier,
-            )  # fmt: skip
-        except RaybatchError:
-            return None
-        return space if again == c else None
 
     def render(self, fmt: str, gpus_per_node: int | None = None) -> str:
         """``yaml`` / ``json`` (recipe and provenance), ``env`` or ``args`` (recipe only), or a
@@ -328,7 +287,7 @@ class BestConfig:
             return text
         if written.precision and not self.amp_recorded:
             text = f"# {AMP_NOT_RECORDED}\n{text}"
-        return self.origin_comment() + text
+        return origin_comment(self.origin()) + text
 
     def write(self, path: str | Path, fmt: str = "yaml", gpus_per_node: int | None = None) -> str:
         """Write :meth:`render` to ``path`` and return the text.

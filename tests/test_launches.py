@@ -41,7 +41,7 @@ def _parts(gates: list[Gate]) -> tuple[Screen, Launches]:
     plan = Plan(SPACE)
     plan.attach(record)
     screen = Screen(SPACE, record, plan, gates, PENALTY)
-    return screen, Launches(screen, Devices())
+    return screen, Launches(record, plan, screen, Devices())
 
 
 def test_the_screen_tells_each_refusal_and_hands_on_the_first_recipe_that_passes() -> None:

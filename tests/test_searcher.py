@@ -35,6 +35,7 @@ from raybatch.tuning.searcher import RaybatchSearcher
 from raybatch.tuning.seeding import max_batch_point, reference_point
 from raybatch.tuning.sessions import sessions_recorded
 from raybatch.tuning.study import REASON_ATTR, STATUS_ATTR, SearchStudy, status_of
+from raybatch.tuning.study_file import close_unrun
 
 PRESCREENED_OUT = TrialStatus.PRESCREENED_OUT.value
 
@@ -626,15 +627,15 @@ def test_a_recipe_the_space_refuses_is_told_infeasible_and_the_search_goes_on(
     (what ``derive`` would raise for) is recorded with the reason and never launched, instead
     of ending the search as a crash."""
     from raybatch.errors import ConfigError, Issue
-    from raybatch.space.search_space import SearchSpace
+    from raybatch.space import search_space
 
-    limits = SearchSpace._limit_issues
+    limits = search_space._limit_issues
 
-    def refusing(self: SearchSpace, m: int, a: int, w: int, lr: float) -> list[Issue]:
+    def refusing(space: SearchSpace, m: int, a: int, w: int, lr: float) -> list[Issue]:
         refused = [Issue(keys.MICRO_BATCH_SIZE, "refused by this test")] if m == 256 else []
-        return [*refused, *limits(self, m, a, w, lr)]
+        return [*refused, *limits(space, m, a, w, lr)]
 
-    monkeypatch.setattr(SearchSpace, "_limit_issues", refusing)
+    monkeypatch.setattr(search_space, "_limit_issues", refusing)
     with pytest.raises(ConfigError, match="refused by this test"):  # the rule derive() keeps
         SPACE.derive(256)
     searcher = _searcher(tmp_path)
@@ -1162,7 +1163,7 @@ def test_points_queued_for_tpe_that_never_ran_are_closed_with_a_reason(tmp_path:
     record = SearchStudy(f"sqlite:///{tmp_path / 'optuna.db'}", "raybatch")
     record.study.enqueue_trial({keys.MICRO_BATCH_SIZE: 64})
     record.study.enqueue_trial({keys.MICRO_BATCH_SIZE: 128})
-    assert record.close_unrun() == 2
+    assert close_unrun(record) == 2
     trials = record.study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
     assert all(t.user_attrs[REASON_ATTR].startswith("not run:") for t in trials)

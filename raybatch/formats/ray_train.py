@@ -17,6 +17,7 @@ hands the loop the recipe:
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from raybatch.formats.written import best_line
@@ -34,6 +35,20 @@ def scaling_config_kwargs(c: TrialConfig, use_gpu: bool) -> dict[str, Any]:
         "use_gpu": use_gpu,
         "resources_per_worker": {"CPU": 1, **({"GPU": 1} if use_gpu else {})},
     }
+
+
+def scaling_config(c: TrialConfig, use_gpu: bool | None) -> Any:
+    """A real ``ray.train.ScalingConfig`` with the placement the trials had; ``use_gpu`` ``None``
+    (the device was not recorded) means GPUs, with a warning."""
+    from ray.train import ScalingConfig
+
+    if use_gpu is None:
+        warnings.warn(
+            "this recipe does not record the device it was measured on: use_gpu=True"
+            " assumed; pass use_gpu= to say", stacklevel=3,
+        )  # fmt: skip
+        use_gpu = True
+    return ScalingConfig(**scaling_config_kwargs(c, use_gpu))
 
 
 def loop_config(c: TrialConfig, origin: dict[str, Any]) -> dict[str, Any]:

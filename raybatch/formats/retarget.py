@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from raybatch.errors import ExportError, Issue, RaybatchError
 from raybatch.space.config import TrialConfig
+from raybatch.space.presets import load_space
 
 if TYPE_CHECKING:
     from raybatch.space.search_space import SearchSpace
@@ -152,4 +153,20 @@ def retarget(config: TrialConfig, world_size: int, space: SearchSpace | None = N
     )
 
 
-__all__ = ["Retargeted", "retarget"]
+def preset_deriving(config: TrialConfig, name: str | None) -> SearchSpace | None:
+    """The preset space ``name`` where it derives exactly ``config`` (``None`` otherwise): a
+    custom space may share a preset's name, and re-deriving from another space's rules would
+    retarget a recipe the search never measured."""
+    if not name:
+        return None
+    try:
+        space = load_space(str(name))
+        again = space.derive(config.micro_batch_size, config.accumulation_steps,
+                             config.world_size, config.lr_multiplier,
+                             config.weight_decay_multiplier)  # fmt: skip
+    except RaybatchError:  # a preset not found is one
+        return None
+    return space if again == config else None
+
+
+__all__ = ["Retargeted", "preset_deriving", "retarget"]

@@ -25,4 +25,16 @@ def best_line(c: TrialConfig, carried: dict[str, Any], source: str | None) -> st
     return f"{head}\n{recipe}\n), {carried!r}, {source!r})\n"
 
 
-__all__ = ["best_line"]
+def origin_comment(origin: dict[str, Any]) -> str:
+    """A recipe's origin (:meth:`raybatch.BestConfig.origin`) as comment lines (``#``) for the
+    text formats: where it came from, and whether it is the measured recipe."""
+    trial = f", trial {origin['trial_id']}" if origin["trial_id"] else ""
+    head = f"# raybatch recipe from {origin['from']}{trial}:"
+    if origin["measured"]:
+        lines = [f"{head} the measured recipe"]
+    else:
+        lines = [f"{head} NOT MEASURED", f"# {origin.get('retargeted', 'NOT MEASURED')}"]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["best_line", "origin_comment"]

@@ -80,7 +80,8 @@ from raybatch.tuning.rungs import RungRule, guess_of_b
 from raybatch.tuning.scheduler import CappingScheduler
 from raybatch.tuning.searcher import RaybatchSearcher
 from raybatch.tuning.seeding import nothing_fits
-from raybatch.tuning.study import SearchStudy, check_study_file, runs_recorded
+from raybatch.tuning.study import SearchStudy
+from raybatch.tuning.study_file import check_study_file, close_unrun, runs_recorded, workload_ran
 from raybatch.tuning.untold import TellUntold
 from raybatch.tuning.warm import REUSE_ACTORS, pending_trials
 from raybatch.version import check_format
@@ -396,7 +397,7 @@ def _execute(
         plan.sessions = plan.searcher.record.add_session(session, plan.in_flight)
         notes = plan.notes = [*(notes or []), *plan.notes]
         watch = FailFast(
-            path / LOG_FILE, healthy=plan.searcher.record.workload_ran() if resume else 0
+            path / LOG_FILE, healthy=workload_ran(plan.searcher.record) if resume else 0
         )
 
         scheduler = CappingScheduler.for_trainable(
@@ -484,7 +485,7 @@ def _rows_of(results: Any, plan: _Plan, seed: int, scheduler: CappingScheduler,
     if closed:
         notes.append(f"{closed} Optuna trial(s) left running by an interruption were closed as"
                      " failed")  # fmt: skip
-    plan.searcher.record.close_unrun()  # queued points the search ended before: no ghosts
+    close_unrun(plan.searcher.record)  # queued points the search ended before: no ghosts
     return [*rows, *prescreened_rows(plan.searcher.record), *plan.tuned.race_rows]
 
 
@@ -493,7 +494,7 @@ def _close_ghosts(record: SearchStudy, why: str) -> None:
     never told) are closed failed with ``why``, and the points it queued as never run: no
     RUNNING or WAITING trial is left."""
     record.close_orphans(set(), why)
-    record.close_unrun()
+    close_unrun(record)
 
 
 __all__ = ["analyze_run", "rebuild_report", "resume", "search", "stored_result"]

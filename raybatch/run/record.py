@@ -31,8 +31,8 @@ from raybatch.tuning.study import (
     STATUS_ATTR,
     TIME_TO_TARGET_ATTR,
     TUNE_TRIAL_ID_ATTR,
-    runs_recorded,
 )
+from raybatch.tuning.study_file import runs_recorded
 from raybatch.workload import load_workload
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from typing import Any
 from ray.tune import Callback
 
 from raybatch.errors import Issue, RunDirError
-from raybatch.tuning.study import runs_recorded
+from raybatch.tuning.study_file import runs_recorded
 
 TUNER_FILE = "tuner.pkl"
 """The Tuner Ray Tune pickles when the experiment starts (searcher and callbacks included)."""

@@ -173,10 +173,8 @@ class SearchSpace(_Model):
             super().__init__(**data)
         except ValidationError as exc:
             raise SpaceError(_issues_from_pydantic(exc, type(self))) from None
-        if issues := self._cross_field_issues():
+        if issues := _cross_field_issues(self):
             raise SpaceError(issues)
-
-    # ---------------------------------------------------------------- construction
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<python>") -> SearchSpace:
@@ -242,7 +240,7 @@ class SearchSpace(_Model):
         if issues:
             raise ConfigError(issues, self._source)
 
-        if issues := self._limit_issues(m, a, w, lr_mult):
+        if issues := _limit_issues(self, m, a, w, lr_mult):
             raise ConfigError(issues, self._source)
         ref = self.reference
         effective = m * a * w
@@ -274,37 +272,9 @@ class SearchSpace(_Model):
         """Why the space's limits refuse these knobs (as :meth:`derive` would say it), or
         ``None``: a searcher asks before deriving, and tells a refused combination to its
         sampler rather than catching the error."""
-        issues = self._limit_issues(micro_batch_size, accumulation_steps, world_size, lr_multiplier)
+        issues = _limit_issues(self, micro_batch_size, accumulation_steps, world_size,
+                               lr_multiplier)  # fmt: skip
         return render_issues(issues, self._source) if issues else None
-
-    def _limit_issues(self, m: int, a: int, w: int, lr_mult: float) -> list[Issue]:
-        """What the space's limits and warmup rule refuse in valid-looking knobs."""
-        issues: list[Issue] = []
-        limit = self.limits.max_accumulation_steps
-        if a > limit:
-            why = f"{a} exceeds limits.max_accumulation_steps = {limit}; allowed: 1..{limit}"
-            issues.append(Issue(keys.ACCUMULATION_STEPS, why))
-        effective = m * a * w
-        dataset = self.limits.dataset_size
-        if dataset is not None and effective > dataset:
-            why = (
-                f"{effective} (micro {m} x accumulation {a} x world {w}) exceeds"
-                f" limits.dataset_size = {dataset} training samples"
-            )
-            issues.append(Issue(keys.EFFECTIVE_BATCH_SIZE, why))
-        ref = self.reference
-        ratio = effective / ref.batch_size
-        lr_scale = self.rules.lr.factor(ratio) * lr_mult
-        warmup_samples = self.warmup_samples(lr_scale)
-        if lr_scale >= self.warmup.required_from_scale and warmup_samples == 0:
-            why = (
-                f"LR scale {lr_scale:.4g}x reaches warmup.required_from_scale ="
-                f" {self.warmup.required_from_scale:g}x, where warmup is mandatory,"
-                " but this space's warmup gives none (warmup.samples_per_scale ="
-                f" {self.warmup.samples_per_scale:g})"
-            )
-            issues.append(Issue(keys.LR_MULTIPLIER, why))
-        return issues
 
     def recipe_of(self, config: Mapping[str, Any]) -> TrialConfig:
         """The recipe of a Ray Tune config: that of its knobs, which must agree with any
@@ -360,8 +330,6 @@ class SearchSpace(_Model):
         """The reference recipe itself, as a trial config (micro batch = reference batch)."""
         return self.derive(self.reference.batch_size, 1, 1)
 
-    # ---------------------------------------------------------------- rules
-
     def recipe_constants(self) -> dict[str, Any]:
         """What every recipe of this space shares, whatever its knobs: the space's name, its
         rules, optimizer and reference (the :class:`TrialConfig` fields no knob changes)."""
@@ -390,45 +358,76 @@ class SearchSpace(_Model):
         high = self.search.lr_multiplier.high if self.search.lr_multiplier else 1.0
         return self.rules.lr.factor(ratio) * high
 
-    def _cross_field_issues(self) -> list[Issue]:
-        """Checks that need several sections at once: every point must be a valid recipe."""
-        issues: list[Issue] = []
-        s, limit = self.search, self.limits.max_accumulation_steps
-        for i, a in enumerate(s.accumulation_steps):
-            if a > limit:
-                why = (
-                    f"{a} exceeds limits.max_accumulation_steps = {limit} (past it the"
-                    f" slowdown of accumulation rarely pays); allowed: 1..{limit}"
-                )
-                issues.append(Issue(f"search.accumulation_steps[{i}]", why))
-        dataset = self.limits.dataset_size
-        largest = self.max_effective_batch_size()
-        if dataset is not None and largest > dataset:
+
+def _limit_issues(space: SearchSpace, m: int, a: int, w: int, lr_mult: float) -> list[Issue]:
+    """What the space's limits and warmup rule refuse in valid-looking knobs."""
+    issues: list[Issue] = []
+    limit = space.limits.max_accumulation_steps
+    if a > limit:
+        why = f"{a} exceeds limits.max_accumulation_steps = {limit}; allowed: 1..{limit}"
+        issues.append(Issue(keys.ACCUMULATION_STEPS, why))
+    effective = m * a * w
+    dataset = space.limits.dataset_size
+    if dataset is not None and effective > dataset:
+        why = (
+            f"{effective} (micro {m} x accumulation {a} x world {w}) exceeds"
+            f" limits.dataset_size = {dataset} training samples"
+        )
+        issues.append(Issue(keys.EFFECTIVE_BATCH_SIZE, why))
+    ref = space.reference
+    ratio = effective / ref.batch_size
+    lr_scale = space.rules.lr.factor(ratio) * lr_mult
+    warmup_samples = space.warmup_samples(lr_scale)
+    if lr_scale >= space.warmup.required_from_scale and warmup_samples == 0:
+        why = (
+            f"LR scale {lr_scale:.4g}x reaches warmup.required_from_scale ="
+            f" {space.warmup.required_from_scale:g}x, where warmup is mandatory,"
+            " but this space's warmup gives none (warmup.samples_per_scale ="
+            f" {space.warmup.samples_per_scale:g})"
+        )
+        issues.append(Issue(keys.LR_MULTIPLIER, why))
+    return issues
+
+
+def _cross_field_issues(space: SearchSpace) -> list[Issue]:
+    """Checks that need several sections at once: every point must be a valid recipe."""
+    issues: list[Issue] = []
+    s, limit = space.search, space.limits.max_accumulation_steps
+    for i, a in enumerate(s.accumulation_steps):
+        if a > limit:
             why = (
-                f"the largest effective batch of this space is {largest} (micro"
-                f" {max(s.micro_batch_size)} x accumulation {max(s.accumulation_steps)}"
-                f" x world {max(s.world_size)}), more than the {dataset} training"
-                " samples; drop the largest choices"
+                f"{a} exceeds limits.max_accumulation_steps = {limit} (past it the"
+                f" slowdown of accumulation rarely pays); allowed: 1..{limit}"
             )
-            issues.append(Issue("limits.dataset_size", why))
-        w = self.warmup
-        if w.samples_per_scale > 0 and w.from_scale >= w.required_from_scale:
-            why = (
-                f"{w.from_scale:g} leaves LR scales from {w.required_from_scale:g}x"
-                f" (warmup.required_from_scale) to {w.from_scale:g}x without warmup;"
-                f" allowed: below {w.required_from_scale:g}"
-            )
-            issues.append(Issue("warmup.from_scale", why))
-        top = self.max_lr_scale()
-        if w.samples_per_scale == 0 and top >= w.required_from_scale:
-            why = (
-                f"0 disables warmup, but this space scales the LR up to {top:.4g}x and"
-                f" warmup is mandatory from {w.required_from_scale:g}x (a large LR jump"
-                " without warmup risks divergence, Goyal et al. 2017);"
-                " allowed: a positive number of samples"
-            )
-            issues.append(Issue("warmup.samples_per_scale", why))
-        return issues
+            issues.append(Issue(f"search.accumulation_steps[{i}]", why))
+    dataset = space.limits.dataset_size
+    largest = space.max_effective_batch_size()
+    if dataset is not None and largest > dataset:
+        why = (
+            f"the largest effective batch of this space is {largest} (micro"
+            f" {max(s.micro_batch_size)} x accumulation {max(s.accumulation_steps)}"
+            f" x world {max(s.world_size)}), more than the {dataset} training"
+            " samples; drop the largest choices"
+        )
+        issues.append(Issue("limits.dataset_size", why))
+    w = space.warmup
+    if w.samples_per_scale > 0 and w.from_scale >= w.required_from_scale:
+        why = (
+            f"{w.from_scale:g} leaves LR scales from {w.required_from_scale:g}x"
+            f" (warmup.required_from_scale) to {w.from_scale:g}x without warmup;"
+            f" allowed: below {w.required_from_scale:g}"
+        )
+        issues.append(Issue("warmup.from_scale", why))
+    top = space.max_lr_scale()
+    if w.samples_per_scale == 0 and top >= w.required_from_scale:
+        why = (
+            f"0 disables warmup, but this space scales the LR up to {top:.4g}x and"
+            f" warmup is mandatory from {w.required_from_scale:g}x (a large LR jump"
+            " without warmup risks divergence, Goyal et al. 2017);"
+            " allowed: a positive number of samples"
+        )
+        issues.append(Issue("warmup.samples_per_scale", why))
+    return issues
 
 
 def _check_keys(data: Mapping[Any, Any], source: str) -> None:

@@ -237,6 +237,10 @@ class Devices:
         held = recipe.world_size if recipe.world_size > 1 else config.get(keys.GPU_SHARE, 1.0)
         self.held[trial_id] = float(held)
 
+    def take_whole(self, trial_id: str) -> None:
+        """Trial ``trial_id`` runs again alone: it holds a whole GPU."""
+        self.held[trial_id] = 1.0
+
     def free(self, trial_id: str) -> None:
         self.held.pop(trial_id, None)
 

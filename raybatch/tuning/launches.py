@@ -27,8 +27,10 @@ from raybatch import keys
 from raybatch.space.config import TrialConfig
 from raybatch.status import PAR_FACTOR, TrialStatus, is_packed
 from raybatch.tuning.gates import OOM_VIOLATION, Devices
+from raybatch.tuning.plan import Plan
 from raybatch.tuning.rungs import DEFAULT_ETA, grid_rungs
 from raybatch.tuning.screen import Passed, Screen
+from raybatch.tuning.study import SearchStudy
 
 if TYPE_CHECKING:
     import optuna
@@ -49,12 +51,19 @@ class Launches:
 
     Tune trial -> Optuna trial (:attr:`numbers`), which are told, the :class:`Held` recipe, and
     the packed trials out of memory to run again alone (:meth:`end`).
+
+    Args:
+        record: The study each launch and end is written to (the searcher's).
+        plan: Told of each end (the opening's points) and asked whether a launch measures the
+            time model.
+        screen: Refuses a held recipe the cluster no longer places; its penalty ties the rungs.
+        devices: What the running trials hold.
     """
 
-    def __init__(self, screen: Screen, devices: Devices) -> None:
+    def __init__(self, record: SearchStudy, plan: Plan, screen: Screen, devices: Devices) -> None:
+        self.record = record
+        self.plan = plan
         self.screen = screen
-        self.record = screen.record
-        self.plan = screen.plan
         self.devices = devices
         self.numbers: dict[str, int] = {}  # Tune trial -> Optuna trial
         self.held: Held | None = None
@@ -73,7 +82,7 @@ class Launches:
         number = self._alone.pop(0)
         self.record.relaunched(number, trial_id)
         self.numbers[trial_id] = number
-        self.devices.held[trial_id] = 1.0  # a whole GPU, alone
+        self.devices.take_whole(trial_id)
         return {**self.record.config_of(number), keys.ALONE: True, keys.GPU_SHARE: 1.0}
 
     def release(self, trial_id: str) -> tuple[bool, dict[str, Any] | None]:
@@ -152,7 +161,7 @@ class Launches:
         told = self.record.finish(number, status, value, violation, time_to_target,
                                   result.get(keys.REASON))  # fmt: skip
         reached = time_to_target if status is TrialStatus.REACHED else None
-        self.plan.opening.done(number, reached, oom)
+        self.plan.told(number, reached, oom)
         if reached is not None and not is_packed(result.get(keys.GPU_SHARE)):
             self.fastest_s = min(float(reached), self.fastest_s or float(reached))
         if told is not None:  # None: told before an interruption Tune's saved state predates

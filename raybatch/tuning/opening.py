@@ -215,7 +215,7 @@ class Opening:
         # forever).
         record = self._study()
         smaller = self._smaller(self.points[i]) if memory and i in self.sweep_indices() else None
-        if smaller is None or smaller in self.points or record.has_run(smaller):
+        if smaller is None or smaller in self.points or _asked(record.study, smaller):
             self.times[i] = time_to_target
             return
         micro = smaller[keys.MICRO_BATCH_SIZE]
@@ -228,6 +228,12 @@ class Opening:
         micro = point.get(keys.MICRO_BATCH_SIZE)
         below = [m for m in self.space.search.micro_batch_size if micro is not None and m < micro]
         return {**point, keys.MICRO_BATCH_SIZE: max(below)} if below else None
+
+
+def _asked(study: optuna.Study, params: KnobPoint) -> bool:
+    """Whether a trial with exactly these parameters was asked already."""
+    trials = study.get_trials(deepcopy=False)
+    return any(all(t.params.get(k) == v for k, v in params.items()) for t in trials if t.params)
 
 
 __all__ = ["Opening"]

@@ -36,6 +36,7 @@ from raybatch.tuning.rungs import Trajectory
 from raybatch.tuning.scheduler import CappingScheduler
 from raybatch.tuning.searcher import RaybatchSearcher, read_checkpoint, write_checkpoint
 from raybatch.tuning.study import SearchStudy
+from raybatch.tuning.study_file import prescreened
 
 
 def search_row(config: dict[str, Any], result: dict[str, Any] | None, error: bool,
@@ -168,8 +169,7 @@ class SearchThenRace(Searcher):
         """The race over the search's rows; ``None`` where the search's runs decided it (or
         no trial reached, or there are no seeds): nothing to run."""
         rows = list(self.ended.values())
-        curves = getattr(self, "curves", {})  # (a checkpoint of an earlier release lacks them)
-        race = Race(rows, self.top, self.seeds, self.slack, self.zone, curves)
+        race = Race(rows, self.top, self.seeds, self.slack, self.zone, self.curves)
         first = race.next_round()
         if first is None:
             standing = race.standing()  # none: every recipe that reached missed in a run
@@ -214,10 +214,8 @@ class SearchThenRace(Searcher):
     def _follow(self, trial_id: str, result: dict[str, Any]) -> None:
         """A search trial's evaluation on its curve (a heartbeat repeats the last one)."""
         evaluation = timed_evaluation(result)
-        mode = getattr(self, "target_mode", None)  # a checkpoint of an earlier release: none
-        if evaluation is not None and mode:
-            curves = self.__dict__.setdefault("curves", {})
-            curves.setdefault(trial_id, Trajectory(mode)).add(*evaluation)
+        if evaluation is not None and self.target_mode:
+            self.curves.setdefault(trial_id, Trajectory(self.target_mode)).add(*evaluation)
 
     @property
     def race_rows(self) -> list[TrialRow]:
@@ -299,7 +297,7 @@ def prescreened_rows(record: SearchStudy) -> list[TrialRow]:
     study (so they survive a resume). A combination the space's rules refused has no recipe to
     show: it is left out of the rows (the study keeps it, with its reason)."""
     rows = []
-    for p in record.prescreened():
+    for p in prescreened(record):
         recipe = p.recipe
         if recipe is None:
             continue

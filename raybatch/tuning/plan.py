@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raybatch import keys
 from raybatch.keys import KnobPoint
@@ -41,6 +41,9 @@ from raybatch.tuning.seeding import (
     reference_point,
 )
 from raybatch.tuning.study import SearchStudy
+
+if TYPE_CHECKING:
+    import optuna
 
 
 class Plan:
@@ -97,6 +100,15 @@ class Plan:
         """Queue the opening points in the study, once, while it has no trial."""
         self.opening.queue()
 
+    def asked(self, ot_trial: optuna.Trial) -> None:
+        """Optuna trial ``ot_trial`` was asked: the opening notes which point it runs."""
+        self.opening.note(ot_trial)
+
+    def told(self, number: int, time_to_target: float | None, memory: bool) -> None:
+        """Optuna trial ``number`` ended or was refused: reached in ``time_to_target`` (``None``:
+        not), or out of memory (``memory``: the opening steps down a micro batch)."""
+        self.opening.done(number, time_to_target, memory)
+
     # ------------------------------------------------------------------ the time model
 
     def wants_time_model(self, recipe: TrialConfig) -> bool:
@@ -141,10 +153,11 @@ class Plan:
         if self.ladder is None or self.record.ladder_queued():
             return
         opening = self.opening
-        paused: set[int] = getattr(self, "paused", set())
-        out = set(opening.numbers) - paused  # not ended nor paused
+        out = set(opening.numbers) - self.paused  # not ended nor paused
         asked = not self.record.queued()
-        if opening.finished or (asked and (not out or (opening.settled(out) and bool(paused)))):
+        if opening.finished or (
+            asked and (not out or (opening.settled(out) and bool(self.paused)))
+        ):
             # Every opening point has ended; or none is running or waiting any more (one was
             # lost at an interruption, or the scheduler paused it); or the opening settled
             # while others wait paused (B, the fastest LR so far and the time model are known:
@@ -177,7 +190,7 @@ class Plan:
         ladder, opening = self.ladder, self.opening
         return (
             ladder is not None and not self.record.ladder_queued() and not opening.finished
-            and not opening.settled(set(opening.numbers) - getattr(self, "paused", set()))
+            and not opening.settled(set(opening.numbers) - self.paused)
             and not self.record.queued()
         )  # fmt: skip
 
@@ -193,7 +206,7 @@ class Plan:
     def say_tpe(self) -> None:
         """Say, once a session, that Optuna's TPE suggests from now on: the plan's points have
         all been asked (the line that marks the search's last phase)."""
-        if getattr(self, "said_tpe", False) or self.record.queued():
+        if self.said_tpe or self.record.queued():
             return
         if self.ladder is not None and not self.record.ladder_queued():
             return  # a free slot during the opening: TPE fills it, the ladder is to come

@@ -203,8 +203,8 @@ class Progress(Callback):
         wall = wall_clock(spans, self.sessions)
         if wall is None:
             return self.extra_s + sum(_device_s(t) for t in done)
-        used, slots = slots_used(spans), getattr(self, "slots", None)  # None: pickled before
-        return self.extra_s + min(slots or used, used) * wall
+        used = slots_used(spans)
+        return self.extra_s + min(self.slots or used, used) * wall
 
 
 def _racing(trial: Any) -> bool:

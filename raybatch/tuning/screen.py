@@ -79,7 +79,7 @@ class Screen:
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
             knobs, sampled = self._define.knobs(ot_trial)
-            self.plan.opening.note(ot_trial)  # its params exist once its knobs are read
+            self.plan.asked(ot_trial)  # its params exist once its knobs are read
             refusal = self.space.refusal(
                 knobs[MICRO_BATCH_SIZE], knobs[ACCUMULATION_STEPS], knobs[WORLD_SIZE],
                 knobs[LR_MULTIPLIER])  # fmt: skip
@@ -121,7 +121,7 @@ class Screen:
         self.record.reject(
             ot_trial, why.violation, self.penalty, why.reason, why.predicted_bytes, config
         )
-        self.plan.opening.done(ot_trial.number, None, memory=why.memory)
+        self.plan.told(ot_trial.number, None, memory=why.memory)
         self.refused.append(
             Prescreened.of(ot_trial.number, config, why.reason, why.predicted_bytes)
         )

@@ -103,7 +103,7 @@ class RaybatchSearcher(Searcher):
         self.gates = list(gates) if gates is not None else [LearnedOutOfMemory()]
         self.devices = devices if devices is not None else Devices()
         self.screen = Screen(space, self.record, self.plan, self.gates, penalty)
-        self.launches = Launches(self.screen, self.devices)
+        self.launches = Launches(self.record, self.plan, self.screen, self.devices)
         self.paused: set[str] = set()
         """Trials the scheduler paused (Ray's ``on_pause``; :mod:`raybatch.tuning.promotion`)."""
 

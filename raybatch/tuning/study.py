@@ -1,8 +1,8 @@
 """The search's record in Optuna: one study per run, and the one place that opens it.
 
-The searcher asks and tells through a :class:`SearchStudy`; the driver reads back through the
-same object what the searcher wrote (the pre-screened configs, how many trials ran the
-workload) and closes the trials an interruption orphaned. The user attributes written on each
+The searcher asks and tells through a :class:`SearchStudy`; the driver closes through it the
+trials an interruption orphaned, and reads back what the searcher wrote from outside it
+(:mod:`raybatch.tuning.study_file`). The user attributes written on each
 Optuna trial are declared here, so no reader guesses their names.
 
 Only public Optuna API is used. A trial asked in this process is told through its live
@@ -15,18 +15,15 @@ the same parameters (``study.add_trial``), so TPE still learns from it.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
-from raybatch.errors import ConfigError, Issue, RunDirError
+from raybatch.errors import ConfigError
 from raybatch.keys import KnobPoint
 from raybatch.space.config import TrialConfig, carried_recipe
-from raybatch.status import WORKLOAD_RAN, TrialStatus
+from raybatch.status import TrialStatus
 from raybatch.tuning.sessions import SESSIONS_ATTR, SLOTS_ATTR, sessions_in, slots_in
 
 if TYPE_CHECKING:
@@ -67,66 +64,6 @@ and kept for a while, because it won on the first simulated family; on the faire
 and 1.680 vs 1.286 on three members, for one better median (1.065 vs 1.097)."""
 
 
-def check_study_file(db: Path, run_dir: Path) -> None:
-    """Refuse a damaged or missing SQLite study before a resume opens it, naming the file:
-    SQLAlchemy would raise its own traceback ("database disk image is malformed") from deep
-    inside the searcher, and a study deleted after trials ran would be created again empty
-    beside them (the searcher then fails on every trial it restores). Without Optuna: SQLite's
-    ``quick_check`` and the tables' presence. A missing file where no trial ever started (no
-    trial folder in ``tune/search/``) is left to the search: it stopped before its first
-    suggestion.
-
-    Raises:
-        RunDirError: The file is not a readable Optuna study, or it is gone after trials ran.
-    """
-    if not db.is_file():
-        experiment = run_dir / "tune" / "search"
-        started = [p for p in experiment.iterdir() if p.is_dir() and not p.name.startswith(".")
-                   ] if experiment.is_dir() else []  # fmt: skip
-        if started:
-            why = (
-                f"missing, though {len(started)} trial(s) started (tune/search/): the study held"
-                " every trial the search told, and without it a resume would start an empty one"
-                " beside them; put optuna.db back from a copy of the run, or start the search"
-                " again in a new run directory"
-            )
-            raise RunDirError([Issue(db.name, why)], str(run_dir))
-        return
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=rw", uri=True)) as c:
-            check = c.execute("PRAGMA quick_check").fetchone()
-            if check is None or check[0] != "ok":
-                raise sqlite3.DatabaseError(str(check[0] if check else "no answer"))
-            c.execute("SELECT COUNT(*) FROM studies").fetchone()
-            c.execute("SELECT COUNT(*) FROM trials").fetchone()
-    except sqlite3.Error as exc:
-        why = (
-            f"damaged ({exc}): the Optuna study cannot be read, so this search cannot be"
-            " resumed; the Ray Tune results in tune/search/ are kept; start the search again"
-            " in a new run directory"
-        )
-        raise RunDirError([Issue(db.name, why)], str(run_dir)) from None
-
-
-def runs_recorded(db: Path) -> int:
-    """The Ray Tune runs a study file recorded as ended (each Optuna trial carries its Tune trial
-    id: the search's trials and the race's runs; COMPLETE or PRUNED, not one an interruption
-    left running and a resume closed as FAIL; a run Tune ran again after a kill, recorded twice,
-    counts once), read with SQLite alone; 0 without a readable file."""
-    if not db.is_file():
-        return 0
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
-            row = c.execute(
-                "SELECT COUNT(DISTINCT a.value_json) FROM trials t JOIN trial_user_attributes a"
-                " ON a.trial_id = t.trial_id WHERE a.key = ? AND t.state IN (?, ?)",
-                (TUNE_TRIAL_ID_ATTR, "COMPLETE", "PRUNED"),
-            ).fetchone()
-    except sqlite3.Error:
-        return 0
-    return int(row[0]) if row else 0
-
-
 @dataclass(frozen=True)
 class Prescreened:
     """A config the pre-screen kept from launching, as the study recorded it (``params``: the
@@ -146,7 +83,7 @@ class Prescreened:
     ) -> Prescreened:
         """The rejection of Optuna trial ``number``: its ``config`` (the searcher's recipe, or
         the bare knobs the space's rules refused) with the recipe read from it."""
-        return cls(number, dict(config), reason, predicted_bytes, _recipe(config))
+        return cls(number, dict(config), reason, predicted_bytes, recipe_recorded(config))
 
 
 class SearchStudy:
@@ -316,42 +253,13 @@ class SearchStudy:
                 trial.set_user_attr(key, item)
             trial.set_constraint(MEMORY_CONSTRAINT, violation)
             if pruned:
-                self.study.tell(trial, state=_state("PRUNED"))
+                self.study.tell(trial, state=trial_state("PRUNED"))
             else:
                 self.study.tell(trial, value)
             self._steps.pop(number, None)
             return number
-        return self._finish_restored(number, attrs, None if pruned else value, violation, pruned)
-
-    def _finish_restored(
-        self,
-        number: int,
-        attrs: dict[str, Any],
-        value: float | None,
-        violation: float,
-        pruned: bool = False,
-    ) -> int | None:
-        import optuna
-
-        old = self.study.get_trials(deepcopy=False)[number]
-        if old.state.is_finished():
-            return None
-        self.study.tell(number, state=_state("FAIL"), skip_if_finished=True)
-        curve = old.intermediate_values
-        if value is None and curve:  # pruned: its last evaluation, as Optuna's tell keeps it
-            value = curve[max(curve)]
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                state=_state("PRUNED" if pruned else "COMPLETE"),
-                value=value,
-                params=old.params,
-                distributions=old.distributions,
-                user_attrs={**old.user_attrs, **attrs},
-                intermediate_values=old.intermediate_values,
-                constraints={MEMORY_CONSTRAINT: violation},
-            )
-        )
-        return len(self.study.get_trials(deepcopy=False)) - 1
+        return _tell_restored(self.study, number, attrs, None if pruned else value, violation,
+                              pruned)  # fmt: skip
 
     def gave_up(self, reason: str) -> None:
         """Record that the searcher ended the search early, and why."""
@@ -391,14 +299,6 @@ class SearchStudy:
         waiting = (optuna.trial.TrialState.WAITING,)
         return bool(self.study.get_trials(deepcopy=False, states=waiting))
 
-    def has_run(self, params: KnobPoint) -> bool:
-        """Whether a trial with exactly these parameters was asked already."""
-        return any(
-            all(t.params.get(k) == v for k, v in params.items())
-            for t in self.study.get_trials(deepcopy=False)
-            if t.params
-        )
-
     def set_baseline(self, knobs: KnobPoint) -> None:
         self.study.set_user_attr(BASELINE_ATTR, knobs)
 
@@ -432,43 +332,42 @@ class SearchStudy:
             self._live.pop(trial.number, None)
         return len(orphans)
 
-    def close_unrun(self) -> int:
-        """Fail the points queued for TPE (the opening's, the ladder's) that the search ended
-        before running: left WAITING they are ghosts in optuna-dashboard, queued for ever.
-        Returns how many were closed, each with the reason."""
-        import optuna
 
-        states = (optuna.trial.TrialState.WAITING,)
-        waiting = self.study.get_trials(deepcopy=False, states=states)
-        storage = self.study._storage  # Optuna's tell refuses a trial that never ran
-        why = "not run: the search ended before this queued point"
-        for trial in waiting:
-            storage.set_trial_user_attr(trial._trial_id, REASON_ATTR, why)
-            storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-        return len(waiting)
+def _tell_restored(
+    study: optuna.Study,
+    number: int,
+    attrs: dict[str, Any],
+    value: float | None,
+    violation: float,
+    pruned: bool = False,
+) -> int | None:
+    """Tell trial ``number``, asked by an earlier process (a resumed search): Optuna tells only
+    a trial this process asked, so it is failed and recorded again whole with its result; the
+    number it is recorded under, or ``None`` where it was finished already."""
+    import optuna
 
-    def prescreened(self) -> list[Prescreened]:
-        """The configs the pre-screen kept from launching (they survive a resume here)."""
-        return [
-            Prescreened(
-                t.number,
-                dict(t.params),
-                t.user_attrs.get(REASON_ATTR),
-                t.user_attrs.get(PREDICTED_BYTES_ATTR),
-                _recipe(t.user_attrs.get(CONFIG_ATTR)),
-            )
-            for t in self.study.get_trials(deepcopy=False)
-            if t.user_attrs.get(STATUS_ATTR) == TrialStatus.PRESCREENED_OUT.value
-        ]
+    old = study.get_trials(deepcopy=False)[number]
+    if old.state.is_finished():
+        return None
+    study.tell(number, state=trial_state("FAIL"), skip_if_finished=True)
+    curve = old.intermediate_values
+    if value is None and curve:  # pruned: its last evaluation, as Optuna's tell keeps it
+        value = curve[max(curve)]
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=trial_state("PRUNED" if pruned else "COMPLETE"),
+            value=value,
+            params=old.params,
+            distributions=old.distributions,
+            user_attrs={**old.user_attrs, **attrs},
+            intermediate_values=old.intermediate_values,
+            constraints={MEMORY_CONSTRAINT: violation},
+        )
+    )
+    return len(study.get_trials(deepcopy=False)) - 1
 
-    def workload_ran(self) -> int:
-        """Finished trials in which the workload was built and trained (not ``error``)."""
 
-        ended = self.study.get_trials(deepcopy=False, states=(_state("COMPLETE"), _state("PRUNED")))
-        return sum(1 for t in ended if t.user_attrs.get(STATUS_ATTR) in WORKLOAD_RAN)
-
-
-def _state(name: str) -> optuna.trial.TrialState:
+def trial_state(name: str) -> optuna.trial.TrialState:
     """Optuna's trial state ``name`` (Optuna is imported only where a study is used)."""
     import optuna
 
@@ -485,7 +384,7 @@ def status_of(trial: optuna.trial.FrozenTrial) -> str:
     return str(recorded) if recorded is not None else TrialStatus.RUNNING.value
 
 
-def _recipe(config: Any) -> TrialConfig | None:
+def recipe_recorded(config: Any) -> TrialConfig | None:
     """The recipe a rejected trial's recorded config carries; ``None`` where it carries none
     (knobs the space's rules refused have no recipe)."""
     if not isinstance(config, dict):
