@@ -282,25 +282,6 @@ def _loop_overhead(data: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
-def loop_sentence(data: dict[str, Any]) -> str:
-    """The README's loop figure: the median per-pair ratio, overall and per workload."""
-    o = data.get("overall")
-    per = ", ".join(
-        f"{name} {w['ratio']:.3f}x ({w['ratio_ci95'][0]:.3f}-{w['ratio_ci95'][1]:.3f})"
-        for name, w in data["workloads"].items()
-    )
-    if o is None:
-        return f"- **Training loop**: raybatch's trial loop vs a plain PyTorch loop: {per}."
-    low, high = o["ratio_ci95"]
-    slower = "slower than" if low > 1 else "faster than" if high < 1 else "within noise of"
-    return (
-        f"- **Training loop**: raybatch's trial loop is {slower} a plain hand-written PyTorch"
-        f" loop, training time to target: {o['ratio']:.3f}x the plain loop's time (median of"
-        f" {o['pairs']} same-recipe same-seed pairs, 95% interval {low:.3f}-{high:.3f}); per"
-        f" workload {per}."
-    )
-
-
 def _digits_sweep(data: dict[str, Any]) -> list[str]:
     out = [
         "## Real training: digits, time to target across batch recipes",
@@ -651,40 +632,6 @@ def _prescreen_cost(data: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
-def prescreen_sentence(data: dict[str, Any]) -> str:
-    """The README's pre-screen figures, every one computed from the simulated rows."""
-    sim = [r for r in data["rows"] if "exact_on_grid" in r]
-
-    def of(strategy: str, key: str) -> str:
-        values = [r[key] for r in sim if r["strategy"] == strategy]
-        low, high = min(values), max(values)
-        if isinstance(low, float):
-            return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
-        return f"{low}" if low == high else f"{low}-{high}"
-
-    ours = [r for r in sim if r["strategy"] == "raybatch"]
-    alone = [r for r in sim if r["strategy"] == "trace_alone"]
-    errors = [r["estimate_error"] for r in alone]
-    on_grid = sum(r["found"] == r["exact_on_grid"] for r in ours)
-    return (
-        f"- **Pre-screen** (simulated members, memory estimate off by {min(errors):+.0%} to"
-        f" {max(errors):+.0%}): the trace alone answers batches that would run out of memory"
-        f" on {sum(not r['lands_fitting'] for r in alone)} of {len(alone)} members; with the"
-        f" trial's one-step probe, raybatch lands on a batch that fits in"
-        f" {of('raybatch', 'device_steps')} device steps and {of('raybatch', 'ooms')} OOMs,"
-        f" the largest of its space that fits on {on_grid} of {len(ours)}"
-        f" ({of('raybatch', 'found_fraction')} of the true largest batch, its space's micro"
-        f" batches being {', '.join(map(str, data.get('space_micro_batches', [])))})."
-        " Lightning's finder: power mode"
-        f" {of('power', 'device_steps')} steps and {of('power', 'ooms')} OOMs"
-        f" ({of('power', 'found_fraction')} of the largest), binsearch"
-        f" {of('power_binsearch', 'device_steps')} steps and {of('power_binsearch', 'ooms')}"
-        f" OOMs (exact); accelerate's x{data['shrink']} shrink-and-retry"
-        f" {of('shrink_0.9', 'restarts')}"
-        " restarts."
-    )
-
-
 def render() -> str:
     lines = [
         "# Benchmarks",
@@ -780,18 +727,6 @@ def _tally(workloads: dict[str, Any], recipe: str) -> str:
             counts[verdict].append(name)
     return ", ".join(f"{verdict} it in {len(names)} ({', '.join(names)})"
                      for verdict, names in counts.items() if names)  # fmt: skip
-
-
-def promise_kept(real: dict[str, Any]) -> str:
-    """The README's first result: whether real training keeps the product's promise."""
-    w = real["workloads"]
-    return (
-        f"- **Does it find a faster recipe than the largest batch?** On real training here"
-        f" ({len(w)} cases, {real['searches']} searches each), the winners"
-        f" {_tally(w, 'max_batch')} against the largest batch at the rule's LR, and"
-        f" {_tally(w, 'max_batch_tuned')} against the largest batch at its best of"
-        f" {len(next(iter(w.values()))['max_batch_lr_sweep']['medians'])} swept LRs."
-    )
 
 
 def headline() -> str:

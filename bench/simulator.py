@@ -159,11 +159,6 @@ class Member:
             return math.inf
         return self.steps(micro, accumulation, multiplier) * self.step_time(micro, accumulation)
 
-    def reference_time(self) -> float:
-        """The reference recipe's noise-free time to target (256 x 1 at the rule's LR: what a
-        user knows before any search; the scale of the start-up and the evaluation marks)."""
-        return self.steps(256, 1, 1.0) * self.step_time(256, 1)
-
     def epoch_samples(self) -> float:
         """The task's epoch: an eighth of the samples the reference batch (256) needs at its
         best LR -- the task trains to its target in about 8 epochs at the reference batch, as

@@ -157,8 +157,6 @@ predicts for the row's recipe, scaled by one constant fitted to the search's mea
 PREDICTED_BYTES: Final = "predicted_bytes"
 """The memory estimate's predicted peak of a recipe (``raybatch estimate``, ``raybatch check``,
 the searcher's pre-screened records)."""
-OPTUNA_TRIAL: Final = "optuna_trial"
-"""In the searcher's pre-screened records: the Optuna trial number told infeasible."""
 TUNE_TRIAL_ID: Final = "tune_trial_id"
 """The Ray Tune trial that runs an Optuna trial (an Optuna user attribute, and the searcher's
 record of trials that ran out of memory)."""

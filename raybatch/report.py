@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -209,7 +210,24 @@ def _is_point(knobs: KnobPoint, point: KnobPoint) -> bool:
     return all(math.isclose(mine[k], v, rel_tol=1e-9) for k, v in knob_items(point))
 
 
-def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class _Summary:
+    """One recipe's runs in the report's comparison: medians of those that reached, and the
+    most any trained where none did."""
+
+    label: str
+    reached: str  # "k of n"
+    effective: int
+    time: float | None
+    times: list[float]  # every run's time to target: a median alone hides overlaps
+    trained: float  # stopped before the target in every run: its time is at least this
+    samples: float | None
+    throughput: float | None
+    eval: float | None
+    elapsed: float | None
+
+
+def _summary(rows: list[TrialRow]) -> _Summary | None:
     rows = [r for r in rows if r.meet_level is None]  # a meeting run's time is to its level
     reached = [r for r in rows if r.to_target]
     if not rows:
@@ -220,31 +238,27 @@ def _summary(rows: list[TrialRow]) -> dict[str, Any] | None:
     samples = [r.samples_to_target for r in reached if r.samples_to_target is not None]
     # A trial that never reported (hung, failed at start) has no throughput.
     rates = [r.throughput for r in rows if r.throughput is not None]
-    return {
-        "label": (
-            f"{rows[0].micro_batch_size} x {rows[0].accumulation_steps} at"
-            f" {rows[0].lr_multiplier:.3g}x (lr {rows[0].lr:.3g})"
-        ),
-        "reached": f"{len(times)} of {len(rows)}",
-        "effective": rows[0].effective_batch_size,
-        "time": statistics.median(times) if times else None,
-        "times": times,
-        # Stopped before the target in every run: the most it trained (its time is at least).
-        "trained": max((r.train_s or 0.0 for r in rows), default=0.0),
-        "runs": len(rows),
-        "samples": statistics.median(samples) if samples else None,
-        "throughput": statistics.median(rates) if rates else None,
-        "eval": statistics.median(evals) if evals else None,
-        "elapsed": statistics.median(elapsed) if elapsed else None,
-        "status": rows[0].status.value,
-    }
+    first = rows[0]
+    return _Summary(
+        label=(f"{first.micro_batch_size} x {first.accumulation_steps} at"
+               f" {first.lr_multiplier:.3g}x (lr {first.lr:.3g})"),
+        reached=f"{len(times)} of {len(rows)}",
+        effective=first.effective_batch_size,
+        time=statistics.median(times) if times else None,
+        times=times,
+        trained=max((r.train_s or 0.0 for r in rows), default=0.0),
+        samples=statistics.median(samples) if samples else None,
+        throughput=statistics.median(rates) if rates else None,
+        eval=statistics.median(evals) if evals else None,
+        elapsed=statistics.median(elapsed) if elapsed else None,
+    )  # fmt: skip
 
 
 def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
+def _plot_comparison(entries: dict[str, _Summary], out: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(10.4, 3.2))
     names = list(entries)
@@ -253,11 +267,11 @@ def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
                               ("training time to target (s)", "samples to target", "samples / s"),
                               strict=True):  # fmt: skip
         for i, name in enumerate(names):
-            value = entries[name][key]
+            value = getattr(entries[name], key)
             if value is not None:
                 ax.bar(i, value, color=colors[i % len(colors)])
             elif key == "time":  # never reached: at least the time it trained, hatched
-                trained = entries[name]["trained"]
+                trained = entries[name].trained
                 ax.bar(i, trained, color="white", edgecolor=colors[i % 4], hatch="//")
                 ax.annotate("not reached:\ntrained", (i, trained), ha="center", va="bottom",
                             fontsize=6)  # fmt: skip
@@ -269,7 +283,7 @@ def _plot_comparison(entries: dict[str, dict[str, Any]], out: Path) -> None:
         ax.margins(y=0.15)  # room for the notes above the bars
     # A median alone hides whether two recipes' runs overlap: draw every run that reached.
     for i, name in enumerate(names):
-        runs = entries[name]["times"]
+        runs = entries[name].times
         axes[0].scatter([i] * len(runs), runs, color="black", s=12, zorder=3)
     _save(fig, out)
 
@@ -399,7 +413,7 @@ def write_report(
     has_memory = _plot_memory(space, estimator, budget, run_dir / "memory.png")
     _plot_history(rows, run_dir / "history.png")
     has_prior = _plot_predicted(rows, run_dir / "predicted.png", ran)
-    entries: dict[str, dict[str, Any]] = {}
+    entries: dict[str, _Summary] = {}
     if winner is not None and (summary := _summary(winner.runs)) is not None:
         entries["winner"] = summary
     for name, knobs in _compared_points(result):
@@ -409,11 +423,11 @@ def write_report(
         _plot_comparison(entries, run_dir / "comparison.png")
     counts = status_counts(rows)
     table = "".join(
-        f"<tr><td>{html.escape(n)}</td><td>{e['label']}</td><td>{e['effective']}</td>"
-        f"<td>{e['reached']}</td>"
-        f"<td>{_cell(e['time'], '.3f')}</td><td>{_cell(e['eval'], '.3f')}</td>"
-        f"<td>{_cell(e['elapsed'], '.3f')}</td><td>{_cell(e['samples'], '.0f')}</td>"
-        f"<td>{_cell(e['throughput'], '.0f')}</td></tr>"
+        f"<tr><td>{html.escape(n)}</td><td>{e.label}</td><td>{e.effective}</td>"
+        f"<td>{e.reached}</td>"
+        f"<td>{_cell(e.time, '.3f')}</td><td>{_cell(e.eval, '.3f')}</td>"
+        f"<td>{_cell(e.elapsed, '.3f')}</td><td>{_cell(e.samples, '.0f')}</td>"
+        f"<td>{_cell(e.throughput, '.0f')}</td></tr>"
         for n, e in entries.items()
     )
     images = ["time_vs_batch.png", *(["memory.png"] if has_memory else []), "history.png",

@@ -113,11 +113,10 @@ def test_the_comparison_plot_draws_every_run_not_only_the_medians(
 
     saved: list[Any] = []
     monkeypatch.setattr(report, "_save", lambda fig, out: saved.append(fig))
-    entries = {"winner": {"time": 0.5, "times": [0.4, 0.5, 0.6], "samples": 1.0,
-                          "throughput": 1.0},
-               "max batch": {"time": 0.7, "times": [0.6, 0.7], "samples": 1.0,
-                             "throughput": 1.0}}  # fmt: skip
-    report._plot_comparison(entries, Path("unused.png"))
+    runs = {"winner": (WINNER, (0.4, 0.5, 0.6)), "max batch": ((256, 1, 1.0), (0.6, 0.7))}
+    entries = {name: report._summary([_row(knobs, "search", t, i) for i, t in enumerate(times)])
+               for name, (knobs, times) in runs.items()}  # fmt: skip
+    report._plot_comparison({n: e for n, e in entries.items() if e is not None}, Path("x.png"))
     dots = [c for c in saved[0].axes[0].collections if c.get_offsets().shape[0]]
     assert sorted(len(c.get_offsets()) for c in dots) == [2, 3]
 
@@ -156,12 +155,10 @@ def test_the_page_compares_every_recipe_the_verdict_names_and_bounds_the_unreach
     assert "<td>1 of 1</td><td>0.700</td>" in page
     assert "<td>max batch</td><td>256 x 1 at 1x (lr 0.1)</td><td>256</td><td>0 of 1</td>" in page
     assert (tmp_path / "comparison.png").is_file()
-    entries = {"winner": {"time": 0.5, "times": [0.5], "samples": 8.0, "throughput": 1.0,
-                          "trained": 0.5},
-               "max batch": {"time": None, "times": [], "samples": None, "throughput": 1.0,
-                             "trained": 0.9}}  # fmt: skip
+    winner, unreached = report._summary(rows[:1]), report._summary(rows[2:3])
+    assert winner is not None and unreached is not None and unreached.time is None
     monkeypatch.setattr(report, "_save", lambda fig, out: drawn.append(fig))
-    report._plot_comparison(entries, tmp_path / "unused.png")
+    report._plot_comparison({"winner": winner, "max batch": unreached}, tmp_path / "x.png")
     time_axes = drawn[0].axes[0]
     bound = time_axes.patches[1]
     assert bound.get_height() == 0.9 and bound.get_hatch() == "//"
