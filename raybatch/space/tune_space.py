@@ -21,9 +21,10 @@ choice is a constant, not a parameter, so it does not clutter the study.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from raybatch import keys
+from raybatch.keys import KnobPoint
 from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import MultiplierRange, SearchSpace
 
@@ -82,10 +83,10 @@ class OptunaDefineByRun:
         knobs, sampled = self.knobs(trial)
         return self.constants(trial, knobs, sampled)
 
-    def knobs(self, trial: optuna.Trial) -> tuple[dict[str, Any], set[str]]:
+    def knobs(self, trial: optuna.Trial) -> tuple[KnobPoint, set[str]]:
         """The raw knobs of ``trial`` (those with one choice filled in), and which of them
         Optuna sampled."""
-        knobs: dict[str, Any] = {}
+        knobs: dict[str, float] = {}
         sampled: set[str] = set()
         for name, choices in _integer_knobs(self.space):
             if len(choices) > 1:
@@ -99,10 +100,10 @@ class OptunaDefineByRun:
                 sampled.add(name)
             else:
                 knobs[name] = 1.0 if rng is None else rng.low
-        return knobs, sampled
+        return cast(KnobPoint, knobs), sampled
 
     def constants(
-        self, trial: optuna.Trial, knobs: dict[str, Any], sampled: set[str]
+        self, trial: optuna.Trial, knobs: KnobPoint, sampled: set[str]
     ) -> dict[str, Any]:
         """The recipe's values Optuna did not sample (derived from ``knobs``), recorded on the
         trial where ``record``.

@@ -232,7 +232,7 @@ class RungRule:
 
     Example::
 
-        raybatch.CappingScheduler(rungs=RungRule(zone=0.1, hedge=0.0, horizon_s=20.0))
+        raybatch.CappingScheduler(rungs=raybatch.RungRule(zone=0.1, hedge=0.0, horizon_s=20.0))
     """
 
     zone: float | None = DEFAULT_ZONE

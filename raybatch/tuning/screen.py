@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raybatch.keys import ACCUMULATION_STEPS, LR_MULTIPLIER, MICRO_BATCH_SIZE, WORLD_SIZE
-from raybatch.space.config import TrialConfig, carried_recipe
+from raybatch.space.config import TrialConfig
 from raybatch.space.search_space import SearchSpace
 from raybatch.space.tune_space import OptunaDefineByRun
 from raybatch.tuning.gates import Gate, Placement, Rejection, gate_of
@@ -78,7 +78,7 @@ class Screen:
         self.plan.say_tpe()
         for _ in range(MAX_PRESCREEN_ATTEMPTS):
             ot_trial = self.record.ask()
-            knobs, sampled = self._define.knobs(ot_trial)
+            knobs, _ = self._define.knobs(ot_trial)
             self.plan.asked(ot_trial)  # its params exist once its knobs are read
             refusal = self.space.refusal(
                 knobs[MICRO_BATCH_SIZE], knobs[ACCUMULATION_STEPS], knobs[WORLD_SIZE],
@@ -86,9 +86,8 @@ class Screen:
             if refusal is not None:  # a combination the space's limits refuse: never run
                 self.refuse(ot_trial, dict(ot_trial.params), Rejection(refusal, memory=False))
                 continue
-            # The recipe, derived once, here, where the knobs are chosen.
-            config = {**ot_trial.params, **self._define.constants(ot_trial, knobs, sampled)}
-            recipe = carried_recipe(config)  # the define-by-run's, derived once
+            recipe = self.space.derive(**knobs)  # derived once, here, where knobs are chosen
+            config = {**ot_trial.params, **recipe.to_dict()}  # what Tune and the study carry
             rejection = self.check(recipe)
             if rejection is None:
                 return Passed(ot_trial, config, recipe)
