@@ -10,6 +10,7 @@ search, interrupted, is copied and resumed.
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import random
 import re
@@ -36,7 +37,7 @@ from raybatch.status import TrialStatus
 from raybatch.tuning.options import SearchOptions
 
 from .conftest import run_cli
-from .test_resume import _cli, _kill_when, _told
+from .test_resume import PACED_DIGITS, _cli, _kill_when, _told
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 DIGITS = "raybatch.examples.digits:workload"
@@ -268,23 +269,41 @@ def test_a_lock_left_by_a_killed_driver_is_taken_over_and_said(tmp_path: Path) -
 # ------------------------------------------------------------------ a copied run
 
 
+def _training_with_a_save(run_dir: Path) -> bool:
+    """Whether a search trial is training (its last report says ``running``) with a state it
+    saved at an evaluation (a Tune checkpoint in its folder)."""
+    for trial in (run_dir / "tune" / "search").glob("*/"):
+        result = trial / "result.json"
+        if not (any(trial.glob("checkpoint_*")) and result.is_file()):
+            continue
+        try:
+            last = json.loads(result.read_text().splitlines()[-1])
+        except (ValueError, IndexError):  # being written right now; ask again
+            continue
+        if last.get(keys.STATUS) == TrialStatus.RUNNING.value:
+            return True
+    return False
+
+
 @pytest.fixture(scope="module")
 def copied_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A small search stopped by SIGTERM to its whole process group (as a terminal's
-    ``kill -- -PID`` or Slurm stops a job: its own Ray gets the signal too) after its first
-    trial, copied with ``cp -a``; the copy resumed to its end. The original's files are hashed
-    before and after."""
+    """A small search of a user's paced digits CNN stopped by SIGTERM to its whole process
+    group (as a terminal's ``kill -- -PID`` or Slurm stops a job: its own Ray gets the signal
+    too) after its first trial, while a trial trains with a state it saved, copied with
+    ``cp -a``; the copy resumed to its end. The original's files are hashed before and
+    after."""
     root = tmp_path_factory.mktemp("copied")
     original, copy = root / "r1", root / "r2"
-    # Four trials: killed up to 0.5 s after the first is told, a search of two could end
-    # first (its second trial capped at a rung within that on a fast run) and exit 0.
-    search = _cli("search", DIGITS, "--target", "0.9", "--trials", "4", "--run-dir",
-                  str(original), "--max-time-per-trial", "20", "--max-concurrent", "1",
-                  "--confirm-seeds", "0", "--no-prior", "--quiet",
+    (root / "paced.py").write_text(PACED_DIGITS)  # a trial lasts seconds on any machine
+    search = _cli("search", f"{root / 'paced.py'}:workload", "--target", "0.9", "--trials", "4",
+                  "--run-dir", str(original), "--max-time-per-trial", "8",
+                  "--max-concurrent", "1", "--confirm-seeds", "0", "--no-prior", "--quiet",
                   "--no-pause",  # trials end one by one: a pause holds the first to the end
                   start_new_session=True)  # fmt: skip
-    _kill_when(search, lambda: _told(original) >= 1, random.Random(1), original, set(),
-               signal.SIGTERM, group=True)  # fmt: skip
+    # At once: the trial with a save must still be training when the signal comes.
+    ready = lambda: _told(original) >= 1 and _training_with_a_save(original)  # noqa: E731
+    _kill_when(search, ready, random.Random(1), original, set(), signal.SIGTERM, group=True,
+               latest_s=0.0)  # fmt: skip
     subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
     before = _hashes(original)
     # Named as a user in its folder names it: relative (Ray read that as a URI, and failed).
@@ -330,8 +349,7 @@ def test_a_trial_cut_short_goes_on_from_its_last_save_not_from_its_first_step(
         again = frame[frame["pid"] == frame["pid"].iloc[-1]]
         assert again[keys.STEPS].iloc[0] > frame[keys.STEPS].iloc[0], trial.name
         checked += 1
-    if not checked:  # the kill's moment is random: said, not passed silently
-        pytest.skip("no trial was training with a save when this run was stopped")
+    assert checked, "no trial stopped with a save went on from it"
 
 
 @pytest.mark.slow
