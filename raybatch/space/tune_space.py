@@ -102,9 +102,7 @@ class OptunaDefineByRun:
                 knobs[name] = 1.0 if rng is None else rng.low
         return cast(KnobPoint, knobs), sampled
 
-    def constants(
-        self, trial: optuna.Trial, knobs: KnobPoint, sampled: set[str]
-    ) -> dict[str, Any]:
+    def constants(self, trial: optuna.Trial, knobs: KnobPoint, sampled: set[str]) -> dict[str, Any]:
         """The recipe's values Optuna did not sample (derived from ``knobs``), recorded on the
         trial where ``record``.
 
