@@ -593,3 +593,13 @@ def test_the_winners_samples_to_target_are_its_runs_to_the_target_not_to_the_lev
     best = choose_winner(Target(0.97), rows, confirmed=True)
     assert best is not None and best.provenance.samples_to_target == 1000
     assert best.provenance.spread_s is None  # one run to the target: no spread to say
+
+
+def test_a_race_run_is_capped_at_slack_times_the_first_on_its_own_seed() -> None:
+    from raybatch.tuning.race_record import RaceCaps
+
+    caps = RaceCaps(slack=1.5)
+    assert caps.cap_s(0) is None  # none reached on it yet
+    for seed, time_s in ((0, 4.0), (1, 2.0), (0, 3.0), (0, 5.0)):
+        caps.reached(seed, time_s)
+    assert caps.cap_s(0) == pytest.approx(4.5) and caps.cap_s(1) == pytest.approx(3.0)
