@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from raybatch.errors import ExportError, Issue, RaybatchError
+from raybatch.errors import ExportError, Issue, PresetNotFoundError, RaybatchError
 from raybatch.space.config import TrialConfig
 from raybatch.space.presets import load_space
 
@@ -161,10 +161,13 @@ def preset_deriving(config: TrialConfig, name: str | None) -> SearchSpace | None
         return None
     try:
         space = load_space(str(name))
+    except PresetNotFoundError:  # a space of the user's own (a broken preset file is said)
+        return None
+    try:
         again = space.derive(config.micro_batch_size, config.accumulation_steps,
                              config.world_size, config.lr_multiplier,
                              config.weight_decay_multiplier)  # fmt: skip
-    except RaybatchError:  # a preset not found is one
+    except RaybatchError:  # its limits refuse the recipe: not the space it was measured in
         return None
     return space if again == config else None
 

@@ -137,8 +137,9 @@ class CappingScheduler(FIFOScheduler):
     ) -> CappingScheduler:
         """The scheduler for trials capped at ``max_time_s`` of training: the rungs tied to
         ``max_time_s / eta`` until a trial reaches the target (ASHA's rungs below the cap)
-        where the rule names no guess, and a trial silent for ``max_time_s`` plus
-        ``hang_grace_s`` counts as hung (``None``: no hang guard)."""
+        where the rule names no guess (build ``CappingScheduler`` itself for rungs without
+        one), and a trial silent for ``max_time_s`` plus ``hang_grace_s`` counts as hung
+        (``None``: no hang guard)."""
         if hang_grace_s is not None:
             kwargs.setdefault("hang_after_s", max_time_s + hang_grace_s)
         rule = kwargs.get("rungs") or RungRule()
