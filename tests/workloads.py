@@ -273,3 +273,51 @@ class NormSoftmaxWorkload(MLPWorkload):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         return model(batch).sum()
+
+
+class SelfAttention(nn.Module):
+    """One projection to queries, keys and values, then ``F.scaled_dot_product_attention``
+    with dropout, as a transformer's attention calls it (the heads are strided views)."""
+
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        qkv = self.qkv(x).view(batch, length, 3, self.heads, width // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout)
+
+
+class AttentionWorkload(MLPWorkload):
+    """:class:`SelfAttention` over random sequences; the loss is the output's sum."""
+
+    name = "attention"
+    width, heads = 64, 2
+
+    def __init__(self, length: int = 64, dropout: float = 0.1, amp_dtype: str | None = None):
+        super().__init__(amp_dtype)
+        self.length, self.dropout = length, dropout
+
+    def build_model(self) -> nn.Module:
+        return SelfAttention(self.width, self.heads, self.dropout)
+
+    def example_batch(self, batch_size: int) -> Any:
+        return torch.randn(batch_size, self.length, self.width)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return model(batch).float().sum()
+
+
+class DropoutWorkload(MLPWorkload):
+    """Linear -> Dropout; the loss is the output's sum."""
+
+    name = "dropout"
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(D, H, bias=False), nn.Dropout(0.5))
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return model(batch[0]).sum()

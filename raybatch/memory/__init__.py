@@ -12,7 +12,8 @@ Three layers, cheapest first (``docs/memory.md``):
 
 The trace counts what CUDA allocates: warm optimizer state, gradients alive through the next
 micro step's forward under accumulation, 512-byte allocator blocks, ``foreach`` optimizers,
-the cuBLAS workspace, DDP's gradient buckets and ``Workload.gpu_prefetch_batches``. It leaves
-out the CUDA context (:mod:`raybatch.cluster.budget` subtracts it), cuDNN's benchmark
-workspaces and allocator fragmentation, which the headroom and the probe's calibration cover.
+a cuBLAS workspace per thread of the step, attention and dropout as CUDA's kernels keep them
+(:mod:`~raybatch.memory.kernels`), DDP's gradient buckets and prefetched batches. It leaves out
+the CUDA context (:mod:`raybatch.cluster.budget` subtracts it), cuDNN's benchmark workspaces
+and allocator fragmentation, which the headroom and the probe's calibration cover.
 """
