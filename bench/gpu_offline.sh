@@ -54,6 +54,7 @@ check() {  # check NAME CAP_S: one script, within its cap and what is left of th
 check gpu_trial_timing 90
 check gpu_check 150
 check gpu_memory_accuracy 240
+check gpu_memory_history 60
 
 if [[ -z "${RAYBATCH_RESULTS_DIR:-}" ]]; then
     "$PY" bench/render_docs.py || failed+=("render_docs (crashed)")

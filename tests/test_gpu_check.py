@@ -23,7 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
-GPU_SCRIPTS = ("gpu_trial_timing", "gpu_check", "gpu_memory_accuracy")
+GPU_SCRIPTS = ("gpu_trial_timing", "gpu_check", "gpu_memory_accuracy", "gpu_memory_history")
 HIDDEN = ("ray", "optuna", "pydantic")
 
 HIDE = """
@@ -109,7 +109,7 @@ def test_the_gpu_checks_whole_import_path_and_a_trial_run_offline(
         """
         import sys
         sys.path.insert(0, "BENCH")
-        import gpu_check, gpu_memory_accuracy, gpu_trial_timing
+        import gpu_check, gpu_memory_accuracy, gpu_memory_history, gpu_trial_timing
         from gpu_recipes import USED, StoredSpace, recipe
         import raybatch
         from raybatch.examples.digits import DigitsWorkload
@@ -188,7 +188,7 @@ def test_gpu_offline_sh_goes_on_past_a_failed_check_and_fails_at_the_end(tmp_pat
     (copy / "bench").mkdir(parents=True)
     (copy / "bench" / "gpu_offline.sh").write_text((BENCH / "gpu_offline.sh").read_text())
     stand_ins = {"gpu_trial_timing": "sys.exit(3)", "gpu_check": "raise RuntimeError('boom')",
-                 "gpu_memory_accuracy": "pass"}  # fmt: skip
+                 "gpu_memory_accuracy": "pass", "gpu_memory_history": "pass"}  # fmt: skip
     for name, body in stand_ins.items():
         (copy / "bench" / f"{name}.py").write_text(f"import sys\nprint('ran {name}')\n{body}\n")
     fake_torch = tmp_path / "fake" / "torch"
@@ -207,6 +207,7 @@ def test_gpu_offline_sh_goes_on_past_a_failed_check_and_fails_at_the_end(tmp_pat
     assert "gpu-check: FAILED: gpu_trial_timing (a target missed)" in done.stdout
     assert "gpu-check: FAILED: gpu_check (crashed, exit status 1)" in done.stdout
     assert "gpu_memory_accuracy (" not in done.stdout
+    assert "gpu_memory_history (" not in done.stdout
     assert "ran gpu_check" in (results / "gpu-check.log").read_text()
 
 
@@ -366,3 +367,92 @@ def test_the_trace_holds_the_checks_bounds_on_the_transformer_and_mlp_it_measure
     assert len(ratios) == 14
     low, high = 1 - gpu_memory_accuracy.UNDER_AT_MOST, 1 + gpu_memory_accuracy.OVER_AT_MOST
     assert all(low <= r <= high for r in ratios.values()), ratios
+
+
+def _event(action: str, addr: int, mib: float, *frames: tuple[str, str]) -> dict[str, object]:
+    """One entry of the allocator's history as ``torch.cuda.memory._snapshot`` gives it, its
+    frames innermost first."""
+    return {"action": action, "addr": addr, "size": int(mib * 2**20), "stream": 0,
+            "frames": [{"filename": f, "line": 7, "name": n} for f, n in frames]}  # fmt: skip
+
+
+def test_the_history_replay_finds_the_allocators_peak_and_what_was_alive_at_it() -> None:
+    """The replay of ``bench/gpu_memory_history.py`` on a history written by hand: the peak
+    where allocated bytes are highest, the blocks alive then with the phase whose marker came
+    before each and the frame that allocated it, and the control (frees ignored) above."""
+    h = _load("gpu_memory_history")
+    mark = h.MARK_BYTES["forward"] / 2**20
+    probe_py, models_py = "/r/raybatch/memory/probe.py", "/r/bench/models.py"
+    torch_py = "/site-packages/torch/nn/functional.py"
+    events = [
+        _event("alloc", 1, 100, (probe_py, "_steady_step")),
+        _event("alloc", 2, mark, ("/r/bench/gpu_memory_history.py", "_mark")),
+        _event("free_requested", 2, mark),
+        _event("alloc", 3, 300, (torch_py, "linear"), (models_py, "forward")),
+        _event("alloc", 4, 32),  # no Python frame: another thread's
+        _event("free_requested", 3, 300),
+        _event("alloc", 5, 200, (torch_py, "linear")),
+    ]
+    run = h.replay(events)
+    assert run.peak_bytes == 432 * 2**20 and run.peak_index == 4
+    assert run.phases == (None, "forward", "forward", "forward", "forward", "forward", "forward")
+    groups = {(g["phase"], g["where"]): g["bytes"] // 2**20 for g in h.grouped(run.live)}
+    assert groups == {
+        ("before the step", "memory/probe.py:7 _steady_step"): 100,
+        ("forward", "bench/models.py:7 forward"): 300,
+        ("forward", "no Python frame (autograd's or a library's own thread)"): 32,
+    }
+    assert h.replay(events, start=5).peak_bytes == 332 * 2**20  # the peak from event 5 on
+    assert h.replay(events, frees=False).peak_bytes > run.peak_bytes  # the control
+    assert h.where(events[6]) == "torch functional.py:7 linear"
+
+
+def test_only_blocks_of_the_workspaces_size_never_freed_count_as_workspaces() -> None:
+    h = _load("gpu_memory_history")
+    ws = h.CUBLAS_WORKSPACE_BYTES / 2**20
+    events = [
+        _event("alloc", 1, ws),  # the forward's workspace, kept
+        _event("alloc", 2, ws),  # an activation of the same size, freed
+        _event("free_requested", 2, ws),
+        _event("alloc", 3, 64),
+        _event("alloc", 4, ws),  # the backward's workspace, kept
+    ]
+    assert h.persistent_workspaces(events, upto=3) == 1
+    assert h.persistent_workspaces(events) == 2
+
+
+def test_the_history_checks_findings_and_page_from_a_history_written_by_hand() -> None:
+    """``findings`` and ``markdown`` as ``main`` calls them, on a recorded run written by hand:
+    a forward alone that keeps one workspace, then a step whose backward keeps a second; each
+    step's replay agrees with its probe's peak, and every control fails as it should."""
+    from raybatch.memory.probe import ProbeResult
+
+    h = _load("gpu_memory_history")
+    ws, mib = h.CUBLAS_WORKSPACE_BYTES / 2**20, lambda name: h.MARK_BYTES[name] / 2**20
+    mark = ("/r/bench/gpu_memory_history.py", "_mark")
+    events = [
+        _event("alloc", 1, ws, ("/r/bench/models.py", "forward")),  # the forward's workspace
+        _event("alloc", 2, 64, ("/r/bench/models.py", "forward")),
+        _event("free_requested", 2, 64),
+        _event("alloc", 3, 80, ("/r/raybatch/memory/probe.py", "_steady_step")),  # parameters
+        _event("alloc", 4, mib("forward"), mark),
+        _event("free_requested", 4, mib("forward")),
+        _event("alloc", 5, 64, ("/r/bench/models.py", "forward")),
+        _event("alloc", 6, mib("backward"), mark),
+        _event("free_requested", 6, mib("backward")),
+        _event("alloc", 7, ws),  # the backward's workspace
+        _event("alloc", 8, 64),
+        _event("free_requested", 8, 64),
+        _event("free_requested", 5, 64),
+        _event("free_requested", 3, 80),
+    ]
+    peak = int((ws + 80 + 64 + ws + 64) * 2**20)
+    result = ProbeResult(True, "cuda:0", h.MICRO_BATCH, peak, peak, 0.1)
+    recorded = {"events": events, "forward_end": 3, "steps": [(None, 3, result)]}
+    rows, goals = h.findings(recorded)
+    assert all(g.met for g in goals), [g for g in goals if not g.met]
+    (row,) = rows
+    assert row["replay_peak_bytes"] == peak and row["replay_peak_phase"] == "backward"
+    assert row["trace"]["peak_bytes"] > 0
+    page = h.markdown({"steps": rows})
+    assert "| backward | no Python frame" in page and "The trace at its peak, MiB:" in page
