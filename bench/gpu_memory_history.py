@@ -47,6 +47,7 @@ from provenance import results_dir
 from raybatch.memory.probe import probe
 from raybatch.memory.trace import CUBLAS_HANDLES_PER_STEP, CUBLAS_WORKSPACE_BYTES, trace_step
 
+REQUIRES_GPU = True
 NAME = "gpu_memory_history"
 MICRO_BATCH = 4096
 REFERENCE = recipe("generic_adamw")

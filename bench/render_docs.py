@@ -668,7 +668,8 @@ def render() -> str:
             "",
             "Code measured: none yet.",
             "",
-            f"Not run yet: {', '.join(f'`bench/{n}.py`' for n in missing)} need an NVIDIA GPU.",
+            f"Not run yet: {', '.join(f'`bench/{n}.py`' for n in missing)}"
+            f" {'needs' if len(missing) == 1 else 'need'} an NVIDIA GPU.",
             "",
         ]
     return "\n".join(lines)
