@@ -3,7 +3,8 @@ after ``gpu_memory_accuracy.py`` and ``gpu_trial_timing.py``).
 
 1. **Packed trials, all at their caps at once** (run first, while this process holds no CUDA
    context). ``k`` = 3 processes each hold ``1/k`` of the GPU and cap their allocators with
-   the shipped ``packed_memory_fraction(1/k, budget, total, context)``, the budget read from
+   the shipped ``limit_packed_memory(device, budget, context, 1/k)`` (a trial's own call, the
+   share as Ray assigns it), the budget read from
    NVML and the context measured by a fresh process, as a search does. Each builds a real
    model (an MLP with AdamW), runs its steps once, then fills its slot to within
    ``SLOT_MARGIN_BYTES`` of its cap; at a barrier all train at once for ``STEP_S`` while NVML's
@@ -22,9 +23,20 @@ after ``gpu_memory_accuracy.py`` and ``gpu_trial_timing.py``).
    utilisation, else ``device``) over two seconds of matmuls. Targets: the GPUs are read, the
    budget is positive, the monitor reads a utilisation above zero.
 3. **A real probe OOM is freed, and the next trial is unaffected**: the probe of a micro
-   batch that cannot fit says infeasible and leaves the allocated memory where it was (within
-   ``FREED_TOLERANCE_BYTES``); then a real trial (``run_trial``, the wrapper's own path,
+   batch that cannot fit says infeasible and leaves allocated and reserved memory where they
+   were (within ``FREED_TOLERANCE_BYTES``) and NVML's used memory within
+   ``NVML_FREED_TOLERANCE_BYTES``. The control, the probe's own step run out of memory without
+   the probe's release, must leave more than that reserved and used: a probe that skipped
+   ``empty_cache`` would fail. Then a real trial (``run_trial``, the wrapper's own path,
    device from the process, its own probe first) reaches its target.
+
+4. **An fp16 overflow skips warmup and the average**: a step whose gradients overflow, through
+   the loop's own optimizer step on CUDA's ``GradScaler``, moves neither the weights, the
+   warmup schedule nor the weight average, and the next step moves both; the control, a loop
+   that steps its schedule whatever the scaler did, moves it on the same overflow.
+5. **A GPU named by its UUID** in ``CUDA_VISIBLE_DEVICES`` (a fresh process): raybatch's NVML
+   readers read that GPU and only it, torch sees one device; the control, a UUID that names
+   no GPU, reads none.
 
 A check that crashes is recorded with its error and misses its target; the others still run.
 
@@ -39,6 +51,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,7 +66,7 @@ from gpu_targets import Goal, at_least, at_most, begin, finish, holds
 import raybatch
 from raybatch.cluster.budget import CUDA_CONTEXT_OVERHEAD_BYTES, resolve_budget
 from raybatch.cluster.nvml import read_all_devices, read_device_memory
-from raybatch.cluster.placement import packed_memory_fraction
+from raybatch.cluster.placement import limit_packed_memory
 from raybatch.errors import first_line
 
 REQUIRES_GPU = True
@@ -73,6 +86,9 @@ OVERRUN_FACTOR = 3
 than its slot has left, and the device has room for them (the cap, not the device, refuses)."""
 OVERRUN_AFTER_S = 0.5
 FREED_TOLERANCE_BYTES = 2**20
+NVML_FREED_TOLERANCE_BYTES = 256 * 2**20
+"""What NVML may read above its figure before the probe: the kernel modules the step's first
+kernels load live outside the allocator; a probe that kept its cache would hold gigabytes."""
 OOM_MICRO_BATCH = 1 << 17
 """ResNet-18 at 64x64 on 131072 images: some 250 GB of activations, beyond any one GPU."""
 BARRIER_TIMEOUT_S = 180.0
@@ -123,10 +139,10 @@ def _packed_trial(
     record: dict[str, Any] = {"rank": rank, "overruns": overrun}
     try:
         total = torch.cuda.get_device_properties(0).total_memory
-        fraction = packed_memory_fraction(1 / PACKED, budget, total, context_bytes)
+        # The trial's own call (raybatch.trial.wrapper), its share given as Ray would assign it.
+        fraction = limit_packed_memory(torch.device("cuda", 0), budget, context_bytes, 1 / PACKED)
         if fraction is None:
-            raise RuntimeError("packed_memory_fraction gave no cap for a 1/k share")
-        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+            raise RuntimeError("limit_packed_memory set no cap for a 1/k share")
         cap = int(fraction * total)
         record.update(fraction=fraction, cap_bytes=cap)
         model = _mlp().cuda()
@@ -336,6 +352,35 @@ def nvml_fields() -> tuple[dict[str, Any], list[Goal]]:
 # ---------------------------------------------------------------- 3. probe OOM, then a trial
 
 
+def _memory_now() -> dict[str, int | None]:
+    """This process's allocated and reserved bytes, and NVML's used memory of the GPU."""
+    device = read_device_memory(0)
+    return {
+        "allocated": int(torch.cuda.memory_allocated(0)),
+        "reserved": int(torch.cuda.memory_reserved(0)),
+        "nvml_used": None if device is None else device.used_bytes,
+    }
+
+
+def _left(before: dict[str, int | None], after: dict[str, int | None]) -> dict[str, int | None]:
+    """What is held now that was not before, by each reading."""
+    return {k: None if before[k] is None or after[k] is None else after[k] - before[k]  # type: ignore[operator]
+            for k in before}  # fmt: skip
+
+
+def _unreleased_oom_step(workload: Any, config: Any) -> None:
+    """The control: the probe's own step, out of memory, without the probe's release (what a
+    probe that skipped ``release_memory`` would leave: the step's blocks cached, reserved)."""
+    from raybatch.memory.probe import _steady_step, is_out_of_memory
+
+    try:
+        _steady_step(workload, config, torch.device("cuda", 0))
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+    # Returning drops the traceback and the step's frames: their tensors go back to the cache.
+
+
 def probe_oom_then_trial() -> tuple[dict[str, Any], list[Goal]]:
     from gpu_trial_timing import LearnableResNet
 
@@ -344,14 +389,15 @@ def probe_oom_then_trial() -> tuple[dict[str, Any], list[Goal]]:
     from raybatch.trial.settings import TrialSettings
     from raybatch.trial.wrapper import run_trial
 
+    workload = LearnableResNet()
+    too_big_recipe = at_micro_batch(recipe("resnet50_imagenet_sgd", None), OOM_MICRO_BATCH)
     release_memory("cuda:0")
-    before = torch.cuda.memory_allocated(0)
-    too_big = probe(
-        LearnableResNet(),
-        at_micro_batch(recipe("resnet50_imagenet_sgd", None), OOM_MICRO_BATCH),
-        "cuda:0",
-    )
-    after = torch.cuda.memory_allocated(0)
+    before = _memory_now()
+    too_big = probe(workload, too_big_recipe, "cuda:0")
+    left = _left(before, _memory_now())
+    _unreleased_oom_step(workload, too_big_recipe)
+    control = _left(before, _memory_now())
+    release_memory("cuda:0")
     reports: list[dict[str, Any]] = []
     settings = TrialSettings(target=raybatch.Target(0.9), max_time_s=30.0, eval_every_samples=512)
     reporter = run_trial(
@@ -368,8 +414,9 @@ def probe_oom_then_trial() -> tuple[dict[str, Any], list[Goal]]:
             "fits": too_big.fits,
             "error": too_big.error,
         },
-        "allocated_before_probe": before,
-        "allocated_after_probe": after,
+        "before_probe": before,
+        "left_by_probe": left,
+        "left_by_control_unreleased_step": control,
         "next_trial_status": reporter.status.value,
         "next_trial_reason": reporter.reason,
         "next_trial_reports": len(reports),
@@ -377,11 +424,176 @@ def probe_oom_then_trial() -> tuple[dict[str, Any], list[Goal]]:
     }
     goals = [
         holds("oom_probe_says_infeasible", too_big.fits is False, "the probe says it cannot fit"),
-        at_most("oom_probe_left_allocated_bytes", abs(after - before), FREED_TOLERANCE_BYTES),
+        at_most("oom_probe_left_allocated_bytes", _abs(left["allocated"]), FREED_TOLERANCE_BYTES),
+        at_most("oom_probe_left_reserved_bytes", _abs(left["reserved"]), FREED_TOLERANCE_BYTES),
+        at_most(
+            "oom_probe_left_nvml_used_bytes", _abs(left["nvml_used"]), NVML_FREED_TOLERANCE_BYTES
+        ),
+        at_least(
+            "control_unreleased_step_left_reserved_bytes",
+            control["reserved"],
+            NVML_FREED_TOLERANCE_BYTES,
+        ),
+        at_least(
+            "control_unreleased_step_left_nvml_used_bytes",
+            control["nvml_used"],
+            NVML_FREED_TOLERANCE_BYTES,
+        ),
         holds(
             "next_trial_reaches_target",
             reporter.status.value == "reached",
             "the next trial reaches its target",
+        ),
+    ]
+    return data, goals
+
+
+def _abs(value: int | None) -> int | None:
+    return None if value is None else abs(value)
+
+
+# ---------------------------------------------------------------- 4. an fp16 overflow
+
+
+def fp16_overflow(device: str = "cuda") -> tuple[dict[str, Any], list[Goal]]:
+    """A step whose fp16 gradients overflow, through the loop's own optimizer step on CUDA's
+    ``GradScaler``: the scaler skips it, and so must the warmup schedule and the weight
+    average. The control is a loop that steps its schedule whatever the scaler did: on the
+    same overflow its schedule moves, which the check would catch. (``device="cpu"``: the
+    same on the CPU's scaler, as the tests run it.)"""
+    from raybatch.trial.ema import WeightAverage
+    from raybatch.trial.loop import LoopOptions, _optimizer_step, _Parts
+
+    def parts() -> Any:
+        model = torch.nn.Linear(64, 64).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        warmup = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / 100)
+        )
+        ema = WeightAverage(model, 0.5)
+        return _Parts(model, model, optimizer, warmup, ema, torch.amp.GradScaler(device), None)
+
+    def backward(p: Any, overflow: bool) -> None:
+        with torch.autocast(device, dtype=torch.float16):
+            loss = p.model(torch.randn(8, 64, device=device)).float().mean()
+        p.scaler.scale(loss * float("inf") if overflow else loss).backward()
+
+    shipped = parts()
+    weights = [w.detach().clone() for w in shipped.model.parameters()]
+    scale = shipped.scaler.get_scale()
+    backward(shipped, overflow=True)
+    _optimizer_step(shipped, LoopOptions())
+    overflowed = {
+        "scale_before": scale,
+        "scale_after": shipped.scaler.get_scale(),
+        "schedule_steps": shipped.scheduler.last_epoch,
+        "ema_updates": shipped.ema.updates,
+        "weights_unchanged": all(
+            torch.equal(a, b) for a, b in zip(weights, shipped.model.parameters(), strict=True)
+        ),
+    }
+    backward(shipped, overflow=False)
+    _optimizer_step(shipped, LoopOptions())
+    then = {"schedule_steps": shipped.scheduler.last_epoch, "ema_updates": shipped.ema.updates}
+    naive = parts()  # the control: scaler.step, then the schedule unconditionally
+    backward(naive, overflow=True)
+    naive.scaler.step(naive.optimizer)
+    naive.scaler.update()
+    with warnings.catch_warnings():  # torch's own: a schedule stepped without its optimizer
+        warnings.simplefilter("ignore", UserWarning)
+        naive.scheduler.step()
+    data = {"overflow_step": overflowed, "next_step": then,
+            "control_naive_schedule_steps": naive.scheduler.last_epoch}  # fmt: skip
+    goals = [
+        holds(
+            "fp16_overflow_was_real",
+            overflowed["scale_after"] < scale,
+            "the scaler lowered its scale",
+        ),
+        holds(
+            "fp16_overflow_skipped_the_weights",
+            overflowed["weights_unchanged"],
+            "weights unchanged",
+        ),
+        holds(
+            "fp16_overflow_skipped_the_warmup",
+            overflowed["schedule_steps"] == 0,
+            "0 schedule steps",
+        ),
+        holds("fp16_overflow_skipped_the_ema", overflowed["ema_updates"] == 0, "0 average updates"),
+        holds(
+            "fp16_next_step_moves_both",
+            then == {"schedule_steps": 1, "ema_updates": 1},
+            "1 schedule step and 1 average update",
+        ),
+        holds(
+            "control_naive_loop_moves_its_schedule",
+            naive.scheduler.last_epoch == 1,
+            "the naive loop's schedule moved on the overflow",
+        ),
+    ]
+    return data, goals
+
+
+# ---------------------------------------------------------------- 5. a GPU named by its UUID
+
+_VISIBLE = """
+import json, torch
+from raybatch.cluster.nvml import read_all_devices, read_device_memory
+one = read_device_memory(0)
+every = read_all_devices()
+print(json.dumps({"torch_devices": torch.cuda.device_count(),
+                  "nvml_name": None if one is None else one.name,
+                  "nvml_total_bytes": None if one is None else one.total_bytes,
+                  "nvml_devices": None if every is None else len(every)}))
+"""
+
+
+def _visible_as(entry: str) -> dict[str, Any]:
+    """What raybatch's NVML readers and torch see in a process whose only visible GPU is
+    ``entry`` (``CUDA_VISIBLE_DEVICES``, as a scheduler or Ray sets it)."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": entry}
+    done = subprocess.run([sys.executable, "-c", _VISIBLE], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def visible_by_uuid() -> tuple[dict[str, Any], list[Goal]]:
+    """``CUDA_VISIBLE_DEVICES`` naming the GPU by its UUID: raybatch reads that GPU (its name
+    and total memory as NVML gives them for its index), as torch sees it. The control, a UUID
+    that names no GPU, reads none."""
+    from raybatch.cluster.nvml import nvml
+
+    pynvml = nvml()
+    if pynvml is None:
+        raise RuntimeError("NVML cannot be used here")
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    finally:
+        pynvml.nvmlShutdown()
+    seen = _visible_as(uuid)
+    control = _visible_as("GPU-00000000-0000-0000-0000-000000000000")
+    data = {"uuid": uuid, "seen": seen, "control_unknown_uuid": control}
+    goals = [
+        holds(
+            "uuid_gpu_read_by_nvml",
+            seen.get("nvml_total_bytes") == total and seen.get("nvml_devices") == 1,
+            "the GPU the UUID names, and only it",
+        ),
+        holds("uuid_gpu_seen_by_torch", seen.get("torch_devices") == 1, "one CUDA device"),
+        holds(
+            "control_unknown_uuid_reads_no_gpu",
+            control.get("nvml_total_bytes") is None,
+            "no GPU read for a UUID that names none",
         ),
     ]
     return data, goals
@@ -408,6 +620,8 @@ def main() -> int:
         ("packed_trials", packed_trials),  # first: this process holds no CUDA memory yet
         ("nvml", nvml_fields),
         ("probe_oom_then_trial", probe_oom_then_trial),
+        ("fp16_overflow", fp16_overflow),
+        ("visible_by_uuid", visible_by_uuid),
     ):
         data[name], more = _guarded(name, check)
         goals += more

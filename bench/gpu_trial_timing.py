@@ -15,7 +15,9 @@
    read back): without its hook, its clock stops when the host has queued the work, long
    before the GPU has done it; with the hook, it waits. Targets: unsynchronised, the clock
    reads at most half the events' time; synchronised, within 2 % of it.
-3. **NVML fields** of the loop's last report are filled: peak memory > 0 and a utilisation.
+3. **Under bf16 autocast** the same loop's clock, against the same events, within 2 %.
+4. **Device fields** of the loop's last report are filled: the peak memory (the allocator's)
+   above 0 and a utilisation (NVML's).
 
 Run on a GPU machine: python bench/gpu_trial_timing.py (writes gpu_trial_timing.json to
 ``$RAYBATCH_RESULTS_DIR``, default bench/results/); exits 3 when a target is missed. Without
@@ -116,8 +118,9 @@ class EventTimedReporter(TrialReporter):
         return out
 
 
-def loop_clock(device: torch.device) -> dict[str, Any]:
-    """The loop's ``train_s`` at every report against the CUDA events' training time."""
+def loop_clock(device: torch.device, amp_dtype: str | None = None) -> dict[str, Any]:
+    """The loop's ``train_s`` at every report against the CUDA events' training time (under
+    ``amp_dtype`` autocast where given)."""
     reports: list[dict[str, Any]] = []
     reporter = EventTimedReporter(
         raybatch.Target(2.0),  # accuracy never reaches it: the sample budget ends the run
@@ -129,7 +132,7 @@ def loop_clock(device: torch.device) -> dict[str, Any]:
         options=ReporterOptions(extra=DeviceFigures(device)),
     )
     try:
-        train(LearnableResNet(), recipe("resnet50_imagenet_sgd", 128), reporter, device,
+        train(LearnableResNet(amp_dtype), recipe("resnet50_imagenet_sgd", 128), reporter, device,
               LoopOptions(seed=0))  # fmt: skip
     finally:
         reporter.close()
@@ -185,11 +188,15 @@ def queued_work_clock(device: torch.device, synchronize: bool) -> dict[str, Any]
     }
 
 
-def goals_of(loop: dict[str, Any], unsynced: dict[str, Any], synced: dict[str, Any]) -> list[Goal]:
-    """The targets (module docstring) of the three measurements."""
+def goals_of(
+    loop: dict[str, Any], unsynced: dict[str, Any], synced: dict[str, Any], bf16: dict[str, Any]
+) -> list[Goal]:
+    """The targets (module docstring) of the four measurements."""
     return [
         at_least("loop_clock_reports_compared", len(loop["pairs"]), 3),
         at_most("loop_clock_max_error", loop["max_clock_error"], CLOCK_TOLERANCE),
+        at_least("bf16_loop_clock_reports_compared", len(bf16["pairs"]), 3),
+        at_most("bf16_loop_clock_max_error", bf16["max_clock_error"], CLOCK_TOLERANCE),
         at_most(
             "control_unsynchronised_clock_over_events", unsynced["ratio"], UNSYNCHRONISED_AT_MOST
         ),
@@ -199,7 +206,7 @@ def goals_of(loop: dict[str, Any], unsynced: dict[str, Any], synced: dict[str, A
             1 - CLOCK_TOLERANCE,
             1 + CLOCK_TOLERANCE,
         ),
-        at_least("nvml_peak_memory_bytes", loop["peak_memory_bytes"], 1),
+        at_least("reported_peak_memory_bytes", loop["peak_memory_bytes"], 1),
         holds(
             "nvml_utilization_reported", loop["gpu_utilization"] is not None, "a utilisation figure"
         ),
@@ -215,13 +222,15 @@ def main() -> int:
     unsynced = queued_work_clock(device, synchronize=False)
     synced = queued_work_clock(device, synchronize=True)
     loop = loop_clock(device)
+    bf16 = loop_clock(device, "bf16")
     data.update(
         loop_clock=loop,
+        bf16_loop_clock=bf16,
         control_unsynchronised=unsynced,
         control_synchronised=synced,
         wall_s=time.time() - start,
     )
-    return finish(NAME, data, goals_of(loop, unsynced, synced), at)
+    return finish(NAME, data, goals_of(loop, unsynced, synced, bf16), at)
 
 
 if __name__ == "__main__":

@@ -285,14 +285,18 @@ def packed_budget_bytes(
 
 
 def limit_packed_memory(
-    device: Any, budget_bytes: int | None, context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES
+    device: Any,
+    budget_bytes: int | None,
+    context_bytes: int = CUDA_CONTEXT_OVERHEAD_BYTES,
+    share: float | None = None,
 ) -> float | None:
     """Cap this trial's allocator to its share of a packed GPU; the fraction set, or None.
     ``budget_bytes``: one trial's budget alone (:func:`packed_budget_bytes` where ``None``);
-    ``context_bytes``: one process's CUDA context (measured by the search)."""
+    ``context_bytes``: one process's CUDA context (measured by the search); ``share``: the
+    trial's share of the GPU, Ray's assignment (:func:`assigned_gpu_share`) where ``None``."""
     import torch
 
-    share = assigned_gpu_share()
+    share = assigned_gpu_share() if share is None else share
     if device.type != "cuda" or share is None:
         return None
     total = int(torch.cuda.get_device_properties(device).total_memory)
