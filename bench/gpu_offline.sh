@@ -55,6 +55,7 @@ check gpu_trial_timing 90
 check gpu_check 150
 check gpu_memory_accuracy 240
 check gpu_memory_history 60
+check gpu_recipe_times 150
 
 if [[ -z "${RAYBATCH_RESULTS_DIR:-}" ]]; then
     "$PY" bench/render_docs.py || failed+=("render_docs (crashed)")

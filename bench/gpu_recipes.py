@@ -22,7 +22,7 @@ from raybatch.space.config import TrialConfig
 
 FILE = Path(__file__).with_name("gpu_recipes.json")
 USED: dict[str, tuple[int | None, ...]] = {
-    "digits_cnn_sgd": (64,),
+    "digits_cnn_sgd": (16, 32, 64, 128, 256, 512),
     "generic_adamw": (None,),
     "resnet50_imagenet_sgd": (None, 128),
 }

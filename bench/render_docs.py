@@ -656,7 +656,13 @@ def render() -> str:
         if data is not None:
             body = section(data)
             lines += [*body[:2], measured(data), "", *body[2:]]
-    gpu_files = ("gpu_memory_accuracy", "gpu_trial_timing", "gpu_check", "gpu_memory_history")
+    gpu_files = (
+        "gpu_memory_accuracy",
+        "gpu_trial_timing",
+        "gpu_check",
+        "gpu_memory_history",
+        "gpu_recipe_times",
+    )
     for name in gpu_files:
         data = _load(name)
         if data is not None:

@@ -23,7 +23,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
-GPU_SCRIPTS = ("gpu_trial_timing", "gpu_check", "gpu_memory_accuracy", "gpu_memory_history")
+GPU_SCRIPTS = (
+    "gpu_trial_timing",
+    "gpu_check",
+    "gpu_memory_accuracy",
+    "gpu_memory_history",
+    "gpu_recipe_times",
+)
 HIDDEN = ("ray", "optuna", "pydantic")
 
 HIDE = """
@@ -110,6 +116,7 @@ def test_the_gpu_checks_whole_import_path_and_a_trial_run_offline(
         import sys
         sys.path.insert(0, "BENCH")
         import gpu_check, gpu_memory_accuracy, gpu_memory_history, gpu_trial_timing
+        import gpu_recipe_times
         from gpu_recipes import USED, StoredSpace, recipe
         import raybatch
         from raybatch.examples.digits import DigitsWorkload
@@ -117,6 +124,11 @@ def test_the_gpu_checks_whole_import_path_and_a_trial_run_offline(
         from raybatch.trial.gpu_monitor import UtilizationMonitor
         from raybatch.trial.settings import TrialSettings
         from raybatch.trial.wrapper import run_trial
+        from raybatch.trial.loop import LoopOptions, _optimizer_step, _Parts
+        from raybatch.trial.ema import WeightAverage
+        from raybatch.memory.probe import _steady_step, is_out_of_memory
+        from raybatch.cluster.nvml import nvml
+        from raybatch.cluster.placement import limit_packed_memory
 
         print("recipes", sum(recipe(n, b).micro_batch_size > 0 for n, s in USED.items() for b in s))
         rows = gpu_memory_accuracy.predictions({"mlp": [2, 4]}, dtypes=(None,))
@@ -188,7 +200,8 @@ def test_gpu_offline_sh_goes_on_past_a_failed_check_and_fails_at_the_end(tmp_pat
     (copy / "bench").mkdir(parents=True)
     (copy / "bench" / "gpu_offline.sh").write_text((BENCH / "gpu_offline.sh").read_text())
     stand_ins = {"gpu_trial_timing": "sys.exit(3)", "gpu_check": "raise RuntimeError('boom')",
-                 "gpu_memory_accuracy": "pass", "gpu_memory_history": "pass"}  # fmt: skip
+                 "gpu_memory_accuracy": "pass", "gpu_memory_history": "pass",
+                 "gpu_recipe_times": "pass"}  # fmt: skip
     for name, body in stand_ins.items():
         (copy / "bench" / f"{name}.py").write_text(f"import sys\nprint('ran {name}')\n{body}\n")
     fake_torch = tmp_path / "fake" / "torch"
@@ -208,6 +221,7 @@ def test_gpu_offline_sh_goes_on_past_a_failed_check_and_fails_at_the_end(tmp_pat
     assert "gpu-check: FAILED: gpu_check (crashed, exit status 1)" in done.stdout
     assert "gpu_memory_accuracy (" not in done.stdout
     assert "gpu_memory_history (" not in done.stdout
+    assert "gpu_recipe_times (" not in done.stdout
     assert "ran gpu_check" in (results / "gpu-check.log").read_text()
 
 
@@ -456,3 +470,39 @@ def test_the_history_checks_findings_and_page_from_a_history_written_by_hand() -
     assert row["trace"]["peak_bytes"] > 0
     page = h.markdown({"steps": rows})
     assert "| backward | no Python frame" in page and "The trace at its peak, MiB:" in page
+
+
+def test_the_fp16_overflow_check_meets_its_targets_on_the_cpus_scaler() -> None:
+    """``gpu_check.fp16_overflow`` as the GPU check runs it, on the CPU's ``GradScaler`` (which
+    skips a step as CUDA's does): the overflow skips the weights, warmup and the average, the
+    next step moves both, and the control's naive schedule moves on the overflow."""
+    data, goals = _load("gpu_check").fp16_overflow("cpu")
+    assert [g.name for g in goals if not g.met] == [], data
+    assert data["overflow_step"]["scale_after"] < data["overflow_step"]["scale_before"]
+
+
+def test_the_recipe_times_check_times_a_recipe_and_reads_its_findings_on_the_cpu() -> None:
+    """``gpu_recipe_times`` as the GPU check runs it, its device the CPU: a recipe reaches
+    with a time, the control's unreachable target does not read as reached, and the findings
+    (rank agreement, packed over alone) come from the rows as recorded."""
+    import torch
+
+    g = _load("gpu_recipe_times")
+    cpu = torch.device("cpu")
+    one = g.time_to_target(64, cpu)
+    assert one["status"] == "reached" and one["time_to_target_s"] > 0
+    control = g.time_to_target(64, cpu, target=1.01, max_time_s=0.5)
+    assert control["status"] != "reached" and control["time_to_target_s"] is None
+    rows = [{"micro_batch_size": b, "status": "reached", "time_to_target_s": t}
+            for b, t in ((16, 3.0), (64, 1.0), (256, 2.0))]  # fmt: skip
+    other = [{**r, "time_to_target_s": r["time_to_target_s"] * 2} for r in rows]
+    packed = [{"rank": i, "status": "reached", "time_to_target_s": 2.5} for i in range(g.PACKED)]
+    data, goals = g.findings(rows, other, control, rows[1], packed)
+    assert data["gpu_vs_cpu_spearman"] == 1.0 and data["fastest_on_gpu"] == 64
+    assert data["packed_over_alone_median"] == 2.5
+    assert [x.name for x in goals if not x.met] == []
+    _, goals = g.findings(rows, other, one, rows[1], packed[:2])  # the control reached; one lost
+    assert {x.name for x in goals if not x.met} == {
+        "packed_all_reach_none_out_of_memory",
+        "control_unreachable_target_is_not_reached",
+    }
