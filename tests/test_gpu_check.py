@@ -461,8 +461,8 @@ def test_the_history_checks_findings_and_page_from_a_history_written_by_hand() -
         _event("free_requested", 3, 80),
     ]
     peak = int((ws + 80 + 64 + ws + 64) * 2**20)
-    result = ProbeResult(True, "cuda:0", h.MICRO_BATCH, peak, peak, 0.1)
-    recorded = {"events": events, "forward_end": 3, "steps": [(None, 3, result)]}
+    result = ProbeResult(True, "cuda:0", 4096, peak, peak, 0.1)
+    recorded = {"events": events, "forward_end": 3, "steps": [("mlp", None, 4096, 3, result)]}
     rows, goals = h.findings(recorded)
     assert all(g.met for g in goals), [g for g in goals if not g.met]
     (row,) = rows
@@ -470,6 +470,11 @@ def test_the_history_checks_findings_and_page_from_a_history_written_by_hand() -
     assert row["trace"]["peak_bytes"] > 0
     page = h.markdown({"steps": rows})
     assert "| backward | no Python frame" in page and "The trace at its peak, MiB:" in page
+    assert "## mlp fp32 at micro batch 4096: allocated" in page
+    assert [g.name for g in goals][:2] == [
+        "replay_peak_is_the_allocators_mlp_fp32_4096",
+        "control_replay_without_frees_reads_above_mlp_fp32_4096",
+    ]
 
 
 def test_the_fp16_overflow_check_meets_its_targets_on_the_cpus_scaler() -> None:
