@@ -556,7 +556,9 @@ def _visible_as(entry: str) -> dict[str, Any]:
     import os
     import subprocess
 
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": entry}
+    root = str(Path(__file__).resolve().parent.parent)  # raybatch, however this was started
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": entry, "PYTHONPATH": path}
     done = subprocess.run([sys.executable, "-c", _VISIBLE], env=env, capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     if done.returncode != 0:

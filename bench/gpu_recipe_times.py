@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import torch
@@ -56,6 +57,8 @@ EVAL_EVERY_SAMPLES = 512
 REPEATS = 3
 PACKED = 3
 PACKED_MICRO_BATCH = 64
+PACKED_WAIT_S = 90.0
+"""How long the check waits for a packed run's record: its start, CUDA's, and a capped run."""
 
 
 def time_to_target(
@@ -134,9 +137,16 @@ def packed_runs() -> list[dict[str, Any]]:
     ]
     for p in processes:
         p.start()
-    records = [queue.get(timeout=300) for _ in processes]
+    records = []
+    for _ in processes:
+        try:
+            records.append(queue.get(timeout=PACKED_WAIT_S))
+        except Empty:  # a process that died without a word: the target says fewer reached
+            break
     for p in processes:
-        p.join(timeout=60)
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
     return sorted(records, key=lambda r: r["rank"])
 
 
