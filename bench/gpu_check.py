@@ -594,7 +594,7 @@ def visible_by_uuid() -> tuple[dict[str, Any], list[Goal]]:
         holds("uuid_gpu_seen_by_torch", seen.get("torch_devices") == 1, "one CUDA device"),
         holds(
             "control_unknown_uuid_reads_no_gpu",
-            control.get("nvml_total_bytes") is None,
+            "error" not in control and control.get("nvml_total_bytes") is None,
             "no GPU read for a UUID that names none",
         ),
     ]

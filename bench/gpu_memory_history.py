@@ -169,12 +169,18 @@ def grouped(live: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def persistent_workspaces(events: Sequence[dict[str, Any]], upto: int | None = None) -> int:
-    """Blocks of the cuBLAS workspace's size allocated by event ``upto`` and never freed in
-    the whole history: what the workspaces are, since a step frees everything else it made."""
-    freed = {e["addr"] for e in events if e["action"] == "free_requested"}
-    allocated = [e for e in events[:upto] if e["action"] == "alloc"]
+    """Blocks of the cuBLAS workspace's size allocated by event ``upto`` and still alive at
+    the end of the history: what the workspaces are, since a step frees everything else it
+    made. Replayed in order: the allocator reuses a freed block's address."""
+    live: dict[int, tuple[int, int]] = {}
+    for i, event in enumerate(events):
+        if event["action"] == "alloc":
+            live[event["addr"]] = (i, event["size"])
+        elif event["action"] == "free_requested":
+            live.pop(event["addr"], None)
     low, high = CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_BYTES + 2**20
-    return sum(1 for e in allocated if low <= e["size"] < high and e["addr"] not in freed)
+    end = len(events) if upto is None else upto
+    return sum(1 for i, size in live.values() if i < end and low <= size < high)
 
 
 def _trace_of(name: str, amp: str | None, micro_batch_size: int) -> dict[str, Any]:
@@ -209,14 +215,15 @@ def measure(device: torch.device) -> dict[str, Any]:
 def findings(recorded: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Goal]]:
     """Each step's replay beside its trace, and the targets (module docstring)."""
     events, rows, goals = recorded["events"], [], []
-    for workload, amp, micro, begun, result in recorded["steps"]:
+    ends = [begun for *_, begun, _ in recorded["steps"][1:]] + [len(events)]
+    for (workload, amp, micro, begun, result), end in zip(recorded["steps"], ends, strict=True):
         name = f"{workload}_{amp or 'fp32'}_{micro}"
         # The measured step: from its forward marker on (the probe's warm-up step before it
         # materialises the optimizer state; the allocator's peak was reset after it).
         phases = replay(events).phases
         first = next((i for i in range(begun, len(events)) if phases[i] == "forward"), begun)
-        run = replay(events, start=first)
-        control = replay(events, start=first, frees=False)
+        run = replay(events[:end], start=first)  # this step's window: to the next one's start
+        control = replay(events[:end], start=first, frees=False)
         measured = result.max_allocated_bytes
         gap = abs(run.peak_bytes - measured) if measured else None
         rows.append(

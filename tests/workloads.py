@@ -321,3 +321,44 @@ class DropoutWorkload(MLPWorkload):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         return model(batch[0]).sum()
+
+
+class CheckpointedAttentionWorkload(AttentionWorkload):
+    """:class:`SelfAttention` then dropout, recomputed in backward by non-reentrant activation
+    checkpointing (as Hugging Face's gradient checkpointing runs a layer)."""
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        def layer(x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.dropout(model(x), 0.1, True)
+
+        out = checkpoint(layer, batch, use_reentrant=False)
+        return out.float().sum()
+
+
+class LearnedBias(nn.Module):
+    """Attention under a learned additive bias per head (as ALiBi- or T5-style models add),
+    whose last dimension is not aligned: the memory-efficient kernel takes a padded copy."""
+
+    def __init__(self, width: int, heads: int, length: int) -> None:
+        super().__init__()
+        self.attention = SelfAttention(width, heads, 0.0)
+        self.bias = nn.Parameter(torch.zeros(1, heads, length, length))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        heads = self.attention.heads
+        qkv = self.attention.qkv(x).view(batch, length, 3, heads, width // heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+
+
+class LearnedBiasWorkload(AttentionWorkload):
+    """:class:`LearnedBias` over sequences of 60 tokens."""
+
+    def __init__(self) -> None:
+        super().__init__(length=60, dropout=0.0)
+
+    def build_model(self) -> nn.Module:
+        return LearnedBias(self.width, self.heads, self.length)

@@ -153,7 +153,7 @@ def search_estimator(
     if budget is None:
         notes.append("no GPU memory budget on this machine: suggestions were not pre-screened")
         return None
-    estimator = MemoryEstimator.for_space(workload, space)
+    estimator = MemoryEstimator.for_space(workload, space, cuda)
     if cuda and options.prescreen:  # real steps on a GPU decide over the trace
         estimator.boundary = cluster_boundary(
             view, options.gpu_model, workload, space, budget, notes

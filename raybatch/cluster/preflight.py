@@ -116,8 +116,8 @@ def _recipes(
     gpus: str | float,
     context: int,
 ) -> list[RecipeCheck]:
-    estimator = MemoryEstimator.for_space(workload, space) if budget is not None else None
     use_gpu = device == "cuda"
+    estimator = MemoryEstimator.for_space(workload, space, use_gpu) if budget is not None else None
     room = view.placeable(use_gpu)
     rows = []
     for recipe in space.grid():

@@ -65,12 +65,15 @@ class MemoryEstimator:
     boundary`): where it says a recipe ran or ran out, that decides over the trace."""
 
     @classmethod
-    def for_space(cls, workload: Workload, space: SearchSpace) -> MemoryEstimator:
-        """The estimator a search uses: the space's reference recipe (its optimizer), CUDA
-        projection, the linear model anchored at the space's smallest and largest micro
-        batch, so every searched size is interpolated, never extrapolated."""
+    def for_space(
+        cls, workload: Workload, space: SearchSpace, cuda: bool = True
+    ) -> MemoryEstimator:
+        """The estimator a search uses: the space's reference recipe (its optimizer), projected
+        for the trials' device (``cuda``; CPU trials' memory is the host's, as the CPU runs
+        the step), the linear model anchored at the space's smallest and largest micro batch,
+        so every searched size is interpolated, never extrapolated."""
         micro = space.search.micro_batch_size
-        return cls(workload, space.reference_config(), cuda=True, anchors=(min(micro), max(micro)))
+        return cls(workload, space.reference_config(), cuda=cuda, anchors=(min(micro), max(micro)))
 
     def trace(self, micro_batch_size: int, accumulating: bool = False) -> TraceResult:
         return trace_step(self.workload, self.config, micro_batch_size, accumulating, self.cuda)

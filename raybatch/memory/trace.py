@@ -366,7 +366,7 @@ def _run_traced_step(
     def micro_steps(count: int) -> None:
         for _ in range(count):
             tracker.enter("forward", Category.ACTIVATIONS)
-            with autocast_context(workload, "cpu"), policy, cuda_kernels(cuda):
+            with autocast_context(workload, "cpu"), policy:
                 loss = workload.loss(model, batch)
             marks.setdefault("forward", dict(tracker.totals))
             tracker.enter("backward", Category.TEMPORARIES)
@@ -383,11 +383,12 @@ def _run_traced_step(
         optimizer.zero_grad(set_to_none=True)
         tracker.segment = None
 
-    micro_steps(1)  # warm-up: materialises the optimizer state
-    marks.clear()
-    tracker.segment_peaks.clear()  # the steady-state step is the one measured
-    tracker.timeline = []
-    micro_steps(2 if accumulating else 1)
+    with cuda_kernels(cuda):  # through backward too: a checkpointed forward runs again there
+        micro_steps(1)  # warm-up: materialises the optimizer state
+        marks.clear()
+        tracker.segment_peaks.clear()  # the steady-state step is the one measured
+        tracker.timeline = []
+        micro_steps(2 if accumulating else 1)
     return marks
 
 

@@ -268,7 +268,7 @@ def _memory_gate(
     budget = parse_size(settings.memory_budget)
     if ema:  # the trace estimates a plain step; the EMA's copy comes on top of it
         budget -= model_bytes(workload.build_model())
-    verdict = MemoryEstimator(workload, recipe).prescreen(recipe, budget)
+    verdict = MemoryEstimator(workload, recipe, cuda=False).prescreen(recipe, budget)
     if verdict.fits is False:
         reporter.finish(TrialStatus.INFEASIBLE_MEMORY, verdict.reason)
         return False

@@ -133,7 +133,8 @@ class RaybatchSearcher(Searcher):
         parts = parts_of(trainable, "build RaybatchSearcher(space, penalty=..., gates=...) instead")
         estimator = None
         if prescreen and parts.settings.budget_bytes is not None:
-            estimator = MemoryEstimator.for_space(parts.workload, parts.space)
+            cuda = parts.settings.device != "cpu"  # "auto": a GPU's, where Ray assigns one
+            estimator = MemoryEstimator.for_space(parts.workload, parts.space, cuda)
         gates, devices = for_settings(parts.settings, estimator)
         study = SearchStudy(storage_url, study_name, seed)
         return cls(
