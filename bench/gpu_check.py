@@ -371,10 +371,10 @@ def _left(before: dict[str, int | None], after: dict[str, int | None]) -> dict[s
 def _unreleased_oom_step(workload: Any, config: Any) -> None:
     """The control: the probe's own step, out of memory, without the probe's release (what a
     probe that skipped ``release_memory`` would leave: the step's blocks cached, reserved)."""
-    from raybatch.memory.probe import _steady_step, is_out_of_memory
+    from raybatch.memory.probe import is_out_of_memory, steady_step
 
     try:
-        _steady_step(workload, config, torch.device("cuda", 0))
+        steady_step(workload, config, torch.device("cuda", 0))
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -462,7 +462,7 @@ def fp16_overflow(device: str = "cuda") -> tuple[dict[str, Any], list[Goal]]:
     same overflow its schedule moves, which the check would catch. (``device="cpu"``: the
     same on the CPU's scaler, as the tests run it.)"""
     from raybatch.trial.ema import WeightAverage
-    from raybatch.trial.loop import LoopOptions, _optimizer_step, _Parts
+    from raybatch.trial.loop import LoopOptions, LoopParts, optimizer_step
 
     def parts() -> Any:
         model = torch.nn.Linear(64, 64).to(device)
@@ -471,7 +471,7 @@ def fp16_overflow(device: str = "cuda") -> tuple[dict[str, Any], list[Goal]]:
             optimizer, lambda step: min(1.0, (step + 1) / 100)
         )
         ema = WeightAverage(model, 0.5)
-        return _Parts(model, model, optimizer, warmup, ema, torch.amp.GradScaler(device), None)
+        return LoopParts(model, model, optimizer, warmup, ema, torch.amp.GradScaler(device), None)
 
     def backward(p: Any, overflow: bool) -> None:
         with torch.autocast(device, dtype=torch.float16):
@@ -482,7 +482,7 @@ def fp16_overflow(device: str = "cuda") -> tuple[dict[str, Any], list[Goal]]:
     weights = [w.detach().clone() for w in shipped.model.parameters()]
     scale = shipped.scaler.get_scale()
     backward(shipped, overflow=True)
-    _optimizer_step(shipped, LoopOptions())
+    optimizer_step(shipped, LoopOptions())
     overflowed = {
         "scale_before": scale,
         "scale_after": shipped.scaler.get_scale(),
@@ -493,7 +493,7 @@ def fp16_overflow(device: str = "cuda") -> tuple[dict[str, Any], list[Goal]]:
         ),
     }
     backward(shipped, overflow=False)
-    _optimizer_step(shipped, LoopOptions())
+    optimizer_step(shipped, LoopOptions())
     then = {"schedule_steps": shipped.scheduler.last_epoch, "ema_updates": shipped.ema.updates}
     naive = parts()  # the control: scaler.step, then the schedule unconditionally
     backward(naive, overflow=True)

@@ -37,7 +37,7 @@ from raybatch.status import TrialStatus
 from raybatch.tuning.options import SearchOptions
 
 from .conftest import run_cli
-from .test_resume import PACED_DIGITS, _cli, _kill_when, _told
+from .test_resume import PACED_DIGITS, _cli, _kill_when, _told, _told_ids
 
 SPACE = raybatch.load_space("digits_cnn_sgd")
 DIGITS = "raybatch.examples.digits:workload"
@@ -270,8 +270,12 @@ def test_a_lock_left_by_a_killed_driver_is_taken_over_and_said(tmp_path: Path) -
 
 
 def _training_with_a_save(run_dir: Path) -> bool:
-    """Whether a search trial is training (its last report says ``running``) with a state it
-    saved at an evaluation (a Tune checkpoint in its folder)."""
+    """Whether a search trial is training (its last report says ``running``, and the driver
+    has not told it ended) with a state it saved at an evaluation (a Tune checkpoint in its
+    folder). The driver tells a trial's end before its last report reaches ``result.json``:
+    a loaded machine once showed a reached trial as running there, the kill came after it
+    and before the next began, and nothing was left training with a save."""
+    told = set(_told_ids(run_dir))
     for trial in (run_dir / "tune" / "search").glob("*/"):
         result = trial / "result.json"
         if not (any(trial.glob("checkpoint_*")) and result.is_file()):
@@ -280,7 +284,7 @@ def _training_with_a_save(run_dir: Path) -> bool:
             last = json.loads(result.read_text().splitlines()[-1])
         except (ValueError, IndexError):  # being written right now; ask again
             continue
-        if last.get(keys.STATUS) == TrialStatus.RUNNING.value:
+        if last.get(keys.STATUS) == TrialStatus.RUNNING.value and last.get("trial_id") not in told:
             return True
     return False
 
@@ -464,13 +468,13 @@ def test_a_workload_file_moved_since_the_search_started_is_named_as_run_jsons(
 def test_nothing_fitting_the_budget_is_refused_before_any_trial(
     ray_session: None, tmp_path: Path
 ) -> None:
-    options = SearchOptions(trials=2, memory_budget="1MiB", gpus_per_trial=0, prior=False,
+    options = SearchOptions(trials=2, memory_budget="256KiB", gpus_per_trial=0, prior=False,
                             confirm_seeds=0)  # fmt: skip
     with pytest.raises(NothingFitsError) as refused:
         raybatch.search(DigitsWorkload(), SPACE, 0.97, tmp_path / "run", options,
                         DIGITS, verbose=0)  # fmt: skip
     assert re.fullmatch(
-        r"no micro batch fits 1\.00 MiB: the smallest \(16\) needs [\d.]+ MiB; nothing to"
+        r"no micro batch fits 256\.00 KiB: the smallest \(16\) needs [\d.]+ KiB; nothing to"
         r" search \(a smaller model, or more memory\)",
         str(refused.value),
     )

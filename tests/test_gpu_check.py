@@ -124,9 +124,9 @@ def test_the_gpu_checks_whole_import_path_and_a_trial_run_offline(
         from raybatch.trial.gpu_monitor import UtilizationMonitor
         from raybatch.trial.settings import TrialSettings
         from raybatch.trial.wrapper import run_trial
-        from raybatch.trial.loop import LoopOptions, _optimizer_step, _Parts
+        from raybatch.trial.loop import LoopOptions, optimizer_step, LoopParts
         from raybatch.trial.ema import WeightAverage
-        from raybatch.memory.probe import _steady_step, is_out_of_memory
+        from raybatch.memory.probe import steady_step, is_out_of_memory
         from raybatch.cluster.nvml import nvml
         from raybatch.cluster.placement import limit_packed_memory
 
@@ -399,7 +399,7 @@ def test_the_history_replay_finds_the_allocators_peak_and_what_was_alive_at_it()
     probe_py, models_py = "/r/raybatch/memory/probe.py", "/r/bench/models.py"
     torch_py = "/site-packages/torch/nn/functional.py"
     events = [
-        _event("alloc", 1, 100, (probe_py, "_steady_step")),
+        _event("alloc", 1, 100, (probe_py, "steady_step")),
         _event("alloc", 2, mark, ("/r/bench/gpu_memory_history.py", "_mark")),
         _event("free_requested", 2, mark),
         _event("alloc", 3, 300, (torch_py, "linear"), (models_py, "forward")),
@@ -412,7 +412,7 @@ def test_the_history_replay_finds_the_allocators_peak_and_what_was_alive_at_it()
     assert run.phases == (None, "forward", "forward", "forward", "forward", "forward", "forward")
     groups = {(g["phase"], g["where"]): g["bytes"] // 2**20 for g in h.grouped(run.live)}
     assert groups == {
-        ("before the step", "memory/probe.py:7 _steady_step"): 100,
+        ("before the step", "memory/probe.py:7 steady_step"): 100,
         ("forward", "bench/models.py:7 forward"): 300,
         ("forward", "no Python frame (autograd's or a library's own thread)"): 32,
     }
@@ -449,7 +449,7 @@ def test_the_history_checks_findings_and_page_from_a_history_written_by_hand() -
         _event("alloc", 1, ws, ("/r/bench/models.py", "forward")),  # the forward's workspace
         _event("alloc", 2, 64, ("/r/bench/models.py", "forward")),
         _event("free_requested", 2, 64),
-        _event("alloc", 3, 80, ("/r/raybatch/memory/probe.py", "_steady_step")),  # parameters
+        _event("alloc", 3, 80, ("/r/raybatch/memory/probe.py", "steady_step")),  # parameters
         _event("alloc", 4, mib("forward"), mark),
         _event("free_requested", 4, mib("forward")),
         _event("alloc", 5, 64, ("/r/bench/models.py", "forward")),

@@ -206,26 +206,26 @@ def test_an_fp16_step_the_scaler_skipped_moves_neither_the_schedule_nor_the_ema(
     """GradScaler skips the optimizer step on overflowing gradients; warmup and the weight
     average must skip it too (CPU's GradScaler behaves like CUDA's here)."""
     from raybatch.trial.ema import WeightAverage
-    from raybatch.trial.loop import _optimizer_step, _Parts
+    from raybatch.trial.loop import LoopParts, optimizer_step
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step + 1.0)
     ema = WeightAverage(model, 0.5)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    parts = _Parts(model, model, optimizer, scheduler, ema, scaler, None)
+    parts = LoopParts(model, model, optimizer, scheduler, ema, scaler, None)
     before = [p.detach().clone() for p in model.parameters()]
 
     scaler.scale(model(torch.ones(1, 2)).sum()).backward()
     for p in model.parameters():
         p.grad = torch.full_like(p, float("inf"))
-    _optimizer_step(parts, LoopOptions())
+    optimizer_step(parts, LoopOptions())
     assert scheduler.last_epoch == 0
     assert ema.updates == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
     scaler.scale(model(torch.ones(1, 2)).sum()).backward()
-    _optimizer_step(parts, LoopOptions())
+    optimizer_step(parts, LoopOptions())
     assert scheduler.last_epoch == 1
     assert ema.updates == 1
 

@@ -31,7 +31,8 @@ DIGITS = "raybatch.examples.digits:workload"
 @pytest.fixture(scope="module")
 def finished_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One small search under a tight budget: micro batches above 64 cannot fit."""
-    estimator = MemoryEstimator(DigitsWorkload(), SPACE.reference_config(), anchors=(16, 256))
+    # As the search builds it for its CPU trials: the trace projected for the CPU.
+    estimator = MemoryEstimator.for_space(DigitsWorkload(), SPACE, cuda=False)
     budget = estimator.predict(SPACE.derive(64, 4))
     run_dir = tmp_path_factory.mktemp("run") / "digits"
     # No time model: the plan and the files under test do not need one (tests of the prior

@@ -287,7 +287,7 @@ def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_worke
     placement group until the hang guard."""
     from ray import tune
 
-    fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, memory_budget="1MiB")
+    fn = raybatch.trainable(DIGITS, SPACE, target=0.5, max_time_s=30, memory_budget="256KiB")
     tuner = tune.Tuner(
         raybatch.with_resources(fn, gpus_per_trial=0),
         param_space={"micro_batch_size": 64, "world_size": tune.grid_search([2, 4])},
@@ -296,7 +296,7 @@ def test_data_parallel_recipes_are_memory_gated_and_never_wait_for_missing_worke
     by_world = {r.config["world_size"]: r.metrics for r in tuner.fit()}
     gated = by_world[2]
     assert gated[keys.STATUS] == "infeasible_memory", gated.get(keys.REASON)
-    assert "does not fit the budget of 1.00 MiB" in gated[keys.REASON]
+    assert "does not fit the budget of 256.00 KiB" in gated[keys.REASON]
     assert gated[keys.REASON].startswith("data-parallel run: ")
     unplaced = by_world[4]
     assert unplaced[keys.STATUS] == "error"
@@ -353,7 +353,8 @@ def test_the_ema_copy_of_the_model_counts_against_the_memory_budget() -> None:
     from raybatch.memory.probe import model_bytes
 
     recipe = SPACE.derive(64)
-    predicted = MemoryEstimator(DIGITS, recipe).prescreen(recipe, 2**40).predicted_bytes
+    # As a CPU trial's gate builds it: the trace projected for the CPU.
+    predicted = MemoryEstimator(DIGITS, recipe, cuda=False).prescreen(recipe, 2**40).predicted_bytes
     assert predicted is not None
     budget = predicted + model_bytes(DIGITS.build_model()) // 2
     plain, _ = _run({"micro_batch_size": 64}, memory_budget=budget, max_time_s=0.3)

@@ -144,7 +144,7 @@ def probe(
     error = None
     built: list[int] = []  # the model's bytes, once it is built (an OOM may come before)
     try:
-        _steady_step(workload, config, dev, model_copies, built)
+        steady_step(workload, config, dev, model_copies, built)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -196,7 +196,7 @@ def release_memory(device: torch.device | str | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-def _steady_step(
+def steady_step(
     workload: Workload,
     config: TrialConfig,
     device: torch.device,

@@ -115,7 +115,7 @@ def agreed_clock(device: torch.device) -> Any:
 
 
 @dataclass
-class _Parts:
+class LoopParts:
     """What one optimizer step touches: the model (bare and as trained), its optimizer,
     warmup scheduler, optional EMA copy and fp16 scaler, and the distributed helper."""
 
@@ -139,7 +139,7 @@ def _build(
     device: torch.device,
     options: LoopOptions,
     distributed: bool,
-) -> _Parts:
+) -> LoopParts:
     import torch
 
     dist = _Distributed() if distributed else None
@@ -161,7 +161,7 @@ def _build(
     scaler = None
     if workload.amp_dtype == "fp16" and device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
-    return _Parts(model, trained, optimizer, scheduler, ema, scaler, dist)
+    return LoopParts(model, trained, optimizer, scheduler, ema, scaler, dist)
 
 
 def _train_batches(
@@ -187,7 +187,7 @@ def _train_batches(
     )
 
 
-def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
+def optimizer_step(parts: LoopParts, options: LoopOptions) -> None:
     """The accumulation boundary: clip, step (scaled under fp16), schedule, zero, EMA."""
     import torch
 
@@ -215,7 +215,7 @@ def _optimizer_step(parts: _Parts, options: LoopOptions) -> None:
 
 
 def _evaluate(
-    parts: _Parts,
+    parts: LoopParts,
     workload: Workload,
     validation: Validation,
     device: torch.device,
@@ -338,7 +338,7 @@ def _start(
     options: LoopOptions,
     distributed: bool,
     reporter: TrialReporter,
-) -> tuple[_Parts, Validation]:
+) -> tuple[LoopParts, Validation]:
     """The trial's parts, seeded, and its validation (the set and its collate read once:
     every evaluation iterates them afresh)."""
     seed_everything(options.seed)
@@ -361,7 +361,7 @@ def _run(
     reporter: TrialReporter,
     device: torch.device,
     options: LoopOptions,
-    parts: _Parts,
+    parts: LoopParts,
     validation: Validation,
     rng: dict[str, Any] | None,
 ) -> None:
@@ -395,7 +395,7 @@ def _run(
         del loss, scaled, batch
         if not boundary:
             continue
-        _optimizer_step(parts, options)
+        optimizer_step(parts, options)
         stopped = reporter.add(samples=samples_per_step, steps=1)
         if every_step or stopped or reporter.eval_due:
             step_loss = window.read()
