@@ -225,3 +225,35 @@ def test_the_race_meets_at_the_level_the_leaders_search_curve_had_at_half_its_ti
     first, second = again.suggest("r0"), again.suggest("r1")
     assert isinstance(first, dict) and isinstance(second, dict)
     assert first[keys.MEET_LEVEL] == second[keys.MEET_LEVEL] == pytest.approx(0.4)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_search_trial_tune_ended_without_telling_is_told_before_tune_asks_for_trials(
+    tmp_path: Path,
+) -> None:
+    """Ray Tune can set a trial TERMINATED without telling the searcher (its last result came
+    while it was saving a checkpoint: ``_schedule_trial_stop`` first, then ``stop_trial``
+    returns early). A resumed search whose saved state held such a trial waited for it: Tune
+    blocked asking for trials for up to 600 s at a time. The step's callback tells it, at the
+    step's start, with Tune's last result of it; the race then starts, and telling again
+    changes nothing."""
+    from types import SimpleNamespace
+
+    from raybatch.tuning.untold import TellUntold
+
+    phases = _phases(tmp_path, zone=100.0)  # every pair inside the zone: a race
+    _search(phases, [1.0, 1.05, None])
+    _ended(phases, "s0", 1.0)
+    _ended(phases, "s1", 1.05)
+    assert phases.suggest("r0") is None and phases.waits_for("s2")  # s2 untold
+    last = {keys.TRIAL_ID: "s2", keys.STATUS: "capped", keys.TRAIN_S: 2.0, keys.HELD_S: 2.0,
+            keys.OBJECTIVE: 100.0, "config": {keys.MICRO_BATCH_SIZE: 64}}  # fmt: skip
+    trials = [SimpleNamespace(trial_id=t, status="TERMINATED", last_result=last)
+              for t in ("s0", "s1", "s2")]  # fmt: skip
+    watch = TellUntold(phases)
+    for _ in range(2):
+        watch.on_step_begin(0, trials)
+    assert not phases.waits_for("s2") and phases.ended["s2"].train_s == 2.0
+    first, second = phases.suggest("r0"), phases.suggest("r1")
+    assert isinstance(first, dict) and isinstance(second, dict)  # the race goes on
+    assert phases.waits_for("r0") and not phases.waits_for("nobody")

@@ -224,6 +224,10 @@ class RaceSearcher(Searcher):
         self._running.add(trial_id)
         return config
 
+    def waits_for(self, trial_id: str) -> bool:
+        """Whether a run it suggested has not been told ended."""
+        return trial_id in self._running
+
     def decided(self) -> bool:
         """Whether the race ran to its verdict: no run in flight or waiting, and the rounds it
         ran leave nothing to run. A Tuner stopped by Ctrl-C leaves its runs in flight untold,

@@ -123,6 +123,12 @@ class SearchThenRace(Searcher):
         """Whether the search has launched all it will and every one of its trials ended."""
         return not self.searching and set(self.launched) <= set(self.ended)
 
+    def waits_for(self, trial_id: str) -> bool:
+        """Whether a search trial or a race run it launched has not been told ended."""
+        if trial_id in self.launched:
+            return trial_id not in self.ended
+        return self.race is not None and self.race.waits_for(trial_id)
+
     def decided(self) -> bool:
         """Whether the search ran to its end and the race to its verdict (or needed none)."""
         if not self.search_ended:
