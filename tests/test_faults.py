@@ -55,6 +55,14 @@ FAULTS: list[tuple[str, str, str]] = [
         " resume` writes it up",
         "every trial: none runs again",
     ),
+    (  # tests/test_phases.py and test_confirmation.py: the step callback that tells
+        "Ray Tune ends a trial without telling the searcher (a reused process that cannot be"
+        " reset: ERROR; a last result while a checkpoint is saving: TERMINATED)",
+        "told at the next step's start or end, with Tune's last result: the search and its race"
+        " go on, in the session where it happened and in a resumed one whose saved state holds"
+        " it",
+        "every trial, once",
+    ),
     (  # copied_run below
         "SIGTERM to the driver's whole process group (a terminal's `kill -- -PID`, Slurm),"
         " its own Ray stopped with it",
