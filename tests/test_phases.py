@@ -250,6 +250,9 @@ def test_a_search_trial_tune_ended_without_telling_is_told_before_tune_asks_for_
             keys.OBJECTIVE: 100.0, "config": {keys.MICRO_BATCH_SIZE: 64}}  # fmt: skip
     trials = [SimpleNamespace(trial_id=t, status="TERMINATED", last_result=last)
               for t in ("s0", "s1", "s2")]  # fmt: skip
+    never_ran = [SimpleNamespace(trial_id="s2", status="TERMINATED", last_result={})]
+    TellUntold(phases).on_step_begin(0, never_ran)  # ended before it reported: not told here
+    assert phases.waits_for("s2")
     watch = TellUntold(phases)
     for _ in range(2):
         watch.on_step_begin(0, trials)

@@ -11,8 +11,9 @@ search: its last trial ended at its cap with a save, and the race never started)
 that waits for such a trial would wait for ever: the race waits for its running run before
 suggesting the next, the race for every search trial, the plan for its opening before
 queueing the ladder. At the start and the end of every step of Tune's loop this callback
-tells the searcher of each trial in ERROR, and of each TERMINATED one it still waits for
-(with Tune's last result of it); a searcher ignores a trial it was already told of.
+tells the searcher of each trial in ERROR, and of each TERMINATED one that reported and that it
+still waits for (with Tune's last result of it); a searcher ignores a trial it was already
+told of.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 from ray.tune import Callback
 from ray.tune.utils import flatten_dict
+
+from raybatch import keys
 
 
 class TellUntold(Callback):
@@ -53,12 +56,13 @@ class TellUntold(Callback):
         for trial in trials:
             if trial.status == "ERROR":
                 self.searcher.on_trial_complete(trial.trial_id, error=True)
-            elif (
-                trial.status == "TERMINATED" and waits_for is not None and waits_for(trial.trial_id)
-            ):
+            elif trial.status == "TERMINATED" and waits_for is not None:
                 last = getattr(trial, "last_result", None) or {}
-                # Flattened, as Tune hands a result to a searcher.
-                self.searcher.on_trial_complete(trial.trial_id, result=flatten_dict(last))
+                # One that ran and reported: a trial Tune ended before it started (an experiment
+                # stopped early) is the driver's to close as never run.
+                if keys.STATUS in last and waits_for(trial.trial_id):
+                    # Flattened, as Tune hands a result to a searcher.
+                    self.searcher.on_trial_complete(trial.trial_id, result=flatten_dict(last))
 
 
 __all__ = ["TellUntold"]
