@@ -178,7 +178,7 @@ def clocked_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> 
         "rules": {"lr": "linear", "weight_decay": "none"},
         "search": {"micro_batch_size": [16, 32, 64, 128, 256], "accumulation_steps": [1]},
     })  # fmt: skip
-    options = SearchOptions(trials=4, max_time_s=10.0, gpus_per_trial=0, confirm_seeds=1,
+    options = SearchOptions(trials=4, max_time_s=20.0, gpus_per_trial=0, confirm_seeds=1,
                             eval_every_samples=CLOCKED_EVAL_EVERY, seed=0, max_concurrent=1,
                             prior=False)  # fmt: skip
     run_dir = tmp_path_factory.mktemp("clocked")
