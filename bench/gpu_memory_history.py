@@ -215,12 +215,12 @@ def measure(device: torch.device) -> dict[str, Any]:
 def findings(recorded: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Goal]]:
     """Each step's replay beside its trace, and the targets (module docstring)."""
     events, rows, goals = recorded["events"], [], []
+    phases = replay(events).phases  # each event's phase: one replay serves every step
     ends = [begun for *_, begun, _ in recorded["steps"][1:]] + [len(events)]
     for (workload, amp, micro, begun, result), end in zip(recorded["steps"], ends, strict=True):
         name = f"{workload}_{amp or 'fp32'}_{micro}"
         # The measured step: from its forward marker on (the probe's warm-up step before it
         # materialises the optimizer state; the allocator's peak was reset after it).
-        phases = replay(events).phases
         first = next((i for i in range(begun, len(events)) if phases[i] == "forward"), begun)
         run = replay(events[:end], start=first)  # this step's window: to the next one's start
         control = replay(events[:end], start=first, frees=False)
